@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# Installs every build and test dependency of lily from Debian 12 packages.
+# Idempotent; run as root (or with sudo) on a fresh machine.
+set -euo pipefail
+
+packages=(
+  build-essential cmake ninja-build pkg-config
+  nlohmann-json3-dev      # JSON: config.json, safetensors headers, the HTTP API
+  libcpp-httplib-dev      # HTTP server for `lily serve`
+  libpcre2-dev            # tokenizer pre-split regex with Unicode properties
+  libutf8proc-dev         # NFC normalization
+  libcli11-dev            # command line
+  libfmt-dev              # formatting
+  libgtest-dev libgmock-dev libbenchmark-dev
+  nodejs npm              # the OpenAI client tests of the server
+  curl
+)
+
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+# nodejs/npm may come with the machine image rather than from Debian: accept any working `node`.
+if command -v node >/dev/null && command -v npm >/dev/null; then
+  filtered=(); for p in "${missing[@]}"; do [[ $p == nodejs || $p == npm ]] || filtered+=("$p"); done
+  missing=("${filtered[@]+"${filtered[@]}"}")
+fi
+if ((${#missing[@]})); then
+  SUDO=""; [[ $(id -u) -ne 0 ]] && SUDO=sudo
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -qq
+  $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
+fi
+echo "setup: all dependencies present"
