@@ -1,0 +1,227 @@
+// output_parser.cpp: the streaming reasoning / content / tool-call splitter (rules in the header).
+#include "chat/output_parser.h"
+
+#include "base/error.h"
+
+#include <algorithm>
+#include <utility>
+
+namespace lily {
+namespace {
+
+constexpr std::string_view kThinkOpen = "<think>";
+constexpr std::string_view kThinkClose = "</think>";
+constexpr std::string_view kToolCallOpen = "<tool_call>";
+constexpr std::string_view kToolCallClose = "</tool_call>";
+constexpr std::string_view kFunctionOpen = "<function=";
+
+bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+
+size_t skip_space(std::string_view s, size_t pos) {
+  while (pos < s.size() && is_space(s[pos])) ++pos;
+  return pos;
+}
+
+// `s` is a proper prefix of `tag` (so more text may complete it); "" counts.
+bool could_become(std::string_view s, std::string_view tag) {
+  return s.size() < tag.size() && tag.starts_with(s);
+}
+
+// The length of the longest suffix of `s` that is a proper prefix of one of `tags`.
+size_t partial_tag_suffix(std::string_view s, const std::vector<std::string_view>& tags) {
+  size_t best = 0;
+  for (std::string_view tag : tags) {
+    for (size_t n = std::min(s.size(), tag.size() - 1); n > best; --n) {
+      if (s.ends_with(tag.substr(0, n))) {
+        best = n;
+        break;
+      }
+    }
+  }
+  return best;
+}
+
+// The largest cut <= `end` that does not split a UTF-8 character whose lead byte is present.
+size_t utf8_safe_end(std::string_view s, size_t end) {
+  size_t lead = end;
+  int continuation = 0;
+  while (lead > 0 && continuation < 3 && (static_cast<unsigned char>(s[lead - 1]) & 0xC0) == 0x80) {
+    --lead;
+    ++continuation;
+  }
+  if (lead == 0) return end;
+  unsigned char c = static_cast<unsigned char>(s[lead - 1]);
+  size_t length = c >= 0xF0 ? 4 : c >= 0xE0 ? 3 : c >= 0xC0 ? 2 : 1;
+  return (end - (lead - 1) < length) ? lead - 1 : end;
+}
+
+}  // namespace
+
+std::string OutputParser::TextSection::write(std::string_view text) {
+  std::string s = std::move(held_);
+  s += text;
+  held_.clear();
+  size_t begin = 0;
+  if (trim_leading_) {
+    while (begin < s.size() && (s[begin] == '\n' || s[begin] == '\r')) ++begin;
+  }
+  size_t end = s.size();
+  while (end > begin && is_space(s[end - 1])) --end;
+  end = std::max(begin, utf8_safe_end(s, end));
+  held_ = s.substr(end);
+  if (end > begin) trim_leading_ = false;
+  return s.substr(begin, end - begin);
+}
+
+std::string OutputParser::TextSection::end() {
+  std::string s = std::move(held_);
+  held_.clear();
+  size_t begin = 0;
+  if (trim_leading_) {
+    while (begin < s.size() && (s[begin] == '\n' || s[begin] == '\r')) ++begin;
+  }
+  size_t end = s.size();
+  while (end > begin && is_space(s[end - 1])) --end;
+  if (end > begin) trim_leading_ = false;
+  return s.substr(begin, end - begin);
+}
+
+OutputParser::OutputParser(OutputParserOptions options)
+    : options_(std::move(options)),
+      schemas_(options_.tools),
+      mode_(options_.starts_in_reasoning ? Mode::kReasoning : Mode::kContent) {}
+
+ParserOutput OutputParser::push(std::string_view text) {
+  LILY_CHECK(!finished_, "OutputParser::push after finish");
+  ParserOutput out;
+  buffer_ += text;
+  process(out, /*at_end=*/false);
+  return out;
+}
+
+ParserOutput OutputParser::finish() {
+  LILY_CHECK(!finished_, "OutputParser::finish called twice");
+  ParserOutput out;
+  process(out, /*at_end=*/true);
+  out.reasoning += reasoning_.end();
+  out.content += content_.end();
+  finished_ = true;
+  return out;
+}
+
+void OutputParser::process(ParserOutput& out, bool at_end) {
+  while (true) {
+    bool progress = false;
+    if (mode_ == Mode::kReasoning && !think_open_checked_) {
+      progress = step_think_open(at_end);
+    } else if (mode_ == Mode::kToolCall) {
+      progress = step_tool_call(out, at_end);
+    } else {
+      progress = step_text(out, at_end);
+    }
+    if (!progress) return;
+  }
+}
+
+// A <think> opening the reasoning (after optional whitespace) is dropped.
+bool OutputParser::step_think_open(bool at_end) {
+  size_t start = skip_space(buffer_, 0);
+  std::string_view rest = std::string_view(buffer_).substr(start);
+  if (rest.starts_with(kThinkOpen)) {
+    buffer_.erase(0, start + kThinkOpen.size());
+  } else if (!at_end && could_become(rest, kThinkOpen)) {
+    return false;
+  }
+  think_open_checked_ = true;
+  return true;
+}
+
+// Reasoning or content: emit text up to the next tag that changes the mode.
+bool OutputParser::step_text(ParserOutput& out, bool at_end) {
+  bool reasoning = mode_ == Mode::kReasoning;
+  TextSection& section = reasoning ? reasoning_ : content_;
+  std::string& sink = reasoning ? out.reasoning : out.content;
+
+  std::vector<std::string_view> tags;
+  if (options_.parse_tool_calls) tags.push_back(kToolCallOpen);
+  if (reasoning || (implicit_reasoning_end_ && !stray_think_end_dropped_)) tags.push_back(kThinkClose);
+
+  std::string_view buffer = buffer_;
+  size_t pos = std::string_view::npos;
+  std::string_view tag;
+  for (std::string_view t : tags) {
+    size_t p = buffer.find(t);
+    if (p < pos) {
+      pos = p;
+      tag = t;
+    }
+  }
+
+  if (pos == std::string_view::npos) {
+    size_t keep = at_end ? 0 : partial_tag_suffix(buffer, tags);
+    sink += section.write(buffer.substr(0, buffer.size() - keep));
+    buffer_.erase(0, buffer.size() - keep);
+    return false;
+  }
+
+  if (tag == kThinkClose) {
+    sink += section.write(buffer.substr(0, pos));
+    if (reasoning) {
+      sink += section.end();
+      mode_ = Mode::kContent;
+    } else {
+      stray_think_end_dropped_ = true;
+    }
+    buffer_.erase(0, pos + tag.size());
+    return true;
+  }
+
+  // <tool_call>: a call only when <function= follows (modulo whitespace).
+  size_t after = pos + tag.size();
+  std::string_view next = buffer.substr(skip_space(buffer, after));
+  if (next.starts_with(kFunctionOpen)) {
+    sink += section.write(buffer.substr(0, pos));
+    if (reasoning) {
+      sink += section.end();
+      implicit_reasoning_end_ = true;
+    }
+    buffer_.erase(0, pos);
+    mode_ = Mode::kToolCall;
+    tool_call_scanned_ = 0;
+    return true;
+  }
+  if (!at_end && could_become(next, kFunctionOpen)) {  // wait for the look-ahead
+    sink += section.write(buffer.substr(0, pos));
+    buffer_.erase(0, pos);
+    return false;
+  }
+  sink += section.write(buffer.substr(0, after));  // plain text
+  buffer_.erase(0, after);
+  return true;
+}
+
+// buffer_ starts with <tool_call>: wait for </tool_call>, then parse the block.
+bool OutputParser::step_tool_call(ParserOutput& out, bool at_end) {
+  size_t close = buffer_.find(kToolCallClose, tool_call_scanned_);
+  if (close == std::string::npos && !at_end) {
+    tool_call_scanned_ = buffer_.size() - std::min(buffer_.size(), kToolCallClose.size() - 1);
+    return false;
+  }
+  bool terminated = close != std::string::npos;
+  size_t block_end = terminated ? close + kToolCallClose.size() : buffer_.size();
+  std::string_view body = std::string_view(buffer_).substr(
+      kToolCallOpen.size(), (terminated ? close : buffer_.size()) - kToolCallOpen.size());
+
+  std::optional<ParsedToolCall> call = parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
+  if (call) {
+    out.content += content_.end();  // drops the whitespace before the call
+    out.tool_calls.push_back(std::move(*call));
+  } else {
+    out.content += content_.write(std::string_view(buffer_).substr(0, block_end));
+  }
+  buffer_.erase(0, block_end);
+  mode_ = Mode::kContent;
+  return true;
+}
+
+}  // namespace lily
