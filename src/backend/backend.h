@@ -1,0 +1,67 @@
+// backend.h: the contract between the runtime and a compute backend (CPU, CUDA).
+//
+// A backend owns the whole forward of the model: it receives token ids and returns logits,
+// so it is free to fuse and schedule layers its own way. The state of one sequence (KV cache
+// of the attention layers, conv and recurrent state of the DeltaNet layers, spec §4) lives
+// in a SequenceState that the backend creates; the runtime only appends to it, copies it
+// and rolls it back to snapshots.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+
+namespace lily {
+
+struct ModelWeights;
+
+// The recurrent part of a sequence at some length: DeltaNet conv + SSM state. Restoring it
+// and cutting the KV cache to `length` returns the sequence to that point, provided the
+// tokens before `length` are unchanged (KV rows are append-only).
+class RecurrentSnapshot {
+ public:
+  virtual ~RecurrentSnapshot() = default;
+  virtual int64_t length() const = 0;
+  virtual uint64_t memory_bytes() const = 0;
+};
+
+class SequenceState {
+ public:
+  virtual ~SequenceState() = default;
+  virtual int64_t length() const = 0;        // tokens processed so far (= next position)
+  virtual int64_t capacity() const = 0;      // most tokens the state can hold
+  virtual uint64_t memory_bytes() const = 0;  // bytes held (KV up to length + recurrent state)
+  // A deep copy (KV cache up to length() and recurrent state).
+  virtual std::unique_ptr<SequenceState> clone() const = 0;
+  virtual std::unique_ptr<RecurrentSnapshot> snapshot() const = 0;
+  // Rolls back to `snapshot` (taken from this sequence, or from one sharing its first
+  // snapshot.length() tokens): KV cut to that length, recurrent state copied back.
+  virtual void restore(const RecurrentSnapshot& snapshot) = 0;
+  virtual void reset() = 0;  // back to the empty sequence
+};
+
+enum class LogitsWanted { none, last, all };
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+  virtual const ModelConfig& config() const = 0;
+
+  virtual std::unique_ptr<SequenceState> new_sequence(int64_t capacity) = 0;
+
+  // Appends `tokens` to the sequence (a prefill of any length, processed in bounded chunks,
+  // or a single decode token). Writes float32 logits into `logits`, resized to
+  // [rows, vocab_size]: no rows, the last token's row, or one row per token.
+  virtual void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+                       std::vector<float>& logits) = 0;
+};
+
+// The CPU backend: the readable reference implementation (backend/cpu/).
+std::unique_ptr<Backend> make_cpu_backend(std::shared_ptr<const ModelWeights> weights);
+
+}  // namespace lily

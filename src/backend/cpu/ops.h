@@ -1,0 +1,82 @@
+// ops.h: the CPU backend's building blocks, fp32 activations and accumulation throughout.
+//
+// This is the readable reference that every faster backend is tested against: plain loops
+// that follow the spec line by line (spec sections in the comments), threaded with
+// parallel_for over independent rows, heads or experts. Tensors are row-major float arrays
+// with their shape in a comment; T is the number of tokens in the current block.
+#pragma once
+
+#include <cmath>
+#include <cstdint>
+#include <vector>
+
+#include "model/weights.h"
+
+namespace lily::cpu {
+
+// y[T, W.rows] = x[T, W.cols] @ W^T   (an nn.Linear without bias; W dequantized row by row)
+void linear(const Matrix& W, const float* x, int64_t T, float* y);
+
+// Zero-centred RMSNorm with the effective gain (spec §2.2.1), over rows of n values:
+//   y = x * rsqrt(mean(x^2) + eps) * gain
+void rms_norm(const float* x, const float* gain, int64_t rows, int64_t n, float eps, float* y);
+
+// Gated RMSNorm of the DeltaNet output (spec §2.2.2), per row of n values:
+//   y = (x * rsqrt(mean(x^2) + eps) * weight) * silu(z)
+void gated_rms_norm(const float* x, const float* z, const float* weight, int64_t rows, int64_t n, float eps, float* y);
+
+// Rotary embedding, NEOX rotate-half on the first `rotary_dim` of each head (spec §2.5):
+//   pairs (j, j + rotary_dim/2); angle = position * theta^(-2j/rotary_dim)
+// x: [T, heads, head_dim], positions first_position + t.
+void apply_rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim, float theta,
+                int64_t first_position);
+
+inline float sigmoid(float x) { return 1.f / (1.f + std::exp(-x)); }
+inline float silu(float x) { return x * sigmoid(x); }
+// softplus with torch's threshold: x when x > 20.
+inline float softplus(float x) { return x > 20.f ? x : std::log1p(std::exp(x)); }
+
+// ---- Caches of one sequence (spec §4) ----------------------------------------------------
+
+struct AttentionCache {
+  std::vector<float> k;  // [length, nkv, head_dim]  post-norm, post-RoPE
+  std::vector<float> v;  // [length, nkv, head_dim]
+};
+
+struct DeltaNetCache {
+  std::vector<float> conv;  // [K-1, conv_dim]  the last K-1 pre-conv inputs, oldest first
+  std::vector<float> ssm;   // [Hv, dk, dv]     recurrent state S (HF order, dk-major)
+};
+
+// ---- Layers ------------------------------------------------------------------------------
+
+// Gated full attention (spec §2.4). x: [T, H] (normed) -> out: [T, H]. Appends T rows to cache.
+void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionCache& cache, int64_t first_position,
+                     const float* x, int64_t T, float* out);
+
+// Gated DeltaNet (spec §2.6). x: [T, H] (normed) -> out: [T, H]. Advances conv and SSM state.
+void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
+                    float* out);
+
+// Sparse MoE with the gated shared expert (spec §2.7). x: [T, H] (normed) -> out: [T, H].
+void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out);
+
+// ---- The gated delta rule (spec §3), one value head ------------------------------------
+
+struct DeltaRuleInputs {
+  const float* q;     // [T, q_stride] row t at q + t*q_stride; l2-normalised and scaled by 1/sqrt(dk)
+  const float* k;     // [T, k_stride] l2-normalised
+  const float* v;     // [T, v_stride]
+  const float* g;     // [T, g_stride] log decay (<= 0)
+  const float* beta;  // [T, g_stride]
+  int64_t q_stride, k_stride, v_stride, g_stride;
+  int64_t T, dk, dv;
+};
+
+// Recurrent form (spec §3.1), token by token: S [dk, dv] updated in place; o: [T, o_stride].
+void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride);
+
+// Chunked form (spec §3.2), chunks of `chunk` tokens; same results up to rounding.
+void delta_rule_chunked(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, int64_t chunk = 64);
+
+}  // namespace lily::cpu

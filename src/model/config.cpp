@@ -1,0 +1,269 @@
+#include "model/config.h"
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+
+namespace lily {
+
+using nlohmann::json;
+
+namespace {
+
+std::string type_name(const json& v) { return v.type_name(); }
+
+const json& require(const json& obj, const char* field) {
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) fail("config.json: missing field '{}'", field);
+  return *it;
+}
+
+int require_int(const json& obj, const char* field, int min_value = 1) {
+  const json& v = require(obj, field);
+  if (!v.is_number_integer()) fail("config.json: field '{}' must be an integer, found {} ({})", field, v.dump(), type_name(v));
+  long long x = v.get<long long>();
+  if (x < min_value || x > (1LL << 31) - 1) fail("config.json: field '{}' = {} is out of range", field, x);
+  return int(x);
+}
+
+double require_number(const json& obj, const char* field) {
+  const json& v = require(obj, field);
+  if (!v.is_number()) fail("config.json: field '{}' must be a number, found {}", field, v.dump());
+  return v.get<double>();
+}
+
+template <typename T>
+std::optional<T> optional_field(const json& obj, const char* field) {
+  auto it = obj.find(field);
+  if (it == obj.end() || it->is_null()) return std::nullopt;
+  try {
+    return it->get<T>();
+  } catch (const json::exception&) {
+    fail("field '{}' has the wrong type: {}", field, it->dump());
+  }
+}
+
+void expect_value(bool ok, const char* field, const json& found, const char* supported) {
+  if (!ok) fail("config.json: unsupported {} = {} (lily supports {})", field, found.dump(), supported);
+}
+
+std::vector<LayerKind> parse_layer_types(const json& text, int num_layers) {
+  std::vector<LayerKind> kinds;
+  if (auto it = text.find("layer_types"); it != text.end() && !it->is_null()) {
+    if (!it->is_array()) fail("config.json: field 'layer_types' must be a list, found {}", it->dump());
+    for (const json& t : *it) {
+      if (t == "linear_attention") kinds.push_back(LayerKind::linear_attention);
+      else if (t == "full_attention") kinds.push_back(LayerKind::full_attention);
+      else fail("config.json: unsupported layer type {} in 'layer_types'", t.dump());
+    }
+    if (int(kinds.size()) != num_layers)
+      fail("config.json: 'layer_types' has {} entries but num_hidden_layers = {}", kinds.size(), num_layers);
+    return kinds;
+  }
+  int interval = require_int(text, "full_attention_interval");
+  for (int i = 0; i < num_layers; ++i)
+    kinds.push_back((i + 1) % interval == 0 ? LayerKind::full_attention : LayerKind::linear_attention);
+  return kinds;
+}
+
+// RoPE: transformers 5 writes `rope_parameters`; older files `rope_theta` + `rope_scaling`.
+void parse_rope(const json& text, ModelConfig& c) {
+  json rope = json::object();
+  if (auto it = text.find("rope_parameters"); it != text.end() && !it->is_null()) rope = *it;
+  if (auto it = text.find("rope_scaling"); it != text.end() && !it->is_null()) {
+    // Some exports keep the (m)rope description here; only the default type is supported.
+    for (auto& [k, v] : it->items())
+      if (!rope.contains(k)) rope[k] = v;
+  }
+  if (auto it = rope.find("rope_type"); it != rope.end() && !it->is_null())
+    expect_value(*it == "default" || *it == "mrope", "rope_type", *it, "\"default\" (no rope scaling)");
+  if (auto it = rope.find("type"); it != rope.end() && !it->is_null())
+    expect_value(*it == "default" || *it == "mrope", "rope_scaling.type", *it, "\"default\" (no rope scaling)");
+  if (auto it = rope.find("factor"); it != rope.end() && !it->is_null())
+    expect_value(it->is_number() && it->get<double>() == 1.0, "rope factor", *it, "no rope scaling");
+
+  double theta = rope.contains("rope_theta") ? require_number(rope, "rope_theta") : require_number(text, "rope_theta");
+  if (!(theta > 1.0) || !std::isfinite(theta)) fail("config.json: rope_theta = {} must be > 1", theta);
+  c.rope_theta = float(theta);
+
+  double factor = rope.contains("partial_rotary_factor") ? require_number(rope, "partial_rotary_factor")
+                  : text.contains("partial_rotary_factor") ? require_number(text, "partial_rotary_factor")
+                                                           : 1.0;
+  double rotary = factor * c.head_dim;
+  if (!(factor > 0 && factor <= 1) || rotary != std::floor(rotary) || int(rotary) % 2 != 0)
+    fail("config.json: partial_rotary_factor = {} gives {} rotary dims of head_dim {}; need an even whole number",
+         factor, rotary, c.head_dim);
+  c.rotary_dim = int(rotary);
+}
+
+std::optional<QuantSpec> parse_quant_spec(const json& v, const std::string& where) {
+  if (v.is_boolean()) {
+    if (!v.get<bool>()) return std::nullopt;
+    fail("config.json: quantization entry '{}' = true is not a quantization spec", where);
+  }
+  if (!v.is_object()) fail("config.json: quantization entry '{}' must be an object, found {}", where, v.dump());
+  QuantSpec q;
+  q.group_size = require_int(v, "group_size");
+  q.bits = require_int(v, "bits");
+  if (q.bits != 2 && q.bits != 4 && q.bits != 8)
+    fail("config.json: quantization '{}' bits = {} (lily supports 2, 4, 8)", where, q.bits);
+  if (q.group_size != 32 && q.group_size != 64 && q.group_size != 128)
+    fail("config.json: quantization '{}' group_size = {} (lily supports 32, 64, 128)", where, q.group_size);
+  if (auto it = v.find("mode"); it != v.end() && !it->is_null() && *it != "affine")
+    fail("config.json: quantization '{}' mode = {} (lily supports \"affine\")", where, it->dump());
+  return q;
+}
+
+QuantizationConfig parse_quantization(const json& q) {
+  QuantizationConfig out;
+  if (!q.is_object()) fail("config.json: 'quantization' must be an object, found {}", q.dump());
+  out.global = *parse_quant_spec(q, "quantization");
+  for (auto& [key, value] : q.items()) {
+    if (key == "group_size" || key == "bits" || key == "mode" || key == "quant_method") continue;
+    out.overrides[key] = parse_quant_spec(value, key);
+  }
+  return out;
+}
+
+void validate(const ModelConfig& c) {
+  auto need = [](bool ok, const char* what, auto... values) {
+    if (!ok) fail("config.json: {} ({})", what, fmt::format("{}", fmt::join(std::vector<long long>{values...}, ", ")));
+  };
+  need(c.head_dim == 256, "head_dim must be 256 (the Qwen3.6 attention head size)", c.head_dim);
+  need(c.linear_key_head_dim == 128 && c.linear_value_head_dim == 128,
+       "linear_key_head_dim and linear_value_head_dim must be 128", c.linear_key_head_dim, c.linear_value_head_dim);
+  need(c.num_attention_heads % c.num_key_value_heads == 0,
+       "num_attention_heads must be a multiple of num_key_value_heads", c.num_attention_heads, c.num_key_value_heads);
+  need(c.linear_num_value_heads % c.linear_num_key_heads == 0,
+       "linear_num_value_heads must be a multiple of linear_num_key_heads", c.linear_num_value_heads,
+       c.linear_num_key_heads);
+  need(c.linear_conv_kernel_dim >= 2 && c.linear_conv_kernel_dim <= 8, "linear_conv_kernel_dim must be 2..8",
+       c.linear_conv_kernel_dim);
+  need(c.num_experts_per_tok <= c.num_experts, "num_experts_per_tok must not exceed num_experts",
+       c.num_experts_per_tok, c.num_experts);
+  need(c.hidden_size % 64 == 0, "hidden_size must be a multiple of 64", c.hidden_size);
+}
+
+}  // namespace
+
+std::optional<QuantSpec> QuantizationConfig::for_module(const std::string& module_path) const {
+  if (auto it = overrides.find(module_path); it != overrides.end()) return it->second;
+  return global;
+}
+
+int ModelConfig::num_layers_of(LayerKind kind) const {
+  int n = 0;
+  for (LayerKind k : layer_types) n += (k == kind);
+  return n;
+}
+
+std::string to_string(LayerKind kind) {
+  return kind == LayerKind::full_attention ? "full_attention" : "linear_attention";
+}
+
+ModelConfig parse_model_config(const json& config) {
+  if (!config.is_object()) fail("config.json: expected a JSON object");
+  const json& model_type = require(config, "model_type");
+  if (model_type != "qwen3_5_moe" && model_type != "qwen3_5_moe_text")
+    fail("config.json: model_type = {} is not supported (lily runs \"qwen3_5_moe\", Qwen3.5/3.6 MoE)",
+         model_type.dump());
+  const json& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+
+  ModelConfig c;
+  c.model_type = model_type.get<std::string>();
+  c.vocab_size = require_int(text, "vocab_size");
+  c.hidden_size = require_int(text, "hidden_size");
+  c.num_layers = require_int(text, "num_hidden_layers");
+  c.layer_types = parse_layer_types(text, c.num_layers);
+  c.rms_norm_eps = float(require_number(text, "rms_norm_eps"));
+  c.max_position_embeddings = require_int(text, "max_position_embeddings");
+  if (auto tie = optional_field<bool>(text, "tie_word_embeddings")) c.tie_word_embeddings = *tie;
+  else if (auto top = optional_field<bool>(config, "tie_word_embeddings")) c.tie_word_embeddings = *top;
+
+  c.num_attention_heads = require_int(text, "num_attention_heads");
+  c.num_key_value_heads = require_int(text, "num_key_value_heads");
+  c.head_dim = require_int(text, "head_dim");
+  parse_rope(text, c);
+  if (auto gate = optional_field<bool>(text, "attn_output_gate"); gate && !*gate)
+    fail("config.json: attn_output_gate = false is not supported (Qwen3.6 gates attention output)");
+  if (auto bias = optional_field<bool>(text, "attention_bias"); bias && *bias)
+    fail("config.json: attention_bias = true is not supported");
+  if (auto act = optional_field<std::string>(text, "hidden_act"); act && *act != "silu")
+    fail("config.json: hidden_act = \"{}\" is not supported (lily supports \"silu\")", *act);
+
+  c.linear_num_key_heads = require_int(text, "linear_num_key_heads");
+  c.linear_num_value_heads = require_int(text, "linear_num_value_heads");
+  c.linear_key_head_dim = require_int(text, "linear_key_head_dim");
+  c.linear_value_head_dim = require_int(text, "linear_value_head_dim");
+  c.linear_conv_kernel_dim = require_int(text, "linear_conv_kernel_dim");
+
+  c.num_experts = require_int(text, "num_experts");
+  c.num_experts_per_tok = require_int(text, "num_experts_per_tok");
+  c.moe_intermediate_size = require_int(text, "moe_intermediate_size");
+  c.shared_expert_intermediate_size = require_int(text, "shared_expert_intermediate_size");
+  if (auto norm = optional_field<bool>(text, "norm_topk_prob"); norm && !*norm)
+    fail("config.json: norm_topk_prob = false is not supported (Qwen3.6 always renormalises)");
+
+  const json* quant = nullptr;
+  if (auto it = config.find("quantization"); it != config.end() && !it->is_null()) quant = &*it;
+  else if (auto it2 = config.find("quantization_config"); it2 != config.end() && !it2->is_null()) quant = &*it2;
+  if (quant) c.quantization = parse_quantization(*quant);
+
+  validate(c);
+  return c;
+}
+
+GenerationConfig parse_generation_config(const json& g) {
+  GenerationConfig out;
+  if (!g.is_object()) fail("generation_config.json: expected a JSON object");
+  return with_context("generation_config.json", [&] {
+    if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
+      if (it->is_number_integer()) out.eos_token_ids.push_back(it->get<int>());
+      else if (it->is_array())
+        for (const json& v : *it) {
+          if (!v.is_number_integer()) fail("eos_token_id entries must be integers, found {}", v.dump());
+          out.eos_token_ids.push_back(v.get<int>());
+        }
+      else fail("eos_token_id must be an integer or a list, found {}", it->dump());
+    }
+    out.temperature = optional_field<float>(g, "temperature");
+    out.top_p = optional_field<float>(g, "top_p");
+    out.min_p = optional_field<float>(g, "min_p");
+    out.top_k = optional_field<int>(g, "top_k");
+    out.repetition_penalty = optional_field<float>(g, "repetition_penalty");
+    out.presence_penalty = optional_field<float>(g, "presence_penalty");
+    out.do_sample = optional_field<bool>(g, "do_sample");
+    return out;
+  });
+}
+
+namespace {
+json read_json_file(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cannot open {}", path);
+  try {
+    return json::parse(in);
+  } catch (const json::exception& e) {
+    fail("{} is not valid JSON: {}", path, e.what());
+  }
+}
+}  // namespace
+
+ModelConfig load_model_config(const std::string& model_dir) {
+  std::string path = model_dir + "/config.json";
+  json doc = read_json_file(path);
+  return with_context(path, [&] { return parse_model_config(doc); });
+}
+
+GenerationConfig load_generation_config(const std::string& model_dir) {
+  std::string path = model_dir + "/generation_config.json";
+  if (!std::filesystem::exists(path)) return {};
+  json doc = read_json_file(path);
+  return with_context(path, [&] { return parse_generation_config(doc); });
+}
+
+}  // namespace lily

@@ -1,0 +1,113 @@
+// weights.h: the model's weights, one typed struct per layer kind, with HF names.
+//
+// Matrices are views: their bytes live in the memory-mapped checkpoint or in buffers the
+// loader owns (ModelWeights::storage). A matrix is either plain (f32 / bf16 / f16) or affine
+// quantized (spec §5b: 4-bit or 8-bit codes, bf16 scale and bias per group of 64 inputs).
+// Norm gains are stored as the effective multiplier in fp32: for the zero-centred norms
+// that is 1 + w (HF stores w; mlx and GGUF store 1 + w), for the DeltaNet gated norm w.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "base/bf16.h"
+#include "model/config.h"
+
+namespace lily {
+
+enum class MatrixFormat { f32, bf16, f16, affine };
+
+// A linear layer's weight, [rows = out features, cols = in features], row-major.
+struct Matrix {
+  int64_t rows = 0, cols = 0;
+  MatrixFormat format = MatrixFormat::f32;
+  const void* data = nullptr;  // plain: rows*cols values; affine: uint32 codes [rows, cols*bits/32]
+  const bf16* scales = nullptr;  // affine: [rows, cols/group_size]
+  const bf16* biases = nullptr;  // affine: [rows, cols/group_size]
+  int bits = 0;
+  int group_size = 0;
+
+  bool empty() const { return data == nullptr; }
+  bool quantized() const { return format == MatrixFormat::affine; }
+  // Writes row r as cols floats.
+  void dequantize_row(int64_t r, float* out) const;
+  // Bytes the weight occupies (codes + scales + biases, or the plain values).
+  uint64_t bytes() const;
+  std::string describe() const;  // "q4g64 [512, 2048]" / "bf16 [512, 2048]"
+};
+
+// Routed experts: one gate/up/down matrix per expert (views into stacked or per-expert tensors).
+struct ExpertWeights {
+  std::vector<Matrix> gate_proj;  // [E] x [I, H]
+  std::vector<Matrix> up_proj;    // [E] x [I, H]
+  std::vector<Matrix> down_proj;  // [E] x [H, I]
+};
+
+// Sparse MoE block, in every layer (spec §2.7).
+struct MoeWeights {
+  Matrix router;                   // mlp.gate                [E, H]
+  ExpertWeights experts;
+  Matrix shared_gate_proj;         // mlp.shared_expert.gate_proj [Is, H]
+  Matrix shared_up_proj;           // mlp.shared_expert.up_proj   [Is, H]
+  Matrix shared_down_proj;         // mlp.shared_expert.down_proj [H, Is]
+  Matrix shared_expert_gate;       // mlp.shared_expert_gate      [1, H]
+};
+
+// Gated full attention (spec §2.4).
+struct AttentionWeights {
+  Matrix q_proj;                   // [2 * nq * 256, H]: per head 256 query rows then 256 gate rows
+  Matrix k_proj;                   // [nkv * 256, H]
+  Matrix v_proj;                   // [nkv * 256, H]
+  Matrix o_proj;                   // [H, nq * 256]
+  std::vector<float> q_norm;       // [256] effective gain (1 + w)
+  std::vector<float> k_norm;       // [256] effective gain (1 + w)
+};
+
+// Gated DeltaNet (spec §2.6).
+struct DeltaNetWeights {
+  Matrix in_proj_qkv;              // [2*Hk*128 + Hv*128, H]  rows q | k | v, head-major
+  Matrix in_proj_z;                // [Hv*128, H]
+  Matrix in_proj_b;                // [Hv, H]  beta logits
+  Matrix in_proj_a;                // [Hv, H]  decay input
+  Matrix out_proj;                 // [H, Hv*128]
+  std::vector<float> conv1d;       // [conv_dim, K]  depthwise causal conv; w[c, K-1] multiplies the current token
+  std::vector<float> A_log;        // [Hv]
+  std::vector<float> dt_bias;      // [Hv]
+  std::vector<float> norm;         // [128] gated RMSNorm weight (plain, not zero-centred)
+};
+
+struct LayerWeights {
+  LayerKind kind = LayerKind::linear_attention;
+  std::vector<float> input_layernorm;           // [H] effective gain
+  std::vector<float> post_attention_layernorm;  // [H] effective gain
+  AttentionWeights attention;                   // when kind == full_attention
+  DeltaNetWeights deltanet;                     // when kind == linear_attention
+  MoeWeights moe;
+};
+
+// Where the weights came from.
+enum class CheckpointLayout { hf, mlx };
+std::string to_string(CheckpointLayout layout);
+
+struct ModelWeights {
+  ModelConfig config;
+  GenerationConfig generation;
+  CheckpointLayout layout = CheckpointLayout::hf;
+  std::string model_dir;
+  bool has_mtp = false;            // mtp.* tensors were present (kept for speculative decoding later)
+
+  Matrix embed_tokens;             // [vocab, H]
+  std::vector<LayerWeights> layers;
+  std::vector<float> final_norm;   // [H] effective gain
+  Matrix lm_head;                  // [vocab, H]
+
+  // Keeps the mapped files and any converted buffers alive.
+  std::vector<std::shared_ptr<void>> storage;
+
+  uint64_t parameter_count() const;  // text decoder parameters (dequantized count)
+  uint64_t weight_bytes() const;     // bytes of all matrices and vectors as held in memory
+};
+
+}  // namespace lily
