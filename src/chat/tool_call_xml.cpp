@@ -328,12 +328,12 @@ std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const T
   std::optional<std::string> name = tag_name(body.substr(pos, name_end - pos));
   if (!name) return std::nullopt;
 
-  // The function body ends at the last </function> that only whitespace follows.
+  // The function body ends at the last </function>, which only whitespace may follow.
   std::string_view rest = body.substr(name_end + 1);
   size_t function_end = rest.rfind(kFunctionClose);
   if (function_end != std::string_view::npos &&
       skip_space(rest, function_end + kFunctionClose.size()) != rest.size()) {
-    function_end = std::string_view::npos;
+    return std::nullopt;  // text after the function
   }
   if (function_end == std::string_view::npos) {
     if (require_function_end) return std::nullopt;

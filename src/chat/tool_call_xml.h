@@ -7,9 +7,10 @@
 //
 // Block rules:
 //   * NAME is the text of <function=NAME>, trimmed; it must be non-empty and on one line.
-//   * The function body ends at the last </function> that only whitespace follows. A missing
-//     </function> is tolerated unless `require_function_end` (used for a block cut off by the
-//     end of generation, which is accepted only when its function is complete).
+//   * The function body ends at the last </function>; text other than whitespace after it
+//     makes the block malformed. A missing </function> is tolerated unless
+//     `require_function_end` (used for a block cut off by the end of generation, which is
+//     accepted only when its function is complete).
 //   * A value is the text after <parameter=ARG>, less exactly one leading and one trailing "\n".
 //     It ends at the first </parameter> that is followed, modulo whitespace, by the next
 //     <parameter= or by the end of the body: so a literal </parameter> or </function> inside a
