@@ -212,7 +212,8 @@ bool OutputParser::step_tool_call(ParserOutput& out, bool at_end) {
   std::string_view body = std::string_view(buffer_).substr(
       kToolCallOpen.size(), (terminated ? close : buffer_.size()) - kToolCallOpen.size());
 
-  std::optional<ParsedToolCall> call = parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
+  std::optional<ParsedToolCall> call =
+      parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
   if (call) {
     out.content += content_.end();  // drops the whitespace before the call
     out.tool_calls.push_back(std::move(*call));

@@ -244,7 +244,8 @@ void dump_to(const json& value, std::string& out) {
 // parameter may start}. See the header for the rule; `is_other_parameter(name)` says whether
 // "\n<parameter=name>" before the closer shows a missing </parameter>.
 template <typename IsOtherParameter>
-std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin, IsOtherParameter is_other_parameter) {
+std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin,
+                                         IsOtherParameter is_other_parameter) {
   size_t closer = std::string_view::npos;
   for (size_t close = body.find(kParameterClose, begin); close != std::string_view::npos;
        close = body.find(kParameterClose, close + 1)) {

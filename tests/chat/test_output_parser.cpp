@@ -143,44 +143,44 @@ const std::string kOsloCall =
 
 // ---- reasoning and content ------------------------------------------------------------------
 
-TEST(OutputParser, ReasoningThenContent) {
+TEST(output_parser, ReasoningThenContent) {
   check_stream("Let me think.\nAbout it.\n</think>\n\nHello!\nBye.", {"Let me think.\nAbout it.", "Hello!\nBye.", {}});
 }
 
-TEST(OutputParser, LeadingAndTrailingNewlinesTrimmed) {
+TEST(output_parser, LeadingAndTrailingNewlinesTrimmed) {
   check_stream("\n\nR1\n\n</think>\n\n\nC1\n", {"R1", "C1", {}});
 }
 
-TEST(OutputParser, LeadingThinkTagDropped) {
+TEST(output_parser, LeadingThinkTagDropped) {
   check_stream("<think>\nR1\n</think>\n\nC1", {"R1", "C1", {}});
   check_stream("\n<think>R1</think>C1", {"R1", "C1", {}});
 }
 
-TEST(OutputParser, MissingThinkEndIsAllReasoning) {
+TEST(output_parser, MissingThinkEndIsAllReasoning) {
   check_stream("Still thinking about <b>this</b> and < that\n", {"Still thinking about <b>this</b> and < that", "", {}});
 }
 
-TEST(OutputParser, PartialTagAtEndIsReleased) {
+TEST(output_parser, PartialTagAtEndIsReleased) {
   check_stream("Answer </thi", {"Answer </thi", "", {}});
   check_stream("</think>\n\nAnswer <tool_ca", {"", "Answer <tool_ca", {}}, with_tools());
 }
 
-TEST(OutputParser, EmptyOutputs) {
+TEST(output_parser, EmptyOutputs) {
   check_stream("", {"", "", {}});
   check_stream("</think>", {"", "", {}});
   check_stream("\n\n</think>\n\n", {"", "", {}});
   check_stream("", {"", "", {}}, thinking_off());
 }
 
-TEST(OutputParser, ThinkingOffIsAllContent) {
+TEST(output_parser, ThinkingOffIsAllContent) {
   check_stream("\n\nHello </think> <think> world", {"", "Hello </think> <think> world", {}}, thinking_off());
 }
 
-TEST(OutputParser, WhitespaceInsideTextKept) {
+TEST(output_parser, WhitespaceInsideTextKept) {
   check_stream("a  b\n\n c\t\n</think>\n\n  x \n\n y", {"a  b\n\n c", "  x \n\n y", {}});
 }
 
-TEST(OutputParser, UnicodeAtEverySplit) {
+TEST(output_parser, UnicodeAtEverySplit) {
   check_stream("Размышляю 🤔 über Ünïcode.\n</think>\n\n答案是 42 🙂\n<tool_call>\n<function=get_weather>\n"
                "<parameter=city>\n東京 🗼\n</parameter>\n</function>\n</tool_call>",
                {"Размышляю 🤔 über Ünïcode.", "答案是 42 🙂", {{"get_weather", R"({"city": "東京 🗼"})"}}}, with_tools());
@@ -188,14 +188,14 @@ TEST(OutputParser, UnicodeAtEverySplit) {
 
 // ---- tool calls -----------------------------------------------------------------------------
 
-TEST(OutputParser, ContentThenToolCall) {
+TEST(output_parser, ContentThenToolCall) {
   check_stream("User wants weather.\n</think>\n\nLet me check.\n\n<tool_call>\n<function=get_weather>\n"
                "<parameter=city>\nOslo\n</parameter>\n<parameter=days>\n3\n</parameter>\n</function>\n</tool_call>",
                {"User wants weather.", "Let me check.", {{"get_weather", R"({"city": "Oslo", "days": 3})"}}},
                with_tools());
 }
 
-TEST(OutputParser, ValuesTypedBySchema) {
+TEST(output_parser, ValuesTypedBySchema) {
   std::string stream =
       "</think>\n\n<tool_call>\n<function=get_weather>\n"
       "<parameter=city>\nSão Paulo\n</parameter>\n"
@@ -218,27 +218,27 @@ TEST(OutputParser, ValuesTypedBySchema) {
   check_stream(stream, {"", "", {{"get_weather", args}}}, with_tools());
 }
 
-TEST(OutputParser, StringValuesKeepTheirText) {
+TEST(output_parser, StringValuesKeepTheirText) {
   // One newline stripped on each side only; a number-looking string stays a string.
   check_stream("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=path>\n42\n</parameter>\n"
                "<parameter=text>\n\n  line1\n\n\tline2 \"q\"  \n\n</parameter>\n</function>\n</tool_call>",
                {"", "", {{"write_file", R"({"path": "42", "text": "\n  line1\n\n\tline2 \"q\"  \n"})"}}}, with_tools());
 }
 
-TEST(OutputParser, TwoToolCallsAndNoArguments) {
+TEST(output_parser, TwoToolCallsAndNoArguments) {
   check_stream("Two calls.\n</think>\n\n" + kOsloCall +
                    "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n",
                {"Two calls.", "", {{"get_weather", R"({"city": "Oslo"})"}, {"get_time", "{}"}}}, with_tools());
 }
 
-TEST(OutputParser, NoSchemaTriesJsonThenString) {
+TEST(output_parser, NoSchemaTriesJsonThenString) {
   check_stream("</think><tool_call><function=anything><parameter=a>\n5\n</parameter><parameter=b>\nOslo\n"
                "</parameter><parameter=c>\n[1, 2]\n</parameter><parameter=d>\ntrue\n</parameter>"
                "<parameter=e>\n{'k': None}\n</parameter></function></tool_call>",
                {"", "", {{"anything", R"({"a": 5, "b": "Oslo", "c": [1, 2], "d": true, "e": {"k": null}})"}}});
 }
 
-TEST(OutputParser, ToolCallInsideReasoningEndsIt) {
+TEST(output_parser, ToolCallInsideReasoningEndsIt) {
   check_stream("I should call the tool.\n\n" + kOsloCall,
                {"I should call the tool.", "", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
   // The </think> the model writes afterwards is dropped.
@@ -246,24 +246,24 @@ TEST(OutputParser, ToolCallInsideReasoningEndsIt) {
                {"Thinking.", "Done.", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
 }
 
-TEST(OutputParser, ToolCallTagWithoutFunctionIsText) {
+TEST(output_parser, ToolCallTagWithoutFunctionIsText) {
   check_stream("The format uses <tool_call> tags.\n</think>\n\nOK <tool_call>x",
                {"The format uses <tool_call> tags.", "OK <tool_call>x", {}}, with_tools());
   check_stream("Consider <tool_call>\n <func", {"Consider <tool_call>\n <func", "", {}}, with_tools());
 }
 
-TEST(OutputParser, ThinkingOffToolCall) {
+TEST(output_parser, ThinkingOffToolCall) {
   check_stream("Sure.\n\n" + kOsloCall, {"", "Sure.", {{"get_weather", R"({"city": "Oslo"})"}}}, thinking_off());
 }
 
-TEST(OutputParser, TextAroundToolCalls) {
+TEST(output_parser, TextAroundToolCalls) {
   check_stream("</think>\n\nA\n\n" + kOsloCall + "\n\nB\n",
                {"", "A\n\nB", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
   check_stream("</think>\n\n" + kOsloCall + "\nAfter.",
                {"", "After.", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
 }
 
-TEST(OutputParser, ParsingOffKeepsToolCallText) {
+TEST(output_parser, ParsingOffKeepsToolCallText) {
   OutputParserOptions options;
   options.parse_tool_calls = false;
   check_stream("</think>\n\n" + kOsloCall, {"", kOsloCall, {}}, options);
@@ -272,7 +272,7 @@ TEST(OutputParser, ParsingOffKeepsToolCallText) {
 
 // ---- malformed and cut-off calls ------------------------------------------------------------
 
-TEST(OutputParser, MalformedCallsStayContent) {
+TEST(output_parser, MalformedCallsStayContent) {
   std::string bad_tag = "<tool_call>\n<function=get_weather>\n<oops>\n</function>\n</tool_call>";
   check_stream("</think>\n\nTry: " + bad_tag + " done", {"", "Try: " + bad_tag + " done", {}}, with_tools());
   std::string no_name_end = "<tool_call>\n<function=get_weather\n</tool_call>";
@@ -284,7 +284,7 @@ TEST(OutputParser, MalformedCallsStayContent) {
   check_stream("</think>\n\n" + empty_name, {"", empty_name, {}}, with_tools());
 }
 
-TEST(OutputParser, CutOffCalls) {
+TEST(output_parser, CutOffCalls) {
   // Complete function, no </tool_call>: accepted.
   check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n",
                {"", "", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
@@ -296,7 +296,7 @@ TEST(OutputParser, CutOffCalls) {
                with_tools());
 }
 
-TEST(OutputParser, ToleratedMissingClosers) {
+TEST(output_parser, ToleratedMissingClosers) {
   check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</tool_call>",
                {"", "", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
   check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n<parameter=days>\n2\n"
@@ -304,7 +304,7 @@ TEST(OutputParser, ToleratedMissingClosers) {
                {"", "", {{"get_weather", R"({"city": "Oslo", "days": 2})"}}}, with_tools());
 }
 
-TEST(OutputParser, LiteralClosersInsideValue) {
+TEST(output_parser, LiteralClosersInsideValue) {
   check_stream("</think>\n\n<tool_call>\n<function=write_file>\n<parameter=text>\na</parameter>b\n</function>\n"
                "</parameter>\n</function>\n</tool_call>",
                {"", "", {{"write_file", R"({"text": "a</parameter>b\n</function>"})"}}}, with_tools());
@@ -312,7 +312,7 @@ TEST(OutputParser, LiteralClosersInsideValue) {
 
 // ---- streaming behaviour --------------------------------------------------------------------
 
-TEST(OutputParser, EmitsAsSoonAsDecided) {
+TEST(output_parser, EmitsAsSoonAsDecided) {
   OutputParser parser(thinking_off());
   EXPECT_EQ(parser.push("Hello, world").content, "Hello, world");
   EXPECT_EQ(parser.push(" and <").content, " and");  // "<" may open a tag, " " may precede one
@@ -330,7 +330,7 @@ TEST(OutputParser, EmitsAsSoonAsDecided) {
   EXPECT_THROW(parser.push("x"), Error);
 }
 
-TEST(OutputParser, ReasoningStreams) {
+TEST(output_parser, ReasoningStreams) {
   OutputParser parser(with_tools());
   EXPECT_EQ(parser.push("\nStep one").reasoning, "Step one");
   EXPECT_EQ(parser.push(" and two.\n</").reasoning, " and two.");

@@ -15,14 +15,14 @@ std::string typed(const std::string& raw, const char* schema) {
   return dump_json_python_style(convert_parameter_value(raw, s.is_null() ? nullptr : &s));
 }
 
-TEST(ToolCallValues, String) {
+TEST(output_parser_values, String) {
   EXPECT_EQ(typed("42", R"({"type": "string"})"), R"("42")");
   EXPECT_EQ(typed("null", R"({"type": "string"})"), R"("null")");
   EXPECT_EQ(typed(" a \"b\"\n", R"({"type": "str"})"), R"(" a \"b\"\n")");
   EXPECT_EQ(typed("x", R"({"type": "string", "enum": ["x", "y"]})"), R"("x")");
 }
 
-TEST(ToolCallValues, Integer) {
+TEST(output_parser_values, Integer) {
   EXPECT_EQ(typed("7", R"({"type": "integer"})"), "7");
   EXPECT_EQ(typed(" -12 ", R"({"type": "integer"})"), "-12");
   EXPECT_EQ(typed("+3", R"({"type": "int"})"), "3");
@@ -32,7 +32,7 @@ TEST(ToolCallValues, Integer) {
   EXPECT_EQ(typed("None", R"({"type": "integer"})"), "null");
 }
 
-TEST(ToolCallValues, Number) {
+TEST(output_parser_values, Number) {
   EXPECT_EQ(typed("21.5", R"({"type": "number"})"), "21.5");
   EXPECT_EQ(typed("3", R"({"type": "number"})"), "3");
   EXPECT_EQ(typed(".5", R"({"type": "number"})"), "0.5");
@@ -41,14 +41,14 @@ TEST(ToolCallValues, Number) {
   EXPECT_EQ(typed("12abc", R"({"type": "number"})"), R"("12abc")");
 }
 
-TEST(ToolCallValues, Boolean) {
+TEST(output_parser_values, Boolean) {
   EXPECT_EQ(typed("true", R"({"type": "boolean"})"), "true");
   EXPECT_EQ(typed("True", R"({"type": "boolean"})"), "true");
   EXPECT_EQ(typed("FALSE", R"({"type": "bool"})"), "false");
   EXPECT_EQ(typed("yes", R"({"type": "boolean"})"), R"("yes")");
 }
 
-TEST(ToolCallValues, ObjectAndArray) {
+TEST(output_parser_values, ObjectAndArray) {
   EXPECT_EQ(typed(R"({"a": [1, {"b": null}]})", R"({"type": "object"})"), R"({"a": [1, {"b": null}]})");
   EXPECT_EQ(typed("{'a': True, 'b': None, 'c': 'it\\'s \"x\"'}", R"({"type": "object"})"),
             R"({"a": true, "b": null, "c": "it's \"x\""})");
@@ -59,7 +59,7 @@ TEST(ToolCallValues, ObjectAndArray) {
   EXPECT_EQ(typed("{\"a\": ", R"({"type": "object"})"), R"("{\"a\": ")");
 }
 
-TEST(ToolCallValues, NullAndUnions) {
+TEST(output_parser_values, NullAndUnions) {
   EXPECT_EQ(typed("null", R"({"type": "null"})"), "null");
   EXPECT_EQ(typed("None", R"({"anyOf": [{"type": "string"}, {"type": "null"}]})"), "null");
   EXPECT_EQ(typed("Oslo", R"({"anyOf": [{"type": "string"}, {"type": "null"}]})"), R"("Oslo")");
@@ -69,7 +69,7 @@ TEST(ToolCallValues, NullAndUnions) {
   EXPECT_EQ(typed("true", R"({"oneOf": [{"type": "array"}, {"type": "boolean"}]})"), "true");
 }
 
-TEST(ToolCallValues, NoSchema) {
+TEST(output_parser_values, NoSchema) {
   EXPECT_EQ(typed("5", "null"), "5");
   EXPECT_EQ(typed("Oslo", "null"), R"("Oslo")");
   EXPECT_EQ(typed("{\"x\": 1}", "null"), R"({"x": 1})");
@@ -79,13 +79,13 @@ TEST(ToolCallValues, NoSchema) {
   EXPECT_EQ(typed("anything", R"({"description": "no type"})"), R"("anything")");
 }
 
-TEST(ToolCallValues, PythonStyleLayout) {
+TEST(output_parser_values, PythonStyleLayout) {
   json v = json::parse(R"({"a": [1, 2.5, {"b": "ü 🙂"}], "c": {}, "d": []})");
   EXPECT_EQ(dump_json_python_style(v), R"({"a": [1, 2.5, {"b": "ü 🙂"}], "c": {}, "d": []})");
   EXPECT_EQ(dump_json_python_style(json("bad \xC3")), "\"bad \xEF\xBF\xBD\"");
 }
 
-TEST(ToolCallXml, SchemasFromEitherToolShape) {
+TEST(output_parser_xml, SchemasFromEitherToolShape) {
   ToolSchemas schemas(json::parse(R"([
     {"type": "function", "function": {"name": "f", "parameters": {"properties": {"n": {"type": "integer"}}}}},
     {"name": "g", "parameters": {"properties": {"s": {"type": "string"}}}},
@@ -99,7 +99,7 @@ TEST(ToolCallXml, SchemasFromEitherToolShape) {
   EXPECT_EQ(call->arguments_json, R"({"s": "12"})");
 }
 
-TEST(ToolCallXml, Structure) {
+TEST(output_parser_xml, Structure) {
   ToolSchemas none;
   auto parse = [&](std::string_view body, bool require_end = false) {
     auto call = parse_tool_call_xml(body, none, require_end);
