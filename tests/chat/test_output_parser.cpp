@@ -339,5 +339,23 @@ TEST(output_parser, ReasoningStreams) {
   EXPECT_EQ(out.content, "Answer");
 }
 
+TEST(output_parser, LongValueInSmallPieces) {
+  // A 256 KiB file written through a tool call, pushed 3 bytes at a time (stays linear).
+  std::string text;
+  for (int i = 0; text.size() < 256 * 1024; ++i) text += "line " + std::to_string(i) + " </parameter> ü\n";
+  std::string stream = "Writing.\n</think>\n\n<tool_call>\n<function=write_file>\n<parameter=text>\n" + text +
+                       "\n</parameter>\n</function>\n</tool_call>";
+  OutputParser parser(with_tools());
+  std::vector<ParsedToolCall> calls;
+  for (size_t pos = 0; pos < stream.size(); pos += 3) {
+    ParserOutput out = parser.push(std::string_view(stream).substr(pos, 3));
+    EXPECT_TRUE(out.content.empty());
+    for (ParsedToolCall& call : out.tool_calls) calls.push_back(std::move(call));
+  }
+  parser.finish();
+  ASSERT_EQ(calls.size(), 1u);
+  EXPECT_EQ(calls[0].arguments_json, dump_json_python_style(json{{"text", text}}));
+}
+
 }  // namespace
 }  // namespace lily
