@@ -41,14 +41,15 @@ QuantizedMatrix quantize_affine(std::span<const float> w, int64_t rows, int64_t 
   for (int64_t r = 0; r < rows; ++r) {
     for (int64_t g = 0; g < groups; ++g) {
       const float* x = w.data() + r * cols + g * group_size;
-      float lo = x[0], hi = x[0];
-      for (int i = 1; i < group_size; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
+      // As MLX's GPU kernels (which make mlx-community files) do: the max starts at 0.
+      float lo = x[0], hi = 0.f;
+      for (int i = 0; i < group_size; ++i) lo = std::min(lo, x[i]), hi = std::max(hi, x[i]);
       const bool min_is_edge = std::fabs(lo) > std::fabs(hi);
       float scale = std::max((hi - lo) / n_bins, 1e-7f);
       scale = min_is_edge ? scale : -scale;
       const float edge = min_is_edge ? lo : hi;
       // Snap the scale so that the edge lands exactly on a code.
-      const float q0 = std::rint(edge / scale);
+      const float q0 = std::round(edge / scale);  // half away from zero, as Metal round()
       float bias = 0.f;
       if (q0 != 0.f) {
         scale = edge / q0;
@@ -58,7 +59,7 @@ QuantizedMatrix quantize_affine(std::span<const float> w, int64_t rows, int64_t 
       q.biases[size_t(r * groups + g)] = to_bf16(bias);
       // As MLX does, codes come from the unrounded float scale and bias.
       for (int i = 0; i < group_size; ++i) {
-        float code = std::clamp(std::rint((x[i] - bias) / scale), 0.f, n_bins);
+        float code = std::clamp(std::round((x[i] - bias) / scale), 0.f, n_bins);
         int64_t col = g * group_size + i;
         q.codes[size_t((r * cols + col) / per_word)] |= uint32_t(code) << (bits * (col % per_word));
       }
