@@ -1,0 +1,86 @@
+// cmd_logits.cpp: `lily logits` writes the logits after every token of a sequence, and
+// `lily generate` prints greedy continuations; both are the engine's testing interface.
+#include <cstdio>
+#include <fstream>
+
+#include "base/error.h"
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "runtime/generate.h"
+
+namespace lily::cli {
+namespace {
+
+struct LogitsArgs {
+  ModelOptions model;
+  std::string ids, out;
+};
+
+int run_logits(const LogitsArgs& a) {
+  std::vector<int32_t> ids = parse_id_list(a.ids);
+  LILY_CHECK(!ids.empty(), "--ids is empty");
+  auto engine = a.model.load_engine();
+  auto state = engine->backend().new_sequence(int64_t(ids.size()));
+  std::vector<float> logits;
+  engine->backend().forward(*state, ids, LogitsWanted::all, logits);
+  std::ofstream out(a.out, std::ios::binary);
+  if (!out) fail("cannot write {}", a.out);
+  out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
+  if (!out) fail("writing {} failed", a.out);
+  std::fprintf(stderr, "wrote float32 logits [%zu, %d] to %s\n", ids.size(), engine->config().vocab_size, a.out.c_str());
+  return 0;
+}
+
+CommandRegistration logits_command{{
+    "logits", "Write float32 logits [number of ids, vocab] after each token of --ids",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<LogitsArgs>();
+      a->model.add_to(sub);
+      sub.add_option("--ids", a->ids, "Token ids, comma separated")->required();
+      sub.add_option("--out", a->out, "Output file (float32 little-endian)")->required();
+      return [a] { return run_logits(*a); };
+    },
+    50}};
+
+struct GenerateArgs {
+  ModelOptions model;
+  std::string ids;
+  int64_t n = 16;
+};
+
+int run_generate(const GenerateArgs& a) {
+  std::vector<int32_t> ids = parse_id_list(a.ids);
+  LILY_CHECK(!ids.empty(), "--ids is empty");
+  LILY_CHECK(a.n >= 1, "-n must be at least 1");
+  auto engine = a.model.load_engine();
+  auto state = engine->backend().new_sequence(int64_t(ids.size()) + a.n);
+  GenerateRequest request;
+  request.prompt = ids;
+  request.max_new_tokens = a.n;
+  request.sampling.temperature = 0;  // greedy
+  std::vector<int32_t> out;
+  GenerateResult r = generate(engine->backend(), *state, request, [&](const GeneratedToken& t) {
+    out.push_back(t.id);
+    return true;
+  });
+  for (size_t i = 0; i < out.size(); ++i) std::printf(i ? ",%d" : "%d", out[i]);
+  std::printf("\n");
+  std::fprintf(stderr, "prefill %lld tokens in %.3f s, decoded %zu tokens in %.3f s (%.1f tokens/s)\n",
+               (long long)ids.size(), r.prefill_seconds, out.size(), r.decode_seconds,
+               r.decode_seconds > 0 ? double(out.size()) / r.decode_seconds : 0.0);
+  return 0;
+}
+
+CommandRegistration generate_command{{
+    "generate", "Print N greedy token ids after --ids (no stop tokens)",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<GenerateArgs>();
+      a->model.add_to(sub);
+      sub.add_option("--ids", a->ids, "Prompt token ids, comma separated")->required();
+      sub.add_option("-n", a->n, "Number of tokens to generate")->capture_default_str();
+      return [a] { return run_generate(*a); };
+    },
+    51}};
+
+}  // namespace
+}  // namespace lily::cli

@@ -1,0 +1,58 @@
+#include "cli/model_options.h"
+
+#include <chrono>
+#include <cstdio>
+
+#include "base/error.h"
+#include "cli/command.h"
+
+namespace lily::cli {
+
+void ModelOptions::add_to(CLI::App& app) {
+  app.add_option("-m,--model", model_dir, "Model directory (config.json + safetensors); default: the embedded lily-tiny");
+  app.add_option("--backend", backend, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--quantize", quantize, "Quantize bf16 weights at load: none or q4")->check(CLI::IsMember({"none", "q4"}));
+}
+
+std::string ModelOptions::resolved_model_dir() const { return model_dir.empty() ? default_model_dir() : model_dir; }
+
+std::unique_ptr<Engine> ModelOptions::load_engine() const {
+  EngineOptions options;
+  options.model_dir = resolved_model_dir();
+  options.backend = backend;
+  options.quantize_bits = quantize == "q4" ? 4 : 0;
+  auto t0 = std::chrono::steady_clock::now();
+  std::fprintf(stderr, "loading %s ...\n", options.model_dir.c_str());
+  auto engine = Engine::load(options);
+  double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::fprintf(stderr, "loaded %s (%s layout, %.2f GB of weights) on %s in %.1f s\n", options.model_dir.c_str(),
+               to_string(engine->weights().layout).c_str(), double(engine->weights().weight_bytes()) / 1e9,
+               engine->backend().name().c_str(), s);
+  return engine;
+}
+
+std::vector<int32_t> parse_id_list(const std::string& text) {
+  std::vector<int32_t> ids;
+  std::string token;
+  auto flush = [&] {
+    if (token.empty()) return;
+    size_t used = 0;
+    long long v = 0;
+    try {
+      v = std::stoll(token, &used);
+    } catch (const std::exception&) {
+      used = 0;
+    }
+    if (used != token.size() || v < 0 || v > INT32_MAX) fail("\"{}\" is not a token id", token);
+    ids.push_back(int32_t(v));
+    token.clear();
+  };
+  for (char ch : text) {
+    if (ch == ',' || ch == ' ' || ch == '\n' || ch == '\t' || ch == '\r') flush();
+    else token += ch;
+  }
+  flush();
+  return ids;
+}
+
+}  // namespace lily::cli

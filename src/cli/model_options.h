@@ -1,0 +1,27 @@
+// model_options.h: the options every model-running subcommand shares (-m, --backend, --quantize).
+#pragma once
+
+#include <CLI/CLI.hpp>
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "runtime/engine.h"
+
+namespace lily::cli {
+
+struct ModelOptions {
+  std::string model_dir;
+  std::string backend = "auto";
+  std::string quantize = "none";
+
+  void add_to(CLI::App& app);
+  std::unique_ptr<Engine> load_engine() const;  // prints progress on stderr
+  std::string resolved_model_dir() const;
+};
+
+// "1,2,3" or "1 2 3" -> ids; throws lily::Error naming the bad entry.
+std::vector<int32_t> parse_id_list(const std::string& text);
+
+}  // namespace lily::cli

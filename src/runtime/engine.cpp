@@ -1,0 +1,28 @@
+#include "runtime/engine.h"
+
+#include "base/error.h"
+#include "base/log.h"
+#include "model/checkpoint/load.h"
+
+namespace lily {
+
+#ifndef LILY_HAVE_CUDA
+bool cuda_backend_available() { return false; }
+#endif
+
+std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
+  std::string backend = options.backend;
+  if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
+  if (backend != "cpu" && backend != "cuda") fail("unknown backend \"{}\" (choose cpu, cuda or auto)", backend);
+  if (backend == "cuda" && !cuda_backend_available())
+    fail("--backend cuda: this build has no CUDA backend or no GPU is visible");
+
+  LoadOptions load_options;
+  load_options.quantize_bits = options.quantize_bits;
+  auto engine = std::unique_ptr<Engine>(new Engine());
+  engine->weights_ = load_model(options.model_dir, load_options);
+  engine->backend_ = make_cpu_backend(engine->weights_);
+  return engine;
+}
+
+}  // namespace lily

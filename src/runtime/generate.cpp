@@ -1,0 +1,75 @@
+#include "runtime/generate.h"
+
+#include <algorithm>
+#include <chrono>
+
+#include "base/error.h"
+
+namespace lily {
+
+const char* to_string(FinishReason reason) {
+  switch (reason) {
+    case FinishReason::stop: return "stop";
+    case FinishReason::length: return "length";
+    case FinishReason::cancelled: return "cancelled";
+  }
+  return "?";
+}
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
+                        const TokenCallback& on_token) {
+  GenerateResult result;
+  const int64_t cached = state.length();
+  const int64_t prompt_len = int64_t(request.prompt.size());
+  LILY_CHECK(cached <= prompt_len, "internal: the state holds {} tokens, more than the prompt's {}", cached, prompt_len);
+  LILY_CHECK(cached < prompt_len, "the prompt must have at least one token not already processed");
+  LILY_CHECK(prompt_len + request.max_new_tokens <= state.capacity(),
+             "prompt of {} tokens plus {} new tokens exceeds the context size of {}", prompt_len,
+             request.max_new_tokens, state.capacity());
+  result.prompt_tokens = prompt_len;
+  result.cached_tokens = cached;
+  const int32_t vocab = backend.config().vocab_size;
+  const int32_t limit = request.vocab_limit > 0 ? std::min(request.vocab_limit, vocab) : vocab;
+
+  auto t0 = std::chrono::steady_clock::now();
+  std::vector<float> logits;
+  std::span<const int32_t> fresh(request.prompt.data() + cached, size_t(prompt_len - cached));
+  backend.forward(state, fresh, LogitsWanted::last, logits);
+  result.prefill_seconds = seconds_since(t0);
+
+  Sampler sampler(request.sampling, limit);
+  auto t1 = std::chrono::steady_clock::now();
+  result.finish = FinishReason::length;
+  for (int64_t i = 0; i < request.max_new_tokens; ++i) {
+    GeneratedToken token;
+    if (request.top_logprobs >= 0) {  // log-probabilities of the model's distribution, before sampling filters
+      token.top = top_logprobs(logits, request.top_logprobs, limit);
+    }
+    std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
+    token.id = sampler.sample(logits, result.tokens);
+    if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
+    result.tokens.push_back(token.id);
+    const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
+                         request.stop_tokens.end();
+    if (!on_token(token)) {
+      result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
+      break;
+    }
+    if (is_stop) {
+      result.finish = FinishReason::stop;
+      break;
+    }
+    if (i + 1 == request.max_new_tokens) break;
+    backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
+  }
+  result.decode_seconds = seconds_since(t1);
+  return result;
+}
+
+}  // namespace lily

@@ -1,0 +1,48 @@
+// generate.h: the prefill-then-decode loop of one request.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "backend/backend.h"
+#include "runtime/sampler.h"
+
+namespace lily {
+
+struct GenerateRequest {
+  std::vector<int32_t> prompt;      // the whole prompt; the state may already hold a prefix of it
+  int64_t max_new_tokens = 256;
+  SamplingParams sampling;
+  std::vector<int32_t> stop_tokens;  // generation ends after one of these (not fed back)
+  int32_t vocab_limit = 0;           // ids >= this are never sampled (0: the model's vocab_size)
+  int top_logprobs = -1;             // -1: no logprobs; 0: the chosen token's; n: and the n most likely
+};
+
+struct GeneratedToken {
+  int32_t id = 0;
+  std::optional<TokenLogprob> logprob;
+  std::vector<TokenLogprob> top;
+};
+
+enum class FinishReason { stop, length, cancelled };
+const char* to_string(FinishReason reason);
+
+struct GenerateResult {
+  std::vector<int32_t> tokens;  // generated, the stop token included
+  FinishReason finish = FinishReason::length;
+  int64_t prompt_tokens = 0;    // the whole prompt
+  int64_t cached_tokens = 0;    // prompt tokens already in the state (not recomputed)
+  double prefill_seconds = 0, decode_seconds = 0;
+};
+
+// Called for every generated token; return false to stop (client gone, stop string seen).
+using TokenCallback = std::function<bool(const GeneratedToken&)>;
+
+// Prefills prompt[state.length():] and decodes. The caller guarantees that the tokens already
+// in `state` are prompt[0 : state.length()].
+GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
+                        const TokenCallback& on_token);
+
+}  // namespace lily

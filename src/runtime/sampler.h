@@ -1,0 +1,53 @@
+// sampler.h: turning one row of logits into the next token.
+//
+// Order of operations (as vLLM and llama.cpp apply them): penalties on the raw logits
+// (repetition, then presence and frequency over the generated tokens), temperature, then
+// the top-k, top-p and min-p filters, then a draw from the remaining distribution.
+// Temperature 0 (or top_k 1) is greedy: the arg max, ties to the lowest id.
+#pragma once
+
+#include <cstdint>
+#include <optional>
+#include <random>
+#include <span>
+#include <vector>
+
+namespace lily {
+
+struct SamplingParams {
+  float temperature = 1.0f;
+  int top_k = 0;          // 0: off
+  float top_p = 1.0f;     // 1: off
+  float min_p = 0.0f;     // 0: off
+  float presence_penalty = 0.0f;
+  float frequency_penalty = 0.0f;
+  float repetition_penalty = 1.0f;  // 1: off
+  std::optional<uint64_t> seed;     // none: a random seed
+  bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+};
+
+struct TokenLogprob {
+  int32_t token = 0;
+  float logprob = 0;
+};
+
+class Sampler {
+ public:
+  // vocab_limit: ids at or above it are never produced (the padded tail of the vocabulary).
+  Sampler(const SamplingParams& params, int32_t vocab_limit);
+
+  // Picks the next token from `logits` (modified in place by penalties and filters).
+  // `history` holds the tokens generated so far (penalties count only those).
+  int32_t sample(std::span<float> logits, std::span<const int32_t> history);
+
+ private:
+  SamplingParams params_;
+  int32_t vocab_limit_;
+  std::mt19937_64 rng_;
+};
+
+// log softmax of the raw logits for `token`, and the `top` most likely tokens (for the API's logprobs).
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t vocab_limit);
+std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int n, int32_t vocab_limit);
+
+}  // namespace lily
