@@ -45,7 +45,9 @@ void check_all_cases(const Tokenizer& tokenizer, const std::string& file) {
     const auto ids = tokenizer.encode(c.text);
     EXPECT_EQ(ids, c.ids) << "lily: " << ids_string(ids) << "\nHF:   " << ids_string(c.ids);
     EXPECT_EQ(tokenizer.decode(c.ids), c.decoded);
-    EXPECT_EQ(tokenizer.decode(ids), unicode::nfc(c.text));
+    // decode(encode(x)) == NFC(x), except where NFC would reach across an added token: in
+    // "<think>\u0338" the token is matched in the raw text first, so ">" + U+0338 never composes.
+    if (c.name != "think_then_mark") EXPECT_EQ(tokenizer.decode(ids), unicode::nfc(c.text));
     StreamingDecoder stream(tokenizer);
     std::string streamed;
     for (int32_t id : c.ids) streamed += stream.push(id);
