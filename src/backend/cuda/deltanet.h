@@ -1,0 +1,31 @@
+// deltanet.h: the core of a Gated DeltaNet layer on the GPU (spec §2.6, §3): everything
+// between the input projections and out_proj.
+#pragma once
+
+#include "backend/cuda/gpu_types.h"
+
+namespace lily::cuda {
+
+struct DeltaNetParams {
+  int T = 1;                    // tokens in this block
+  int num_key_heads = 16;       // Hk
+  int num_value_heads = 32;     // Hv (v-head n reads q/k head n / (Hv/Hk))
+  int head_dim = 128;           // dk = dv = 128
+  int conv_kernel = 4;          // K
+  float eps = 1e-6f;            // the gated RMSNorm's epsilon
+  const float* conv_weight = nullptr;  // [conv_dim, K] fp32, w[c, K-1] multiplies the current token
+  const float* A_log = nullptr;        // [Hv]
+  const float* dt_bias = nullptr;      // [Hv]
+  const float* norm_weight = nullptr;  // [128] gated RMSNorm weight
+  int conv_dim() const { return 2 * num_key_heads * head_dim + num_value_heads * head_dim; }
+};
+
+// mixed: [T, conv_dim] pre-conv q|k|v (in_proj_qkv output), z: [T, Hv*128], b, a: [T, Hv]
+// conv_state: [K-1, conv_dim] fp32 (oldest first), updated;  ssm_state: [Hv, 128, 128] fp32
+// (dk-major, as the CPU backend), updated;  y: [T, Hv*128] = gated_rms_norm(o, z), ready for out_proj.
+//   u = silu(conv(mixed)); q = l2norm(q)/sqrt(128); k = l2norm(k); beta = sigmoid(b);
+//   g = -exp(A_log) * softplus(a + dt_bias); o = delta rule; y = rmsnorm(o) * w * silu(z)
+void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
+                         float* conv_state, float* ssm_state, float* y, cudaStream_t stream);
+
+}  // namespace lily::cuda

@@ -1,0 +1,15 @@
+// gemv.h: y = x @ W^T for affine-quantized W (4- or 8-bit), few input rows (decode, and the
+// simple prefill). See gemv.cu for the kernel design.
+#pragma once
+
+#include "backend/cuda/gpu_types.h"
+
+namespace lily::cuda {
+
+// y[t, r] = sum_c W[r, c] * x[t, c]      x: [T, W.cols] fp32, y: [T, W.rows] fp32
+void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+
+// y[t, r] += sum_c W[r, c] * x[t, c]     (the residual add fused into the projection)
+void gemv_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+
+}  // namespace lily::cuda

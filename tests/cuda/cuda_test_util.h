@@ -1,0 +1,111 @@
+// cuda_test_util.h: helpers for CUDA tests: skip without a GPU, device buffers, random
+// inputs, quantized random matrices in both CPU (Matrix) and GPU (QMatrix) form.
+#pragma once
+
+#include <cuda_runtime.h>
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdio>
+#include <memory>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/gpu_types.h"
+#include "model/quant.h"
+#include "model/weights.h"
+
+namespace lily::test {
+
+#define CUDA_OK(expr)                                                              \
+  do {                                                                             \
+    cudaError_t _e = (expr);                                                       \
+    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);         \
+  } while (0)
+
+inline bool gpu_present() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+#define REQUIRE_GPU() \
+  if (!::lily::test::gpu_present()) GTEST_SKIP() << "no CUDA device"
+
+// A device copy of a host vector, freed on destruction.
+template <typename T>
+class DeviceArray {
+ public:
+  DeviceArray() = default;
+  explicit DeviceArray(size_t n) : n_(n) { cudaMalloc(&p_, std::max<size_t>(1, n) * sizeof(T)); }
+  explicit DeviceArray(const std::vector<T>& host) : DeviceArray(host.size()) { upload(host); }
+  ~DeviceArray() { cudaFree(p_); }
+  DeviceArray(const DeviceArray&) = delete;
+  DeviceArray& operator=(const DeviceArray&) = delete;
+  void upload(const std::vector<T>& host) { cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  std::vector<T> download() const {
+    std::vector<T> h(n_);
+    cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
+    return h;
+  }
+  // Poison: every byte 0xFF (NaN for floats) so unwritten outputs show.
+  void poison() { cudaMemset(p_, 0xFF, n_ * sizeof(T)); }
+  T* get() const { return p_; }
+  size_t size() const { return n_; }
+
+ private:
+  T* p_ = nullptr;
+  size_t n_ = 0;
+};
+
+inline std::vector<float> random_floats(size_t n, uint32_t seed, float scale = 1.0f) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> d(0.f, scale);
+  std::vector<float> v(n);
+  for (auto& x : v) x = d(rng);
+  return v;
+}
+
+// A random affine-quantized stack of `batch` [rows, cols] matrices, held on host and device.
+struct TestQMatrix {
+  lily::QuantizedMatrix host;  // codes/scales/biases for all batch entries, concatenated
+  int batch, rows, cols, bits;
+  std::unique_ptr<DeviceArray<uint32_t>> codes;
+  std::unique_ptr<DeviceArray<bf16>> scales, biases;
+
+  TestQMatrix(int batch_, int rows_, int cols_, int bits_, uint32_t seed, float scale = 0.05f)
+      : batch(batch_), rows(rows_), cols(cols_), bits(bits_) {
+    auto w = random_floats(size_t(batch) * rows * cols, seed, scale);
+    host = lily::quantize_affine(w, int64_t(batch) * rows, cols, bits, 64);
+    codes = std::make_unique<DeviceArray<uint32_t>>(host.codes);
+    scales = std::make_unique<DeviceArray<bf16>>(host.scales);
+    biases = std::make_unique<DeviceArray<bf16>>(host.biases);
+  }
+  cuda::QMatrix gpu() const {
+    cuda::QMatrix m;
+    m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits, m.group_size = 64;
+    m.codes = codes->get(), m.scales = scales->get(), m.biases = biases->get();
+    return m;
+  }
+  // The CPU view of batch entry i (for the reference ops in backend/cpu).
+  lily::Matrix cpu(int i = 0) const {
+    lily::Matrix m;
+    m.rows = rows, m.cols = cols, m.format = lily::MatrixFormat::affine, m.bits = bits, m.group_size = 64;
+    m.data = host.codes.data() + size_t(i) * rows * cols * bits / 32;
+    m.scales = host.scales.data() + size_t(i) * rows * (cols / 64);
+    m.biases = host.biases.data() + size_t(i) * rows * (cols / 64);
+    return m;
+  }
+};
+
+// max |a - b| / max |b|; NaN anywhere gives infinity.
+inline double relative_error(const std::vector<float>& a, const std::vector<float>& b) {
+  double diff = 0, ref = 0;
+  for (size_t i = 0; i < b.size(); ++i) {
+    if (std::isnan(a[i]) || std::isinf(a[i])) return INFINITY;
+    diff = std::max(diff, double(std::fabs(a[i] - b[i])));
+    ref = std::max(ref, double(std::fabs(b[i])));
+  }
+  return ref > 0 ? diff / ref : diff;
+}
+
+}  // namespace lily::test
