@@ -2,6 +2,8 @@
 // between the input projections and out_proj.
 #pragma once
 
+#include <cstddef>
+
 #include "backend/cuda/gpu_types.h"
 
 namespace lily::cuda {
@@ -27,5 +29,15 @@ struct DeltaNetParams {
 //   g = -exp(A_log) * softplus(a + dt_bias); o = delta rule; y = rmsnorm(o) * w * silu(z)
 void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
                          float* conv_state, float* ssm_state, float* y, cudaStream_t stream);
+
+// Device scratch that gated_deltanet_core needs for p.T tokens, in bytes: 0 for decode (T = 1);
+// for prefill min(T, 512) * conv_dim floats (the conv outputs of one 512-token chunk).
+size_t gated_deltanet_scratch_bytes(const DeltaNetParams& p);
+
+// The same with caller-owned scratch of at least gated_deltanet_scratch_bytes(p) bytes. The
+// overload above uses a grow-only buffer of its own (cudaMallocAsync on `stream`), so one
+// stream at a time; decode (T = 1) allocates nothing and can be captured in a CUDA graph.
+void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
+                         float* conv_state, float* ssm_state, float* y, void* scratch, cudaStream_t stream);
 
 }  // namespace lily::cuda

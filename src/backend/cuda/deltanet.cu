@@ -1,0 +1,375 @@
+// deltanet.cu: the core of a Gated DeltaNet layer (spec §2.6, §3.1): causal conv + SiLU,
+// l2norm of q/k, gates, the delta rule and the gated RMSNorm, for any T >= 1.
+//
+//   u = silu(conv_K([conv_state; mixed]))         q, k, v = u split [Hk*128 | Hk*128 | Hv*128]
+//   q = l2norm(q) / sqrt(128),  k = l2norm(k),  beta = sigmoid(b),  g = -exp(A_log) softplus(a + dt_bias)
+//   per v-head h, per token:   S <- exp(g) S;  delta = beta (v - S^T k);  S <- S + k delta^T;  o = S^T q
+//   y = norm_w * rmsnorm(o) * silu(z)          (per v-head, over its 128 outputs)
+// Shapes:   mixed [T, conv_dim] · z, y [T, Hv*128] · b, a [T, Hv] · conv_state [K-1, conv_dim] ·
+//           S [Hv, 128 (dk), 128 (dv)] fp32, all fp32.  v-head h reads q/k head h / (Hv/Hk).
+// Layout:   one block owns (v-head h, a slice of 32 dv columns): 128 threads, warp w holds the
+//           state rows a in [32w, 32w+32) of the block's columns, lane = column, so each thread
+//           keeps 32 state values in registers and every warp load/store is one 128-byte line.
+//           S^T k and S^T q are per-thread partial dots, summed over the 4 warps in shared memory.
+// Variants: deltanet_decode_kernel (T = 1): everything fused in one launch. The 4 slice blocks
+//             of a v-head, and the Hv/Hk v-heads sharing one q/k head, form one thread-block
+//             cluster (size 4 * Hv/Hk <= 8): the gated norm sums the 4 blocks' squares through
+//             distributed shared memory, and the cluster barrier also orders the q/k conv-state
+//             write (done by the cluster's rank 0) after every block of the cluster has read it.
+//             The v channels' conv state is written by the one block that owns them.
+//             Grid Hv*4 blocks; reads and writes the 2 MB state once.
+//           prefill (T > 1), per chunk of <= 512 tokens (bounded scratch: u [chunk, conv_dim]):
+//             deltanet_conv_kernel     conv + SiLU (+ l2norm for q/k heads) of every (token, head)
+//             conv_state_kernel        the last K-1 inputs become the new conv state
+//             deltanet_scan_kernel     the recurrent rule over the chunk, state in registers,
+//                                      raw o written into y
+//             gated_norm_kernel        y <- norm_w * rmsnorm(y) * silu(z) in place
+//           The recurrent form is used for prefill too (simple and exact); the chunked form
+//           (spec §3.2) is the next issue's fast prefill.
+// Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm).
+#include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
+
+#include <cooperative_groups.h>
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/deltanet.h"
+
+namespace lily::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kHeadDim = 128;                 // dk = dv
+constexpr int kConvK = 4;                     // the model's conv kernel (template parameter K)
+constexpr int kCols = 32;                     // dv columns per block, one per lane
+constexpr int kSlices = kHeadDim / kCols;     // blocks per v-head
+constexpr int kThreads = 128;                 // 4 warps x 32 dk rows
+constexpr int kRows = kHeadDim / (kThreads / 32);  // state rows per thread
+constexpr int kPrefillChunk = 512;            // tokens per prefill chunk (bounds the scratch)
+
+struct CoreArgs {
+  int T, Hk, Hv, C;  // C = conv_dim
+  float eps;
+  const float* conv_weight;  // [C, K]
+  const float* A_log;        // [Hv]
+  const float* dt_bias;      // [Hv]
+  const float* norm_weight;  // [128]
+  const float* mixed;        // [T, C]
+  const float* z;            // [T, Hv*128]
+  const float* b;            // [T, Hv]
+  const float* a;            // [T, Hv]
+  float* conv_state;         // [K-1, C]
+  float* ssm_state;          // [Hv, 128, 128]
+  float* y;                  // [T, Hv*128]
+  float* u;                  // prefill scratch [chunk, C]
+};
+
+__device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }
+__device__ __forceinline__ float silu(float x) { return x * sigmoid(x); }
+__device__ __forceinline__ float softplus(float x) { return x > 20.f ? x : log1pf(expf(x)); }  // torch threshold
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// beta = sigmoid(b), alpha = exp(g), g = -exp(A_log) * softplus(a + dt_bias)  (spec §2.6, fp32)
+__device__ __forceinline__ void gates(const CoreArgs& p, int t, int h, float& alpha, float& beta) {
+  beta = sigmoid(p.b[size_t(t) * p.Hv + h]);
+  const float g = -expf(p.A_log[h]) * softplus(p.a[size_t(t) * p.Hv + h] + p.dt_bias[h]);
+  alpha = expf(g);
+}
+
+// Sum over the block's 128 threads; `part` is 4 floats of shared memory; ends with a barrier
+// after which `part` may be reused only past the next barrier.
+__device__ __forceinline__ float block_sum(float v, float* part) {
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) part[threadIdx.x / 32] = v;
+  __syncthreads();
+  return part[0] + part[1] + part[2] + part[3];
+}
+
+// One token of the delta rule (spec §3.1) on this thread's state entries S[32w + i][col]:
+//   S <- alpha S;  m = S^T k;  delta = beta (v - m);  S <- S + k delta^T;  returns o[col] = S^T q.
+// q_s, k_s: [128] shared; v: v[col]; red: [2][4][32] shared. Two block barriers inside.
+__device__ __forceinline__ float delta_step(float (&s)[kRows], const float* q_s, const float* k_s, float v, float alpha,
+                                            float beta, float (*red)[4][kCols]) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, a0 = warp * kRows;
+  float m = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    s[i] *= alpha;  // decay first
+    m += s[i] * k_s[a0 + i];
+  }
+  red[0][warp][lane] = m;
+  __syncthreads();
+  m = red[0][0][lane] + red[0][1][lane] + red[0][2][lane] + red[0][3][lane];
+  const float delta = beta * (v - m);
+  float o = 0.f;
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) {
+    s[i] += k_s[a0 + i] * delta;  // rank-1 write
+    o += s[i] * q_s[a0 + i];      // read with the updated state
+  }
+  red[1][warp][lane] = o;
+  __syncthreads();
+  return red[1][0][lane] + red[1][1][lane] + red[1][2][lane] + red[1][3][lane];
+}
+
+// ---- Decode (T = 1): one fused launch ----------------------------------------------------------
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
+  cg::cluster_group cluster = cg::this_cluster();
+  __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
+  __shared__ float red[2][4][kCols];
+  __shared__ float part[2][4];
+  __shared__ float sumsq;  // this block's sum of o^2, read by the head's other slices
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  const int ratio = p.Hv / p.Hk, kh = h / ratio;
+  const int col = slice * kCols + lane;  // this thread's dv column
+  const int C = p.C, key_dim = p.Hk * kHeadDim;
+
+  // The state first: 32 independent coalesced loads per thread, in flight during the conv.
+  float* S = p.ssm_state + size_t(h) * kHeadDim * kHeadDim + size_t(warp * kRows) * kHeadDim + col;
+  float s[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) s[i] = S[size_t(i) * kHeadDim];
+  const float zc = p.z[h * kHeadDim + col], wc = p.norm_weight[col];
+
+  // Conv + SiLU of channel c: X = [conv_state rows 0..K-2 ; mixed], w[c, K-1] on the current token.
+  auto conv = [&](int c, float (&x)[K]) {
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) x[i] = p.conv_state[size_t(i) * C + c];
+    x[K - 1] = p.mixed[c];
+    float acc = 0.f;
+#pragma unroll
+    for (int i = 0; i < K; ++i) acc += p.conv_weight[size_t(c) * K + i] * x[i];
+    return silu(acc);
+  };
+  const int cq = kh * kHeadDim + tid, ck = key_dim + kh * kHeadDim + tid;
+  float xq[K], xk[K];
+  const float uq = conv(cq, xq), uk = conv(ck, xk);
+  if (warp == 0) {  // the v channel of this column: owned by this block alone, so update it now
+    const int cv = 2 * key_dim + h * kHeadDim + col;
+    float xv[K];
+    v_s[lane] = conv(cv, xv);
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) p.conv_state[size_t(i) * C + cv] = xv[i + 1];
+  }
+
+  // q = l2norm(q) / sqrt(128), k = l2norm(k): x * rsqrt(sum x^2 + 1e-6) (spec §2.6)
+  const float ssq = warp_sum(uq * uq), ssk = warp_sum(uk * uk);
+  if (lane == 0) part[0][warp] = ssq, part[1][warp] = ssk;
+  __syncthreads();
+  const float inv_q = 1.f / sqrtf(part[0][0] + part[0][1] + part[0][2] + part[0][3] + 1e-6f) * (1.f / sqrtf(128.f));
+  const float inv_k = 1.f / sqrtf(part[1][0] + part[1][1] + part[1][2] + part[1][3] + 1e-6f);
+  q_s[tid] = uq * inv_q;
+  k_s[tid] = uk * inv_k;
+  float alpha, beta;
+  gates(p, 0, h, alpha, beta);
+  __syncthreads();
+
+  const float o = delta_step(s, q_s, k_s, v_s[lane], alpha, beta, red);
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) S[size_t(i) * kHeadDim] = s[i];
+
+  if (warp == 0) {
+    const float ss = warp_sum(o * o);
+    if (lane == 0) sumsq = ss;
+  }
+  // After this barrier every block of the cluster has read the old conv state and published sumsq.
+  cluster.sync();
+  if (cluster.block_rank() == 0) {  // the q/k conv state of key head kh, written once
+#pragma unroll
+    for (int i = 0; i < K - 1; ++i) {
+      p.conv_state[size_t(i) * C + cq] = xq[i + 1];
+      p.conv_state[size_t(i) * C + ck] = xk[i + 1];
+    }
+  }
+  if (warp == 0) {
+    // y = w * (o * rsqrt(mean(o^2) + eps)) * silu(z), the mean over the head's 4 slices (spec §2.2.2)
+    const unsigned first = (h % ratio) * kSlices;
+    float total = 0.f;
+#pragma unroll
+    for (int j = 0; j < kSlices; ++j) total += *cluster.map_shared_rank(&sumsq, first + j);
+    const float inv = 1.f / sqrtf(total / float(kHeadDim) + p.eps);
+    p.y[h * kHeadDim + col] = wc * (o * inv) * silu(zc);
+  }
+  cluster.sync();  // keep this block's shared memory alive until the others have read it
+}
+
+// ---- Prefill (T > 1), one chunk of n tokens starting at t0 ------------------------------------
+
+// u[t, c] for the chunk; block (t, head of 128 channels); q/k heads are l2-normalised here.
+// Reads conv_state (not written until conv_state_kernel).
+template <int K>
+__global__ void __launch_bounds__(kThreads) deltanet_conv_kernel(CoreArgs p, int t0) {
+  __shared__ float part[4];
+  const int t = blockIdx.x, head = blockIdx.y;  // head: q heads, k heads, v heads of 128 channels
+  const int c = head * kHeadDim + threadIdx.x, C = p.C;
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < K; ++i) {
+    const int row = t + i;  // row of X = [conv_state; mixed[t0:]]
+    const float x = row < K - 1 ? p.conv_state[size_t(row) * C + c] : p.mixed[size_t(t0 + row - (K - 1)) * C + c];
+    acc += p.conv_weight[size_t(c) * K + i] * x;
+  }
+  float u = silu(acc);
+  if (head < 2 * p.Hk) {  // block-uniform: q or k head
+    const float ss = block_sum(u * u, part);
+    u *= 1.f / sqrtf(ss + 1e-6f) * (head < p.Hk ? 1.f / sqrtf(128.f) : 1.f);
+  }
+  p.u[size_t(t) * C + c] = u;
+}
+
+// conv_state <- the last K-1 rows of [conv_state; mixed[t0 : t0+n]], one thread per channel.
+template <int K>
+__global__ void conv_state_kernel(CoreArgs p, int t0, int n) {
+  const int c = blockIdx.x * blockDim.x + threadIdx.x, C = p.C;
+  if (c >= C) return;
+  float next[K - 1];
+#pragma unroll
+  for (int r = 0; r < K - 1; ++r) {
+    const int row = n + r;
+    next[r] = row < K - 1 ? p.conv_state[size_t(row) * C + c] : p.mixed[size_t(t0 + row - (K - 1)) * C + c];
+  }
+#pragma unroll
+  for (int r = 0; r < K - 1; ++r) p.conv_state[size_t(r) * C + c] = next[r];
+}
+
+// The recurrent rule over n tokens; block (v-head, slice) as in decode; raw o into y.
+// The next token's q/k/v and gates are loaded into registers while this one is computed.
+__global__ void __launch_bounds__(kThreads) deltanet_scan_kernel(CoreArgs p, int t0, int n) {
+  __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
+  __shared__ float red[2][4][kCols];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int h = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
+  const int kh = h / (p.Hv / p.Hk), col = slice * kCols + lane;
+  const int C = p.C, key_dim = p.Hk * kHeadDim;
+
+  float* S = p.ssm_state + size_t(h) * kHeadDim * kHeadDim + size_t(warp * kRows) * kHeadDim + col;
+  float s[kRows];
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) s[i] = S[size_t(i) * kHeadDim];
+
+  const float* uq = p.u + kh * kHeadDim + tid;
+  const float* uk = p.u + key_dim + kh * kHeadDim + tid;
+  const float* uv = p.u + 2 * key_dim + h * kHeadDim + col;
+  float nq = uq[0], nk = uk[0], nv = warp == 0 ? uv[0] : 0.f, alpha, beta;
+  gates(p, t0, h, alpha, beta);
+  for (int t = 0; t < n; ++t) {
+    q_s[tid] = nq;
+    k_s[tid] = nk;
+    if (warp == 0) v_s[lane] = nv;
+    const float cur_alpha = alpha, cur_beta = beta;
+    __syncthreads();
+    if (t + 1 < n) {  // prefetch token t+1
+      const size_t off = size_t(t + 1) * C;
+      nq = uq[off], nk = uk[off];
+      if (warp == 0) nv = uv[off];
+      gates(p, t0 + t + 1, h, alpha, beta);
+    }
+    const float o = delta_step(s, q_s, k_s, v_s[lane], cur_alpha, cur_beta, red);
+    if (warp == 0) p.y[size_t(t0 + t) * p.Hv * kHeadDim + h * kHeadDim + col] = o;
+  }
+#pragma unroll
+  for (int i = 0; i < kRows; ++i) S[size_t(i) * kHeadDim] = s[i];
+}
+
+// y <- norm_w * (y * rsqrt(mean(y^2) + eps)) * silu(z), one block per (token, v-head) row.
+__global__ void __launch_bounds__(kThreads) gated_norm_kernel(CoreArgs p, int t0) {
+  __shared__ float part[4];
+  const size_t i = (size_t(t0) * p.Hv + blockIdx.x) * kHeadDim + threadIdx.x;
+  const float x = p.y[i];
+  const float ss = block_sum(x * x, part);
+  const float inv = 1.f / sqrtf(ss / float(kHeadDim) + p.eps);
+  p.y[i] = p.norm_weight[threadIdx.x] * (x * inv) * silu(p.z[i]);
+}
+
+// (fmt's compile-time format check does not build under nvcc: fmt::runtime.)
+void check_params(const DeltaNetParams& p) {
+  const auto check = [](bool ok, const char* what, int value) {
+    if (!ok) ::lily::fail(fmt::runtime("gated_deltanet_core: {} = {} is not implemented"), what, value);
+  };
+  check(p.T >= 1, "T", p.T);
+  check(p.head_dim == kHeadDim, "head_dim (only 128)", p.head_dim);
+  check(p.conv_kernel == kConvK, "conv_kernel (only 4)", p.conv_kernel);
+  check(p.num_key_heads >= 1 && p.num_value_heads % p.num_key_heads == 0, "num_value_heads (a multiple of Hk)",
+        p.num_value_heads);
+  // The decode cluster holds every block reading one q/k head: 4 slices x (Hv/Hk) <= 8 (portable size).
+  check(p.num_value_heads / p.num_key_heads * kSlices <= 8, "Hv/Hk (at most 2)", p.num_value_heads / p.num_key_heads);
+}
+
+// The grow-only scratch of the overload without one (stream-ordered allocation).
+void* own_scratch(size_t bytes, cudaStream_t stream) {
+  static void* buffer = nullptr;
+  static size_t size = 0;
+  if (bytes > size) {
+    if (buffer) CUDA_CHECK(cudaFreeAsync(buffer, stream));
+    CUDA_CHECK(cudaMallocAsync(&buffer, bytes, stream));
+    size = bytes;
+  }
+  return buffer;
+}
+
+}  // namespace
+
+size_t gated_deltanet_scratch_bytes(const DeltaNetParams& p) {
+  if (p.T <= 1) return 0;
+  return size_t(std::min(p.T, kPrefillChunk)) * size_t(p.conv_dim()) * sizeof(float);
+}
+
+void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
+                         float* conv_state, float* ssm_state, float* y, void* scratch, cudaStream_t stream) {
+  check_params(p);
+  CoreArgs args{p.T, p.num_key_heads, p.num_value_heads, p.conv_dim(), p.eps, p.conv_weight, p.A_log, p.dt_bias,
+                p.norm_weight, mixed, z, b, a, conv_state, ssm_state, y, static_cast<float*>(scratch)};
+  const int Hv = p.num_value_heads, ratio = p.num_value_heads / p.num_key_heads;
+
+  if (p.T == 1) {
+    cudaLaunchConfig_t config = {};
+    config.gridDim = dim3(unsigned(Hv * kSlices));
+    config.blockDim = dim3(kThreads);
+    config.stream = stream;
+    cudaLaunchAttribute attribute[1];
+    attribute[0].id = cudaLaunchAttributeClusterDimension;
+    attribute[0].val.clusterDim.x = unsigned(ratio * kSlices);
+    attribute[0].val.clusterDim.y = 1;
+    attribute[0].val.clusterDim.z = 1;
+    config.attrs = attribute;
+    config.numAttrs = 1;
+    CUDA_CHECK(cudaLaunchKernelEx(&config, deltanet_decode_kernel<kConvK>, args));
+    return;
+  }
+
+  if (!scratch) ::lily::fail(fmt::runtime("gated_deltanet_core: a prefill of {} tokens needs scratch"), p.T);
+  const int heads = args.C / kHeadDim;  // q, k and v heads of 128 channels
+  for (int t0 = 0; t0 < p.T; t0 += kPrefillChunk) {
+    const int n = std::min(kPrefillChunk, p.T - t0);
+    deltanet_conv_kernel<kConvK><<<dim3(unsigned(n), unsigned(heads)), kThreads, 0, stream>>>(args, t0);
+    CUDA_CHECK_LAUNCH();
+    conv_state_kernel<kConvK><<<unsigned((args.C + 255) / 256), 256, 0, stream>>>(args, t0, n);
+    CUDA_CHECK_LAUNCH();
+    deltanet_scan_kernel<<<unsigned(Hv * kSlices), kThreads, 0, stream>>>(args, t0, n);
+    CUDA_CHECK_LAUNCH();
+    gated_norm_kernel<<<unsigned(n * Hv), kThreads, 0, stream>>>(args, t0);
+    CUDA_CHECK_LAUNCH();
+  }
+}
+
+void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
+                         float* conv_state, float* ssm_state, float* y, cudaStream_t stream) {
+  const size_t bytes = gated_deltanet_scratch_bytes(p);
+  gated_deltanet_core(p, mixed, z, b, a, conv_state, ssm_state, y, bytes ? own_scratch(bytes, stream) : nullptr,
+                      stream);
+}
+
+}  // namespace lily::cuda
