@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """A large synthetic tokenizer.json for bench_tokenizer where HF `tokenizers` is not installed.
 
-    python3 bench/tokenizer/make_bench_vocab.py --merges 30000 --out /tmp/bench_tok.json
+    python3 bench/tokenizer/make_bench_vocab.py --merges 8000 --out /tmp/bench_tok.json
     LILY_TOKENIZER=/tmp/bench_tok.json build/bench/tokenizer/bench_tokenizer
 
 Plain greedy BPE over byte-level words (pre-tokenized crudely, not with the Qwen regex): the ids
@@ -11,6 +11,7 @@ fields are the Qwen3.6 ones, so lily loads it like the real file.
 
 import argparse
 import collections
+import heapq
 import json
 import random
 import re
@@ -46,11 +47,11 @@ def corpus(n_words):
 
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("--merges", type=int, default=30000)
+    ap.add_argument("--merges", type=int, default=8000)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
     sym = byte_symbols()
-    counts = collections.Counter(corpus(400000))
+    counts = collections.Counter(corpus(60000))
     words = [[sym[b] for b in w.encode()] for w in counts]
     freq = list(counts.values())
     vocab = {sym[b]: i for i, b in enumerate(sorted(sym))}
@@ -61,8 +62,15 @@ def main():
         for a, b in zip(w, w[1:]):
             pairs[a, b] += freq[wi]
             where[a, b].add(wi)
-    while len(merges) < args.merges and pairs:
-        (a, b), c = pairs.most_common(1)[0]
+    heap = [(-c, p) for p, c in pairs.items()]
+    heapq.heapify(heap)
+    while len(merges) < args.merges and heap:
+        neg, (a, b) = heapq.heappop(heap)
+        c = pairs.get((a, b), 0)
+        if c != -neg:  # stale entry
+            if c > 0:
+                heapq.heappush(heap, (-c, (a, b)))
+            continue
         if c < 2:
             break
         merges.append((a, b))
@@ -83,8 +91,8 @@ def main():
             for x, y in zip(out, out[1:]):
                 pairs[x, y] += freq[wi]
                 where[x, y].add(wi)
+                heapq.heappush(heap, (-pairs[x, y], (x, y)))
         del pairs[a, b]
-        pairs += collections.Counter()  # drop zero counts
     base = len(vocab)
     added = [
         {"id": base + i, "content": c, "single_word": False, "lstrip": False, "rstrip": False,

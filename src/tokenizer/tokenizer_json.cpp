@@ -42,7 +42,7 @@ std::vector<uint32_t> code_points(std::string_view s) {
 }
 
 // HF ByteLevel decoder: a token whose every character is a byte-level character decodes to those
-// bytes; any other token decodes to its own UTF-8 text. Returns nullopt-like false via `mapped`.
+// bytes; any other token decodes to its own UTF-8 text. `all_mapped` (optional) says which.
 std::string byte_level_decode(std::string_view token, bool* all_mapped) {
   std::string bytes;
   for (uint32_t cp : code_points(token)) {
