@@ -2,6 +2,8 @@
 // between the q/k/v projections and o_proj, including appending to the KV cache.
 #pragma once
 
+#include <cstddef>
+
 #include "backend/cuda/gpu_types.h"
 
 namespace lily::cuda {
@@ -27,5 +29,17 @@ struct AttentionParams {
 // out: [T, nq * head_dim] = softmax_causal(q K^T / sqrt(head_dim)) V * sigmoid(gate), ready for o_proj.
 void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
                           bf16* v_cache, float* out, cudaStream_t stream);
+
+// Device scratch of the split-KV decode (T = 1), in bytes: per KV head a counter and, per
+// split, the 8 query heads' partial (max, sum, accumulator). Fixed by `capacity` alone, so
+// one buffer serves every layer and every decode step; prefill (T > 1) does not use it.
+size_t gated_attention_scratch_bytes(const AttentionParams& p);
+
+// The same with caller-owned scratch of at least gated_attention_scratch_bytes(p) bytes,
+// zero-filled once before its first use (the kernels leave their counters at zero again).
+// The overload above keeps a grow-only buffer of its own, allocated on `stream` (one stream at
+// a time); call it once before capturing a CUDA graph, since allocating during capture fails.
+void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
+                          bf16* v_cache, float* out, void* scratch, cudaStream_t stream);
 
 }  // namespace lily::cuda
