@@ -1,0 +1,176 @@
+// chat_service.h: one chat or text completion, from request structs to streamed deltas.
+//
+// The layer between the wire (server/, cli/) and the engine: it renders the chat template
+// (chat/), tokenizes, reuses cached conversation state (prefix_cache.h), runs generate(),
+// decodes the tokens incrementally, applies stop strings (completion_text.h), splits the text
+// into reasoning / content / tool calls (chat/output_parser.h) and counts usage. It never sees
+// JSON bodies or HTTP; the engine never sees it.
+//
+// Not thread safe: one completion at a time (the server's request queue makes sure). The
+// prepare_*() functions are const and may run on any thread.
+//
+// tool_choice:
+//   auto      tool calls are parsed when tools are given;
+//   none      the template still lists the tools, but tool-call tags stay plain text;
+//   required  the reply is made to start a call: when the model reaches the answer (after
+//             </think>, or at once with thinking off) the text "<tool_call>\n<function=" is
+//             put in its mouth (appended to its context as if it had written it), so it must
+//             pick a function and write the call;
+//   function  the same with "<tool_call>\n<function=NAME>\n", so the call is to NAME.
+//   If the model still produces no parseable call (a tiny model may not), the reply is
+//   returned as it is, with finish_reason "stop".
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "chat/chat_template.h"
+#include "runtime/engine.h"
+#include "runtime/prefix_cache.h"
+#include "runtime/sampler.h"
+#include "tokenizer/tokenizer.h"
+
+namespace lily {
+
+// A request the client got wrong (HTTP 400): names the parameter at fault.
+class RequestError : public Error {
+ public:
+  RequestError(std::string message, std::string param, std::string code = "")
+      : Error(std::move(message)), param(std::move(param)), code(std::move(code)) {}
+  std::string param, code;
+};
+
+struct ToolChoice {
+  enum class Mode { automatic, none, required, function };
+  Mode mode = Mode::automatic;
+  std::string function;  // Mode::function
+};
+
+struct CompletionOptions {
+  SamplingParams sampling;
+  std::optional<int64_t> max_tokens;  // none: what the context leaves
+  std::vector<std::string> stop;
+  int top_logprobs = -1;              // -1: no logprobs; 0: the chosen token's; n: and the n best
+  bool use_cache = true;              // false: a cold run on a fresh state, not kept afterwards
+};
+
+struct ChatRequest {
+  json messages = json::array();
+  json tools = nullptr;  // null or an array
+  ToolChoice tool_choice;
+  ChatTemplateOptions template_options;
+  CompletionOptions options;
+};
+
+struct TextRequest {
+  std::string prompt;                 // used when prompt_tokens is empty
+  std::vector<int32_t> prompt_tokens;
+  CompletionOptions options;
+};
+
+struct ToolCall {
+  std::string id;  // call_ + 24 hex digits
+  std::string name;
+  std::string arguments;  // a JSON object, as a string
+};
+
+struct LogprobAlternative {
+  std::string token;  // the token's text (U+FFFD for a part of a character)
+  std::string bytes;  // its raw bytes
+  float logprob = 0;
+};
+
+struct TokenLogprobs {
+  LogprobAlternative chosen;
+  std::vector<LogprobAlternative> top;
+};
+
+// What one step of the reply added. Text is whole UTF-8 characters.
+struct ChatDelta {
+  std::string reasoning, content;
+  std::vector<ToolCall> tool_calls;  // complete calls
+  std::vector<TokenLogprobs> logprobs;
+  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty(); }
+};
+
+struct Usage {
+  int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+};
+
+struct Timings {
+  int64_t prefilled_tokens = 0;     // prompt tokens computed (prompt - cached)
+  int64_t decoded_tokens = 0;
+  double prefill_seconds = 0, decode_seconds = 0;
+  double first_token_seconds = 0;  // from the start of the completion to the first token
+};
+
+struct CompletionResult {
+  std::string reasoning, content;  // whole texts (text completions: content)
+  std::vector<ToolCall> tool_calls;
+  std::vector<TokenLogprobs> logprobs;
+  std::vector<int32_t> tokens;  // the reply's token ids: generated and forced, stop token included
+  std::string finish_reason;  // "stop", "length", "tool_calls"
+  bool cancelled = false;     // the callback asked to stop (client gone)
+  Usage usage;
+  Timings timings;
+};
+
+// Return false to stop the generation (the client went away).
+using DeltaCallback = std::function<bool(const ChatDelta&)>;
+
+// A request turned into tokens, checked against the context size.
+struct PreparedCompletion {
+  std::vector<int32_t> prompt;
+  int64_t max_tokens = 0;
+  int64_t reuse_boundary = 0;       // snapshot point before the generation prompt (0: none)
+  bool chat = false;
+  bool starts_in_reasoning = false;  // the prompt opened <think>
+  std::string forced_text;           // tool_choice required/named: the start of the call
+  json tools = nullptr;
+  bool parse_tool_calls = false;
+  CompletionOptions options;
+};
+
+struct ChatServiceOptions {
+  int64_t context_size = 0;                  // 0: the model's max_position_embeddings
+  uint64_t cache_bytes = uint64_t(4) << 30;  // memory budget of the session cache
+};
+
+class ChatService {
+ public:
+  ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions options = {});
+
+  // Sampling defaults from generation_config.json.
+  SamplingParams default_sampling() const;
+  int64_t context_size() const { return context_size_; }
+  const Tokenizer& tokenizer() const { return tokenizer_; }
+  PrefixCacheStats cache_stats() const { return cache_.stats(); }
+  void clear_cache() { cache_.clear(); }
+
+  // Render + tokenize + check. Throws RequestError or TemplateError (both: HTTP 400).
+  PreparedCompletion prepare_chat(const ChatRequest& request) const;
+  PreparedCompletion prepare_text(const TextRequest& request) const;
+
+  CompletionResult complete(const PreparedCompletion& prepared, const DeltaCallback& on_delta);
+  CompletionResult complete_chat(const ChatRequest& request, const DeltaCallback& on_delta) {
+    return complete(prepare_chat(request), on_delta);
+  }
+
+ private:
+  std::vector<int32_t> stop_tokens() const;
+  LogprobAlternative alternative(int32_t token, float logprob) const;
+
+  Engine& engine_;
+  Tokenizer tokenizer_;
+  int64_t context_size_;
+  PrefixCache cache_;
+  std::optional<int32_t> think_end_;  // </think>
+};
+
+// "call_" + 24 random hex digits.
+std::string new_tool_call_id();
+
+}  // namespace lily

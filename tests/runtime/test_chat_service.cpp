@@ -1,0 +1,192 @@
+// The chat service on the random-weight test model (tests/server/fixtures/tiny-chat): session
+// reuse computes only the new tokens of later turns and gives exactly the tokens of a cold
+// run (greedy); tool_choice forcing; stop strings; context checks.
+#include <gtest/gtest.h>
+
+#include "runtime/chat_service.h"
+
+namespace lily {
+namespace {
+
+const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
+
+struct Fixture {
+  std::unique_ptr<Engine> engine;
+  std::unique_ptr<ChatService> service;
+  Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30) {
+    engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+    service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(kModelDir),
+                                            ChatServiceOptions{context, cache_bytes});
+  }
+};
+
+ChatRequest greedy_request(json messages, int64_t max_tokens) {
+  ChatRequest r;
+  r.messages = std::move(messages);
+  r.options.sampling.temperature = 0;
+  r.options.max_tokens = max_tokens;
+  return r;
+}
+
+CompletionResult run(ChatService& s, const ChatRequest& r) {
+  return s.complete_chat(r, [](const ChatDelta&) { return true; });
+}
+
+json assistant_turn(const CompletionResult& r) {
+  return json{{"role", "assistant"}, {"content", r.content}, {"reasoning_content", r.reasoning}};
+}
+
+TEST(ChatService, LaterTurnsPrefillOnlyTheirNewTokensAndMatchColdRuns) {
+  Fixture f;
+  json messages = json::array({json{{"role", "system"}, {"content", "You are a helpful assistant."}},
+                               json{{"role", "user"}, {"content", "Hello, how are you?"}}});
+  const char* next_questions[] = {"What is the weather in Paris?", "And in Oslo?", "Count to ten."};
+  int64_t previous_boundary = 0;
+  for (int turn = 0; turn < 4; ++turn) {
+    ChatRequest request = greedy_request(messages, 24);
+    PreparedCompletion prepared = f.service->prepare_chat(request);
+    CompletionResult warm = f.service->complete(prepared, [](const ChatDelta&) { return true; });
+    ChatRequest cold_request = request;
+    cold_request.options.use_cache = false;
+    CompletionResult cold = run(*f.service, cold_request);
+
+    EXPECT_EQ(warm.tokens, cold.tokens) << "turn " << turn;
+    EXPECT_EQ(warm.reasoning, cold.reasoning);
+    EXPECT_EQ(warm.content, cold.content);
+    EXPECT_EQ(cold.usage.cached_tokens, 0);
+    // Turn k resumes where turn k-1's generation prompt started: only the new tokens are computed.
+    EXPECT_EQ(warm.usage.cached_tokens, previous_boundary) << "turn " << turn;
+    EXPECT_EQ(warm.timings.prefilled_tokens, warm.usage.prompt_tokens - previous_boundary);
+    if (turn > 0) EXPECT_GT(warm.usage.cached_tokens, 0);
+    previous_boundary = prepared.reuse_boundary;
+
+    messages.push_back(assistant_turn(warm));
+    if (turn < 3) messages.push_back(json{{"role", "user"}, {"content", next_questions[turn]}});
+    else break;
+  }
+}
+
+TEST(ChatService, AToolResultResumesFromTheEndOfThePreviousPrompt) {
+  Fixture f;
+  json tools = json::array({json::parse(R"({"type": "function", "function": {"name": "get_weather",
+      "description": "Get the weather of a city", "parameters": {"type": "object",
+      "properties": {"city": {"type": "string"}}, "required": ["city"]}}})")});
+  json messages = json::array({json{{"role", "user"}, {"content", "What is the weather in Oslo?"}}});
+  ChatRequest first = greedy_request(messages, 16);
+  first.tools = tools;
+  PreparedCompletion p1 = f.service->prepare_chat(first);
+  CompletionResult r1 = f.service->complete(p1, [](const ChatDelta&) { return true; });
+
+  // The assistant turn keeps its reasoning (it is after the last user query), so the prompt of
+  // the follow-up extends the first prompt at least up to its end.
+  messages.push_back(assistant_turn(r1));
+  messages.push_back(json{{"role", "tool"}, {"content", "{\"temp\": 3}"}});
+  ChatRequest second = greedy_request(messages, 16);
+  second.tools = tools;
+  CompletionResult warm = run(*f.service, second);
+  EXPECT_GE(warm.usage.cached_tokens, int64_t(p1.prompt.size()));
+  second.options.use_cache = false;
+  CompletionResult cold = run(*f.service, second);
+  EXPECT_EQ(warm.tokens, cold.tokens);
+}
+
+TEST(ChatService, RegeneratingTheSameRequestIsIdentical) {
+  Fixture f;
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Hello"}}}), 20);
+  CompletionResult a = run(*f.service, r);
+  CompletionResult b = run(*f.service, r);
+  EXPECT_EQ(a.tokens, b.tokens);
+  EXPECT_GT(b.usage.cached_tokens, 0);
+}
+
+TEST(ChatService, NamedToolChoiceStartsTheCall) {
+  Fixture f;
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Weather in Oslo?"}}}), 40);
+  r.tools = json::array({json::parse(R"({"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}})")});
+  r.tool_choice = {ToolChoice::Mode::function, "get_weather"};
+  r.template_options.enable_thinking = false;
+  std::string streamed;
+  CompletionResult res = f.service->complete_chat(r, [&](const ChatDelta& d) {
+    streamed += d.content;
+    return true;
+  });
+  // The random model will not close the call, so the text holds the forced opening verbatim.
+  if (res.tool_calls.empty()) {
+    EXPECT_EQ(res.content.rfind("<tool_call>\n<function=get_weather>\n", 0), 0u) << res.content;
+  } else {
+    EXPECT_EQ(res.tool_calls[0].name, "get_weather");
+    EXPECT_EQ(res.finish_reason, "tool_calls");
+  }
+  EXPECT_EQ(streamed, res.content);
+}
+
+TEST(ChatService, UnknownNamedToolIsARequestError) {
+  Fixture f;
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "hi"}}}), 4);
+  r.tool_choice = {ToolChoice::Mode::function, "nope"};
+  EXPECT_THROW(f.service->prepare_chat(r), RequestError);
+  r.tool_choice = {ToolChoice::Mode::required, ""};
+  EXPECT_THROW(f.service->prepare_chat(r), RequestError);
+}
+
+TEST(ChatService, StopStringEndsTheReplyAndNeverShows) {
+  Fixture f;
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Hello"}}}), 30);
+  r.template_options.enable_thinking = false;
+  CompletionResult full = run(*f.service, r);
+  ASSERT_GE(full.content.size(), 6u);
+  // Use a piece of the unconstrained answer as the stop string.
+  const std::string stop = full.content.substr(3, 3);
+  r.options.stop = {stop};
+  std::string streamed;
+  CompletionResult cut = f.service->complete_chat(r, [&](const ChatDelta& d) {
+    streamed += d.content;
+    return true;
+  });
+  EXPECT_EQ(cut.finish_reason, "stop");
+  EXPECT_EQ(cut.content, full.content.substr(0, full.content.find(stop)));
+  EXPECT_EQ(streamed, cut.content);
+}
+
+TEST(ChatService, PromptPlusMaxTokensBeyondTheContextIsRefused) {
+  Fixture f(64);
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Hello"}}}), 60);
+  try {
+    f.service->prepare_chat(r);
+    FAIL() << "expected a RequestError";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.code, "context_length_exceeded");
+    EXPECT_EQ(e.param, "max_tokens");
+  }
+  r.options.max_tokens.reset();  // fill what the context leaves
+  PreparedCompletion p = f.service->prepare_chat(r);
+  EXPECT_EQ(int64_t(p.prompt.size()) + p.max_tokens, 64);
+}
+
+TEST(ChatService, CancellingStopsAtTheNextToken) {
+  Fixture f;
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Hello"}}}), 50);
+  int calls = 0;
+  CompletionResult res = f.service->complete_chat(r, [&](const ChatDelta&) { return ++calls < 3; });
+  EXPECT_TRUE(res.cancelled);
+  EXPECT_EQ(calls, 3);
+  EXPECT_LT(res.usage.completion_tokens, 50);
+}
+
+TEST(ChatService, TextCompletionOfTokenIds) {
+  Fixture f;
+  TextRequest t;
+  t.prompt_tokens = {10, 20, 30};
+  t.options.sampling.temperature = 0;
+  t.options.max_tokens = 5;
+  PreparedCompletion p = f.service->prepare_text(t);
+  CompletionResult r = f.service->complete(p, [](const ChatDelta&) { return true; });
+  EXPECT_EQ(r.usage.prompt_tokens, 3);
+  EXPECT_LE(r.usage.completion_tokens, 5);
+  t.prompt_tokens = {10, 100000};
+  EXPECT_THROW(f.service->prepare_text(t), RequestError);
+}
+
+}  // namespace
+}  // namespace lily
