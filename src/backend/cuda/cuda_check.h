@@ -2,6 +2,14 @@
 // CUDA runtime call fails; CUDA_CHECK_LAUNCH() checks the last kernel launch.
 #pragma once
 
+// fmt turns its constexpr off under nvcc, and g++ in C++20 then rejects fmt/format.h's
+// constexpr functions that call the non-constexpr ones. Turning it back on compiles (and
+// keeps the compile-time format-string check). Include this header before anything that
+// includes fmt; the build-wide fix is -DFMT_USE_CONSTEXPR=1 on every CUDA compile.
+#if defined(__NVCC__) && !defined(FMT_USE_CONSTEXPR)
+#define FMT_USE_CONSTEXPR 1
+#endif
+
 #include <cuda_runtime.h>
 
 #include "base/error.h"

@@ -1,0 +1,238 @@
+// gemv.cu: y = x @ W^T for an affine-quantized W (mlx layout, spec §5b), few input rows.
+//
+//   y[t, r] (+)= sum_c W[r, c] * x[t, c],   W[r, c] = scale[r, c/64] * q[r, c] + bias[r, c/64]
+//   per 64-column group g:  sum_{c in g} W x = scale * (sum q x) + bias * (sum x)
+// Shapes:   W [rows, cols] (bits 4 or 8, group 64, cols a multiple of 64) · x [T, cols] fp32 ·
+//           y [T, rows] fp32.  x must be 16-byte aligned; y must not overlap x.
+// Layout:   a "chunk" is 16 bytes of codes (one uint4): 32 columns at 4 bits, 16 at 8 bits,
+//           so half (4-bit) or a quarter (8-bit) of a group. A row has cpr = cols*bits/128 chunks.
+// Design:   a group of LPR lanes (8, 16 or 32: the largest with at most cpr lanes) owns R = 4
+//           consecutive rows; lane j of the group reads chunks j, j + LPR, ... of all R rows
+//           (coalesced 16-byte loads, ld.global.nc without L1 allocation: the weights stream),
+//           two chunks per row per step, so 2R = 8 uint4 loads are in flight per lane before the
+//           first use. x (small, shared by all blocks) comes through L1/L2 with __ldg and is used
+//           for the R rows at once: 32 fp32 of x per 16 bytes of codes would otherwise exceed
+//           the L1 bandwidth. Codes become floats with PRMT into 0x4B0000qq (= 2^23 + q) and one
+//           FADD, so most of the math sits on the FP32 pipe. fp32 accumulate, shuffle reduction
+//           over the LPR lanes, one lane writes. Blocks of 128 threads (64 when there are few
+//           rows, to spread them over more SMs).
+// Variants: template <BITS 4|8, LPR 8|16|32, TP, ACC>: TP = 1 for T = 1 (decode); TP = 8 for
+//           T > 1 (prefill chunks): the R rows' codes are held in registers while TP tokens
+//           use them, so a pass over the weights serves 8 tokens. ACC adds into y (gemv_accumulate).
+// Tested:   tests/cuda/test_gemv.cu against cpu::linear.
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/gemv.h"
+
+#include <type_traits>
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kRows = 4;   // R: rows per lane group
+constexpr int kUnroll = 2; // chunks per row loaded together per step
+
+// 16 bytes of weight codes, streamed: read once per token, no point keeping them in L1.
+__device__ __forceinline__ uint4 load_codes(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float load_bf16(const uint16_t* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
+
+// Byte k of v as a float: PRMT builds 0x4B0000bb = 2^23 + byte, one FADD removes 2^23.
+template <int K>
+__device__ __forceinline__ float byte_to_float(uint32_t v) {
+  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + K)) - 8388608.f;
+}
+
+// sum_i q_i * x_i over the codes of one chunk (32 codes at 4 bits, 16 at 8 bits).
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4& q, const float* x) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  float a0 = 0.f, a1 = 0.f;
+  if constexpr (BITS == 4) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      // Byte k holds columns 8i+2k (low nibble) and 8i+2k+1 (high nibble).
+      const uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;
+      a0 = fmaf(byte_to_float<0>(lo), x[8 * i + 0], a0);
+      a1 = fmaf(byte_to_float<0>(hi), x[8 * i + 1], a1);
+      a0 = fmaf(byte_to_float<1>(lo), x[8 * i + 2], a0);
+      a1 = fmaf(byte_to_float<1>(hi), x[8 * i + 3], a1);
+      a0 = fmaf(byte_to_float<2>(lo), x[8 * i + 4], a0);
+      a1 = fmaf(byte_to_float<2>(hi), x[8 * i + 5], a1);
+      a0 = fmaf(byte_to_float<3>(lo), x[8 * i + 6], a0);
+      a1 = fmaf(byte_to_float<3>(hi), x[8 * i + 7], a1);
+    }
+  } else {
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      a0 = fmaf(byte_to_float<0>(w[i]), x[4 * i + 0], a0);
+      a1 = fmaf(byte_to_float<1>(w[i]), x[4 * i + 1], a1);
+      a0 = fmaf(byte_to_float<2>(w[i]), x[4 * i + 2], a0);
+      a1 = fmaf(byte_to_float<3>(w[i]), x[4 * i + 3], a1);
+    }
+  }
+  return a0 + a1;
+}
+
+// The x values of one chunk into registers (16-byte loads), and their sum.
+template <int N>
+__device__ __forceinline__ float load_x(const float* p, float (&x)[N]) {
+  const float4* p4 = reinterpret_cast<const float4*>(p);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = __ldg(p4 + i);
+    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    s0 += v.x + v.y;
+    s1 += v.z + v.w;
+  }
+  return s0 + s1;
+}
+
+struct GemvParams {
+  const uint32_t* codes;   // [rows, cols*bits/32]
+  const uint16_t* scales;  // [rows, cols/64] bf16 bits
+  const uint16_t* biases;  // [rows, cols/64] bf16 bits
+  const float* x;          // [T, cols]
+  float* y;                // [T, rows]
+  int rows, cols, T;
+};
+
+template <int BITS, int LPR, int TP, bool ACC>
+__global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
+  constexpr int kCodes = 128 / BITS;         // columns per chunk
+  constexpr int kChunksPerGroup = 64 / kCodes;
+  const int cpr = p.cols / kCodes;           // chunks per row
+  const int gpr = p.cols / 64;               // groups per row
+  const int64_t cpr64 = cpr;
+  const int sub = threadIdx.x % LPR;
+  const int64_t group = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / LPR;
+  const int64_t row0 = group * kRows;
+
+  // Rows past the end read the last row (always valid) and are not written.
+  int64_t row[kRows];
+#pragma unroll
+  for (int r = 0; r < kRows; ++r) row[r] = min(row0 + r, int64_t(p.rows) - 1);
+
+  for (int t0 = 0; t0 < p.T; t0 += TP) {
+    float acc[TP][kRows];
+#pragma unroll
+    for (int i = 0; i < TP; ++i)
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) acc[i][r] = 0.f;
+
+    for (int c0 = sub; c0 < cpr; c0 += LPR * kUnroll) {
+      uint4 q[kUnroll][kRows];
+      float sc[kUnroll][kRows], bi[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * LPR;
+        const int cc = c < cpr ? c : c0;  // a valid chunk; its result is discarded below
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          q[u][r] = load_codes(reinterpret_cast<const uint4*>(p.codes) + row[r] * cpr64 + cc);
+          const int64_t g = row[r] * gpr + cc / kChunksPerGroup;
+          sc[u][r] = load_bf16(p.scales + g);
+          bi[u][r] = load_bf16(p.biases + g);
+        }
+      }
+#pragma unroll
+      for (int i = 0; i < TP; ++i) {
+        if (TP > 1 && t0 + i >= p.T) break;
+#pragma unroll
+        for (int u = 0; u < kUnroll; ++u) {
+          const int c = c0 + u * LPR;
+          if (c >= cpr) break;
+          float x[kCodes];
+          const float sx = load_x(p.x + int64_t(t0 + i) * p.cols + c * kCodes, x);
+#pragma unroll
+          for (int r = 0; r < kRows; ++r)
+            acc[i][r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], x), bi[u][r] * sx);
+        }
+      }
+    }
+
+#pragma unroll
+    for (int i = 0; i < TP; ++i) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+        for (int o = LPR / 2; o > 0; o /= 2) acc[i][r] += __shfl_xor_sync(0xFFFFFFFFu, acc[i][r], o, LPR);
+      }
+    }
+    if (sub == 0) {
+#pragma unroll
+      for (int i = 0; i < TP; ++i) {
+        if (t0 + i >= p.T) break;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          if (row0 + r < p.rows) {
+            float* dst = p.y + int64_t(t0 + i) * p.rows + row0 + r;
+            *dst = ACC ? *dst + acc[i][r] : acc[i][r];
+          }
+        }
+      }
+    }
+  }
+}
+
+// Lanes per row group: the largest of 32, 16, 8 that is at most the chunks per row.
+int lanes_per_row(int chunks_per_row) { return chunks_per_row >= 32 ? 32 : chunks_per_row >= 16 ? 16 : 8; }
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+template <class F>
+void dispatch_bits_lanes(int bits, int lanes, F&& f) {
+  auto with_bits = [&](auto b) {
+    if (lanes == 32) f(b, Int<32>{});
+    else if (lanes == 16) f(b, Int<16>{});
+    else f(b, Int<8>{});
+  };
+  if (bits == 4) with_bits(Int<4>{});
+  else with_bits(Int<8>{});
+}
+
+template <bool ACC>
+void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+  LILY_CHECK(W.bits == 4 || W.bits == 8, "gemv: {}-bit weights are not supported (4 or 8)", W.bits);
+  LILY_CHECK(W.group_size == 64, "gemv: group size {} is not supported (64)", W.group_size);
+  LILY_CHECK(W.cols > 0 && W.cols % 64 == 0, "gemv: cols {} is not a positive multiple of 64", W.cols);
+  LILY_CHECK(W.rows > 0 && T >= 0, "gemv: bad shape rows {} T {}", W.rows, T);
+  LILY_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0, "gemv: x must be 16-byte aligned");
+  if (T == 0) return;
+  const GemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales), reinterpret_cast<const uint16_t*>(W.biases),
+                     x, y, W.rows, W.cols, T};
+  const int cpr = W.cols * W.bits / 128;
+  const int lanes = lanes_per_row(cpr);
+  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
+  // 128 threads per block, or 64 when that leaves fewer than two blocks per SM.
+  const int threads = groups * lanes / 128 >= 264 ? 128 : 64;
+  const int64_t blocks = (groups * lanes + threads - 1) / threads;
+  LILY_CHECK(blocks < (int64_t(1) << 31), "gemv: {} rows is too many", W.rows);
+  dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
+    if (T == 1)
+      gemv_kernel<decltype(bits)::value, decltype(lpr)::value, 1, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
+    else
+      gemv_kernel<decltype(bits)::value, decltype(lpr)::value, 8, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+  launch_gemv<false>(W, x, y, T, stream);
+}
+
+void gemv_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+  launch_gemv<true>(W, x, y, T, stream);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,540 @@
+// moe.cu: the sparse MoE block on the GPU (spec §2.7): routing, routed experts, shared expert.
+//
+//   p = softmax(x @ Wr^T) (fp32);  S = top-k of p (ties to the lower index);  w_e = p_e / sum_S p
+//   act[t, s]  = silu(G_e x_t) * (U_e x_t)                  e = expert_ids[t, s]
+//   out[t]    += sum_s w_s * D_e act[t, s]
+//   out[t]    += sigmoid(x_t . w_sg) * D_sh(silu(G_sh x_t) * U_sh x_t)
+// Shapes:   x [T, H] fp32 · router [E, H] (8-bit in mlx) · gate/up stacks [E, I, H] · down stack
+//           [E, H, I] · act [T, k, I] fp32 · expert_ids [T, k] int32 · expert_weights [T, k] fp32.
+//           E <= 256, k <= 8; H and I multiples of 64; x and act 16-byte aligned.
+// Layout:   weights in the mlx affine layout (gpu_types.h); a "chunk" is 16 bytes of codes, 32
+//           columns at 4 bits or 16 at 8 bits; as in gemv.cu, a group of LPR lanes (8/16/32)
+//           owns a few rows and reads their chunks j, j + LPR, ... with 16-byte streaming loads,
+//           and one chunk of x in registers serves all the rows the lane holds.
+// Kernels:  moe_route_kernel      a cluster of 8 blocks x 256 threads per token: each block
+//                                 computes E/8 router logits into its shared memory; block 0
+//                                 gathers them over distributed shared memory, and its warp 0
+//                                 does softmax, k rounds of warp argmax, renormalisation.
+//           moe_gate_up_kernel    grid (I/8, T*k), 128 threads: each warp owns 2 rows of G_e and
+//                                 the same 2 rows of U_e (4 rows share each chunk of x; 8 uint4
+//                                 loads in flight per lane) and writes silu(g)*u: intermediates
+//                                 never leave registers. The expert id is read on the device.
+//           shared_gate_up_kernel the same for the shared expert, with the per-token gate
+//                                 sigmoid(x . w_sg) (computed by warp 0) folded into act, since
+//                                 D(a * v) = a * D(v).
+//           moe_down_kernel       grid (H/4, T), 64 threads: a warp owns 2 output rows for all k
+//                                 slots (the lane groups split the slots; 4 slots' loads in
+//                                 flight), weights the slots, reduces over the warp and adds into
+//                                 out: one owner per output element, no atomics, deterministic.
+//                                 The shared expert's down projection is the same kernel with one
+//                                 slot, expert 0 and weight 1.
+// Tested:   tests/cuda/test_moe.cu against backend/cpu (linear, sparse_moe's routing rule).
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/moe.h"
+
+#include <cooperative_groups.h>
+
+#include <type_traits>
+
+namespace lily::cuda {
+
+namespace {
+
+namespace cg = cooperative_groups;
+
+constexpr int kMaxExperts = 256;
+constexpr int kMaxK = 8;
+constexpr int kRouteCluster = 8;    // blocks per token in moe_route_kernel
+constexpr int kRouteThreads = 256;
+constexpr int kGateUpThreads = 128;
+constexpr int kGateUpRows = 2;      // rows of G (and of U) per lane group
+constexpr int kDownThreads = 64;
+constexpr int kDownRows = 2;        // output rows per warp
+constexpr int kDownSlots = 4;       // slots per lane group loaded together
+
+// ---- Quantized dot products (the same scheme as gemv.cu) --------------------------------
+
+__device__ __forceinline__ uint4 load_codes(const uint4* p) {
+  uint4 v;
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
+      : "l"(p));
+  return v;
+}
+
+__device__ __forceinline__ float load_bf16(const uint16_t* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
+
+// Byte K of v as a float: PRMT builds 0x4B0000bb = 2^23 + byte, one FADD removes 2^23.
+template <int K>
+__device__ __forceinline__ float byte_to_float(uint32_t v) {
+  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + K)) - 8388608.f;
+}
+
+// sum_i q_i * x_i over one chunk's codes.
+template <int BITS>
+__device__ __forceinline__ float chunk_dot(const uint4& q, const float* x) {
+  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
+  float a0 = 0.f, a1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    if constexpr (BITS == 4) {
+      const uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;  // columns 8i+2k, 8i+2k+1
+      a0 = fmaf(byte_to_float<0>(lo), x[8 * i + 0], a0);
+      a1 = fmaf(byte_to_float<0>(hi), x[8 * i + 1], a1);
+      a0 = fmaf(byte_to_float<1>(lo), x[8 * i + 2], a0);
+      a1 = fmaf(byte_to_float<1>(hi), x[8 * i + 3], a1);
+      a0 = fmaf(byte_to_float<2>(lo), x[8 * i + 4], a0);
+      a1 = fmaf(byte_to_float<2>(hi), x[8 * i + 5], a1);
+      a0 = fmaf(byte_to_float<3>(lo), x[8 * i + 6], a0);
+      a1 = fmaf(byte_to_float<3>(hi), x[8 * i + 7], a1);
+    } else {
+      a0 = fmaf(byte_to_float<0>(w[i]), x[4 * i + 0], a0);
+      a1 = fmaf(byte_to_float<1>(w[i]), x[4 * i + 1], a1);
+      a0 = fmaf(byte_to_float<2>(w[i]), x[4 * i + 2], a0);
+      a1 = fmaf(byte_to_float<3>(w[i]), x[4 * i + 3], a1);
+    }
+  }
+  return a0 + a1;
+}
+
+// One chunk of x into registers, and its sum.
+template <int N>
+__device__ __forceinline__ float load_x(const float* p, float (&x)[N]) {
+  const float4* p4 = reinterpret_cast<const float4*>(p);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = __ldg(p4 + i);
+    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    s0 += v.x + v.y;
+    s1 += v.z + v.w;
+  }
+  return s0 + s1;
+}
+
+// A quantized matrix (or stack) as the kernels see it.
+struct QView {
+  const uint4* codes;      // [batch, rows, cpr] chunks
+  const uint16_t* scales;  // [batch, rows, gpr] bf16 bits
+  const uint16_t* biases;
+};
+
+QView view(const QMatrix& m) {
+  return {reinterpret_cast<const uint4*>(m.codes), reinterpret_cast<const uint16_t*>(m.scales),
+          reinterpret_cast<const uint16_t*>(m.biases)};
+}
+
+struct QRow {
+  const uint4* codes;
+  const uint16_t* scales;
+  const uint16_t* biases;
+};
+
+__device__ __forceinline__ QRow row_of(const QView& m, int64_t row, int cpr, int gpr) {
+  return {m.codes + row * cpr, m.scales + row * gpr, m.biases + row * gpr};
+}
+
+// Lane-partial dot products of NR rows with x over chunks sub, sub + LPR, ...: two chunks of
+// every row are loaded before the first use.
+template <int BITS, int LPR, int NR>
+__device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, int cpr, int sub, float (&acc)[NR]) {
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
+  for (int c0 = sub; c0 < cpr; c0 += 2 * LPR) {
+    uint4 q[2][NR];
+    float sc[2][NR], bi[2][NR];
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int c = c0 + u * LPR < cpr ? c0 + u * LPR : c0;
+#pragma unroll
+      for (int r = 0; r < NR; ++r) {
+        q[u][r] = load_codes(w[r].codes + c);
+        sc[u][r] = load_bf16(w[r].scales + c / kChunksPerGroup);
+        bi[u][r] = load_bf16(w[r].biases + c / kChunksPerGroup);
+      }
+    }
+#pragma unroll
+    for (int u = 0; u < 2; ++u) {
+      const int c = c0 + u * LPR;
+      if (c >= cpr) break;
+      float xr[kCodes];
+      const float sx = load_x(x + c * kCodes, xr);
+#pragma unroll
+      for (int r = 0; r < NR; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
+    }
+  }
+}
+
+// Sum over aligned groups of W lanes; every lane of the warp must call it.
+template <int W>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o, W);
+  return v;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
+// x . w for a one-row quantized vector of any bit width, by one warp (small: [1, H]).
+__device__ float warp_row_dot(const QView& w, int bits, int cols, const float* x) {
+  const int per_word = 32 / bits, words = cols / per_word;
+  const uint32_t mask = (1u << bits) - 1u;
+  const uint32_t* codes = reinterpret_cast<const uint32_t*>(w.codes);
+  float acc = 0.f;
+  for (int i = threadIdx.x % 32; i < words; i += 32) {
+    const uint32_t word = __ldg(codes + i);
+    const int g = i * per_word / 64;
+    const float s = load_bf16(w.scales + g), b = load_bf16(w.biases + g);
+    for (int j = 0; j < per_word; ++j) acc += fmaf(s, float((word >> (bits * j)) & mask), b) * x[i * per_word + j];
+  }
+  return group_sum<32>(acc);
+}
+
+// ---- Routing ------------------------------------------------------------------------------
+
+struct RouteParams {
+  QView router;      // [E, H]
+  const float* x;    // [T, H]
+  int E, H, k;
+  int32_t* ids;      // [T, k]
+  float* weights;    // [T, k]
+};
+
+template <int BITS, int LPR>
+__global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteThreads)
+    moe_route_kernel(RouteParams p) {
+  constexpr int R = 4, kCodes = 128 / BITS;
+  constexpr int kRowsPerWarp = 32 / LPR * R;
+  __shared__ float logits[kMaxExperts];  // this block's rows
+  __shared__ float all[kMaxExperts];     // block 0: every row, gathered
+
+  cg::cluster_group cluster = cg::this_cluster();
+  const int rank = int(cluster.block_rank());
+  const int t = blockIdx.y;
+  const int cpr = p.H / kCodes, gpr = p.H / 64;
+  const int per_block = (p.E + kRouteCluster - 1) / kRouteCluster;
+  const int first = rank * per_block;
+  const int count = max(0, min(per_block, p.E - first));
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
+  const float* x = p.x + int64_t(t) * p.H;
+
+  // logits = x @ Wr^T for rows [first, first + count); warp-uniform loop, rows past the end
+  // read a valid row and are not stored.
+  for (int base = warp * kRowsPerWarp; base < count; base += kRouteThreads / 32 * kRowsPerWarp) {
+    const int local0 = base + lane / LPR * R;
+    QRow w[R];
+    float acc[R];
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      w[r] = row_of(p.router, first + min(local0 + r, count - 1), cpr, gpr);
+      acc[r] = 0.f;
+    }
+    rows_dot<BITS, LPR, R>(w, x, cpr, sub, acc);
+#pragma unroll
+    for (int r = 0; r < R; ++r) {
+      acc[r] = group_sum<LPR>(acc[r]);
+      if (sub == 0 && local0 + r < count) logits[local0 + r] = acc[r];
+    }
+  }
+  cluster.sync();
+  if (rank == 0) {
+    for (int e = threadIdx.x; e < p.E; e += kRouteThreads)
+      all[e] = cluster.map_shared_rank(logits, e / per_block)[e % per_block];
+  }
+  cluster.sync();  // the other blocks' shared memory stays alive until block 0 has read it
+  if (rank != 0 || warp != 0) return;
+
+  // p = softmax(logits); lane l holds experts l, l + 32, ... (E <= 256).
+  float v[kMaxExperts / 32];
+  float m = -INFINITY;
+#pragma unroll
+  for (int j = 0; j < kMaxExperts / 32; ++j) {
+    const int e = lane + 32 * j;
+    v[j] = e < p.E ? all[e] : -INFINITY;
+    m = fmaxf(m, v[j]);
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < kMaxExperts / 32; ++j) {
+    v[j] = lane + 32 * j < p.E ? expf(v[j] - m) : 0.f;
+    sum += v[j];
+  }
+  sum = group_sum<32>(sum);
+#pragma unroll
+  for (int j = 0; j < kMaxExperts / 32; ++j) v[j] = lane + 32 * j < p.E ? v[j] / sum : -2.f;  // -2: no expert
+
+  // k rounds of argmax over (p, -index); a chosen expert is set to -1 (below every p >= 0).
+  int sel_e[kMaxK];
+  float sel_p[kMaxK], chosen = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxK; ++i) {
+    sel_e[i] = 0, sel_p[i] = 0.f;
+    if (i >= p.k) continue;
+    float best = -3.f;
+    int best_e = 0x7FFFFFFF;
+#pragma unroll
+    for (int j = 0; j < kMaxExperts / 32; ++j)
+      if (v[j] > best) best = v[j], best_e = lane + 32 * j;  // ascending index: ties keep the lower
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) {
+      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
+      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
+      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
+    }
+#pragma unroll
+    for (int j = 0; j < kMaxExperts / 32; ++j)
+      if (lane + 32 * j == best_e) v[j] = -1.f;
+    sel_e[i] = best_e, sel_p[i] = best;
+    chosen += best;  // in rank order, as the CPU reference sums
+  }
+  if (lane == 0) {
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i) {
+      if (i >= p.k) break;
+      p.ids[int64_t(t) * p.k + i] = sel_e[i];
+      p.weights[int64_t(t) * p.k + i] = sel_p[i] / chosen;
+    }
+  }
+}
+
+// ---- Experts: gate/up with SwiGLU ---------------------------------------------------------
+
+struct GateUpParams {
+  QView gate, up;           // stacks [E, I, H] (the shared expert: E = 1)
+  QView expert_gate;        // shared_gate_up_kernel only: [1, H]
+  int expert_gate_bits;
+  const float* x;           // [T, H]
+  const int32_t* ids;       // [T, k]; nullptr: expert 0
+  int E, I, H, k;
+  float* act;               // [T, k, I]
+};
+
+template <int BITS, int LPR, bool SHARED>
+__device__ __forceinline__ void gate_up_body(const GateUpParams& p) {
+  constexpr int R = kGateUpRows, kCodes = 128 / BITS;
+  constexpr int kRowsPerWarp = 32 / LPR * R;
+  const int cpr = p.H / kCodes, gpr = p.H / 64;
+  const int ts = blockIdx.y, t = ts / p.k;  // slot ts = t * k + s
+  const int e = p.ids ? min(max(p.ids[ts], 0), p.E - 1) : 0;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
+  const int i0 = (blockIdx.x * (kGateUpThreads / 32) + warp) * kRowsPerWarp + lane / LPR * R;
+  const float* x = p.x + int64_t(t) * p.H;
+
+  __shared__ float token_gate;
+  if (SHARED && warp == 0) {
+    const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, x);
+    if (lane == 0) token_gate = 1.f / (1.f + expf(-d));
+  }
+
+  QRow w[2 * R];  // rows 0..R-1 of G_e, then the same rows of U_e
+  float acc[2 * R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    const int64_t row = int64_t(e) * p.I + min(i0 + r, p.I - 1);
+    w[r] = row_of(p.gate, row, cpr, gpr);
+    w[R + r] = row_of(p.up, row, cpr, gpr);
+    acc[r] = acc[R + r] = 0.f;
+  }
+  rows_dot<BITS, LPR, 2 * R>(w, x, cpr, sub, acc);
+#pragma unroll
+  for (int r = 0; r < 2 * R; ++r) acc[r] = group_sum<LPR>(acc[r]);
+  float scale = 1.f;
+  if (SHARED) {
+    __syncthreads();
+    scale = token_gate;
+  }
+  if (sub == 0) {
+#pragma unroll
+    for (int r = 0; r < R; ++r)
+      if (i0 + r < p.I) p.act[int64_t(ts) * p.I + i0 + r] = scale * (silu(acc[r]) * acc[R + r]);
+  }
+}
+
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParams p) {
+  gate_up_body<BITS, LPR, false>(p);
+}
+
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kGateUpThreads) shared_gate_up_kernel(GateUpParams p) {
+  gate_up_body<BITS, LPR, true>(p);
+}
+
+// ---- Experts: down projection, weighted, added into the residual --------------------------
+
+struct DownParams {
+  QView down;                 // stack [E, H, I]
+  const float* act;           // [T, k, I]
+  const int32_t* ids;         // [T, k]; nullptr: expert 0
+  const float* weights;       // [T, k]; nullptr: 1
+  int E, H, I, k;
+  float* out;                 // [T, H]
+};
+
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
+  constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
+  constexpr int kSlotLanes = 32 / LPR;  // slots processed side by side in a warp
+  const int cpr = p.I / kCodes, gpr = p.I / 64;
+  const int t = blockIdx.y;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR, sg = lane / LPR;
+  const int row0 = (blockIdx.x * (kDownThreads / 32) + warp) * R;
+  int row[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) row[r] = min(row0 + r, p.H - 1);
+
+  float acc[R];
+#pragma unroll
+  for (int r = 0; r < R; ++r) acc[r] = 0.f;
+  for (int c = sub; c < cpr; c += LPR) {
+    for (int s0 = sg; s0 < p.k; s0 += kSlotLanes * S) {
+      uint4 q[S][R];
+      float sc[S][R], bi[S][R];
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        const int s = s0 + u * kSlotLanes < p.k ? s0 + u * kSlotLanes : s0;
+        const int e = p.ids ? min(max(p.ids[int64_t(t) * p.k + s], 0), p.E - 1) : 0;
+#pragma unroll
+        for (int r = 0; r < R; ++r) {
+          const int64_t rr = int64_t(e) * p.H + row[r];
+          q[u][r] = load_codes(p.down.codes + rr * cpr + c);
+          sc[u][r] = load_bf16(p.down.scales + rr * gpr + c / kChunksPerGroup);
+          bi[u][r] = load_bf16(p.down.biases + rr * gpr + c / kChunksPerGroup);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < S; ++u) {
+        const int s = s0 + u * kSlotLanes;
+        if (s >= p.k) break;
+        const int64_t ts = int64_t(t) * p.k + s;
+        const float ws = p.weights ? __ldg(p.weights + ts) : 1.f;
+        float xr[kCodes];
+        const float sx = load_x(p.act + ts * p.I + c * kCodes, xr);
+#pragma unroll
+        for (int r = 0; r < R; ++r) acc[r] += ws * fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
+      }
+    }
+  }
+#pragma unroll
+  for (int r = 0; r < R; ++r) {
+    acc[r] = group_sum<32>(acc[r]);  // over the chunks and the slots
+    if (lane == 0 && row0 + r < p.H) p.out[int64_t(t) * p.H + row0 + r] += acc[r];
+  }
+}
+
+// ---- Launchers ----------------------------------------------------------------------------
+
+int lanes_per_row(int chunks_per_row) { return chunks_per_row >= 32 ? 32 : chunks_per_row >= 16 ? 16 : 8; }
+
+template <int V>
+using Int = std::integral_constant<int, V>;
+
+template <class F>
+void dispatch_bits_lanes(int bits, int lanes, F&& f) {
+  auto with_bits = [&](auto b) {
+    if (lanes == 32) f(b, Int<32>{});
+    else if (lanes == 16) f(b, Int<16>{});
+    else f(b, Int<8>{});
+  };
+  if (bits == 4) with_bits(Int<4>{});
+  else with_bits(Int<8>{});
+}
+
+void check_matrix(const QMatrix& m, const char* what) {
+  LILY_CHECK(m.bits == 4 || m.bits == 8, "{}: {}-bit weights are not supported (4 or 8)", what, m.bits);
+  LILY_CHECK(m.group_size == 64, "{}: group size {} is not supported (64)", what, m.group_size);
+  LILY_CHECK(m.cols > 0 && m.cols % 64 == 0 && m.rows > 0, "{}: shape [{}, {}] (cols must be a multiple of 64)", what,
+             m.rows, m.cols);
+}
+
+void check_aligned(const float* p, const char* what) {
+  LILY_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0, "{} must be 16-byte aligned", what);
+}
+
+void launch_down(const QMatrix& down, const float* act, const int32_t* ids, const float* weights, int T, int k,
+                 float* out, cudaStream_t stream) {
+  const DownParams p{view(down), act, ids, weights, down.batch, down.rows, down.cols, k, out};
+  const int rows_per_block = kDownThreads / 32 * kDownRows;
+  const dim3 grid(unsigned((down.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
+  dispatch_bits_lanes(down.bits, lanes_per_row(down.cols * down.bits / 128), [&](auto bits, auto lpr) {
+    moe_down_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kDownThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+void moe_route(const QMatrix& router, const float* x, int T, int k, int32_t* expert_ids, float* expert_weights,
+               cudaStream_t stream) {
+  check_matrix(router, "moe_route");
+  LILY_CHECK(router.rows <= kMaxExperts, "moe_route: {} experts (at most {})", router.rows, kMaxExperts);
+  LILY_CHECK(k >= 1 && k <= kMaxK && k <= router.rows, "moe_route: top-{} of {} experts", k, router.rows);
+  check_aligned(x, "moe_route: x");
+  if (T <= 0) return;
+  const RouteParams p{view(router), x, router.rows, router.cols, k, expert_ids, expert_weights};
+  const dim3 grid(kRouteCluster, unsigned(T));
+  dispatch_bits_lanes(router.bits, lanes_per_row(router.cols * router.bits / 128), [&](auto bits, auto lpr) {
+    moe_route_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kRouteThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_gate_up(const QMatrix& gate, const QMatrix& up, const float* x, const int32_t* expert_ids, int T, int k,
+                 float* act, cudaStream_t stream) {
+  check_matrix(gate, "moe_gate_up");
+  LILY_CHECK(gate.batch == up.batch && gate.rows == up.rows && gate.cols == up.cols && gate.bits == up.bits &&
+                 up.group_size == 64,
+             "moe_gate_up: gate [{}, {}, {}] q{} and up [{}, {}, {}] q{} differ", gate.batch, gate.rows, gate.cols,
+             gate.bits, up.batch, up.rows, up.cols, up.bits);
+  LILY_CHECK(k >= 1, "moe_gate_up: k = {}", k);
+  check_aligned(x, "moe_gate_up: x");
+  if (T <= 0) return;
+  const GateUpParams p{view(gate), view(up), {}, 0, x, expert_ids, gate.batch, gate.rows, gate.cols, k, act};
+  const int lanes = lanes_per_row(gate.cols * gate.bits / 128);
+  const int rows_per_block = kGateUpThreads / lanes * kGateUpRows;
+  const dim3 grid(unsigned((gate.rows + rows_per_block - 1) / rows_per_block), unsigned(T * k));
+  dispatch_bits_lanes(gate.bits, lanes, [&](auto bits, auto lpr) {
+    moe_gate_up_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kGateUpThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_down_accumulate(const QMatrix& down, const float* act, const int32_t* expert_ids, const float* expert_weights,
+                         int T, int k, float* out, cudaStream_t stream) {
+  check_matrix(down, "moe_down_accumulate");
+  LILY_CHECK(k >= 1, "moe_down_accumulate: k = {}", k);
+  check_aligned(act, "moe_down_accumulate: act");
+  if (T <= 0) return;
+  launch_down(down, act, expert_ids, expert_weights, T, k, out, stream);
+}
+
+void shared_expert_accumulate(const QMatrix& gate_proj, const QMatrix& up_proj, const QMatrix& down_proj,
+                              const QMatrix& expert_gate, const float* x, int T, float* scratch, float* out,
+                              cudaStream_t stream) {
+  check_matrix(gate_proj, "shared_expert_accumulate");
+  check_matrix(down_proj, "shared_expert_accumulate");
+  LILY_CHECK(gate_proj.rows == up_proj.rows && gate_proj.cols == up_proj.cols && gate_proj.bits == up_proj.bits &&
+                 up_proj.group_size == 64 && down_proj.cols == gate_proj.rows && down_proj.rows == gate_proj.cols,
+             "shared_expert_accumulate: gate [{}, {}] up [{}, {}] down [{}, {}] do not fit", gate_proj.rows,
+             gate_proj.cols, up_proj.rows, up_proj.cols, down_proj.rows, down_proj.cols);
+  LILY_CHECK(expert_gate.rows == 1 && expert_gate.cols == gate_proj.cols && expert_gate.group_size == 64 &&
+                 (expert_gate.bits == 4 || expert_gate.bits == 8),
+             "shared_expert_accumulate: expert gate [{}, {}] q{}", expert_gate.rows, expert_gate.cols,
+             expert_gate.bits);
+  check_aligned(x, "shared_expert_accumulate: x");
+  check_aligned(scratch, "shared_expert_accumulate: scratch");
+  if (T <= 0) return;
+  QMatrix g = gate_proj.entry(0), u = up_proj.entry(0), d = down_proj.entry(0);
+  const GateUpParams p{view(g), view(u), view(expert_gate), expert_gate.bits, x, nullptr, 1, g.rows, g.cols, 1, scratch};
+  const int lanes = lanes_per_row(g.cols * g.bits / 128);
+  const int rows_per_block = kGateUpThreads / lanes * kGateUpRows;
+  const dim3 grid(unsigned((g.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
+  dispatch_bits_lanes(g.bits, lanes, [&](auto bits, auto lpr) {
+    shared_gate_up_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kGateUpThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+  launch_down(d, scratch, nullptr, nullptr, T, 1, out, stream);
+}
+
+}  // namespace lily::cuda
