@@ -1,0 +1,212 @@
+// test_attention.cu: cuda::gated_attention_core against a host reference built from backend/cpu
+// (rms_norm, apply_rope) with the cache rounded to bf16 as the GPU stores it: decode at lengths
+// on both sides of the split-KV threshold, prefill at several positions, and prefill then decode
+// with the cache carried. Outputs are poisoned before each launch; the written cache rows are
+// compared too.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cuda/attention.h"
+#include "cuda_test_util.h"
+
+namespace lily::test {
+namespace {
+
+constexpr int kD = 256, kRot = 64;
+constexpr float kTheta = 1e7f, kEps = 1e-6f;
+constexpr double kOutTolerance = 2e-3;   // same bf16 K/V on both sides; fp32 arithmetic
+constexpr double kCacheTolerance = 1e-2; // one bf16 rounding step
+
+struct Attn {
+  int nq, nkv, capacity;
+  std::vector<float> q_norm, k_norm;
+  std::vector<float> kc, vc;  // host cache [capacity, nkv, 256], bf16-rounded values
+  Attn(int nq_, int nkv_, int capacity_, uint32_t seed)
+      : nq(nq_), nkv(nkv_), capacity(capacity_), kc(size_t(capacity_) * nkv_ * kD), vc(kc.size()) {
+    q_norm = random_floats(kD, seed, 0.2f);
+    k_norm = random_floats(kD, seed + 1, 0.2f);
+    for (auto& g : q_norm) g += 1.f;
+    for (auto& g : k_norm) g += 1.f;
+  }
+  // Fills rows [0, P) with random bf16 keys and values (as if cached earlier).
+  void fill(int P, uint32_t seed) {
+    auto k = random_floats(size_t(P) * nkv * kD, seed, 2.f), v = random_floats(size_t(P) * nkv * kD, seed + 1);
+    for (size_t i = 0; i < k.size(); ++i) kc[i] = round_bf16(k[i]), vc[i] = round_bf16(v[i]);
+  }
+};
+
+struct Inputs {
+  std::vector<float> qg, k, v;
+  Inputs(const Attn& a, int T, uint32_t seed)
+      : qg(random_floats(size_t(T) * a.nq * 2 * kD, seed)),
+        k(random_floats(size_t(T) * a.nkv * kD, seed + 1)),
+        v(random_floats(size_t(T) * a.nkv * kD, seed + 2)) {}
+};
+
+// Host reference (spec §2.4): appends T rows at P to the host cache; returns out [T, nq, 256].
+std::vector<float> reference(Attn& a, int P, int T, const Inputs& in) {
+  const int group = a.nq / a.nkv;
+  std::vector<float> q(size_t(T) * a.nq * kD), gate(q.size()), k(in.k);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < a.nq; ++h)
+      for (int e = 0; e < kD; ++e) {
+        q[(size_t(t) * a.nq + h) * kD + e] = in.qg[(size_t(t) * a.nq + h) * 2 * kD + e];
+        gate[(size_t(t) * a.nq + h) * kD + e] = in.qg[(size_t(t) * a.nq + h) * 2 * kD + kD + e];
+      }
+  cpu::rms_norm(q.data(), a.q_norm.data(), int64_t(T) * a.nq, kD, kEps, q.data());
+  cpu::rms_norm(k.data(), a.k_norm.data(), int64_t(T) * a.nkv, kD, kEps, k.data());
+  cpu::apply_rope(q.data(), T, a.nq, kD, kRot, kTheta, P);
+  cpu::apply_rope(k.data(), T, a.nkv, kD, kRot, kTheta, P);
+  for (size_t i = 0; i < k.size(); ++i) {
+    a.kc[size_t(P) * a.nkv * kD + i] = round_bf16(k[i]);
+    a.vc[size_t(P) * a.nkv * kD + i] = round_bf16(in.v[i]);
+  }
+  std::vector<float> out(q.size());
+  std::vector<double> score;
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < a.nq; ++h) {
+      const int g = h / group, L = P + t + 1;
+      const float* qh = &q[(size_t(t) * a.nq + h) * kD];
+      score.assign(size_t(L), 0.0);
+      double m = -INFINITY;
+      for (int j = 0; j < L; ++j) {
+        const float* kj = &a.kc[(size_t(j) * a.nkv + g) * kD];
+        double s = 0;
+        for (int e = 0; e < kD; ++e) s += double(qh[e]) * kj[e];
+        score[size_t(j)] = s / 16.0;
+        m = std::max(m, score[size_t(j)]);
+      }
+      double sum = 0;
+      for (auto& s : score) sum += (s = std::exp(s - m));
+      for (int e = 0; e < kD; ++e) {
+        double o = 0;
+        for (int j = 0; j < L; ++j) o += score[size_t(j)] * a.vc[(size_t(j) * a.nkv + g) * kD + e];
+        const size_t i = (size_t(t) * a.nq + h) * kD + e;
+        out[i] = float(o / sum) * cpu::sigmoid(gate[i]);
+      }
+    }
+  return out;
+}
+
+std::vector<bf16> to_bf16_vector(const std::vector<float>& x) {
+  std::vector<bf16> r(x.size());
+  for (size_t i = 0; i < x.size(); ++i) r[i] = to_bf16(x[i]);
+  return r;
+}
+std::vector<float> to_float_vector(const std::vector<bf16>& x, size_t begin, size_t end) {
+  std::vector<float> r;
+  for (size_t i = begin; i < end; ++i) r.push_back(to_float(x[i]));
+  return r;
+}
+
+struct GpuAttn {
+  Attn& a;
+  DeviceArray<float> q_norm, k_norm;
+  DeviceArray<bf16> kc, vc;
+  DeviceArray<int32_t> position{1};
+  explicit GpuAttn(Attn& attn)
+      : a(attn), q_norm(attn.q_norm), k_norm(attn.k_norm), kc(to_bf16_vector(attn.kc)), vc(to_bf16_vector(attn.vc)) {}
+
+  std::vector<float> run(int P, int T, const Inputs& in, void* scratch = nullptr) {
+    position.upload({P});
+    DeviceArray<float> qg(in.qg), k(in.k), v(in.v), out(size_t(T) * a.nq * kD);
+    out.poison();
+    cuda::AttentionParams p;
+    p.T = T, p.num_heads = a.nq, p.num_kv_heads = a.nkv, p.head_dim = kD, p.rotary_dim = kRot;
+    p.rope_theta = kTheta, p.eps = kEps, p.q_norm = q_norm.get(), p.k_norm = k_norm.get();
+    p.position = position.get(), p.capacity = a.capacity;
+    if (scratch)
+      cuda::gated_attention_core(p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), scratch, nullptr);
+    else
+      cuda::gated_attention_core(p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), nullptr);
+    EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    return out.download();
+  }
+};
+
+// Blocks of lengths Ts at positions P0, P0 + T0, ...: compares each output and the new cache rows.
+void check_blocks(int nq, int nkv, int capacity, int P0, const std::vector<int>& Ts, uint32_t seed) {
+  Attn attn(nq, nkv, capacity, seed);
+  attn.fill(P0, seed + 1);
+  GpuAttn gpu(attn);
+  int P = P0;
+  for (size_t i = 0; i < Ts.size(); ++i) {
+    const int T = Ts[i];
+    Inputs in(attn, T, seed + 10 + uint32_t(i) * 3);
+    const auto want = reference(attn, P, T, in);
+    const auto got = gpu.run(P, T, in);
+    SCOPED_TRACE(testing::Message() << "nq " << nq << " nkv " << nkv << " position " << P << " T " << T);
+    EXPECT_LT(relative_error(got, want), kOutTolerance) << "out";
+    const size_t begin = size_t(P) * nkv * kD, end = size_t(P + T) * nkv * kD;
+    const std::vector<float> want_k(attn.kc.begin() + long(begin), attn.kc.begin() + long(end));
+    const std::vector<float> want_v(attn.vc.begin() + long(begin), attn.vc.begin() + long(end));
+    EXPECT_LT(relative_error(to_float_vector(gpu.kc.download(), begin, end), want_k), kCacheTolerance) << "k cache";
+    EXPECT_LT(relative_error(to_float_vector(gpu.vc.download(), begin, end), want_v), kCacheTolerance) << "v cache";
+    P += T;
+  }
+}
+
+// Decode at lengths 1, 100, 1000 and beyond the split threshold (128 keys per split, 64 splits).
+TEST(CudaAttention, DecodeSmall) {
+  REQUIRE_GPU();
+  for (int P : {0, 99, 999, 5000}) check_blocks(2, 1, P + 40, P, {1}, 1 + uint32_t(P));
+}
+
+TEST(CudaAttention, DecodeFull) {
+  REQUIRE_GPU();
+  for (int P : {0, 99, 127, 128, 999, 5000}) check_blocks(16, 2, P + 40, P, {1}, 2 + uint32_t(P));
+}
+
+// More keys than 64 splits x 128: the splits grow (here 192 keys each); repeated decode steps
+// check that the split counters are left at zero.
+TEST(CudaAttention, DecodeLongManySteps) {
+  REQUIRE_GPU();
+  check_blocks(16, 2, 20000, 12000, {1, 1, 1}, 3);
+}
+
+// A small capacity means one split whatever the length.
+TEST(CudaAttention, DecodeSmallCapacity) {
+  REQUIRE_GPU();
+  check_blocks(16, 2, 100, 98, {1, 1}, 4);
+}
+
+TEST(CudaAttention, PrefillSmall) {
+  REQUIRE_GPU();
+  for (int T : {2, 63, 64, 65, 200}) check_blocks(2, 1, 1024, 0, {T}, 5 + uint32_t(T));
+}
+
+TEST(CudaAttention, PrefillFull) {
+  REQUIRE_GPU();
+  for (int T : {2, 63, 65, 200}) check_blocks(16, 2, 1024, 0, {T}, 6 + uint32_t(T));
+  check_blocks(16, 2, 2048, 900, {100}, 7);  // keys up to 1000
+  check_blocks(16, 2, 2048, 37, {65}, 8);
+}
+
+TEST(CudaAttention, PrefillThenDecode) {
+  REQUIRE_GPU();
+  check_blocks(2, 1, 512, 0, {63, 1, 1, 1}, 9);
+  check_blocks(16, 2, 4096, 0, {200, 1, 1, 7, 1}, 10);
+  check_blocks(16, 2, 4096, 0, {1, 1, 2, 1}, 11);  // decode from an empty cache
+}
+
+TEST(CudaAttention, ScratchOverload) {
+  REQUIRE_GPU();
+  Attn attn(16, 2, 3000, 12);
+  attn.fill(2500, 13);
+  GpuAttn gpu(attn);
+  cuda::AttentionParams p;
+  p.num_heads = 16, p.num_kv_heads = 2, p.capacity = 3000;
+  DeviceArray<char> scratch(cuda::gated_attention_scratch_bytes(p));
+  CUDA_OK(cudaMemset(scratch.get(), 0, scratch.size()));
+  for (int step = 0; step < 2; ++step) {
+    Inputs in(attn, 1, 14 + uint32_t(step));
+    const auto want = reference(attn, 2500 + step, 1, in);
+    EXPECT_LT(relative_error(gpu.run(2500 + step, 1, in, scratch.get()), want), kOutTolerance);
+  }
+}
+
+}  // namespace
+}  // namespace lily::test
