@@ -158,7 +158,7 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs p) {
   __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
   __shared__ __align__(16) float p_s[kTile][kGroup];     // probabilities
   __shared__ float alpha_s[kGroup], m_s[kGroup], l_s[kGroup];
-  __shared__ float w_s[kMaxSplits][kGroup];              // combine weights
+  __shared__ float ml_s[kMaxSplits][kGroup][2];          // combine: (max, sum), then (weight, sum)
   __shared__ int last_s;
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -281,24 +281,35 @@ __global__ void __launch_bounds__(kThreads) attention_kernel(AttnArgs p) {
   if (tid == 0) p.counters[kv] = 0;  // every active split has arrived: ready for the next launch
 
   // o_h = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s,  M = max_s m_s
+  // (L2 reads only: __ldcg, as other blocks wrote them during this launch.)
   const float* ml = p.part_ml + size_t(kv) * nsplit * kGroup * 2;
+  for (int i = tid; i < n_active * kGroup; i += kThreads) {  // (split, slot) pairs
+    ml_s[i / kGroup][i % kGroup][0] = __ldcg(ml + 2 * i);
+    ml_s[i / kGroup][i % kGroup][1] = __ldcg(ml + 2 * i + 1);
+  }
+  __syncthreads();
   if (tid < kGroup) {
     float M = -INFINITY, den = 0.f;
-    for (int s = 0; s < n_active; ++s) M = fmaxf(M, __ldcg(ml + (s * kGroup + tid) * 2));
+    for (int s = 0; s < n_active; ++s) M = fmaxf(M, ml_s[s][tid][0]);
     for (int s = 0; s < n_active; ++s) {
-      const float w = exp2f(__ldcg(ml + (s * kGroup + tid) * 2) - M);
-      w_s[s][tid] = w;
-      den += w * __ldcg(ml + (s * kGroup + tid) * 2 + 1);
+      const float w = exp2f(ml_s[s][tid][0] - M);
+      ml_s[s][tid][0] = w;  // now the weight
+      den += w * ml_s[s][tid][1];
     }
     l_s[tid] = den;
   }
   __syncthreads();
   const float* part = p.part_acc + size_t(kv) * nsplit * kGroup * kHeadDim + tid;
-  for (int h = 0; h < p.group; ++h) {
-    float o = 0.f;
-    for (int s = 0; s < n_active; ++s) o += w_s[s][h] * __ldcg(part + (size_t(s) * kGroup + h) * kHeadDim);
+  float o[kGroup] = {};
+#pragma unroll 4
+  for (int s = 0; s < n_active; ++s)
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) o[h] += ml_s[s][h][0] * __ldcg(part + (size_t(s) * kGroup + h) * kHeadDim);
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    if (h >= p.group) break;
     const int head = kv * p.group + h;
-    out[head * kHeadDim + tid] = o / l_s[h] * sigmoid(gate[head * 2 * kHeadDim + tid]);
+    out[head * kHeadDim + tid] = o[h] / l_s[h] * sigmoid(gate[head * 2 * kHeadDim + tid]);
   }
 }
 
