@@ -1,0 +1,93 @@
+// test_gemv.cu: the quantized GEMV (backend/cuda/gemv.cu) against cpu::linear.
+//
+// Edge sizes: rows around the 4-row groups and the block tiles (1, 63, 64, 65, 2048), cols
+// with one lane group partly idle (64, 128, 192) or several load steps (2048, 3072), T = 1
+// (decode) and T > 1 in and across the 8-token passes, 4 and 8 bits; outputs poisoned (NaN)
+// before each launch.
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/gemv.h"
+
+#include "backend/cpu/ops.h"
+#include "cuda_test_util.h"
+
+namespace lily::test {
+namespace {
+
+// Checks gemv (or gemv_accumulate onto a random y0) for one shape.
+void check_gemv(int rows, int cols, int T, int bits, bool accumulate) {
+  SCOPED_TRACE(testing::Message() << "rows " << rows << " cols " << cols << " T " << T << " bits " << bits
+                                  << (accumulate ? " accumulate" : ""));
+  const uint32_t seed = uint32_t(rows * 7919 + cols * 131 + T * 17 + bits);
+  TestQMatrix W(1, rows, cols, bits, seed);
+  const auto x = random_floats(size_t(T) * cols, seed + 1);
+  const auto y0 = random_floats(size_t(T) * rows, seed + 2);
+
+  std::vector<float> expected(size_t(T) * rows);
+  cpu::linear(W.cpu(), x.data(), T, expected.data());
+  if (accumulate)
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += y0[i];
+
+  DeviceArray<float> dx(x), dy(size_t(T) * rows);
+  if (accumulate)
+    dy.upload(y0);
+  else
+    dy.poison();
+  if (accumulate)
+    cuda::gemv_accumulate(W.gpu(), dx.get(), dy.get(), T, nullptr);
+  else
+    cuda::gemv(W.gpu(), dx.get(), dy.get(), T, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = dy.download();
+  const double err = relative_error(got, expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaGemv, DecodeEdgeSizes) {
+  REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int rows : {1, 63, 64, 65, 2048})
+      for (int cols : {64, 128, 192, 2048, 3072}) check_gemv(rows, cols, 1, bits, false);
+}
+
+TEST(CudaGemv, SeveralRows) {
+  REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int T : {2, 7, 8, 9, 64})
+      for (int rows : {1, 63, 65, 2048})
+        for (int cols : {64, 128, 2048}) check_gemv(rows, cols, T, bits, false);
+}
+
+TEST(CudaGemv, Accumulate) {
+  REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int T : {1, 2, 7})
+      for (int rows : {1, 65, 2048})
+        for (int cols : {64, 2048}) check_gemv(rows, cols, T, bits, true);
+}
+
+// Full-size decode shapes (a q/k/v-sized projection, o_proj / out_proj, the shared expert's down).
+TEST(CudaGemv, ModelShapes) {
+  REQUIRE_GPU();
+  check_gemv(8192, 2048, 1, 4, false);
+  check_gemv(2048, 4096, 1, 4, false);
+  check_gemv(2048, 512, 1, 4, true);
+  check_gemv(256, 2048, 1, 8, false);
+}
+
+// Rows of the output past `rows` must not be touched: y is a window into a larger buffer.
+TEST(CudaGemv, WritesOnlyItsRows) {
+  REQUIRE_GPU();
+  const int rows = 65, cols = 128, T = 3;
+  TestQMatrix W(1, rows, cols, 4, 5);
+  const auto x = random_floats(size_t(T) * cols, 6);
+  DeviceArray<float> dx(x), dy(size_t(T) * rows + 64);
+  std::vector<float> sentinel(dy.size(), 12345.f);
+  dy.upload(sentinel);
+  cuda::gemv(W.gpu(), dx.get(), dy.get(), T, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const auto got = dy.download();
+  for (size_t i = size_t(T) * rows; i < got.size(); ++i) ASSERT_EQ(got[i], 12345.f) << "index " << i;
+}
+
+}  // namespace
+}  // namespace lily::test

@@ -1,0 +1,317 @@
+// test_moe.cu: the MoE kernels (backend/cuda/moe.cu) against host references built from
+// cpu::linear, and the whole block against cpu::sparse_moe.
+//
+// Routing: E 8 and 256, k 2 and 8, ties (identical router rows) to the lower expert index.
+// Experts: random expert ids (repeats included), T 1 and 3, I/H small and full size, 4 and 8
+// bits; outputs poisoned (NaN) or pre-filled (the accumulating kernels) before each launch.
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/moe.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cpu/ops.h"
+#include "cuda_test_util.h"
+
+namespace lily::test {
+namespace {
+
+// A quantized matrix from given float values (TestQMatrix makes random ones).
+struct FixedQMatrix {
+  QuantizedMatrix host;
+  int rows, cols, bits;
+  std::unique_ptr<DeviceArray<uint32_t>> codes;
+  std::unique_ptr<DeviceArray<bf16>> scales, biases;
+  FixedQMatrix(const std::vector<float>& w, int rows_, int cols_, int bits_) : rows(rows_), cols(cols_), bits(bits_) {
+    host = quantize_affine(w, rows, cols, bits, 64);
+    codes = std::make_unique<DeviceArray<uint32_t>>(host.codes);
+    scales = std::make_unique<DeviceArray<bf16>>(host.scales);
+    biases = std::make_unique<DeviceArray<bf16>>(host.biases);
+  }
+  cuda::QMatrix gpu() const {
+    cuda::QMatrix m;
+    m.rows = rows, m.cols = cols, m.bits = bits, m.group_size = 64;
+    m.codes = codes->get(), m.scales = scales->get(), m.biases = biases->get();
+    return m;
+  }
+  Matrix cpu() const {
+    Matrix m;
+    m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
+    m.data = host.codes.data(), m.scales = host.scales.data(), m.biases = host.biases.data();
+    return m;
+  }
+};
+
+// The CPU routing rule (backend/cpu/moe.cpp): softmax, top-k by p with ties to the lower
+// index, renormalised. Returns p too, to judge near-ties.
+struct HostRouting {
+  std::vector<int> ids;        // [T, k]
+  std::vector<float> weights;  // [T, k]
+  std::vector<float> p;        // [T, E]
+};
+
+HostRouting host_route(const Matrix& router, const std::vector<float>& x, int T, int k) {
+  const int E = int(router.rows);
+  std::vector<float> logits(size_t(T) * E);
+  cpu::linear(router, x.data(), T, logits.data());
+  HostRouting r;
+  r.ids.resize(size_t(T) * k), r.weights.resize(size_t(T) * k), r.p.resize(size_t(T) * E);
+  for (int t = 0; t < T; ++t) {
+    const float* l = logits.data() + size_t(t) * E;
+    float* p = r.p.data() + size_t(t) * E;
+    const float m = *std::max_element(l, l + E);
+    double sum = 0;
+    for (int e = 0; e < E; ++e) sum += (p[e] = std::exp(l[e] - m));
+    for (int e = 0; e < E; ++e) p[e] = float(p[e] / sum);
+    std::vector<int> order(static_cast<size_t>(E));
+    std::iota(order.begin(), order.end(), 0);
+    std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                      [&](int a, int b) { return p[a] > p[b] || (p[a] == p[b] && a < b); });
+    float chosen = 0;
+    for (int i = 0; i < k; ++i) chosen += p[order[size_t(i)]];
+    for (int i = 0; i < k; ++i) {
+      r.ids[size_t(t) * k + i] = order[size_t(i)];
+      r.weights[size_t(t) * k + i] = p[order[size_t(i)]] / chosen;
+    }
+  }
+  return r;
+}
+
+struct GpuRouting {
+  std::vector<int32_t> ids;
+  std::vector<float> weights;
+};
+
+GpuRouting gpu_route(const cuda::QMatrix& router, const std::vector<float>& x, int T, int k) {
+  DeviceArray<float> dx(x), dw(size_t(T) * k);
+  DeviceArray<int32_t> di(size_t(T) * k);
+  dw.poison(), di.poison();
+  cuda::moe_route(router, dx.get(), T, k, di.get(), dw.get(), nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  return {di.download(), dw.download()};
+}
+
+void check_route(int E, int k, int H, int T, int bits) {
+  SCOPED_TRACE(testing::Message() << "E " << E << " k " << k << " H " << H << " T " << T << " bits " << bits);
+  const uint32_t seed = uint32_t(E * 31 + k * 7 + H + T);
+  TestQMatrix router(1, E, H, bits, seed, 0.05f);
+  const auto x = random_floats(size_t(T) * H, seed + 1);
+  const HostRouting want = host_route(router.cpu(), x, T, k);
+  const GpuRouting got = gpu_route(router.gpu(), x, T, k);
+  for (int t = 0; t < T; ++t) {
+    const float* p = want.p.data() + size_t(t) * E;
+    for (int i = 0; i < k; ++i) {
+      const size_t j = size_t(t) * k + i;
+      const int g = got.ids[j], w = want.ids[j];
+      ASSERT_TRUE(g >= 0 && g < E) << "token " << t << " slot " << i << ": expert " << g;
+      // Summation order differs, so only a near-tie may swap experts.
+      if (g != w) {
+        EXPECT_NEAR(p[g], p[w], 1e-6f) << "token " << t << " slot " << i << ": gpu expert " << g << " cpu " << w;
+        continue;
+      }
+      EXPECT_NEAR(got.weights[j], want.weights[j], 1e-5f) << "token " << t << " slot " << i;
+    }
+  }
+}
+
+TEST(CudaMoe, Route) {
+  REQUIRE_GPU();
+  for (int E : {8, 256})
+    for (int k : {2, 8})
+      for (int H : {128, 2048})
+        for (int T : {1, 3}) check_route(E, k, H, T, 8);
+  check_route(256, 8, 2048, 2, 4);
+  check_route(100, 8, 64, 2, 8);  // E not a multiple of the 8 blocks per token
+}
+
+// Identical router rows give identical logits: every tie must go to the lower expert index.
+TEST(CudaMoe, RouteTiesToLowerIndex) {
+  REQUIRE_GPU();
+  for (int E : {8, 64, 256}) {
+    for (int distinct : {1, 3}) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " distinct rows " << distinct);
+      const int H = 128, k = 8, T = 2;
+      const auto base = random_floats(size_t(distinct) * H, uint32_t(E + distinct), 0.05f);
+      std::vector<float> w(size_t(E) * H);
+      for (int e = 0; e < E; ++e) std::copy_n(base.begin() + (e % distinct) * H, H, w.begin() + size_t(e) * H);
+      FixedQMatrix router(w, E, H, 8);
+      const auto x = random_floats(size_t(T) * H, 99);
+      const HostRouting want = host_route(router.cpu(), x, T, k);
+      const GpuRouting got = gpu_route(router.gpu(), x, T, k);
+      for (size_t j = 0; j < want.ids.size(); ++j) {
+        EXPECT_EQ(got.ids[j], want.ids[j]) << "slot " << j;
+        EXPECT_NEAR(got.weights[j], want.weights[j], 1e-6f) << "slot " << j;
+      }
+      if (distinct == 1)  // all equal: experts 0..k-1, weight 1/k each
+        for (int i = 0; i < k; ++i) EXPECT_EQ(got.ids[size_t(i)], i);
+    }
+  }
+}
+
+// Random expert ids with repeats (as when several tokens pick the same expert).
+std::vector<int32_t> random_ids(int n, int E, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(n));
+  for (auto& e : ids) e = int32_t(rng() % uint32_t(E));
+  if (n > 1) ids[1] = ids[0];
+  if (n > 0) ids[size_t(n - 1)] = E - 1;
+  return ids;
+}
+
+float silu(float g) { return g / (1.f + std::exp(-g)); }
+
+void check_gate_up(int E, int I, int H, int T, int k, int bits) {
+  SCOPED_TRACE(testing::Message() << "E " << E << " I " << I << " H " << H << " T " << T << " k " << k << " bits "
+                                  << bits);
+  const uint32_t seed = uint32_t(E + I + H * 3 + T * 5 + k * 7 + bits);
+  TestQMatrix gate(E, I, H, bits, seed), up(E, I, H, bits, seed + 1);
+  const auto x = random_floats(size_t(T) * H, seed + 2);
+  const auto ids = random_ids(T * k, E, seed + 3);
+
+  std::vector<float> expected(size_t(T) * k * I), g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
+  for (int t = 0; t < T; ++t)
+    for (int s = 0; s < k; ++s) {
+      const int e = ids[size_t(t) * k + s];
+      cpu::linear(gate.cpu(e), x.data() + size_t(t) * H, 1, g.data());
+      cpu::linear(up.cpu(e), x.data() + size_t(t) * H, 1, u.data());
+      for (int i = 0; i < I; ++i) expected[(size_t(t) * k + s) * I + i] = silu(g[size_t(i)]) * u[size_t(i)];
+    }
+
+  DeviceArray<float> dx(x), dact(expected.size());
+  DeviceArray<int32_t> dids(ids);
+  dact.poison();
+  cuda::moe_gate_up(gate.gpu(), up.gpu(), dx.get(), dids.get(), T, k, dact.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const double err = relative_error(dact.download(), expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaMoe, GateUp) {
+  REQUIRE_GPU();
+  check_gate_up(8, 512, 2048, 1, 8, 4);  // full size, decode
+  check_gate_up(8, 512, 2048, 3, 8, 4);
+  check_gate_up(256, 64, 128, 1, 8, 4);
+  check_gate_up(256, 64, 128, 3, 2, 4);
+  check_gate_up(8, 128, 64, 2, 2, 8);
+  check_gate_up(8, 192, 192, 1, 8, 8);
+}
+
+void check_down(int E, int H, int I, int T, int k, int bits) {
+  SCOPED_TRACE(testing::Message() << "E " << E << " H " << H << " I " << I << " T " << T << " k " << k << " bits "
+                                  << bits);
+  const uint32_t seed = uint32_t(E * 3 + I + H + T * 5 + k * 7 + bits);
+  TestQMatrix down(E, H, I, bits, seed);
+  const auto act = random_floats(size_t(T) * k * I, seed + 1);
+  const auto ids = random_ids(T * k, E, seed + 2);
+  auto weights = random_floats(size_t(T) * k, seed + 3);
+  for (auto& w : weights) w = std::fabs(w);
+  const auto out0 = random_floats(size_t(T) * H, seed + 4);
+
+  std::vector<float> expected = out0, y(static_cast<size_t>(H));
+  for (int t = 0; t < T; ++t)
+    for (int s = 0; s < k; ++s) {
+      const size_t ts = size_t(t) * k + s;
+      cpu::linear(down.cpu(ids[ts]), act.data() + ts * I, 1, y.data());
+      for (int h = 0; h < H; ++h) expected[size_t(t) * H + h] += weights[ts] * y[size_t(h)];
+    }
+
+  DeviceArray<float> dact(act), dw(weights), dout(out0);
+  DeviceArray<int32_t> dids(ids);
+  cuda::moe_down_accumulate(down.gpu(), dact.get(), dids.get(), dw.get(), T, k, dout.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const double err = relative_error(dout.download(), expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaMoe, DownAccumulate) {
+  REQUIRE_GPU();
+  check_down(8, 2048, 512, 1, 8, 4);  // full size, decode
+  check_down(8, 2048, 512, 3, 8, 4);
+  check_down(256, 128, 64, 1, 8, 4);
+  check_down(256, 65, 64, 3, 2, 4);
+  check_down(8, 63, 128, 2, 2, 8);
+  check_down(8, 1, 2048, 1, 8, 8);
+  check_down(8, 130, 3072, 1, 5, 4);
+}
+
+void check_shared(int H, int Is, int T, int bits) {
+  SCOPED_TRACE(testing::Message() << "H " << H << " Is " << Is << " T " << T << " bits " << bits);
+  const uint32_t seed = uint32_t(H + Is * 3 + T * 5 + bits);
+  TestQMatrix gate(1, Is, H, bits, seed), up(1, Is, H, bits, seed + 1), down(1, H, Is, bits, seed + 2);
+  TestQMatrix expert_gate(1, 1, H, 8, seed + 3, 0.05f);
+  const auto x = random_floats(size_t(T) * H, seed + 4);
+  const auto out0 = random_floats(size_t(T) * H, seed + 5);
+
+  std::vector<float> expected = out0, g(static_cast<size_t>(Is)), u(static_cast<size_t>(Is)), y(static_cast<size_t>(H));
+  for (int t = 0; t < T; ++t) {
+    const float* xt = x.data() + size_t(t) * H;
+    cpu::linear(gate.cpu(), xt, 1, g.data());
+    cpu::linear(up.cpu(), xt, 1, u.data());
+    for (int i = 0; i < Is; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
+    cpu::linear(down.cpu(), g.data(), 1, y.data());
+    float logit = 0;
+    cpu::linear(expert_gate.cpu(), xt, 1, &logit);
+    const float sg = cpu::sigmoid(logit);
+    for (int h = 0; h < H; ++h) expected[size_t(t) * H + h] += sg * y[size_t(h)];
+  }
+
+  DeviceArray<float> dx(x), dout(out0), scratch(size_t(T) * Is);
+  scratch.poison();
+  cuda::shared_expert_accumulate(gate.gpu(), up.gpu(), down.gpu(), expert_gate.gpu(), dx.get(), T, scratch.get(),
+                                 dout.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const double err = relative_error(dout.download(), expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaMoe, SharedExpert) {
+  REQUIRE_GPU();
+  check_shared(2048, 512, 1, 4);  // full size
+  check_shared(2048, 512, 3, 4);
+  check_shared(128, 64, 2, 4);
+  check_shared(64, 128, 1, 8);
+}
+
+// The four launches together against cpu::sparse_moe (small sizes; ids compared first, so a
+// near-tie flip would show as such rather than as a numeric mismatch).
+TEST(CudaMoe, WholeBlockMatchesCpu) {
+  REQUIRE_GPU();
+  const int E = 16, k = 4, H = 128, I = 64, Is = 128, T = 5;
+  TestQMatrix router(1, E, H, 8, 1), gate(E, I, H, 4, 2), up(E, I, H, 4, 3), down(E, H, I, 4, 4);
+  TestQMatrix sgate(1, Is, H, 4, 5), sup(1, Is, H, 4, 6), sdown(1, H, Is, 4, 7), egate(1, 1, H, 8, 8);
+  const auto x = random_floats(size_t(T) * H, 9);
+
+  MoeWeights w;
+  w.router = router.cpu();
+  for (int e = 0; e < E; ++e) {
+    w.experts.gate_proj.push_back(gate.cpu(e));
+    w.experts.up_proj.push_back(up.cpu(e));
+    w.experts.down_proj.push_back(down.cpu(e));
+  }
+  w.shared_gate_proj = sgate.cpu(), w.shared_up_proj = sup.cpu(), w.shared_down_proj = sdown.cpu();
+  w.shared_expert_gate = egate.cpu();
+  ModelConfig c;
+  c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
+  c.shared_expert_intermediate_size = Is;
+  std::vector<float> expected(size_t(T) * H);
+  cpu::sparse_moe(w, c, x.data(), T, expected.data());
+
+  DeviceArray<float> dx(x), dw(size_t(T) * k), act(size_t(T) * k * I), scratch(size_t(T) * Is), out(size_t(T) * H);
+  DeviceArray<int32_t> ids(size_t(T) * k);
+  CUDA_OK(cudaMemset(out.get(), 0, out.size() * sizeof(float)));
+  act.poison(), scratch.poison();
+  cuda::moe_route(router.gpu(), dx.get(), T, k, ids.get(), dw.get(), nullptr);
+  cuda::moe_gate_up(gate.gpu(), up.gpu(), dx.get(), ids.get(), T, k, act.get(), nullptr);
+  cuda::moe_down_accumulate(down.gpu(), act.get(), ids.get(), dw.get(), T, k, out.get(), nullptr);
+  cuda::shared_expert_accumulate(sgate.gpu(), sup.gpu(), sdown.gpu(), egate.gpu(), dx.get(), T, scratch.get(),
+                                 out.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  const HostRouting want = host_route(router.cpu(), x, T, k);
+  ASSERT_EQ(ids.download(), std::vector<int32_t>(want.ids.begin(), want.ids.end())) << "routing differs (near-tie?)";
+  const double err = relative_error(out.download(), expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+}  // namespace
+}  // namespace lily::test
