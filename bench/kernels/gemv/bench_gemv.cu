@@ -1,0 +1,128 @@
+// bench_gemv.cu: times the decode kernels of gemv.cu and moe.cu at the model's full sizes and
+// reports achieved bandwidth against 4.3 TB/s (bytes = codes + scales + biases actually read;
+// x, y and act are ignored). Random codes, scales around 0.01; median of 200 launches after 20
+// warm-ups, each launch timed with events; weights rotate over enough copies to exceed the L2.
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/moe.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <functional>
+#include <vector>
+
+using namespace lily;
+
+namespace {
+
+__global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = x;
+  }
+}
+
+// n bf16 values around 0.01 (0x3C24) with a random low mantissa.
+__global__ void fill_bf16(uint16_t* p, size_t n) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint16_t(0x3C20 | (i * 7 & 15));
+}
+
+cuda::QMatrix make(int batch, int rows, int cols, int bits) {
+  cuda::QMatrix m;
+  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits;
+  const size_t words = size_t(batch) * rows * cols * bits / 32, groups = size_t(batch) * rows * cols / 64;
+  uint32_t* c;
+  bf16 *s, *b;
+  CUDA_CHECK(cudaMalloc(&c, words * 4));
+  CUDA_CHECK(cudaMalloc(&s, groups * 2));
+  CUDA_CHECK(cudaMalloc(&b, groups * 2));
+  fill_random<<<1024, 256>>>(c, words, 1234);
+  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s), groups);
+  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(b), groups);
+  m.codes = c, m.scales = s, m.biases = b;
+  return m;
+}
+
+double bytes_of(int rows, int cols, int bits) { return double(rows) * cols * bits / 8 + double(rows) * cols / 64 * 4; }
+
+// Median microseconds of f(copy) over launches, rotating over `copies`.
+double time_us(int copies, const std::function<void(int)>& f) {
+  cudaEvent_t a, b;
+  cudaEventCreate(&a), cudaEventCreate(&b);
+  for (int i = 0; i < 20; ++i) f(i % copies);
+  std::vector<float> ms;
+  for (int i = 0; i < 200; ++i) {
+    cudaEventRecord(a);
+    f(i % copies);
+    cudaEventRecord(b);
+    cudaEventSynchronize(b);
+    float t;
+    cudaEventElapsedTime(&t, a, b);
+    ms.push_back(t);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  std::sort(ms.begin(), ms.end());
+  return ms[ms.size() / 2] * 1000.0;
+}
+
+void report(const char* name, double bytes, double us) {
+  const double gbs = bytes / us / 1e3;
+  std::printf("%-44s %8.2f us %8.1f GB/s %5.1f %% of 4.3 TB/s\n", name, us, gbs, gbs / 43.0);
+}
+
+}  // namespace
+
+int main() {
+  float *x, *y, *act, *w;
+  int32_t* ids;
+  CUDA_CHECK(cudaMalloc(&x, 64 * 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&y, 64 * 248320 * 4));
+  CUDA_CHECK(cudaMalloc(&act, 64 * 8 * 512 * 4));
+  CUDA_CHECK(cudaMalloc(&w, 64 * 8 * 4));
+  CUDA_CHECK(cudaMalloc(&ids, 64 * 8 * 4));
+  CUDA_CHECK(cudaMemset(x, 0, 64 * 4096 * 4));
+  CUDA_CHECK(cudaMemset(act, 0, 64 * 8 * 512 * 4));
+  CUDA_CHECK(cudaMemset(w, 0, 64 * 8 * 4));
+  std::vector<int32_t> h_ids = {3, 17, 60, 99, 128, 200, 201, 255};
+  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 32, cudaMemcpyHostToDevice));
+
+  struct Shape { const char* name; int rows, cols, bits; };
+  for (const Shape& s : {Shape{"gemv [8192, 2048] q4", 8192, 2048, 4}, Shape{"gemv [2048, 4096] q4", 2048, 4096, 4},
+                         Shape{"gemv [12288, 2048] q4", 12288, 2048, 4}, Shape{"gemv [248320, 2048] q4 (lm_head)", 248320, 2048, 4},
+                         Shape{"gemv [2048, 512] q4 (shared down)", 2048, 512, 4}, Shape{"gemv [256, 2048] q8 (router)", 256, 2048, 8}}) {
+    const double bytes = bytes_of(s.rows, s.cols, s.bits);
+    const int copies = std::max(1, int(240e6 / bytes));
+    std::vector<cuda::QMatrix> m;
+    for (int i = 0; i < copies; ++i) m.push_back(make(1, s.rows, s.cols, s.bits));
+    report(s.name, bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 1, nullptr); }));
+    if (s.rows == 8192) {
+      report("gemv [8192, 2048] q4, T = 8", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 8, nullptr); }));
+      report("gemv [8192, 2048] q4, T = 64", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 64, nullptr); }));
+    }
+    for (auto& q : m) cudaFree(const_cast<uint32_t*>(q.codes)), cudaFree(const_cast<bf16*>(q.scales)), cudaFree(const_cast<bf16*>(q.biases));
+  }
+
+  // One layer's experts: 256 x [512, 2048] gate and up, 256 x [2048, 512] down, 8 selected.
+  const int layers = 4;  // 4 layers' stacks (~1.1 GB) so the 8 selected experts are not in L2
+  std::vector<cuda::QMatrix> gate, up, down;
+  for (int l = 0; l < layers; ++l) {
+    gate.push_back(make(256, 512, 2048, 4));
+    up.push_back(make(256, 512, 2048, 4));
+    down.push_back(make(256, 2048, 512, 4));
+  }
+  const double gu_bytes = 8 * 2 * bytes_of(512, 2048, 4), d_bytes = 8 * bytes_of(2048, 512, 4);
+  report("moe_gate_up (8 experts, SwiGLU)", gu_bytes,
+         time_us(layers, [&](int l) { cuda::moe_gate_up(gate[size_t(l)], up[size_t(l)], x, ids, 1, 8, act, nullptr); }));
+  report("moe_down_accumulate (8 experts)", d_bytes,
+         time_us(layers, [&](int l) { cuda::moe_down_accumulate(down[size_t(l)], act, ids, w, 1, 8, y, nullptr); }));
+  cuda::QMatrix router = make(1, 256, 2048, 8);
+  report("moe_route (router q8 + softmax + top-8)", bytes_of(256, 2048, 8),
+         time_us(1, [&](int) { cuda::moe_route(router, x, 1, 8, ids, w, nullptr); }));
+  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 32, cudaMemcpyHostToDevice));
+  cuda::QMatrix sg = make(1, 512, 2048, 4), su = make(1, 512, 2048, 4), sd = make(1, 2048, 512, 4), eg = make(1, 1, 2048, 8);
+  report("shared_expert_accumulate (2 launches)", 3 * bytes_of(512, 2048, 4),
+         time_us(1, [&](int) { cuda::shared_expert_accumulate(sg, su, sd, eg, x, 1, act, y, nullptr); }));
+  return 0;
+}
