@@ -49,6 +49,18 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
       think_end_(tokenizer_.token_id("</think>")) {
   LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size,
              "the tokenizer has {} ids but the model only {}", tokenizer_.vocab_size(), engine.config().vocab_size);
+  stats_ = cache_.stats();
+}
+
+PrefixCacheStats ChatService::cache_stats() const {
+  std::lock_guard lock(stats_mutex_);
+  return stats_;
+}
+
+void ChatService::clear_cache() {
+  cache_.clear();
+  std::lock_guard lock(stats_mutex_);
+  stats_ = cache_.stats();
 }
 
 SamplingParams ChatService::default_sampling() const {
@@ -311,6 +323,8 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   if (r.finish_reason == "stop" && !r.tool_calls.empty()) r.finish_reason = "tool_calls";
 
   if (options.use_cache) cache_.release(std::move(seq));
+  std::lock_guard lock(stats_mutex_);
+  stats_ = cache_.stats();
   return r;
 }
 

@@ -23,6 +23,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
@@ -147,8 +148,9 @@ class ChatService {
   SamplingParams default_sampling() const;
   int64_t context_size() const { return context_size_; }
   const Tokenizer& tokenizer() const { return tokenizer_; }
-  PrefixCacheStats cache_stats() const { return cache_.stats(); }
-  void clear_cache() { cache_.clear(); }
+  // Safe to call from any thread (updated after each completion).
+  PrefixCacheStats cache_stats() const;
+  void clear_cache();
 
   // Render + tokenize + check. Throws RequestError or TemplateError (both: HTTP 400).
   PreparedCompletion prepare_chat(const ChatRequest& request) const;
@@ -168,6 +170,8 @@ class ChatService {
   int64_t context_size_;
   PrefixCache cache_;
   std::optional<int32_t> think_end_;  // </think>
+  mutable std::mutex stats_mutex_;
+  PrefixCacheStats stats_;
 };
 
 // "call_" + 24 random hex digits.

@@ -1,0 +1,76 @@
+// health_metrics.cpp: GET /health (200 {"status": "ok"} once the model is loaded) and
+// GET /metrics (Prometheus text exposition format 0.0.4).
+#include <httplib.h>
+
+#include "server/errors.h"
+#include "server/server.h"
+#include "server/wire.h"
+
+namespace lily::server {
+
+void Metrics::count_request(const std::string& path, int status) {
+  std::lock_guard lock(mutex_);
+  ++requests_[{path, status}];
+}
+
+void Metrics::count_completion(const CompletionResult& r, double queue_seconds) {
+  std::lock_guard lock(mutex_);
+  ++completions_;
+  if (r.cancelled) ++cancelled_;
+  prompt_tokens_ += r.usage.prompt_tokens;
+  cached_tokens_ += r.usage.cached_tokens;
+  generated_tokens_ += r.usage.completion_tokens;
+  prefilled_tokens_ += r.timings.prefilled_tokens;
+  prefill_seconds_ += r.timings.prefill_seconds;
+  decode_seconds_ += r.timings.decode_seconds;
+  ttft_seconds_ += r.timings.first_token_seconds;
+  queue_seconds_ += queue_seconds;
+  last_ttft_ = r.timings.first_token_seconds;
+  if (r.timings.prefill_seconds > 0) last_prefill_tps_ = double(r.timings.prefilled_tokens) / r.timings.prefill_seconds;
+  if (r.timings.decode_seconds > 0) last_decode_tps_ = double(r.timings.decoded_tokens) / r.timings.decode_seconds;
+}
+
+std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCacheStats& cache) const {
+  std::lock_guard lock(mutex_);
+  std::string out;
+  auto metric = [&](const char* name, const char* type, const char* help, auto value) {
+    out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
+  };
+  out += "# HELP lily_requests_total HTTP requests by path and status.\n# TYPE lily_requests_total counter\n";
+  for (const auto& [key, n] : requests_) {
+    out += fmt::format("lily_requests_total{{path=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
+  }
+  metric("lily_completions_total", "counter", "Completions run (chat and text).", completions_);
+  metric("lily_completions_cancelled_total", "counter", "Completions stopped because the client went away.", cancelled_);
+  metric("lily_prompt_tokens_total", "counter", "Prompt tokens of all completions.", prompt_tokens_);
+  metric("lily_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the session cache (not computed).",
+         cached_tokens_);
+  metric("lily_prefill_tokens_total", "counter", "Prompt tokens computed.", prefilled_tokens_);
+  metric("lily_generated_tokens_total", "counter", "Completion tokens generated.", generated_tokens_);
+  metric("lily_prefill_seconds_total", "counter", "Time spent computing prompts.", prefill_seconds_);
+  metric("lily_decode_seconds_total", "counter", "Time spent generating tokens.", decode_seconds_);
+  metric("lily_time_to_first_token_seconds_total", "counter", "Sum of the times to first token (queue wait excluded).",
+         ttft_seconds_);
+  metric("lily_queue_seconds_total", "counter", "Time requests spent waiting in the queue.", queue_seconds_);
+  metric("lily_time_to_first_token_seconds", "gauge", "Time to first token of the last completion.", last_ttft_);
+  metric("lily_prefill_tokens_per_second", "gauge", "Prefill speed of the last completion.", last_prefill_tps_);
+  metric("lily_decode_tokens_per_second", "gauge", "Decode speed of the last completion.", last_decode_tps_);
+  metric("lily_queue_depth", "gauge", "Requests waiting for their turn.", queue_depth);
+  metric("lily_busy", "gauge", "1 while a completion is running.", busy ? 1 : 0);
+  metric("lily_session_cache_sequences", "gauge", "Conversations kept in the session cache.", cache.sequences);
+  metric("lily_session_cache_bytes", "gauge", "Memory held by the session cache.", cache.bytes);
+  metric("lily_session_cache_budget_bytes", "gauge", "Memory budget of the session cache.", cache.budget_bytes);
+  return out;
+}
+
+void handle_health(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
+  if (!ctx.ready) throw ApiError(503, "the model is loading");
+  res.set_content(dump(json{{"status", "ok"}}), "application/json");
+}
+
+void handle_metrics(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
+  res.set_content(ctx.metrics.prometheus(ctx.queue.waiting(), ctx.running, ctx.service.cache_stats()),
+                  "text/plain; version=0.0.4");
+}
+
+}  // namespace lily::server

@@ -1,0 +1,58 @@
+#include "server/request_queue.h"
+
+#include <algorithm>
+
+namespace lily::server {
+
+std::unique_ptr<RequestQueue::Ticket> RequestQueue::join() {
+  std::lock_guard lock(mutex_);
+  if (shutdown_ || line_.size() > max_waiting_) return nullptr;
+  line_.push_back(next_id_);
+  return std::make_unique<Ticket>(*this, next_id_++);
+}
+
+RequestQueue::Ticket::~Ticket() { queue_.leave(id_); }
+
+bool RequestQueue::Ticket::wait(const std::function<bool()>& keep_waiting, std::chrono::milliseconds poll) {
+  std::unique_lock lock(queue_.mutex_);
+  while (true) {
+    if (queue_.shutdown_) return false;
+    if (!queue_.line_.empty() && queue_.line_.front() == id_) return true;
+    queue_.changed_.wait_for(lock, poll);
+    if (queue_.shutdown_) return false;
+    if (!queue_.line_.empty() && queue_.line_.front() == id_) return true;
+    lock.unlock();
+    const bool keep = keep_waiting();
+    lock.lock();
+    if (!keep) return false;
+  }
+}
+
+void RequestQueue::leave(uint64_t id) {
+  {
+    std::lock_guard lock(mutex_);
+    auto it = std::find(line_.begin(), line_.end(), id);
+    if (it != line_.end()) line_.erase(it);
+  }
+  changed_.notify_all();
+}
+
+size_t RequestQueue::waiting() const {
+  std::lock_guard lock(mutex_);
+  return line_.empty() ? 0 : line_.size() - 1;
+}
+
+void RequestQueue::shutdown() {
+  {
+    std::lock_guard lock(mutex_);
+    shutdown_ = true;
+  }
+  changed_.notify_all();
+}
+
+bool RequestQueue::shutting_down() const {
+  std::lock_guard lock(mutex_);
+  return shutdown_;
+}
+
+}  // namespace lily::server

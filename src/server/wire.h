@@ -1,0 +1,54 @@
+// wire.h: JSON <-> the runtime's structs, shared by the endpoints.
+//
+// Reading: Fields gives typed access to a request's fields; a field of the wrong type or out of
+// range is a 400 naming it. null counts as absent (OpenAI documents most fields "or null").
+// Fields the server does not know are ignored (vLLM's policy); fields it knows but cannot honour
+// are refused by the endpoint with a 400 saying so.
+#pragma once
+
+#include <nlohmann/json.hpp>
+
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "runtime/chat_service.h"
+
+namespace lily::server {
+
+using json = nlohmann::ordered_json;
+
+// The body as a JSON object, or a 400 ("malformed JSON" / "must be an object").
+json parse_body(const std::string& body);
+
+class Fields {
+ public:
+  explicit Fields(const json& object) : object_(object) {}
+  const json* get(const std::string& name) const;  // nullptr when absent or null
+  std::optional<double> number(const std::string& name, double lo, double hi) const;
+  std::optional<int64_t> integer(const std::string& name, int64_t lo, int64_t hi) const;
+  std::optional<bool> boolean(const std::string& name) const;
+  std::optional<std::string> string(const std::string& name) const;
+  const json* object(const std::string& name) const;
+  const json* array(const std::string& name) const;
+  // "stop": a string or an array of up to `max` strings.
+  std::vector<std::string> stop_strings(size_t max) const;
+
+ private:
+  const json& object_;
+};
+
+// The sampling fields both completion endpoints share (temperature, top_p, top_k, min_p,
+// presence/frequency/repetition penalties, seed), over the defaults of generation_config.json.
+SamplingParams read_sampling(const Fields& f, SamplingParams defaults);
+// stream_options.include_usage (400 when stream_options is given without stream).
+bool read_include_usage(const Fields& f, bool stream);
+
+// One-line JSON; invalid UTF-8 (never expected) becomes U+FFFD instead of throwing.
+std::string dump(const json& j);
+
+std::string new_response_id(const std::string& prefix);  // prefix + 24 hex digits
+json usage_json(const Usage& usage);
+json chat_logprobs_json(const std::vector<TokenLogprobs>& logprobs);
+
+}  // namespace lily::server
