@@ -234,7 +234,7 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
     return on_delta(d);
   };
 
-  const std::vector<int32_t> stop_ids = stop_tokens();
+  const std::vector<int32_t> stop_ids = options.ignore_eos ? std::vector<int32_t>{} : stop_tokens();
   auto is_stop_id = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
   std::vector<int32_t> context = p.prompt;  // the prompt, then every token generated or forced
   bool forced_done = p.forced_text.empty();

@@ -56,6 +56,7 @@ struct CompletionOptions {
   std::vector<std::string> stop;
   int top_logprobs = -1;              // -1: no logprobs; 0: the chosen token's; n: and the n best
   bool use_cache = true;              // false: a cold run on a fresh state, not kept afterwards
+  bool ignore_eos = false;            // true: the stop tokens do not end the reply (benchmarks, tests)
 };
 
 struct ChatRequest {

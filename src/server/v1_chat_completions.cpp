@@ -142,6 +142,8 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
   }
   p.chat.template_options.add_generation_prompt = true;
 
+  // ignore_eos (vLLM, llama.cpp): boolean. Keep generating after the end-of-turn token.
+  p.chat.options.ignore_eos = f.boolean("ignore_eos").value_or(false);
   // cache_prompt (llama.cpp): boolean, default true. false runs cold and keeps nothing.
   p.chat.options.use_cache = f.boolean("cache_prompt").value_or(true);
 

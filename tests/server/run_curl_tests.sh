@@ -1,0 +1,73 @@
+#!/usr/bin/env bash
+# run_curl_tests.sh WORKDIR: HTTP-level checks of `lily serve` with curl and raw sockets:
+# malformed requests get a 4xx (with an OpenAI error object where the server reads the
+# request), and the server stays up.
+# Env: LILY_BINARY (required), LILY_TEST_MODEL (default: tests/server/fixtures/tiny-chat).
+set -uo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+work="${1:?usage: run_curl_tests.sh WORKDIR}"
+: "${LILY_BINARY:?set LILY_BINARY to the lily executable}"
+export LILY_TEST_MODEL="${LILY_TEST_MODEL:-$here/fixtures/tiny-chat}"
+command -v curl >/dev/null || { echo "FAIL: curl is not installed" >&2; exit 1; }
+mkdir -p "$work"
+source "$here/lib_server.sh"
+trap stop_lily_server EXIT
+start_lily_server "$work/curl-server.log" --max-body-mib 1 || exit 1
+hostport="${LILY_URL#http://}"
+host="${hostport%:*}"
+port="${hostport##*:}"
+
+failures=0
+# expect NAME STATUS BODY_REGEX -- curl args...
+expect() {
+  local name="$1" status="$2" pattern="$3"; shift 4
+  local out code body
+  out=$(curl -s -o "$work/body" -w '%{http_code}' "$@")
+  code="$out"
+  body=$(cat "$work/body" 2>/dev/null)
+  if [ "$code" != "$status" ] || ! grep -Eq -- "$pattern" <<<"$body"; then
+    echo "FAIL $name: expected $status /$pattern/, got $code: ${body:0:300}"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+# raw NAME STATUS_REGEX REQUEST: sends REQUEST bytes on a socket, checks the status line.
+raw() {
+  local name="$1" pattern="$2" request="$3" reply
+  reply=$(exec 3<>"/dev/tcp/$host/$port"; printf '%b' "$request" >&3; timeout 5 head -c 2000 <&3; exec 3>&-)
+  if ! grep -Eq -- "$pattern" <<<"$(head -1 <<<"$reply")"; then
+    echo "FAIL $name: expected status /$pattern/, got: $(head -1 <<<"$reply")"
+    failures=$((failures + 1))
+  else
+    echo "ok   $name"
+  fi
+}
+
+err='"error":\{"message":".+","type":"[a-z_]+","param":.*,"code":'
+expect "malformed JSON" 400 "$err" -- "$LILY_URL/v1/chat/completions" -H 'Content-Type: application/json' -d '{"messages": [}'
+expect "truncated JSON" 400 "$err" -- "$LILY_URL/v1/chat/completions" -d '{"model":"x","messages":[{"role":"user","content":"hi"'
+expect "empty body" 400 "$err" -- "$LILY_URL/v1/chat/completions" -d ''
+expect "JSON array body" 400 "$err" -- "$LILY_URL/v1/completions" -d '[]'
+expect "invalid UTF-8 in JSON" 400 "$err" -- "$LILY_URL/v1/chat/completions" --data-binary $'{"messages":[{"role":"user","content":"\xff\xfe"}]}'
+expect "form-encoded body" 400 "$err" -- "$LILY_URL/v1/chat/completions" -d 'messages=hi'
+expect "wrong type" 400 '"param":"temperature"' -- "$LILY_URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"temperature":"x"}'
+head -c 2000000 /dev/zero | tr '\0' 'a' >"$work/big-body"
+expect "body over the limit" 413 "$err" -- "$LILY_URL/v1/chat/completions" --data-binary "@$work/big-body"
+expect "unknown route" 404 "$err" -- "$LILY_URL/v2/whatever"
+expect "GET on a POST route" 404 "$err" -- "$LILY_URL/v1/chat/completions"
+expect "chunked request body" 200 '"chat.completion"' -- "$LILY_URL/v1/chat/completions" -H 'Transfer-Encoding: chunked' -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+expect "CORS preflight" 204 '' -- -X OPTIONS "$LILY_URL/v1/chat/completions"
+expect "health" 200 '"status":"ok"' -- "$LILY_URL/health"
+expect "metrics" 200 'lily_queue_depth' -- "$LILY_URL/metrics"
+raw "garbage request line" '^HTTP/1\.1 4[0-9][0-9]' 'GARBAGE\r\n\r\n'
+raw "bad HTTP version" '^HTTP/1\.1 4[0-9][0-9]|^$' 'GET /health HTTP/9.9\r\n\r\n'
+raw "content-length larger than the body" '^HTTP/1\.1 (4[0-9][0-9]|200)|^$' 'POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 50\r\nConnection: close\r\n\r\n{"a":1}'
+raw "header without a colon" '^HTTP/1\.1 [24][0-9][0-9]' 'GET /health HTTP/1.1\r\nConnection: close\r\nthis is not a header\r\n\r\n'
+# The server is still up and answers correctly after all of that.
+expect "still serving" 200 '"chat.completion"' -- "$LILY_URL/v1/chat/completions" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+
+trap - EXIT
+stop_lily_server || failures=$((failures + 1))
+if [ "$failures" -ne 0 ]; then echo "$failures curl test(s) failed"; exit 1; fi
+echo "all curl tests passed"

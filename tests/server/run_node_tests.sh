@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# run_node_tests.sh WORKDIR: the official `openai` npm client against a real `lily serve`.
+# Installs the client from the committed lockfile into WORKDIR (npm ci, once), starts the
+# server on a free port with the test model, runs `node --test`, and stops the server.
+# Env: LILY_BINARY (required), LILY_TEST_MODEL (default: tests/server/fixtures/tiny-chat).
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+work="${1:?usage: run_node_tests.sh WORKDIR}"
+: "${LILY_BINARY:?set LILY_BINARY to the lily executable}"
+export LILY_TEST_MODEL="${LILY_TEST_MODEL:-$here/fixtures/tiny-chat}"
+
+for tool in node npm curl; do
+  if ! command -v "$tool" >/dev/null; then
+    echo "FAIL: '$tool' is not installed; the server tests need node >= 20, npm and curl" >&2
+    exit 1
+  fi
+done
+if [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
+  echo "FAIL: node $(node --version) is too old; the server tests need node >= 20" >&2
+  exit 1
+fi
+
+mkdir -p "$work"
+cp "$here/node/package.json" "$here/node/package-lock.json" "$here"/node/*.mjs "$work/"
+if [ ! -d "$work/node_modules/openai" ] || ! cmp -s "$here/node/package-lock.json" "$work/node_modules/.lily-lock"; then
+  (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$here/node/package-lock.json" "$work/node_modules/.lily-lock"
+fi
+
+source "$here/lib_server.sh"
+trap stop_lily_server EXIT
+start_lily_server "$work/server.log"
+export LILY_URL
+cd "$work"
+status=0
+node --test --test-concurrency=1 ./*.test.mjs || status=$?
+trap - EXIT
+stop_lily_server || status=1
+exit $status

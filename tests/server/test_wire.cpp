@@ -1,0 +1,94 @@
+// Wire validation: every typed field reader refuses the wrong type with a 400 naming the field.
+#include <gtest/gtest.h>
+
+#include "server/errors.h"
+#include "server/wire.h"
+
+namespace lily::server {
+namespace {
+
+// The param of the ApiError that `fn` throws ("" if none).
+template <typename Fn>
+std::string refused_param(Fn fn) {
+  try {
+    fn();
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400);
+    return e.param;
+  }
+  return "";
+}
+
+TEST(Wire, MalformedBodies) {
+  EXPECT_EQ(refused_param([] { parse_body("{"); }), "");
+  EXPECT_THROW(parse_body("{"), ApiError);
+  EXPECT_THROW(parse_body("[]"), ApiError);
+  EXPECT_THROW(parse_body(""), ApiError);
+  EXPECT_TRUE(parse_body("{\"a\": 1}").is_object());
+}
+
+TEST(Wire, SamplingFieldsOfTheWrongTypeNameTheField) {
+  const SamplingParams defaults;
+  for (const char* field : {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+                            "repetition_penalty", "seed"}) {
+    json body{{field, "text"}};
+    EXPECT_EQ(refused_param([&] { read_sampling(Fields(body), defaults); }), field);
+  }
+  json out_of_range{{"temperature", 2.5}};
+  EXPECT_EQ(refused_param([&] { read_sampling(Fields(out_of_range), defaults); }), "temperature");
+}
+
+TEST(Wire, SamplingFieldsOverrideTheDefaults) {
+  SamplingParams defaults;
+  defaults.temperature = 0.7f;
+  defaults.top_k = 20;
+  json body{{"temperature", 0}, {"top_p", 0.5}, {"top_k", -1}, {"seed", 42}, {"min_p", nullptr}};
+  SamplingParams s = read_sampling(Fields(body), defaults);
+  EXPECT_EQ(s.temperature, 0.0f);
+  EXPECT_EQ(s.top_p, 0.5f);
+  EXPECT_EQ(s.top_k, 0);
+  EXPECT_EQ(s.seed, 42u);
+  EXPECT_EQ(s.min_p, defaults.min_p);  // null = not given
+}
+
+TEST(Wire, IntegersAcceptIntegralNumbersOnly) {
+  json body{{"a", 5.0}, {"b", 5.5}, {"c", "5"}, {"d", true}};
+  Fields f(body);
+  EXPECT_EQ(f.integer("a", 0, 10), 5);
+  EXPECT_EQ(refused_param([&] { f.integer("b", 0, 10); }), "b");
+  EXPECT_EQ(refused_param([&] { f.integer("c", 0, 10); }), "c");
+  EXPECT_EQ(refused_param([&] { f.integer("d", 0, 10); }), "d");
+  EXPECT_EQ(refused_param([&] { f.integer("a", 6, 10); }), "a");
+  EXPECT_FALSE(f.integer("missing", 0, 10));
+}
+
+TEST(Wire, StopIsAStringOrAListOfStrings) {
+  json one{{"stop", "x"}}, list{{"stop", {"a", "b"}}}, bad{{"stop", {"a", 1}}}, many{{"stop", {"1", "2", "3"}}};
+  EXPECT_EQ(Fields(one).stop_strings(4), (std::vector<std::string>{"x"}));
+  EXPECT_EQ(Fields(list).stop_strings(4), (std::vector<std::string>{"a", "b"}));
+  EXPECT_EQ(refused_param([&] { Fields(bad).stop_strings(4); }), "stop");
+  EXPECT_EQ(refused_param([&] { Fields(many).stop_strings(2); }), "stop");
+}
+
+TEST(Wire, StreamOptionsNeedStream) {
+  json body{{"stream_options", {{"include_usage", true}}}};
+  EXPECT_EQ(refused_param([&] { read_include_usage(Fields(body), false); }), "stream_options");
+  EXPECT_TRUE(read_include_usage(Fields(body), true));
+  json bad{{"stream_options", {{"include_usage", 1}}}};
+  EXPECT_EQ(refused_param([&] { read_include_usage(Fields(bad), true); }), "stream_options.include_usage");
+}
+
+TEST(Wire, ErrorObjectShape) {
+  json e = error_json(400, "bad", "temperature", "");
+  EXPECT_EQ(e.dump(), R"({"error":{"message":"bad","type":"invalid_request_error","param":"temperature","code":null}})");
+  EXPECT_EQ(error_json(503, "busy")["error"]["type"], "server_overloaded");
+  EXPECT_EQ(error_json(401, "key")["error"]["type"], "authentication_error");
+}
+
+TEST(Wire, UsageShape) {
+  json u = usage_json(Usage{10, 5, 7});
+  EXPECT_EQ(u.dump(), R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7}})");
+}
+
+}  // namespace
+}  // namespace lily::server
