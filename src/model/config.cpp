@@ -165,6 +165,32 @@ std::string to_string(LayerKind kind) {
   return kind == LayerKind::full_attention ? "full_attention" : "linear_attention";
 }
 
+ModelConfig qwen36_35b_a3b_config() {
+  ModelConfig c;
+  c.model_type = "qwen3_5_moe";
+  c.vocab_size = 248320;
+  c.hidden_size = 2048;
+  c.num_layers = 40;
+  for (int i = 0; i < 40; ++i) c.layer_types.push_back(i % 4 == 3 ? LayerKind::full_attention : LayerKind::linear_attention);
+  c.rms_norm_eps = 1e-6f;
+  c.max_position_embeddings = 262144;
+  c.num_attention_heads = 16;
+  c.num_key_value_heads = 2;
+  c.head_dim = 256;
+  c.rotary_dim = 64;
+  c.rope_theta = 1e7f;
+  c.linear_num_key_heads = 16;
+  c.linear_num_value_heads = 32;
+  c.linear_key_head_dim = 128;
+  c.linear_value_head_dim = 128;
+  c.linear_conv_kernel_dim = 4;
+  c.num_experts = 256;
+  c.num_experts_per_tok = 8;
+  c.moe_intermediate_size = 512;
+  c.shared_expert_intermediate_size = 512;
+  return c;
+}
+
 ModelConfig parse_model_config(const json& config) {
   if (!config.is_object()) fail("config.json: expected a JSON object");
   const json& model_type = require(config, "model_type");

@@ -91,4 +91,7 @@ GenerationConfig load_generation_config(const std::string& model_dir);
 
 std::string to_string(LayerKind kind);
 
+// The published Qwen3.6-35B-A3B text geometry (spec §1.2), for synthetic benchmarks.
+ModelConfig qwen36_35b_a3b_config();
+
 }  // namespace lily

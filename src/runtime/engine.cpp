@@ -3,6 +3,9 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/checkpoint/load.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace lily {
 
@@ -21,6 +24,12 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   load_options.quantize_bits = options.quantize_bits;
   auto engine = std::unique_ptr<Engine>(new Engine());
   engine->weights_ = load_model(options.model_dir, load_options);
+#ifdef LILY_HAVE_CUDA
+  if (backend == "cuda") {
+    engine->backend_ = make_cuda_backend(engine->weights_);
+    return engine;
+  }
+#endif
   engine->backend_ = make_cpu_backend(engine->weights_);
   return engine;
 }

@@ -1,0 +1,39 @@
+// cuda_backend.h: the CUDA backend (see forward.cu), and what only it can do: run from
+// weights generated on the GPU, and decode greedily without the host in the loop.
+#pragma once
+
+#include <functional>
+#include <memory>
+
+#include "backend/backend.h"
+
+namespace lily {
+
+struct ModelWeights;
+
+namespace cuda {
+class GpuWeights;
+}
+
+class CudaBackend : public Backend {
+ public:
+  // Greedy decode of `count` tokens after the state's last token `first_token`, entirely on
+  // the GPU: each step's arg max is written straight into the next step's input slot and
+  // the captured step graph is replayed back to back. Tokens reach the host asynchronously
+  // (pinned memory + events) and are passed to on_token in order. Returns the tokens.
+  virtual std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) = 0;
+  // Fills the state's KV cache and sets its length without computing (for benchmarks of
+  // decode at a given context depth).
+  virtual void fake_fill(SequenceState& state, int64_t length) = 0;
+  virtual void synchronize() = 0;
+  virtual uint64_t weight_bytes() const = 0;
+};
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights);
+// Bytes read + written per second by a large device-to-device copy: the practical ceiling
+// a decode step is measured against.
+double measure_device_copy_bandwidth();
+std::string device_name();
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<cuda::GpuWeights> weights);
+
+}  // namespace lily

@@ -1,0 +1,482 @@
+// forward.cu: the CUDA backend: the whole model on the GPU, decode captured in a CUDA graph.
+//
+//   h = embed[token]                                              embed_tokens
+//   per layer:  normed = RMSNorm(h)                               rms_norm
+//               DeltaNet:  qkv, z, b, a = projections             gemv x4
+//                          y = gated_deltanet_core(...)          (conv, gates, delta rule, gated norm)
+//                          h += out_proj(y)                      gemv_accumulate
+//               attention: qg, k, v = projections                gemv x3
+//                          o = gated_attention_core(...)         (norms, RoPE, KV append, softmax, gate)
+//                          h += o_proj(o)                        gemv_accumulate
+//               normed = RMSNorm(h)
+//               h += experts(normed) + shared(normed)            moe_route, moe_gate_up, moe_down_accumulate,
+//                                                                shared_expert_accumulate
+//   logits = lm_head(RMSNorm(h))                                 rms_norm, gemv (argmax for greedy)
+// Shapes: activations fp32 [T, width], T <= kChunkTokens per pass (longer prompts are
+// processed in chunks; the caches carry the context). KV cache bf16, DeltaNet state fp32.
+// The sequence position lives in device memory and is advanced by a kernel, so the T = 1
+// step can be captured once per sequence and replayed.
+#include <algorithm>
+#include <cstdio>
+#include <cstring>
+
+#include "backend/cuda/attention.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/deltanet.h"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/gpu_weights.h"
+#include "backend/cuda/moe.h"
+#include "backend/cuda/norm.h"
+#include "model/weights.h"
+
+namespace lily {
+
+using namespace lily::cuda;
+
+namespace {
+
+constexpr int kChunkTokens = 64;
+
+__global__ void advance_position(int32_t* position, int n) { *position += n; }
+__global__ void set_position(int32_t* position, int value) { *position = value; }
+
+__global__ void fill_bf16(uint16_t* p, uint64_t n, uint32_t seed) {
+  for (uint64_t i = blockIdx.x * uint64_t(blockDim.x) + threadIdx.x; i < n; i += uint64_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u + seed;
+    x ^= x >> 15;
+    float f = (float(x & 0xffff) / 65536.f - 0.5f) * 0.2f;
+    p[i] = uint16_t(__float_as_uint(f) >> 16);
+  }
+}
+
+// Device memory freed on destruction.
+struct DeviceBuffer {
+  void* p = nullptr;
+  uint64_t bytes = 0;
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(uint64_t n) : bytes(n) { CUDA_CHECK(cudaMalloc(&p, std::max<uint64_t>(n, 16))); }
+  ~DeviceBuffer() { cudaFree(p); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : p(o.p), bytes(o.bytes) { o.p = nullptr; }
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    std::swap(p, o.p);
+    std::swap(bytes, o.bytes);
+    return *this;
+  }
+  template <typename T>
+  T* as() const { return static_cast<T*>(p); }
+};
+
+struct CudaRecurrentSnapshot final : RecurrentSnapshot {
+  int64_t length_ = 0;
+  std::vector<DeviceBuffer> conv, ssm;
+  int64_t length() const override { return length_; }
+  uint64_t memory_bytes() const override {
+    uint64_t n = 0;
+    for (auto& b : conv) n += b.bytes;
+    for (auto& b : ssm) n += b.bytes;
+    return n;
+  }
+};
+
+class CudaSequenceState final : public SequenceState {
+ public:
+  CudaSequenceState(const ModelConfig& c, int64_t capacity) : config_(c), capacity_(capacity) {
+    kv_row_bytes_ = uint64_t(c.num_key_value_heads) * c.head_dim * 2;
+    conv_bytes_ = uint64_t(c.linear_conv_kernel_dim - 1) * c.linear_conv_dim() * 4;
+    ssm_bytes_ = uint64_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4;
+    for (LayerKind kind : c.layer_types) {
+      if (kind == LayerKind::full_attention) {
+        k_cache.emplace_back(kv_row_bytes_ * uint64_t(capacity));
+        v_cache.emplace_back(kv_row_bytes_ * uint64_t(capacity));
+      } else {
+        conv.emplace_back(conv_bytes_);
+        ssm.emplace_back(ssm_bytes_);
+      }
+    }
+    position = DeviceBuffer(4);
+    reset();
+  }
+  ~CudaSequenceState() override {
+    if (graph_exec) cudaGraphExecDestroy(graph_exec);
+  }
+
+  int64_t length() const override { return length_; }
+  int64_t capacity() const override { return capacity_; }
+  uint64_t memory_bytes() const override {
+    return uint64_t(length_) * kv_row_bytes_ * 2 * k_cache.size() + (conv_bytes_ + ssm_bytes_) * conv.size();
+  }
+  std::unique_ptr<SequenceState> clone() const override {
+    auto s = std::make_unique<CudaSequenceState>(config_, capacity_);
+    for (size_t i = 0; i < k_cache.size(); ++i) {
+      CUDA_CHECK(cudaMemcpy(s->k_cache[i].p, k_cache[i].p, kv_row_bytes_ * uint64_t(length_), cudaMemcpyDeviceToDevice));
+      CUDA_CHECK(cudaMemcpy(s->v_cache[i].p, v_cache[i].p, kv_row_bytes_ * uint64_t(length_), cudaMemcpyDeviceToDevice));
+    }
+    copy_recurrent(conv, ssm, s->conv, s->ssm);
+    s->set_length(length_);
+    return s;
+  }
+  std::unique_ptr<RecurrentSnapshot> snapshot() const override {
+    auto s = std::make_unique<CudaRecurrentSnapshot>();
+    s->length_ = length_;
+    for (size_t i = 0; i < conv.size(); ++i) {
+      s->conv.emplace_back(conv_bytes_);
+      s->ssm.emplace_back(ssm_bytes_);
+    }
+    copy_recurrent(conv, ssm, s->conv, s->ssm);
+    return s;
+  }
+  void restore(const RecurrentSnapshot& snapshot) override {
+    auto* s = dynamic_cast<const CudaRecurrentSnapshot*>(&snapshot);
+    LILY_CHECK(s, "restore: snapshot is not from the CUDA backend");
+    LILY_CHECK(s->length_ <= length_, "restore: snapshot at {} tokens is past this sequence's {} tokens", s->length_,
+               length_);
+    copy_recurrent(s->conv, s->ssm, conv, ssm);
+    set_length(s->length_);
+  }
+  void reset() override {
+    for (auto& b : conv) CUDA_CHECK(cudaMemset(b.p, 0, b.bytes));
+    for (auto& b : ssm) CUDA_CHECK(cudaMemset(b.p, 0, b.bytes));
+    set_length(0);
+  }
+
+  void set_length(int64_t n) {
+    length_ = n;
+    set_position<<<1, 1>>>(position.as<int32_t>(), int(n));
+    CUDA_CHECK_LAUNCH();
+    CUDA_CHECK(cudaDeviceSynchronize());
+  }
+  void advance_host(int64_t n) { length_ += n; }
+
+  const ModelConfig config_;
+  int64_t capacity_;
+  int64_t length_ = 0;
+  uint64_t kv_row_bytes_, conv_bytes_, ssm_bytes_;
+  std::vector<DeviceBuffer> k_cache, v_cache, conv, ssm;  // per attention / DeltaNet layer
+  DeviceBuffer position;                                   // int32: tokens processed so far
+  cudaGraphExec_t graph_exec = nullptr;                    // the captured T = 1 step
+
+ private:
+  static void copy_recurrent(const std::vector<DeviceBuffer>& conv_src, const std::vector<DeviceBuffer>& ssm_src,
+                             std::vector<DeviceBuffer>& conv_dst, std::vector<DeviceBuffer>& ssm_dst) {
+    for (size_t i = 0; i < conv_src.size(); ++i) {
+      CUDA_CHECK(cudaMemcpy(conv_dst[i].p, conv_src[i].p, conv_src[i].bytes, cudaMemcpyDeviceToDevice));
+      CUDA_CHECK(cudaMemcpy(ssm_dst[i].p, ssm_src[i].p, ssm_src[i].bytes, cudaMemcpyDeviceToDevice));
+    }
+  }
+};
+
+// Per-pass activations, sized for kChunkTokens rows.
+struct Scratch {
+  DeviceBuffer tokens;       // int32 [kChunkTokens]
+  DeviceBuffer next_token;   // int32 [1]: the greedy pick of the last step
+  DeviceBuffer h, normed;    // [T, H]
+  DeviceBuffer wide;         // [T, max(conv_dim, 2*nq*hd)]  qkv or qg
+  DeviceBuffer z;            // [T, Hv*128]
+  DeviceBuffer b, a;         // [T, Hv]
+  DeviceBuffer k, v;         // [T, nkv*hd]
+  DeviceBuffer mixer_out;    // [T, max(Hv*128, nq*hd)]  input of out_proj / o_proj
+  DeviceBuffer expert_ids, expert_weights;  // [T, k]
+  DeviceBuffer act;          // [T, k, I]
+  DeviceBuffer shared;       // [T, Is]
+  DeviceBuffer logits;       // [T, V]
+  DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
+  DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
+};
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  explicit CudaBackendImpl(std::unique_ptr<GpuWeights> weights) : w_(std::move(weights)), c_(w_->config()) {
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    const uint64_t T = kChunkTokens, H = uint64_t(c_.hidden_size);
+    const uint64_t wide = std::max<uint64_t>(uint64_t(c_.linear_conv_dim()), 2ull * c_.num_attention_heads * c_.head_dim);
+    const uint64_t value_dim = uint64_t(c_.linear_value_dim());
+    const uint64_t mixer = std::max<uint64_t>(value_dim, uint64_t(c_.num_attention_heads) * c_.head_dim);
+    s_.tokens = DeviceBuffer(T * 4);
+    s_.next_token = DeviceBuffer(4);
+    s_.h = DeviceBuffer(T * H * 4);
+    s_.normed = DeviceBuffer(T * H * 4);
+    s_.wide = DeviceBuffer(T * wide * 4);
+    s_.z = DeviceBuffer(T * value_dim * 4);
+    s_.b = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
+    s_.a = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
+    s_.k = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
+    s_.v = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
+    s_.mixer_out = DeviceBuffer(T * mixer * 4);
+    s_.expert_ids = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * 4);
+    s_.expert_weights = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * 4);
+    s_.act = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * uint64_t(c_.moe_intermediate_size) * 4);
+    s_.shared = DeviceBuffer(T * uint64_t(c_.shared_expert_intermediate_size) * 4);
+    s_.logits = DeviceBuffer(T * uint64_t(c_.vocab_size) * 4);
+    s_.attention_scratch = DeviceBuffer(attention_scratch_bytes());
+    CUDA_CHECK(cudaMemset(s_.attention_scratch.p, 0, s_.attention_scratch.bytes));
+    s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(kChunkTokens)));
+    CUDA_CHECK(cudaMallocHost(&host_token_, 4));
+    CUDA_CHECK(cudaMallocHost(&host_ring_, kRing * 4));
+  }
+  ~CudaBackendImpl() override {
+    cudaStreamDestroy(stream_);
+    cudaFreeHost(host_token_);
+    cudaFreeHost(host_ring_);
+  }
+
+  std::string name() const override { return "cuda"; }
+  const ModelConfig& config() const override { return c_; }
+  uint64_t weight_bytes() const override { return w_->bytes(); }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
+    LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
+    return std::make_unique<CudaSequenceState>(c_, capacity);
+  }
+
+  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+               std::vector<float>& logits) override {
+    auto& s = as_cuda(state);
+    const int64_t T = int64_t(tokens.size()), V = c_.vocab_size;
+    LILY_CHECK(s.length() + T <= s.capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
+               s.length(), T, s.capacity());
+    for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+    logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+
+    if (T == 1) {  // decode: replay the captured step
+      *host_token_ = tokens[0];
+      CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+      launch_step_graph(s);
+      if (wanted != LogitsWanted::none)
+        CUDA_CHECK(cudaMemcpyAsync(logits.data(), s_.logits.p, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      s.advance_host(1);
+      return;
+    }
+    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+      const int n = int(std::min<int64_t>(kChunkTokens, T - t0));
+      CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, tokens.data() + t0, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
+      const bool last_chunk = t0 + n == T;
+      int first_row = n;  // no logits
+      if (wanted == LogitsWanted::all) first_row = 0;
+      else if (wanted == LogitsWanted::last && last_chunk) first_row = n - 1;
+      forward_pass(s, n, first_row);
+      if (first_row < n) {
+        float* dst = wanted == LogitsWanted::all ? logits.data() + t0 * V : logits.data();
+        CUDA_CHECK(cudaMemcpyAsync(dst, s_.logits.p, size_t(n - first_row) * V * 4, cudaMemcpyDeviceToHost, stream_));
+      }
+      // The pass reads the host tokens and writes the host logits asynchronously: finish
+      // before the next chunk overwrites the pinned staging (tokens come from pageable memory).
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      s.advance_host(n);
+    }
+  }
+
+  std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {
+    auto& s = as_cuda(state);
+    LILY_CHECK(s.length() + count <= s.capacity(), "decode of {} tokens exceeds the capacity", count);
+    *host_token_ = first_token;
+    CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+    std::vector<int32_t> out;
+    std::vector<cudaEvent_t> events(kRing);
+    for (auto& e : events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    int64_t issued = 0, received = 0;
+    // Keep up to kRing steps in flight; the host only waits for a token when the ring is full.
+    while (received < count) {
+      while (issued < count && issued - received < kRing) {
+        launch_step_graph(s);  // writes the arg max into s_.tokens for the next step
+        CUDA_CHECK(cudaMemcpyAsync(host_ring_ + issued % kRing, s_.next_token.p, 4, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaEventRecord(events[size_t(issued % kRing)], stream_));
+        ++issued;
+      }
+      CUDA_CHECK(cudaEventSynchronize(events[size_t(received % kRing)]));
+      out.push_back(host_ring_[received % kRing]);
+      ++received;
+    }
+    for (auto& e : events) cudaEventDestroy(e);
+    s.advance_host(count);
+    return out;
+  }
+
+  void fake_fill(SequenceState& state, int64_t length) override {
+    auto& s = as_cuda(state);
+    LILY_CHECK(length <= s.capacity(), "fake_fill beyond capacity");
+    for (size_t i = 0; i < s.k_cache.size(); ++i) {
+      fill_bf16<<<1024, 256>>>(s.k_cache[i].as<uint16_t>(), s.k_cache[i].bytes / 2, uint32_t(i));
+      fill_bf16<<<1024, 256>>>(s.v_cache[i].as<uint16_t>(), s.v_cache[i].bytes / 2, uint32_t(i + 99));
+    }
+    CUDA_CHECK_LAUNCH();
+    s.set_length(length);
+  }
+
+ private:
+  static CudaSequenceState& as_cuda(SequenceState& state) {
+    auto* s = dynamic_cast<CudaSequenceState*>(&state);
+    LILY_CHECK(s, "sequence state is not from the CUDA backend");
+    return *s;
+  }
+
+  // The T = 1 step as a graph, captured the first time per sequence.
+  void launch_step_graph(CudaSequenceState& s) {
+    if (!s.graph_exec) {
+      cudaGraph_t graph;
+      CUDA_CHECK(cudaStreamBeginCapture(stream_, cudaStreamCaptureModeRelaxed));
+      forward_pass(s, 1, 0);
+      argmax(s_.logits.as<float>(), c_.vocab_size, s_.next_token.as<int32_t>(), stream_);
+      CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, s_.next_token.p, 4, cudaMemcpyDeviceToDevice, stream_));
+      CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
+      CUDA_CHECK(cudaGraphInstantiate(&s.graph_exec, graph, 0));
+      CUDA_CHECK(cudaGraphDestroy(graph));
+    }
+    CUDA_CHECK(cudaGraphLaunch(s.graph_exec, stream_));
+  }
+
+  // One pass of T <= kChunkTokens tokens (already in s_.tokens) through the model; logits of
+  // rows [first_row, T) into s_.logits.
+  void forward_pass(CudaSequenceState& s, int T, int first_row) {
+    const int H = c_.hidden_size;
+    float* h = s_.h.as<float>();
+    float* normed = s_.normed.as<float>();
+    embed_tokens(w_->embed_tokens, s_.tokens.as<int32_t>(), T, h, stream_);
+    size_t attention_index = 0, deltanet_index = 0;
+    for (const GpuLayer& layer : w_->layers) {
+      rms_norm(h, layer.input_layernorm, T, H, c_.rms_norm_eps, normed, stream_);
+      if (layer.kind == LayerKind::full_attention) attention_layer(layer.attention, s, attention_index++, T);
+      else deltanet_layer(layer.deltanet, s, deltanet_index++, T);
+      rms_norm(h, layer.post_attention_layernorm, T, H, c_.rms_norm_eps, normed, stream_);
+      moe_block(layer.moe, T);
+    }
+    advance_position<<<1, 1, 0, stream_>>>(s.position.as<int32_t>(), T);
+    CUDA_CHECK_LAUNCH();
+    if (first_row < T) {
+      const int rows = T - first_row;
+      rms_norm(h + size_t(first_row) * H, w_->final_norm, rows, H, c_.rms_norm_eps, normed, stream_);
+      gemv(w_->lm_head, normed, s_.logits.as<float>(), rows, stream_);
+    }
+  }
+
+  AttentionParams attention_params(int T, int capacity) const {
+    AttentionParams p;
+    p.T = T;
+    p.num_heads = c_.num_attention_heads;
+    p.num_kv_heads = c_.num_key_value_heads;
+    p.head_dim = c_.head_dim;
+    p.rotary_dim = c_.rotary_dim;
+    p.rope_theta = c_.rope_theta;
+    p.eps = c_.rms_norm_eps;
+    p.capacity = capacity;
+    return p;
+  }
+
+  // Enough for any sequence: the split count stops growing at a few thousand rows of capacity.
+  size_t attention_scratch_bytes() const {
+    return std::max(gated_attention_scratch_bytes(attention_params(1, 1 << 22)),
+                    gated_attention_scratch_bytes(attention_params(kChunkTokens, 1 << 22)));
+  }
+
+  DeltaNetParams deltanet_params(int T) const {
+    DeltaNetParams p;
+    p.T = T;
+    p.num_key_heads = c_.linear_num_key_heads;
+    p.num_value_heads = c_.linear_num_value_heads;
+    p.head_dim = c_.linear_key_head_dim;
+    p.conv_kernel = c_.linear_conv_kernel_dim;
+    p.eps = c_.rms_norm_eps;
+    return p;
+  }
+
+  // h += o_proj(gated_attention(q_proj, k_proj, v_proj of normed))
+  void attention_layer(const GpuAttention& a, CudaSequenceState& s, size_t index, int T) {
+    const float* x = s_.normed.as<float>();
+    gemv(a.q_proj, x, s_.wide.as<float>(), T, stream_);
+    gemv(a.k_proj, x, s_.k.as<float>(), T, stream_);
+    gemv(a.v_proj, x, s_.v.as<float>(), T, stream_);
+    AttentionParams p = attention_params(T, int(s.capacity()));
+    p.q_norm = a.q_norm;
+    p.k_norm = a.k_norm;
+    p.position = s.position.as<int32_t>();
+    gated_attention_core(p, s_.wide.as<float>(), s_.k.as<float>(), s_.v.as<float>(), s.k_cache[index].as<bf16>(),
+                         s.v_cache[index].as<bf16>(), s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
+    gemv_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
+  }
+
+  // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of normed))
+  void deltanet_layer(const GpuDeltaNet& d, CudaSequenceState& s, size_t index, int T) {
+    const float* x = s_.normed.as<float>();
+    gemv(d.in_proj_qkv, x, s_.wide.as<float>(), T, stream_);
+    gemv(d.in_proj_z, x, s_.z.as<float>(), T, stream_);
+    gemv(d.in_proj_b, x, s_.b.as<float>(), T, stream_);
+    gemv(d.in_proj_a, x, s_.a.as<float>(), T, stream_);
+    DeltaNetParams p = deltanet_params(T);
+    p.conv_weight = d.conv1d;
+    p.A_log = d.A_log;
+    p.dt_bias = d.dt_bias;
+    p.norm_weight = d.norm;
+    gated_deltanet_core(p, s_.wide.as<float>(), s_.z.as<float>(), s_.b.as<float>(), s_.a.as<float>(),
+                        s.conv[index].as<float>(), s.ssm[index].as<float>(), s_.mixer_out.as<float>(),
+                        s_.deltanet_scratch.p, stream_);
+    gemv_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
+  }
+
+  // h += routed experts + gated shared expert, all of normed
+  void moe_block(const GpuMoe& m, int T) {
+    const float* x = s_.normed.as<float>();
+    const int k = c_.num_experts_per_tok;
+    moe_route(m.router, x, T, k, s_.expert_ids.as<int32_t>(), s_.expert_weights.as<float>(), stream_);
+    moe_gate_up(m.experts_gate, m.experts_up, x, s_.expert_ids.as<int32_t>(), T, k, s_.act.as<float>(), stream_);
+    moe_down_accumulate(m.experts_down, s_.act.as<float>(), s_.expert_ids.as<int32_t>(), s_.expert_weights.as<float>(),
+                        T, k, s_.h.as<float>(), stream_);
+    shared_expert_accumulate(m.shared_gate, m.shared_up, m.shared_down, m.shared_expert_gate, x, T,
+                             s_.shared.as<float>(), s_.h.as<float>(), stream_);
+  }
+
+  static constexpr int kRing = 8;
+  std::unique_ptr<GpuWeights> w_;
+  const ModelConfig c_;
+  cudaStream_t stream_ = nullptr;
+  Scratch s_;
+  int32_t* host_token_ = nullptr;
+  int32_t* host_ring_ = nullptr;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights) {
+  return std::make_unique<CudaBackendImpl>(GpuWeights::upload(*weights));
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights) {
+  return std::make_unique<CudaBackendImpl>(std::move(weights));
+}
+
+double measure_device_copy_bandwidth() {
+  const uint64_t bytes = 2ull << 30;
+  DeviceBuffer src(bytes), dst(bytes);
+  CUDA_CHECK(cudaMemset(src.p, 1, bytes));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  CUDA_CHECK(cudaMemcpy(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice));  // warm-up
+  float best_ms = 1e30f;
+  for (int i = 0; i < 5; ++i) {
+    CUDA_CHECK(cudaEventRecord(start));
+    CUDA_CHECK(cudaMemcpy(dst.p, src.p, bytes, cudaMemcpyDeviceToDevice));
+    CUDA_CHECK(cudaEventRecord(stop));
+    CUDA_CHECK(cudaEventSynchronize(stop));
+    float ms = 0;
+    CUDA_CHECK(cudaEventElapsedTime(&ms, start, stop));
+    best_ms = std::min(best_ms, ms);
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  return 2.0 * double(bytes) / (double(best_ms) * 1e-3);
+}
+
+std::string device_name() {
+  cudaDeviceProp prop{};
+  CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
+  return prop.name;
+}
+
+bool cuda_backend_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace lily

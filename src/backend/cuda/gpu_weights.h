@@ -1,0 +1,77 @@
+// gpu_weights.h: the whole model in GPU memory, in the layout the kernels read.
+//
+// Every matrix is affine-quantized (QMatrix, mlx layout): mlx checkpoints are copied as they
+// are; plain (bf16/f16/f32) matrices are quantized at load to 4-bit group 64 (8-bit for the
+// router and shared_expert_gate, as mlx does). The routed experts of a layer are one
+// contiguous stack [E, rows, ...] whatever the checkpoint's expert layout. Norm gains, conv
+// weights and DeltaNet scalars are fp32 vectors.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <vector>
+
+#include "backend/cuda/gpu_types.h"
+#include "model/config.h"
+
+namespace lily {
+struct ModelWeights;
+}
+
+namespace lily::cuda {
+
+struct GpuAttention {
+  QMatrix q_proj, k_proj, v_proj, o_proj;
+  const float* q_norm = nullptr;  // [256]
+  const float* k_norm = nullptr;  // [256]
+};
+
+struct GpuDeltaNet {
+  QMatrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  const float* conv1d = nullptr;  // [conv_dim, K]
+  const float* A_log = nullptr;   // [Hv]
+  const float* dt_bias = nullptr; // [Hv]
+  const float* norm = nullptr;    // [128]
+};
+
+struct GpuMoe {
+  QMatrix router;                           // [E, H] (8-bit)
+  QMatrix experts_gate, experts_up;         // stacks [E, I, H]
+  QMatrix experts_down;                     // stack [E, H, I]
+  QMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
+};
+
+struct GpuLayer {
+  LayerKind kind = LayerKind::linear_attention;
+  const float* input_layernorm = nullptr;
+  const float* post_attention_layernorm = nullptr;
+  GpuAttention attention;
+  GpuDeltaNet deltanet;
+  GpuMoe moe;
+};
+
+class GpuWeights {
+ public:
+  // Uploads (and quantizes where needed) a loaded model. Prints progress on stderr.
+  static std::unique_ptr<GpuWeights> upload(const ModelWeights& weights);
+  // Random weights of the given geometry, generated on the GPU (for `lily bench --synthetic`).
+  static std::unique_ptr<GpuWeights> synthetic(const ModelConfig& config, uint64_t seed);
+  ~GpuWeights();
+
+  const ModelConfig& config() const { return config_; }
+  QMatrix embed_tokens, lm_head;
+  const float* final_norm = nullptr;
+  std::vector<GpuLayer> layers;
+  uint64_t bytes() const { return bytes_; }
+
+ private:
+  GpuWeights() = default;
+  void* allocate(uint64_t bytes);  // device memory owned by this object
+  ModelConfig config_;
+  std::vector<void*> allocations_;
+  uint64_t bytes_ = 0;
+  friend class WeightUploader;
+  friend class SyntheticBuilder;
+};
+
+}  // namespace lily::cuda

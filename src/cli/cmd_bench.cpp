@@ -1,0 +1,218 @@
+// cmd_bench.cpp: `lily bench` sweeps prefill over prompt lengths and decode over context
+// depths, and states each speed against the hardware limit (decode: bytes a step must move /
+// time vs the measured copy bandwidth; prefill: TFLOP/s vs the bf16 matrix peak).
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <random>
+
+#include <nlohmann/json.hpp>
+
+#include "base/error.h"
+#include "cli/command.h"
+#include "cli/model_options.h"
+#include "runtime/cost_model.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/gpu_weights.h"
+#endif
+
+namespace lily::cli {
+namespace {
+
+constexpr double kBf16PeakTflops = 790.0;  // measured dense bf16 rate of the H200 here (docs/perf.md)
+
+struct BenchArgs {
+  ModelOptions model;
+  bool synthetic = false;
+  std::string prefill_lengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
+  std::string decode_depths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
+  int decode_tokens = 128;
+  int repeats = 3;
+  bool json = false;
+};
+
+double now_seconds() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v[v.size() / 2];
+}
+
+std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_int_distribution<int32_t> d(0, vocab - 1);
+  std::vector<int32_t> t(static_cast<size_t>(n));
+  for (auto& x : t) x = d(rng);
+  return t;
+}
+
+struct Row {
+  std::string kind;
+  int64_t length;
+  double seconds;     // per prompt (prefill) or per token (decode)
+  double tokens_per_second;
+  double rate;        // GB/s (decode) or TFLOP/s (prefill)
+  double percent;     // of the ceiling
+};
+
+std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats) {
+  const ModelConfig& c = backend.config();
+  std::vector<Row> rows;
+  std::vector<float> logits;
+  {  // warm-up: module load, graph and scratch set-up
+    auto s = backend.new_sequence(512);
+    auto t = random_tokens(256, c.vocab_size, 1);
+    backend.forward(*s, t, LogitsWanted::last, logits);
+  }
+  for (int32_t L : lengths) {
+    auto tokens = random_tokens(L, c.vocab_size, uint32_t(L));
+    auto state = backend.new_sequence(L + 1);
+    std::vector<double> times;
+    for (int r = 0; r < repeats; ++r) {
+      state->reset();
+      double t0 = now_seconds();
+      backend.forward(*state, tokens, LogitsWanted::last, logits);
+      times.push_back(now_seconds() - t0);
+    }
+    double t = median(times);
+    double tflops = prefill_flops(c, L) / t / 1e12;
+    rows.push_back({"prefill", L, t, L / t, tflops, 100.0 * tflops / kBf16PeakTflops});
+    std::fprintf(stderr, "prefill %7d tokens: %.3f s\n", L, t);
+  }
+  return rows;
+}
+
+#ifdef LILY_HAVE_CUDA
+std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32_t>& depths, int n, int repeats,
+                                   double peak_bytes_per_second) {
+  const ModelConfig& c = backend.config();
+  std::vector<Row> rows;
+  for (int32_t D : depths) {
+    auto state = backend.new_sequence(int64_t(D) + 16 + int64_t(repeats) * n + 1);
+    backend.fake_fill(*state, D);
+    backend.decode_greedy(*state, 1, 16);  // warm-up, captures the step graph
+    std::vector<double> times;
+    for (int r = 0; r < repeats; ++r) {
+      double t0 = now_seconds();
+      backend.decode_greedy(*state, 1, n);
+      times.push_back((now_seconds() - t0) / n);
+    }
+    double t = median(times);
+    double gbps = decode_bytes_per_token(c, D) / t / 1e9;
+    rows.push_back({"decode", D, t, 1 / t, gbps, 100.0 * gbps * 1e9 / peak_bytes_per_second});
+    std::fprintf(stderr, "decode at depth %7d: %.3f ms/token\n", D, t * 1e3);
+  }
+  return rows;
+}
+#endif
+
+std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_t>& depths, int n, int repeats,
+                                      double peak_bytes_per_second) {
+  const ModelConfig& c = backend.config();
+  std::vector<Row> rows;
+  std::vector<float> logits;
+  for (int32_t D : depths) {
+    auto state = backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * n + 1);
+    backend.forward(*state, random_tokens(D, c.vocab_size, 7), LogitsWanted::none, logits);
+    std::vector<double> times;
+    for (int r = 0; r <= repeats; ++r) {
+      double t0 = now_seconds();
+      int32_t token = 1;
+      for (int i = 0; i < n; ++i) backend.forward(*state, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
+      if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
+    }
+    double t = median(times);
+    double gbps = decode_bytes_per_token(c, D) / t / 1e9;
+    rows.push_back({"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
+  }
+  return rows;
+}
+
+void print_table(const std::vector<Row>& rows, const std::string& title, double peak_gbps) {
+  std::printf("%s\n", title.c_str());
+  std::printf("| kind    |  length | tokens/s   | ms/token  | achieved              |\n");
+  std::printf("|---------|--------:|-----------:|----------:|-----------------------|\n");
+  for (const Row& r : rows) {
+    double ms_per_token = r.kind == "decode" ? r.seconds * 1e3 : r.seconds * 1e3 / double(r.length);
+    if (r.kind == "decode")
+      std::printf("| decode  | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n", (long long)r.length,
+                  r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
+    else
+      std::printf("| prefill | %7lld | %10.1f | %9.4f | %6.1f TFLOP/s (%4.1f%% of %.0f) |\n", (long long)r.length,
+                  r.tokens_per_second, ms_per_token, r.rate, r.percent, kBf16PeakTflops);
+  }
+}
+
+int run_bench(const BenchArgs& a) {
+  std::vector<int32_t> prefill_lengths, decode_depths;
+  for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
+  for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
+  LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
+
+  std::vector<Row> rows;
+  std::string title;
+  double peak = 0;
+#ifdef LILY_HAVE_CUDA
+  if (a.synthetic || a.model.backend == "cuda" || (a.model.backend == "auto" && cuda_backend_available())) {
+    LILY_CHECK(cuda_backend_available(), "lily bench --synthetic needs a CUDA GPU");
+    peak = measure_device_copy_bandwidth();
+    std::unique_ptr<CudaBackend> backend;
+    if (a.synthetic) {
+      std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
+      backend = make_cuda_backend(cuda::GpuWeights::synthetic(qwen36_35b_a3b_config(), 42));
+      title = "Qwen3.6-35B-A3B geometry, random 4-bit weights (--synthetic)";
+    } else {
+      auto engine = a.model.load_engine();
+      backend = make_cuda_backend(std::shared_ptr<const ModelWeights>(&engine->weights(), [](const ModelWeights*) {}));
+      title = a.model.resolved_model_dir();
+    }
+    title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
+                         device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
+    auto p = bench_prefill(*backend, prefill_lengths, a.repeats);
+    auto d = bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
+    rows.insert(rows.end(), p.begin(), p.end());
+    rows.insert(rows.end(), d.begin(), d.end());
+  } else
+#endif
+  {
+    LILY_CHECK(!a.synthetic, "--synthetic needs the CUDA backend (this build or machine has none)");
+    auto engine = a.model.load_engine();
+    title = a.model.resolved_model_dir() + " on " + engine->backend().name();
+    auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats);
+    auto d = bench_decode_generic(engine->backend(), decode_depths, a.decode_tokens, a.repeats, peak);
+    rows.insert(rows.end(), p.begin(), p.end());
+    rows.insert(rows.end(), d.begin(), d.end());
+  }
+
+  if (a.json) {
+    nlohmann::json out = {{"title", title}, {"copy_bandwidth_gbps", peak / 1e9}, {"rows", nlohmann::json::array()}};
+    for (const Row& r : rows)
+      out["rows"].push_back({{"kind", r.kind}, {"length", r.length}, {"tokens_per_second", r.tokens_per_second},
+                             {"seconds", r.seconds}, {"rate", r.rate}, {"percent_of_peak", r.percent}});
+    std::printf("%s\n", out.dump(2).c_str());
+  } else {
+    print_table(rows, title, peak / 1e9);
+  }
+  return 0;
+}
+
+CommandRegistration bench_command{{
+    "bench", "Benchmark prefill and decode speed against the hardware limit",
+    [](CLI::App& sub) {
+      auto a = std::make_shared<BenchArgs>();
+      a->model.add_to(sub);
+      sub.add_flag("--synthetic", a->synthetic, "Full-size Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU");
+      sub.add_option("--prefill-lengths", a->prefill_lengths, "Prompt lengths, comma separated")->capture_default_str();
+      sub.add_option("--decode-depths", a->decode_depths, "Context depths for decode, comma separated")->capture_default_str();
+      sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
+      sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
+      sub.add_flag("--json", a->json, "Print JSON instead of a table");
+      return [a] { return run_bench(*a); };
+    },
+    60}};
+
+}  // namespace
+}  // namespace lily::cli

@@ -1,0 +1,66 @@
+#include "runtime/cost_model.h"
+
+namespace lily {
+
+namespace {
+
+// Bytes of an affine-quantized [rows, cols] matrix: codes + bf16 scale and bias per group.
+double q_bytes(double rows, double cols, int bits = 4) { return rows * cols * bits / 8.0 + rows * (cols / 64.0) * 4.0; }
+
+// Weights one token reads in one layer (the mixer, router, k experts, shared expert).
+double layer_weight_bytes(const ModelConfig& c, LayerKind kind) {
+  const double H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  double b = 0;
+  if (kind == LayerKind::full_attention) {
+    const double q = 2.0 * c.num_attention_heads * c.head_dim, kv = double(c.attention_kv_width());
+    b += q_bytes(q, H) + 2 * q_bytes(kv, H) + q_bytes(H, c.num_attention_heads * double(c.head_dim));
+  } else {
+    b += q_bytes(c.linear_conv_dim(), H) + q_bytes(c.linear_value_dim(), H) + 2 * q_bytes(c.linear_num_value_heads, H) +
+         q_bytes(H, c.linear_value_dim());
+  }
+  b += q_bytes(c.num_experts, H, 8) + q_bytes(1, H, 8);
+  b += c.num_experts_per_tok * (2 * q_bytes(I, H) + q_bytes(H, I));
+  b += 2 * q_bytes(Is, H) + q_bytes(H, Is);
+  return b;
+}
+
+// Multiply-adds per token of the same weights.
+double layer_weight_params(const ModelConfig& c, LayerKind kind) {
+  const double H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  double p = 0;
+  if (kind == LayerKind::full_attention)
+    p += H * (2.0 * c.num_attention_heads * c.head_dim + 2.0 * c.attention_kv_width()) +
+         H * c.num_attention_heads * double(c.head_dim);
+  else
+    p += H * (c.linear_conv_dim() + c.linear_value_dim() + 2.0 * c.linear_num_value_heads) + H * c.linear_value_dim();
+  p += H * (c.num_experts + 1) + c.num_experts_per_tok * 3.0 * I * H + 3.0 * Is * H;
+  return p;
+}
+
+}  // namespace
+
+double decode_bytes_per_token(const ModelConfig& c, int64_t depth) {
+  double bytes = q_bytes(c.vocab_size, c.hidden_size);  // lm_head (the embedding row is negligible)
+  const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;
+  const double kv_row = 2.0 * c.attention_kv_width() * 2.0;  // K and V, bf16
+  for (LayerKind kind : c.layer_types) {
+    bytes += layer_weight_bytes(c, kind);
+    if (kind == LayerKind::full_attention) bytes += kv_row * double(depth + 1);
+    else bytes += 2 * state;  // read and write
+  }
+  return bytes;
+}
+
+double prefill_flops(const ModelConfig& c, int64_t length) {
+  double per_token = 2.0 * c.vocab_size * c.hidden_size / double(length);  // logits of the last token only
+  for (LayerKind kind : c.layer_types) per_token += 2.0 * layer_weight_params(c, kind);
+  // Attention: QK^T and PV over on average length/2 keys, per query head.
+  const double attention_layers = c.num_layers_of(LayerKind::full_attention);
+  const double attention = attention_layers * 2.0 * 2.0 * c.num_attention_heads * c.head_dim * (double(length) / 2.0);
+  // DeltaNet: state update and readout, ~4 * dk * dv per head per token.
+  const double deltanet = c.num_layers_of(LayerKind::linear_attention) * 4.0 * c.linear_num_value_heads *
+                          c.linear_key_head_dim * c.linear_value_head_dim;
+  return (per_token + attention + deltanet) * double(length);
+}
+
+}  // namespace lily
