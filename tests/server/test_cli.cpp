@@ -1,0 +1,47 @@
+// `lily run` and `lily chat` end to end on the tiny-chat test model.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <string>
+
+namespace {
+
+const std::string kModel = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
+
+// Runs a shell command; returns its exit status and stdout.
+std::pair<int, std::string> run(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+TEST(Cli, RunPrintsTheAnswerAndIsDeterministicWhenGreedy) {
+  const std::string cmd = std::string(LILY_BINARY) + " run -m " + kModel + " -p 'Hello' -n 12 --temperature 0 --no-think 2>/dev/null";
+  auto [status, out] = run(cmd);
+  EXPECT_EQ(status, 0);
+  EXPECT_FALSE(out.empty());
+  EXPECT_EQ(run(cmd).second, out);
+}
+
+TEST(Cli, ChatHandlesTurnsAndCommands) {
+  const std::string cmd = "printf 'Hello\\n/think off\\nHi again\\n/reset\\n/help\\nBye\\n' | " + std::string(LILY_BINARY) +
+                          " chat -m " + kModel + " -n 6 --temperature 0 2>/dev/null";
+  auto [status, out] = run(cmd);
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(out.find("(thinking off)"), std::string::npos) << out;
+  EXPECT_NE(out.find("(conversation cleared)"), std::string::npos) << out;
+  EXPECT_NE(out.find("commands: /reset"), std::string::npos) << out;
+}
+
+TEST(Cli, ServeFailsCleanlyWhenItCannotListen) {
+  // An address that cannot be bound: the server must fail with a message, not hang.
+  auto [status, out] = run(std::string(LILY_BINARY) + " serve -m " + kModel + " --host 256.0.0.1 --port 1 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("cannot listen"), std::string::npos) << out;
+}
+
+}  // namespace
