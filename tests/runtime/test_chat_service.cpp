@@ -3,18 +3,22 @@
 // run (greedy); tool_choice forcing; stop strings; context checks.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
+
 #include "runtime/chat_service.h"
 
 namespace lily {
 namespace {
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
+// LILY_TEST_BACKEND=cuda runs these on the GPU (greedy warm == cold must hold there too).
+const std::string kBackend = std::getenv("LILY_TEST_BACKEND") ? std::getenv("LILY_TEST_BACKEND") : "cpu";
 
 struct Fixture {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatService> service;
   Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30) {
-    engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+    engine = Engine::load(EngineOptions{kModelDir, kBackend, 0});
     service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(kModelDir),
                                             ChatServiceOptions{context, cache_bytes});
   }
