@@ -44,7 +44,7 @@ void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionC
   std::vector<float> o(size_t(T * nq * d));  // [T, nq, d]
   const float scale = 1.f / std::sqrt(float(d));
   parallel_for(T * nq, 1, [&](int64_t begin, int64_t end) {
-    std::vector<float> scores(size_t(length));
+    std::vector<float> scores(static_cast<size_t>(length));
     for (int64_t i = begin; i < end; ++i) {
       const int64_t t = i / nq, h = i % nq, g = h / group;
       const int64_t visible = first_position + t + 1;  // causal: keys 0..position

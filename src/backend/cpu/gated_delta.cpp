@@ -16,7 +16,7 @@ namespace lily::cpu {
 
 void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride) {
   const int64_t dk = in.dk, dv = in.dv;
-  std::vector<float> m(size_t(dv));
+  std::vector<float> m(static_cast<size_t>(dv));
   for (int64_t t = 0; t < in.T; ++t) {
     const float* q = in.q + t * in.q_stride;
     const float* k = in.k + t * in.k_stride;
@@ -47,7 +47,7 @@ void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t
 // processed as is.
 void delta_rule_chunked(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, int64_t chunk) {
   const int64_t dk = in.dk, dv = in.dv;
-  std::vector<float> gamma(size_t(chunk)), A(size_t(chunk * chunk)), U(size_t(chunk * dv)), W(size_t(chunk * dk));
+  std::vector<float> gamma(static_cast<size_t>(chunk)), A(size_t(chunk * chunk)), U(size_t(chunk * dv)), W(size_t(chunk * dk));
   std::vector<float> S_next(size_t(dk * dv));
   for (int64_t t0 = 0; t0 < in.T; t0 += chunk) {
     const int64_t n = std::min(chunk, in.T - t0);

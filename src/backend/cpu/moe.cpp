@@ -26,8 +26,8 @@ Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t
   Routing r;
   r.experts.resize(size_t(T * k));
   r.weights.resize(size_t(T * k));
-  std::vector<float> p(size_t(E));
-  std::vector<int> order(size_t(E));
+  std::vector<float> p(static_cast<size_t>(E));
+  std::vector<int> order(static_cast<size_t>(E));
   for (int64_t t = 0; t < T; ++t) {
     const float* l = logits.data() + t * E;
     const float max_logit = *std::max_element(l, l + E);
@@ -66,13 +66,13 @@ void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64
 
   // Shared expert, gated per token: out = sigmoid(x . w_sg) * shared(x).
   swiglu_mlp(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, x, T, out);
-  std::vector<float> gate_logit(size_t(T));
+  std::vector<float> gate_logit(static_cast<size_t>(T));
   linear(w.shared_expert_gate, x, T, gate_logit.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H; ++i) out[t * H + i] *= sigmoid(gate_logit[size_t(t)]);
 
   // Routed experts: gather each expert's tokens, run its MLP once, scatter-add weighted rows.
-  std::vector<std::vector<std::pair<int64_t, float>>> assigned(size_t(E));  // expert -> (token, weight)
+  std::vector<std::vector<std::pair<int64_t, float>>> assigned(static_cast<size_t>(E));  // expert -> (token, weight)
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < k; ++i)
       assigned[size_t(r.experts[size_t(t * k + i)])].push_back({t, r.weights[size_t(t * k + i)]});
