@@ -13,18 +13,25 @@ Only assistant turns after the last real user query are trained on (the ones the
 renders with their think block, i.e. the ones the model generates at inference).
 
 Task families:
-  arith     two-number addition / subtraction, operands 0-999, several phrasings; with
-            thinking on, the reasoning is a digit-by-digit scratchpad
+  arith     two-number addition / subtraction, operands 0-999, several phrasings; the worked
+            solution peels off the last digits column by column (add_work / sub_work): in the
+            reasoning with thinking on, in the answer ("Working it out: ...") with thinking off
   instr     repeat / reverse the word order / uppercase / count words
+  copy      repeat an arbitrary text (place names, made-up words, random letters)
   tool      get_weather(city), get_time(city), convert_currency(amount, from, to): emit a
             Qwen XML <tool_call>, then answer from the <tool_response>; questions that need
-            no tool are answered directly even when tools are offered
+            no tool are answered directly even when tools are offered; the cities come from
+            rand_city (real names of many countries, made-up names, random letter strings,
+            multi-word / hyphenated forms), so the argument can only be copied, not guessed
   chat      greetings, identity, and a polite refusal for questions it cannot answer
   multi     a previous exchange in the history, then a new question
 
 Held out from training (for generalisation tests, written to heldout.json by train_tiny.py):
   number pairs with (a*7 + b*13) % 10 == 0 (for both + and -), and the cities in
-  HELDOUT_CITIES.
+  HELDOUT_CITIES. Note that (7a + 13b) % 10 == 0 exactly when a and b end in the same digit: no
+  training question has equal last digits, so the held-out test asks for digit facts (d+d, d-d)
+  in the ones column that training only shows in other columns; the column steps are written so
+  that every column looks the same (see add_work).
 
 Standalone use (Debian python3 with python3-jinja2 is enough):
   /usr/bin/python3 tools/synth_conversations.py --show 8 --seed 1     print rendered examples
@@ -152,9 +159,149 @@ TRAIN_CITIES = [
 # Never seen in training: tool calls for these test copying an unseen name.
 HELDOUT_CITIES = ["Reykjavik", "Montevideo", "Windhoek", "Tallinn", "Kathmandu", "Ljubljana"]
 
-_SYLLABLES = ["ka", "lo", "mar", "ven", "tor", "isa", "bel", "dun", "rho", "sel", "nor", "ta",
-              "mi", "gra", "fen", "ost", "ul", "ber", "yan", "quo", "zil", "pe", "dra", "mon",
-              "sa", "ri", "vo", "len", "ak", "bur", "eth", "ki", "ham", "wes", "ti", "cor"]
+# More real place names (any language; none of them contains a held-out city).
+MORE_REAL_CITIES = [
+    "Aarhus", "Odense", "Tromso", "Trondheim", "Stavanger", "Uppsala", "Malmo", "Turku", "Tampere",
+    "Oulu", "Tartu", "Kaunas", "Klaipeda", "Daugavpils", "Gdansk", "Poznan", "Wroclaw", "Lodz",
+    "Szczecin", "Brno", "Ostrava", "Bratislava", "Kosice", "Graz", "Linz", "Innsbruck", "Debrecen",
+    "Szeged", "Cluj-Napoca", "Timisoara", "Iasi", "Constanta", "Varna", "Plovdiv", "Skopje",
+    "Podgorica", "Sarajevo", "Mostar", "Split", "Dubrovnik", "Rijeka", "Maribor", "Koper",
+    "Thessaloniki", "Patras", "Heraklion", "Nicosia", "Limassol", "Valletta", "Izmir", "Antalya",
+    "Bursa", "Tbilisi", "Batumi", "Yerevan", "Baku", "Almaty", "Astana", "Tashkent", "Samarkand",
+    "Bishkek", "Dushanbe", "Ashgabat", "Ulaanbaatar", "Kabul", "Herat", "Islamabad", "Peshawar",
+    "Jaipur", "Pune", "Hyderabad", "Ahmedabad", "Lucknow", "Varanasi", "Chittagong", "Pokhara",
+    "Thimphu", "Male", "Yangon", "Mandalay", "Vientiane", "Phnom Penh", "Siem Reap", "Chiang Mai",
+    "Da Nang", "Hue", "Cebu", "Davao", "Surabaya", "Bandung", "Medan", "Denpasar", "Makassar",
+    "Penang", "Ipoh", "Brunei", "Dili", "Port Moresby", "Suva", "Apia", "Nuku'alofa", "Papeete",
+    "Noumea", "Hobart", "Darwin", "Adelaide", "Canberra", "Cairns", "Christchurch", "Dunedin",
+    "Hamilton", "Sapporo", "Sendai", "Nagoya", "Kobe", "Hiroshima", "Fukuoka", "Naha", "Incheon",
+    "Daegu", "Gwangju", "Pyongyang", "Harbin", "Shenyang", "Dalian", "Qingdao", "Nanjing",
+    "Hangzhou", "Suzhou", "Wuhan", "Chengdu", "Chongqing", "Xi'an", "Kunming", "Lhasa", "Urumqi",
+    "Guangzhou", "Xiamen", "Macau", "Kaohsiung", "Ulsan", "Vladivostok", "Irkutsk", "Novosibirsk",
+    "Yekaterinburg", "Kazan", "Samara", "Volgograd", "Rostov-on-Don", "Sochi", "Murmansk",
+    "Arkhangelsk", "Minsk", "Brest", "Lviv", "Odesa", "Kharkiv", "Dnipro", "Chisinau", "Tirana",
+    "Durres", "Pristina", "Novi Sad", "Nis", "Oran", "Algiers", "Constantine",
+    "Marrakesh", "Fes", "Tangier", "Rabat", "Agadir", "Sfax", "Tripoli", "Benghazi", "Alexandria",
+    "Luxor", "Aswan", "Khartoum", "Omdurman", "Asmara", "Djibouti", "Mogadishu", "Hargeisa",
+    "Mombasa", "Kisumu", "Arusha", "Dodoma", "Dar es Salaam", "Zanzibar", "Kigali", "Bujumbura",
+    "Goma", "Kinshasa", "Brazzaville", "Luanda", "Lusaka", "Harare", "Bulawayo", "Maputo",
+    "Lilongwe", "Blantyre", "Gaborone", "Maseru", "Mbabane", "Pretoria", "Bloemfontein",
+    "Port Elizabeth", "Antananarivo", "Port Louis", "Abuja", "Kano", "Ibadan", "Lome", "Cotonou",
+    "Ouagadougou", "Bamako", "Niamey", "Conakry", "Freetown", "Monrovia", "Abidjan", "Yamoussoukro",
+    "Banjul", "Bissau", "Nouakchott", "Praia", "Douala", "Yaounde", "Libreville", "Malabo",
+    "N'Djamena", "Bangui", "Juba", "Muscat", "Manama", "Kuwait City", "Abu Dhabi", "Sharjah",
+    "Jeddah", "Mecca", "Medina", "Sanaa", "Aden", "Amman", "Beirut", "Damascus", "Aleppo",
+    "Jerusalem", "Tel Aviv", "Haifa", "Basra", "Mosul", "Erbil", "Shiraz", "Isfahan", "Tabriz",
+    "Mashhad", "Reno", "Boise", "Tucson", "Albuquerque", "El Paso", "San Antonio", "Oklahoma City",
+    "Tulsa", "Omaha", "Wichita", "Kansas City", "St. Louis", "Memphis", "Nashville", "Louisville",
+    "Indianapolis", "Columbus", "Cleveland", "Detroit", "Milwaukee", "Minneapolis", "Des Moines",
+    "Pittsburgh", "Philadelphia", "Baltimore", "Richmond", "Raleigh", "Charlotte", "Savannah",
+    "Tampa", "Orlando", "Jacksonville", "New Orleans", "Baton Rouge", "Little Rock", "Birmingham",
+    "Salt Lake City", "Las Vegas", "Sacramento", "Portland", "Spokane", "Fairbanks", "Juneau",
+    "Winnipeg", "Calgary", "Edmonton", "Regina", "Saskatoon", "Halifax", "Quebec City", "Victoria",
+    "Whitehorse", "Yellowknife", "Iqaluit", "Nuuk", "Tijuana", "Monterrey", "Guadalajara",
+    "Puebla", "Oaxaca", "Merida", "Cancun", "Guatemala City", "San Salvador", "Tegucigalpa",
+    "Managua", "San Jose", "Panama City", "Kingston", "Nassau", "Santo Domingo", "Port-au-Prince",
+    "San Juan", "Bridgetown", "Port of Spain", "Georgetown", "Paramaribo", "Cayenne", "Medellin",
+    "Cali", "Cartagena", "Barranquilla", "Maracaibo", "Guayaquil", "Cuenca", "Cusco", "Arequipa",
+    "Sucre", "Cochabamba", "Santa Cruz", "Asuncion", "Cordoba", "Rosario", "Mendoza", "Salta",
+    "Ushuaia", "Valparaiso", "Concepcion", "Punta Arenas", "Porto Alegre", "Curitiba",
+    "Florianopolis", "Belo Horizonte", "Brasilia", "Salvador", "Recife", "Fortaleza", "Manaus",
+    "Belem", "Galway", "Cork", "Limerick", "Belfast", "Aberdeen", "Inverness", "Dundee", "York",
+    "Leeds", "Manchester", "Liverpool", "Bristol", "Oxford", "Cambridge", "Brighton", "Plymouth",
+    "Bordeaux", "Toulouse", "Nantes", "Strasbourg", "Lille", "Rennes", "Grenoble", "Montpellier",
+    "Bilbao", "Zaragoza", "Malaga", "Granada", "Palma", "Coimbra", "Faro", "Braga", "Genoa",
+    "Turin", "Bologna", "Verona", "Palermo", "Catania", "Bari", "Cagliari", "Trieste", "Utrecht",
+    "Rotterdam", "Eindhoven", "Groningen", "Antwerp", "Ghent", "Bruges", "Liege", "Luxembourg",
+    "Cologne", "Frankfurt", "Stuttgart", "Dresden", "Leipzig", "Nuremberg", "Bremen", "Hanover",
+    "Dusseldorf", "Heidelberg", "Freiburg", "Basel", "Bern", "Lausanne", "Lugano", "Vaduz",
+    "Monaco", "Andorra la Vella", "San Marino", "Akureyri", "Torshavn",
+]
+
+# Sound pieces of many languages, for made-up names (the city argument must be copied from the
+# prompt, so the names it sees in training have to be too varied to be guessed).
+_ONSETS = ["", "", "b", "c", "d", "f", "g", "h", "j", "k", "l", "m", "n", "p", "r", "s", "t", "v",
+           "w", "z", "br", "bl", "ch", "cr", "dr", "fr", "gr", "gl", "kr", "kl", "pl", "pr", "sh",
+           "sk", "sl", "sm", "sn", "sp", "st", "str", "sv", "th", "tr", "ts", "tz", "kh", "gh", "zh",
+           "dj", "dzh", "hv", "kj", "lj", "nj", "ng", "mb", "nd", "ny", "ps", "q", "qu", "x", "y",
+           "cz", "sz", "rz", "wr", "bh", "dh", "ph", "gn", "hl", "tl", "ll", "rh", "sch", "wh"]
+_VOWELS = ["a", "e", "i", "o", "u", "a", "e", "i", "o", "u", "y", "ae", "ai", "au", "ei", "ia", "ie",
+           "io", "oa", "oe", "oi", "oo", "ou", "ua", "ue", "ui", "ee", "aa", "uu", "eo"]
+_CODAS = ["", "", "", "", "n", "m", "r", "l", "s", "k", "t", "d", "g", "x", "z", "ng", "nk", "rk",
+          "rt", "rd", "st", "sk", "ld", "lt", "ck", "sh", "th", "ch", "ff", "ss", "tt", "nn", "ll",
+          "rg", "rn", "nd", "mp", "ps", "ts", "v", "b", "p", "h", "j"]
+_ENDINGS = ["", "", "", "", "", "burg", "berg", "ville", "ton", "polis", "grad", "stad", "vik",
+            "holm", "by", "ford", "ham", "chester", "abad", "pur", "pura", "garh", "kent", "shahr",
+            "dorf", "heim", "hausen", "ovo", "evo", "ice", "ova", "sk", "insk", "ovka", "ino", "ia",
+            "ona", "ana", "ano", "ella", "ada", "opolis", "mouth", "field", "wick", "bury", "port",
+            "haven", "dale", "mere", "iz", "oz", "an", "ul", "ek", "yn", "wa", "ka", "shi", "ma",
+            "gawa", "saki", "oto", "enge", "ango", "ara", "oko", "ungu"]
+_PREFIXES = ["San", "Santa", "Santo", "Sao", "New", "Port", "Saint", "St.", "El", "La", "Las", "Los",
+             "Le", "Al", "Fort", "Lake", "Mount", "Cape", "North", "South", "East", "West", "Upper",
+             "Lower", "Bad", "Puerto", "Nueva", "Novo", "Nova", "Ciudad", "Villa", "Bandar", "Kota",
+             "Ban", "Ras", "Sidi", "Ain", "Old", "Great", "Little", "Nizhny", "Velikiy", "Stary"]
+_SUFFIXES = ["City", "Town", "Beach", "Falls", "Springs", "Bay", "Harbor", "Heights", "Hills",
+             "Junction", "Island", "Park", "Creek", "Valley", "Point", "Village"]
+_CONNECT = ["de", "del", "do", "da", "di", "on", "upon", "am", "an der", "sur", "en", "la", "el"]
+_LETTERS = "abcdefghijklmnopqrstuvwxyz"
+
+
+def _syllable_word(rng) -> str:
+    n = rng.choice([1, 2, 2, 2, 3, 3])
+    w = "".join(rng.choice(_ONSETS) + rng.choice(_VOWELS) + (rng.choice(_CODAS) if rng.random() < 0.4 else "")
+                for _ in range(n))
+    return (w + rng.choice(_ENDINGS)) if len(w) < 7 else w[:12]
+
+
+def _random_letters(rng) -> str:
+    return "".join(rng.choice(_LETTERS) for _ in range(rng.randint(3, 10)))
+
+
+def _name_word(rng) -> str:
+    r = rng.random()
+    if r < 0.25:
+        w = rng.choice(TRAIN_CITIES + MORE_REAL_CITIES).split()[0]
+    elif r < 0.75:
+        w = _syllable_word(rng)
+    else:
+        w = _random_letters(rng)
+    return w[:1].upper() + w[1:]
+
+
+def _contains_heldout(name: str) -> bool:
+    low = name.lower()
+    return any(c.lower() in low for c in HELDOUT_CITIES)
+
+
+def rand_city(rng) -> str:
+    """A place name for tool calls and copy tasks: real names (30%), made-up names from the sound
+    pieces of many languages, random letter strings, multi-word, hyphenated and apostrophe forms,
+    in the user's casing. Never contains a held-out city."""
+    while True:
+        r = rng.random()
+        if r < 0.3:
+            name = rng.choice(TRAIN_CITIES + MORE_REAL_CITIES)
+        elif r < 0.72:
+            name = _name_word(rng)
+        elif r < 0.8:
+            name = rng.choice(_PREFIXES) + " " + _name_word(rng)
+        elif r < 0.85:
+            name = _name_word(rng) + " " + rng.choice(_SUFFIXES)
+        elif r < 0.9:
+            name = _name_word(rng) + rng.choice([" ", "-"]) + rng.choice(_CONNECT) + \
+                rng.choice([" ", "-"]) + _name_word(rng)
+        elif r < 0.96:
+            name = _name_word(rng) + "-" + _name_word(rng)
+        else:
+            name = _name_word(rng) + "'" + _name_word(rng).lower()
+        c = rng.random()
+        if c < 0.08:
+            name = name.lower()
+        elif c < 0.11:
+            name = name.upper()
+        if not _contains_heldout(name):
+            return name
+
 
 WORDS = [
     "the", "cat", "dog", "sun", "moon", "tree", "house", "river", "apple", "banana", "orange",
@@ -207,56 +354,69 @@ ADD_Q = ["What is {a} + {b}?", "What is {a} plus {b}?", "Calculate {a} + {b}.", 
 SUB_Q = ["What is {a} - {b}?", "What is {a} minus {b}?", "Calculate {a} - {b}.", "{a} - {b} = ?",
          "Subtract {b} from {a}.", "What's {a} minus {b}?", "How much is {a}-{b}?",
          "Compute {a}-{b}", "{a}-{b}", "Take {b} away from {a}."]
-_PLACES = ["ones", "tens", "hundreds", "thousands"]
 
 
-def add_scratchpad(a: int, b: int) -> str:
-    da, db = str(a)[::-1], str(b)[::-1]
-    n = max(len(da), len(db))
-    carry, steps = 0, []
-    for i in range(n):
-        x = int(da[i]) if i < len(da) else 0
-        y = int(db[i]) if i < len(db) else 0
-        s = x + y + carry
-        steps.append("%s: %d+%d%s=%d" % (_PLACES[i], x, y, "+1" if carry else "", s))
-        carry = s // 10
-    return ", ".join(steps) + "."
+def add_work(a: int, b: int) -> str:
+    """Column addition by peeling off the last digits. Every step has the same shape,
+    "A+B carry c: x+y+c=s, digits R." where x and y are the last digits of the numbers A and B
+    written just before (0 once a number is used up), c the carry in, and R the result digits so
+    far. The digit look-up and the digit fact are local and the same in every column: a column's
+    step looks like the first step of a shorter problem (so the ones column, whose digit pairs
+    the held-out rule constrains, shares everything with the other columns)."""
+    A, B, c, digits, steps = str(a), str(b), 0, "", []
+    while A or B:
+        x, y = (int(A[-1]) if A else 0), (int(B[-1]) if B else 0)
+        s = x + y + c
+        digits = str(s % 10) + digits
+        steps.append("%s+%s carry %d: %d+%d+%d=%d, digits %s." % (A or "0", B or "0", c, x, y, c, s, digits))
+        c, A, B = s // 10, A[:-1], B[:-1]
+    steps.append("Final carry %d: %s." % (c, ("1" if c else "") + digits))
+    return " ".join(steps)
 
 
-def sub_scratchpad(top: int, bot: int) -> str:
-    dt, db = str(top)[::-1], str(bot)[::-1]
-    borrow, steps = 0, []
-    for i in range(len(dt)):
-        x = int(dt[i])
-        y = int(db[i]) if i < len(db) else 0
-        v = x - y - borrow
+def sub_work(top: int, bot: int) -> str:
+    """top >= bot. Same peeling as add_work: "T-B borrow k: x-y-k=v, digits R." and, when v is
+    negative, "x-y-k=v+10=d" (the next step then borrows 1)."""
+    T, B, br, digits, steps = str(top), str(bot), 0, "", []
+    while T:
+        x, y = int(T[-1]), (int(B[-1]) if B else 0)
+        v = x - y - br
         if v < 0:
-            steps.append("%s: %d-%d%s=%d, borrow 1" % (_PLACES[i], x + 10, y, "-1" if borrow else "",
-                                                      v + 10))
-            borrow = 1
+            calc, d, nbr = "%d-%d-%d=%d+10=%d" % (x, y, br, v, v + 10), v + 10, 1
         else:
-            steps.append("%s: %d-%d%s=%d" % (_PLACES[i], x, y, "-1" if borrow else "", v))
-            borrow = 0
-    return ", ".join(steps) + "."
+            calc, d, nbr = "%d-%d-%d=%d" % (x, y, br, v), v, 0
+        digits = str(d) + digits
+        steps.append("%s-%s borrow %d: %s, digits %s." % (T, B or "0", br, calc, digits))
+        br, T, B = nbr, T[:-1], B[:-1]
+    steps.append("Result: %s." % (digits.lstrip("0") or "0"))
+    return " ".join(steps)
+
+
+def arith_work(a: int, op: str, b: int) -> str:
+    """The worked solution (used as the reasoning with thinking on, and inside the answer with
+    thinking off)."""
+    if op == "+":
+        return "%s So %d + %d = %d." % (add_work(a, b), a, b, a + b)
+    if a >= b:
+        return "%s So %d - %d = %d." % (sub_work(a, b), a, b, a - b)
+    return ("%d is larger than %d, so I compute %d - %d and negate it. %s So %d - %d = %d."
+            % (b, a, b, a, sub_work(b, a), a, b, a - b))
 
 
 def arith_reasoning(a: int, op: str, b: int) -> str:
-    if op == "+":
-        return "The user asks for %d + %d. %s So %d + %d = %d." % (a, b, add_scratchpad(a, b), a, b,
-                                                                 a + b)
-    if a >= b:
-        return "The user asks for %d - %d. %s So %d - %d = %d." % (a, b, sub_scratchpad(a, b), a, b,
-                                                                 a - b)
-    return ("The user asks for %d - %d. %d is larger than %d, so I compute %d - %d and negate it. "
-            "%s So %d - %d = %d." % (a, b, b, a, b, a, sub_scratchpad(b, a), a, b, a - b))
+    return "The user asks for %d %s %d. %s" % (a, op, b, arith_work(a, op, b))
 
 
-def arith_answer(rng: random.Random, a: int, op: str, b: int) -> str:
+def arith_answer(rng: random.Random, a: int, op: str, b: int, think: bool = True) -> str:
     c = a + b if op == "+" else a - b
+    if not think:
+        # No reasoning block: the model shows the same column work in the answer (a 20M model
+        # cannot add 3-digit numbers in one step); the last integer is the result.
+        return "Working it out: %s" % arith_work(a, op, b)
     r = rng.random()
-    if r < 0.6:
+    if r < 0.75:
         return "%d %s %d = %d." % (a, op, b, c)
-    if r < 0.85:
+    if r < 0.9:
         return "The answer is %d." % c
     return "%d" % c
 
@@ -289,7 +449,7 @@ def gen_arith(rng, think, heldout=False):
     a, b = rand_pair(rng, heldout)
     op = rng.choice("+-")
     msgs = [{"role": "user", "content": arith_question(rng, a, op, b)},
-            assistant(arith_answer(rng, a, op, b), arith_reasoning(a, op, b), think)]
+            assistant(arith_answer(rng, a, op, b, think), arith_reasoning(a, op, b), think)]
     return {"kind": "arith", "messages": msgs, "answer": a + b if op == "+" else a - b}
 
 
@@ -353,13 +513,6 @@ def gen_chat(rng, think):
     return {"kind": "chat", "messages": msgs}
 
 
-def synth_city(rng):
-    while True:
-        name = "".join(rng.choice(_SYLLABLES) for _ in range(rng.randint(2, 3))).capitalize()
-        if name not in HELDOUT_CITIES and name not in TRAIN_CITIES:
-            return name
-
-
 def weather_for(rng, city):
     return {"city": city, "temperature": rng.randint(-15, 38), "condition": rng.choice(CONDITIONS)}
 
@@ -403,12 +556,12 @@ def weather_exchange(rng, city, think, q=None):
 
 def gen_tool(rng, think):
     r = rng.random()
-    city = rng.choice(TRAIN_CITIES) if rng.random() < 0.6 else synth_city(rng)
-    if r < 0.6:
+    city = rand_city(rng)
+    if r < 0.62:
         tools = tools_with(rng, TOOL_WEATHER)
         msgs, _ = weather_exchange(rng, city, think)
         kind = "tool_weather"
-    elif r < 0.78:
+    elif r < 0.82:
         tools = tools_with(rng, TOOL_TIME)
         hh, mm = rng.randrange(24), rng.randrange(60)
         t = "%02d:%02d" % (hh, mm)
@@ -419,7 +572,7 @@ def gen_tool(rng, think):
                 assistant("The local time in %s is %s." % (city, t),
                           "The tool says it is %s in %s." % (t, city), think)]
         kind = "tool_time"
-    elif r < 0.88:
+    elif r < 0.9:
         tools = tools_with(rng, TOOL_CURRENCY)
         n = rng.choice([rng.randint(1, 999), rng.randint(1, 99) * 10])
         f, t = rng.sample(CURRENCIES, 2)
@@ -440,16 +593,38 @@ def gen_tool(rng, think):
         msgs, kind = ex["messages"], "tool_none"
     if kind != "tool_none" and rng.random() < 0.3:
         msgs = msgs[:2]                      # stop after the call (a shorter example)
-    return {"kind": kind, "messages": msgs, "tools": tools}
+    return {"kind": kind, "messages": msgs, "tools": tools,
+            "spans": [city] if kind in ("tool_weather", "tool_time") else []}
+
+
+def gen_copy(rng, think):
+    """Repeat an arbitrary text (place names, made-up words, random letters, a few known words):
+    the answer can only come from copying the prompt."""
+    items = []
+    for _ in range(rng.choice([1, 1, 2, 2, 3, 4])):
+        items.append(rand_city(rng) if rng.random() < 0.75 else rng.choice(WORDS))
+    phrase = " ".join(items)
+    q = rng.choice(["Repeat after me: {p}", "Say exactly: {p}", "Please repeat: {p}",
+                    "Repeat this text: {p}", "Echo: {p}", "Copy this: {p}",
+                    "Write exactly this: {p}"]).format(p=phrase)
+    msgs = [{"role": "user", "content": q},
+            assistant(phrase, "The user wants the text repeated exactly: %s." % phrase, think)]
+    return {"kind": "copy", "messages": msgs, "answer": phrase, "spans": [i for i in items if i not in WORDS]}
 
 
 def gen_multi(rng, think):
-    first = rng.choice([gen_arith, gen_instr, gen_chat])(rng, think)
-    second = rng.choice([gen_arith, gen_arith, gen_instr, gen_chat])(rng, think)
-    return {"kind": "multi", "messages": first["messages"] + second["messages"]}
+    first = rng.choice([gen_arith, gen_instr, gen_chat, gen_tool])(rng, think)
+    second = rng.choice([gen_arith, gen_arith, gen_instr, gen_chat, gen_copy])(rng, think)
+    ex = {"kind": "multi", "messages": first["messages"] + second["messages"],
+          "spans": first.get("spans", []) + second.get("spans", [])}
+    if "tools" in first:
+        ex["tools"] = first["tools"]
+    return ex
 
 
-MIX = [(gen_arith, 0.45), (gen_instr, 0.17), (gen_tool, 0.22), (gen_chat, 0.05), (gen_multi, 0.11)]
+# Weights by example (tool examples are long: the tool preamble is most of their tokens).
+MIX = [(gen_arith, 0.45), (gen_instr, 0.14), (gen_copy, 0.07), (gen_tool, 0.24), (gen_chat, 0.03),
+       (gen_multi, 0.07)]
 
 
 def generate_one(rng: random.Random) -> dict:
@@ -473,11 +648,22 @@ def generate(seed: int, n: int) -> list[dict]:
     return [generate_one(rng) for _ in range(n)]
 
 
-def render_chunk(args) -> list[list[tuple[str, bool]]]:
-    """Worker entry point: (seed, n) -> segments of n examples (a template per process)."""
+def render_chunk(args) -> list[tuple[list[tuple[str, bool]], str, list[str]]]:
+    """Worker entry point: (seed, n) -> for each of n examples (segments, kind, spans), spans being
+    the arbitrary strings it copies (place names, made-up words; see tokenizer_text)."""
     seed, n = args
     template = make_template()
-    return [segments(template, ex) for ex in generate(seed, n)]
+    return [(segments(template, ex), ex["kind"], ex.get("spans", [])) for ex in generate(seed, n)]
+
+
+def tokenizer_text(segs, spans) -> str:
+    """An example's text for training the tokenizer, with its copied names removed: BPE then has
+    no merges specific to place names, so every name (the held-out ones too) is cut into the same
+    short generic pieces as the training names, and copying it is copying common tokens."""
+    text = "".join(s for s, _ in segs)
+    for sp in sorted(set(spans), key=len, reverse=True):
+        text = text.replace(sp, " ")
+    return text
 
 
 # --------------------------------------------------------------------------------------------
@@ -547,31 +733,74 @@ def heldout_tests(seed: int = 1234, n_arith: int = 200) -> dict:
 # Command line
 # --------------------------------------------------------------------------------------------
 
+_PAIR_RES = [re.compile(r"asks for (\d+) ([+-]) (\d+)\."), re.compile(r"(\d+) ([+-]) (\d+) = "),
+              re.compile(r"(\d+) ?([+-]) ?(\d+)"), re.compile(r"(?:Add|add) (\d+) (and|to) (\d+)"),
+              re.compile(r"(?:sum of) (\d+) (and) (\d+)"), re.compile(r"(\d+) (plus|minus) (\d+)"),
+              re.compile(r"(?:Subtract|Take) (\d+) (from|away from) (\d+)")]
+
+
 def _check(n: int, seed: int) -> None:
+    """Self-check and statistics: segment structure, arithmetic correctness, no held-out pair or
+    city anywhere in the training text, task mix and lengths (characters; about 3.3 characters a
+    token with the trained tokenizer)."""
     template = make_template()
-    kinds: dict[str, int] = {}
-    chars = 0
+    kinds: dict[str, list[int]] = {}
+    think_n = 0
+    heldout_low = [c.lower() for c in HELDOUT_CITIES]
+    pairs_seen = 0
+    cities = set()
     for ex in generate(seed, n):
         segs = segments(template, ex)
-        kinds[ex["kind"]] = kinds.get(ex["kind"], 0) + 1
-        chars += sum(len(s) for s, _ in segs)
+        text = "".join(s for s, _ in segs)
+        loss_chars = sum(len(s) for s, l in segs if l)
+        k = kinds.setdefault(ex["kind"], [0, 0, 0, 0])
+        k[0] += 1
+        k[1] += len(text)
+        k[2] += loss_chars
+        k[3] = max(k[3], len(text))
+        think_n += ex["enable_thinking"]
+        cities.update(ex.get("spans", []))
         for s, loss in segs:
             if loss:
                 assert s.endswith(IM_END) and s.count(IM_END) == 1, s
-        # arithmetic must be correct and never use a held-out pair
+        low = text.lower()
+        for c in heldout_low:
+            assert c not in low, (c, text)
+        # every arithmetic pair in the text (questions, reasoning, answers) is a training pair
+        for rx in _PAIR_RES:
+            for m in rx.finditer(text):
+                x, y = int(m.group(1)), int(m.group(3))
+                if m.group(2) in ("from", "away from"):
+                    x, y = y, x
+                pairs_seen += 1
+                if rx is _PAIR_RES[2]:
+                    # "a+b" / "a-b" inside the worked steps are sub-problems (prefixes): only the
+                    # question forms are checked with this pattern
+                    continue
+                assert not is_heldout_pair(x, y), (m.group(0), text)
         for m in ex["messages"]:
-            if m["role"] == "user":
-                nums = re.findall(r"\d+", m["content"])
-                if ex["kind"] in ("arith",) and len(nums) == 2:
-                    assert not is_heldout_pair(int(nums[0]), int(nums[1])), m
-                for c in HELDOUT_CITIES:
-                    assert c not in m["content"], m
+            if m["role"] == "user" and ex["kind"] in ("arith", "multi", "tool_none"):
+                for rx in _PAIR_RES[2:]:
+                    for mm in rx.finditer(m["content"]):
+                        x, y = int(mm.group(1)), int(mm.group(3))
+                        if mm.group(2) in ("from", "away from"):
+                            x, y = y, x
+                        assert not is_heldout_pair(x, y), m
         if ex["kind"] == "arith":
             content = ex["messages"][-1]["content"]
-            assert content.endswith((str(ex["answer"]), str(ex["answer"]) + ".")), ex
+            assert re.findall(r"-?\d+", content)[-1] == str(ex["answer"]), ex
+            assert re.findall(r"-?\d+", ex["messages"][-1]["reasoning_content"] or "0")[-1] in (
+                str(ex["answer"]), "0"), ex
     ho = heldout_tests()
-    print("ok: %d examples, %.0f chars/example, kinds %s; %d held-out tests" % (
-        n, chars / n, json.dumps(dict(sorted(kinds.items()))), len(ho["tests"])))
+    tot = sum(v[1] for v in kinds.values())
+    print("ok: %d examples, thinking on %.0f%%, %d distinct copied names, %d arithmetic pair mentions "
+          "checked; %d held-out tests" % (n, 100.0 * think_n / n, len(cities), pairs_seen, len(ho["tests"])))
+    print("%-14s %7s %8s %10s %10s %9s" % ("kind", "share", "chars/ex", "loss ch/ex", "max chars", "% chars"))
+    for name, (cnt, ch, lc, mx) in sorted(kinds.items()):
+        print("%-14s %6.1f%% %8.0f %10.0f %10d %8.1f%%" % (name, 100.0 * cnt / n, ch / cnt, lc / cnt, mx,
+                                                           100.0 * ch / tot))
+    print("all: %.0f chars/example, %.0f loss chars/example" % (tot / n, sum(v[2] for v in kinds.values()) / n))
+    print("sample names:", sorted(cities, key=lambda c: hash(c) % 1000)[:40])
 
 
 def main() -> int:
