@@ -13,6 +13,7 @@
 #include <vector>
 
 #include <sys/wait.h>
+#include <unistd.h>
 
 #include "chat/chat_template.h"
 #include "chat/python_format.h"
@@ -260,7 +261,10 @@ struct RunResult {
 };
 
 RunResult run_render(const std::string& request, bool capture_stderr) {
-  std::string path = ::testing::TempDir() + "/render_request.json";
+  // CTest runs tests in parallel: every call gets its own request file.
+  static int calls = 0;
+  std::string path = ::testing::TempDir() + "/render_request_" + std::to_string(::getpid()) + "_" +
+                     std::to_string(calls++) + ".json";
   std::ofstream(path) << request;
   std::string command = std::string(LILY_BINARY) + " render < " + path + (capture_stderr ? " 2>&1" : " 2>/dev/null");
   FILE* pipe = popen(command.c_str(), "r");
