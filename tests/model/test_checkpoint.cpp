@@ -105,6 +105,16 @@ TEST(Checkpoint, MissingShardIsAnError) {
   EXPECT_NE(err.find("model-00003-of-00003"), std::string::npos) << err;
 }
 
+TEST(Checkpoint, IndexThatDisagreesWithTheShardsIsAnError) {
+  ScratchModel m("hf-fused");
+  auto index = test::read_json(m.file("model.safetensors.index.json"));
+  index["weight_map"]["lm_head.weight"] = "model-00001-of-00003.safetensors";
+  index["weight_map"]["model.language_model.not_a_tensor"] = "model-00002-of-00003.safetensors";
+  write_bytes(m.file("model.safetensors.index.json"), index.dump());
+  std::string err = error_of([&] { load_model(m.dir()); });
+  EXPECT_NE(err.find("model.safetensors.index.json"), std::string::npos) << err;
+}
+
 TEST(Checkpoint, MisShapedTensorNamesTensorAndShapes) {
   // A config that disagrees with the weights: every matrix has the wrong input width.
   ScratchModel m("hf-per-expert");

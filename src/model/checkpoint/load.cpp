@@ -140,7 +140,6 @@ class TensorReader {
     auto lead = [&](int64_t r, int64_t c) -> std::vector<int64_t> {
       return stacked ? std::vector<int64_t>{num_experts, r, c} : std::vector<int64_t>{r, c};
     };
-    const int64_t total_rows = stacked ? w.shape.size() == 3 ? w.shape[1] : -1 : rows;
     if (w.dtype != DType::U32) fail("tensor '{}.weight' is quantized (has .scales) but has dtype {}, expected U32", base, dtype_name(w.dtype));
     if (scales->dtype != DType::BF16 && scales->dtype != DType::F16 && scales->dtype != DType::F32)
       fail("tensor '{}.scales' has dtype {}", base, dtype_name(scales->dtype));
@@ -161,7 +160,8 @@ class TensorReader {
              group_size, spec->bits, spec->group_size);
     }
     if (bits != 2 && bits != 4 && bits != 8) fail("tensor '{}': {}-bit quantization is not supported", base, bits);
-    const int64_t r_total = stacked ? total_rows : rows;
+    // Rows of one matrix (per expert when stacked).
+    const int64_t r_total = stacked ? (w.shape.size() == 3 ? w.shape[1] : -1) : rows;
     expect_shape(w, lead(r_total, cols * bits / 32));
     expect_shape(*scales, lead(r_total, cols / group_size));
     expect_shape(biases, lead(r_total, cols / group_size));

@@ -143,6 +143,7 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
   namespace fs = std::filesystem;
   if (!fs::is_directory(model_dir)) fail("model directory {} does not exist", model_dir);
   std::vector<std::string> paths;
+  std::map<std::string, std::string> index_map;  // tensor -> shard file named by the index
   fs::path index_path = fs::path(model_dir) / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
     with_context(index_path.string(), [&] {
@@ -163,6 +164,7 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
         if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
       }
       for (auto& f : shards) paths.push_back((fs::path(model_dir) / f).string());
+      for (auto& [name, file] : index["weight_map"].items()) index_map[name] = file.get<std::string>();
     });
   } else {
     for (auto& entry : fs::directory_iterator(model_dir))
@@ -176,6 +178,13 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
       auto [it, inserted] = index_.emplace(name, &view);
       if (!inserted) fail("tensor '{}' appears in both {} and {}", name, it->second->file, p);
     }
+  }
+  // The index must describe the shards as they are.
+  for (auto& [name, file] : index_map) {
+    const TensorView* t = find(name);
+    if (!t) fail("model.safetensors.index.json lists tensor '{}' in {}, but no shard holds it", name, file);
+    if (fs::path(t->file).filename() != file)
+      fail("model.safetensors.index.json puts tensor '{}' in {}, but it is in {}", name, file, t->file);
   }
 }
 
