@@ -4,11 +4,13 @@
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
+#include <filesystem>
 #include <random>
 
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "cli/bench_plot.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "runtime/cost_model.h"
@@ -30,6 +32,7 @@ struct BenchArgs {
   int decode_tokens = 128;
   int repeats = 3;
   bool json = false;
+  std::string plot;  // PNG path, empty: no plot
 };
 
 double now_seconds() {
@@ -151,6 +154,9 @@ int run_bench(const BenchArgs& a) {
   for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
+  const auto plot_dir = std::filesystem::absolute(a.plot).parent_path();
+  LILY_CHECK(a.plot.empty() || std::filesystem::is_directory(plot_dir), "--plot {}: no directory {}", a.plot,
+             plot_dir.string());  // fail before the sweep, not after it
 
   std::vector<Row> rows;
   std::string title;
@@ -187,6 +193,12 @@ int run_bench(const BenchArgs& a) {
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
+  if (!a.plot.empty()) {
+    std::vector<BenchPoint> points;
+    for (const Row& r : rows) points.push_back({r.kind, r.length, r.tokens_per_second, r.percent});
+    write_bench_plot(a.plot, points, title);
+    std::fprintf(stderr, "wrote the plot to %s\n", a.plot.c_str());
+  }
   if (a.json) {
     nlohmann::json out = {{"title", title}, {"copy_bandwidth_gbps", peak / 1e9}, {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
@@ -210,6 +222,7 @@ CommandRegistration bench_command{{
       sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
       sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
       sub.add_flag("--json", a->json, "Print JSON instead of a table");
+      sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
       return [a] { return run_bench(*a); };
     },
     60}};
