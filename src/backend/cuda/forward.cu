@@ -103,8 +103,9 @@ class CudaSequenceState final : public SequenceState {
 
   int64_t length() const override { return length_; }
   int64_t capacity() const override { return capacity_; }
+  // The KV cache is allocated for the whole capacity up front, so that is what the state occupies.
   uint64_t memory_bytes() const override {
-    return uint64_t(length_) * kv_row_bytes_ * 2 * k_cache.size() + (conv_bytes_ + ssm_bytes_) * conv.size();
+    return uint64_t(capacity_) * kv_row_bytes_ * 2 * k_cache.size() + (conv_bytes_ + ssm_bytes_) * conv.size();
   }
   std::unique_ptr<SequenceState> clone() const override {
     auto s = std::make_unique<CudaSequenceState>(config_, capacity_);
