@@ -1,15 +1,25 @@
 #!/usr/bin/env bash
-# Builds lily with CUDA for the GPU machine and gathers what a run there needs into .carry/:
-# the lily binary, the test binaries, and the shared libraries the GPU machine's image lacks
-# (it has the CUDA toolkit but not Debian's fmt, PCRE2 and utf8proc).
+# Builds lily with CUDA for the GPU machine and packs what a run there needs into
+# .carry/carry.tar.xz (name `.carry` in the device call's carry list): the lily binary, the
+# CUDA test binaries (stripped), and the shared libraries the GPU machine's image lacks (it has
+# the CUDA toolkit but not Debian's fmt, PCRE2, utf8proc, cpp-httplib and their OpenSSL/brotli).
+# The working tree that travels is limited to 64 MiB, hence the compression.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-cuda
 cmake -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DLILY_NATIVE=OFF -DLILY_BENCH=OFF >/dev/null
 cmake --build $build -j "$(nproc)"
-rm -rf .carry && mkdir -p .carry/lib .carry/tests
-cp $build/lily .carry/
-find $build/tests -maxdepth 2 -type f -executable -name '*test*' -exec cp {} .carry/tests/ \;
-for lib in $(ldd $build/lily | awk '/=> \// {print $3}' | grep -E 'libfmt|libpcre2|libutf8proc'); do cp "$lib" .carry/lib/; done
+stage=$(mktemp -d)
+mkdir -p "$stage/.carry/lib" "$stage/.carry/tests"
+cp $build/lily "$stage/.carry/"
+find $build/tests/cuda -maxdepth 1 -type f -executable -name 'cuda_test_*' -exec cp {} "$stage/.carry/tests/" \;
+strip "$stage/.carry/lily" "$stage"/.carry/tests/*
+for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |
+             grep -E 'libfmt|libpcre2|libutf8proc|libcpp-httplib|libssl|libcrypto|libbrotli'); do
+  cp -L "$lib" "$stage/.carry/lib/"
+done
+rm -rf .carry && mkdir -p .carry
+tar -C "$stage" -cJf .carry/carry.tar.xz .carry
+rm -rf "$stage"
 grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
-du -sh .carry
+ls -la .carry/carry.tar.xz
