@@ -13,14 +13,10 @@ constexpr std::string_view kThinkOpen = "<think>";
 constexpr std::string_view kThinkClose = "</think>";
 constexpr std::string_view kToolCallOpen = "<tool_call>";
 constexpr std::string_view kToolCallClose = "</tool_call>";
-constexpr std::string_view kFunctionOpen = "<function=";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-size_t skip_space(std::string_view s, size_t pos) {
-  while (pos < s.size() && is_space(s[pos])) ++pos;
-  return pos;
-}
+using tool_call_syntax::is_space;
+using tool_call_syntax::kFunctionOpen;
+using tool_call_syntax::skip_space;
 
 // `s` is a proper prefix of `tag` (so more text may complete it); "" counts.
 bool could_become(std::string_view s, std::string_view tag) {
@@ -57,16 +53,21 @@ size_t utf8_safe_end(std::string_view s, size_t end) {
 
 }  // namespace
 
-std::string OutputParser::TextSection::write(std::string_view text) {
-  std::string s = std::move(held_);
-  s += text;
-  held_.clear();
+std::pair<size_t, size_t> OutputParser::TextSection::trimmed_range(const std::string& s) const {
   size_t begin = 0;
   if (trim_leading_) {
     while (begin < s.size() && (s[begin] == '\n' || s[begin] == '\r')) ++begin;
   }
   size_t end = s.size();
   while (end > begin && is_space(s[end - 1])) --end;
+  return {begin, end};
+}
+
+std::string OutputParser::TextSection::write(std::string_view text) {
+  std::string s = std::move(held_);
+  s += text;
+  held_.clear();
+  auto [begin, end] = trimmed_range(s);
   end = std::max(begin, utf8_safe_end(s, end));
   held_ = s.substr(end);
   if (end > begin) trim_leading_ = false;
@@ -76,12 +77,7 @@ std::string OutputParser::TextSection::write(std::string_view text) {
 std::string OutputParser::TextSection::end() {
   std::string s = std::move(held_);
   held_.clear();
-  size_t begin = 0;
-  if (trim_leading_) {
-    while (begin < s.size() && (s[begin] == '\n' || s[begin] == '\r')) ++begin;
-  }
-  size_t end = s.size();
-  while (end > begin && is_space(s[end - 1])) --end;
+  auto [begin, end] = trimmed_range(s);
   if (end > begin) trim_leading_ = false;
   return s.substr(begin, end - begin);
 }

@@ -44,6 +44,7 @@
 #include "chat/tool_call_xml.h"
 
 #include <string>
+#include <utility>
 #include <string_view>
 #include <vector>
 
@@ -78,6 +79,8 @@ class OutputParser {
     std::string write(std::string_view text);  // returns what can be emitted now
     std::string end();  // the section (or its run before a tool call) ends: the rest, trimmed
    private:
+    // [begin, end) of s less the leading newlines (while trimming) and the trailing whitespace.
+    std::pair<size_t, size_t> trimmed_range(const std::string& s) const;
     std::string held_;
     bool trim_leading_;
   };

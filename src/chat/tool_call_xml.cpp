@@ -8,17 +8,13 @@
 namespace lily {
 namespace {
 
-constexpr std::string_view kFunctionOpen = "<function=";
 constexpr std::string_view kFunctionClose = "</function>";
 constexpr std::string_view kParameterOpen = "<parameter=";
 constexpr std::string_view kParameterClose = "</parameter>";
 
-bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
-
-size_t skip_space(std::string_view s, size_t pos) {
-  while (pos < s.size() && is_space(s[pos])) ++pos;
-  return pos;
-}
+using tool_call_syntax::is_space;
+using tool_call_syntax::kFunctionOpen;
+using tool_call_syntax::skip_space;
 
 std::string_view trim(std::string_view s) {
   size_t begin = skip_space(s, 0);

@@ -45,6 +45,17 @@ namespace lily {
 
 using json = nlohmann::ordered_json;
 
+// The lexical pieces of the tool-call format, shared with the output parser.
+namespace tool_call_syntax {
+inline constexpr std::string_view kFunctionOpen = "<function=";
+// Whitespace as the format uses it: space, tab, CR, LF.
+inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
+inline size_t skip_space(std::string_view s, size_t pos) {
+  while (pos < s.size() && is_space(s[pos])) ++pos;
+  return pos;
+}
+}  // namespace tool_call_syntax
+
 // One parsed call. arguments_json is a JSON object in Python's json.dumps layout
 // (", " and ": " separators, non-ASCII kept raw), e.g. {"city": "Oslo", "days": 3}.
 struct ParsedToolCall {

@@ -61,7 +61,9 @@ TEST(ChatService, LaterTurnsPrefillOnlyTheirNewTokensAndMatchColdRuns) {
     // Turn k resumes where turn k-1's generation prompt started: only the new tokens are computed.
     EXPECT_EQ(warm.usage.cached_tokens, previous_boundary) << "turn " << turn;
     EXPECT_EQ(warm.timings.prefilled_tokens, warm.usage.prompt_tokens - previous_boundary);
-    if (turn > 0) EXPECT_GT(warm.usage.cached_tokens, 0);
+    if (turn > 0) {
+      EXPECT_GT(warm.usage.cached_tokens, 0);
+    }
     previous_boundary = prepared.reuse_boundary;
 
     messages.push_back(assistant_turn(warm));
