@@ -44,10 +44,14 @@ export async function metrics(base = BASE) {
   return out;
 }
 
-export async function startServer(args = []) {
-  const proc = spawn(process.env.LILY_BINARY,
-    ['serve', '-m', process.env.LILY_TEST_MODEL, '--port', '0', '--ctx-size', '2048', ...args],
-    { stdio: ['ignore', 'pipe', 'pipe'] });
+// Starts `lily serve` on LILY_TEST_MODEL, or with defaultModel on the embedded default model
+// (no -m, LILY_MODEL cleared).
+export async function startServer(args = [], { defaultModel = false } = {}) {
+  const env = { ...process.env };
+  if (defaultModel) delete env.LILY_MODEL;
+  const model = defaultModel ? [] : ['-m', process.env.LILY_TEST_MODEL];
+  const proc = spawn(process.env.LILY_BINARY, ['serve', ...model, '--port', '0', '--ctx-size', '2048', ...args],
+    { stdio: ['ignore', 'pipe', 'pipe'], env });
   let log = '';
   proc.stderr.on('data', (d) => { log += d; });
   const url = await new Promise((resolve, reject) => {

@@ -10,8 +10,7 @@
 // printed. tests/e2e/test_lily_tiny.cpp does the same through the ChatService, on more questions.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
-import { spawn } from 'node:child_process';
-import { client, modelId } from './lib.mjs';
+import { client, modelId, startServer } from './lib.mjs';
 
 // [question, expected answer]: held-out pairs ((7a + 13b) % 10 == 0) from heldout.json, every
 // 12.5th of its 150 thinking-on questions (spread over the file, like tests/e2e's sample).
@@ -47,31 +46,10 @@ let server = null;  // the lily-tiny server this file started, if any
 let openai = null;
 let model = null;
 
-// `lily serve` on the default model (no -m; LILY_MODEL cleared so the embedded lily-tiny is used).
-async function startDefaultServer() {
-  const env = { ...process.env };
-  delete env.LILY_MODEL;
-  const proc = spawn(process.env.LILY_BINARY, ['serve', '--port', '0', '--ctx-size', '2048'],
-    { stdio: ['ignore', 'pipe', 'pipe'], env });
-  let log = '';
-  proc.stderr.on('data', (d) => { log += d; });
-  const url = await new Promise((resolve, reject) => {
-    let out = '';
-    proc.stdout.on('data', (d) => {
-      out += d;
-      const m = out.match(/http:\/\/\S+/);
-      if (m) resolve(m[0]);
-    });
-    proc.on('exit', (code) => reject(new Error(`lily serve exited with ${code}: ${log}`)));
-  });
-  const exited = new Promise((resolve) => proc.on('exit', resolve));
-  return { url, stop: async () => { if (proc.exitCode === null) proc.kill('SIGTERM'); await exited; } };
-}
-
 before(async () => {
   let base;
   if ((await modelId()) !== 'lily-tiny') {
-    server = await startDefaultServer();
+    server = await startServer([], { defaultModel: true });
     base = server.url;
   }
   openai = base ? client(base) : client();
