@@ -67,6 +67,20 @@ ADDED_TOKENS: list[tuple[str, bool]] = [
 assert len(ADDED_TOKENS) == 33
 
 MODEL_MAX_LENGTH = 262144
+
+
+def bytes_to_unicode() -> dict:
+    """The GPT-2 byte-level table: byte -> the printable character a tokenizer.json stores for it
+    (printable Latin-1 bytes map to themselves, the other 68 to U+0100.. in byte order)."""
+    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    cs = bs[:]
+    n = 0
+    for b in range(256):
+        if b not in bs:
+            bs.append(b)
+            cs.append(256 + n)
+            n += 1
+    return {b: chr(c) for b, c in zip(bs, cs)}
 CHAT_TEMPLATE_PATH = os.path.join(os.path.dirname(os.path.abspath(__file__)), "qwen36_chat_template.jinja")
 
 

@@ -18,19 +18,7 @@ import re
 import sys
 
 sys.path.insert(0, __file__.rsplit("/", 3)[0] + "/tools")
-from qwen_tokenizer import ADDED_TOKENS, QWEN35_SPLIT_PATTERN  # noqa: E402
-
-
-def byte_symbols():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
+from qwen_tokenizer import ADDED_TOKENS, QWEN35_SPLIT_PATTERN, bytes_to_unicode  # noqa: E402
 
 
 def corpus(n_words):
@@ -50,7 +38,7 @@ def main():
     ap.add_argument("--merges", type=int, default=8000)
     ap.add_argument("--out", required=True)
     args = ap.parse_args()
-    sym = byte_symbols()
+    sym = bytes_to_unicode()
     counts = collections.Counter(corpus(60000))
     words = [[sym[b] for b in w.encode()] for w in counts]
     freq = list(counts.values())

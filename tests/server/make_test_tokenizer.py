@@ -12,21 +12,10 @@ import collections
 import json
 import os
 import re
+import sys
 
-SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}"
-         r"| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-ADDED = [("<|endoftext|>", True), ("<|im_start|>", True), ("<|im_end|>", True),
-         ("<|object_ref_start|>", True), ("<|object_ref_end|>", True), ("<|box_start|>", True),
-         ("<|box_end|>", True), ("<|quad_start|>", True), ("<|quad_end|>", True),
-         ("<|vision_start|>", True), ("<|vision_end|>", True), ("<|vision_pad|>", True),
-         ("<|image_pad|>", True), ("<|video_pad|>", True), ("<tool_call>", False),
-         ("</tool_call>", False), ("<|fim_prefix|>", False), ("<|fim_middle|>", False),
-         ("<|fim_suffix|>", False), ("<|fim_pad|>", False), ("<|repo_name|>", False),
-         ("<|file_sep|>", False), ("<tool_response>", False), ("</tool_response>", False),
-         ("<think>", False), ("</think>", False), ("<|audio_start|>", True), ("<|audio_end|>", True),
-         ("<tts_pad>", True), ("<tts_text_bos>", True), ("<tts_text_eod>", True),
-         ("<tts_text_bos_single>", True), ("<|audio_pad|>", True)]
+sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "tools"))
+from qwen_tokenizer import ADDED_TOKENS as ADDED, QWEN35_SPLIT_PATTERN as SPLIT, bytes_to_unicode  # noqa: E402
 
 MODEL_VOCAB = 384
 N_MERGES = MODEL_VOCAB - 256 - len(ADDED) - 7  # a few ids of the model stay unused
@@ -44,19 +33,6 @@ call available, answer the question like normal with your current knowledge and 
 user about function calls get_weather Get the weather of a city Oslo Berlin London temperature
 count to ten one two three four five six seven eight nine ten the of and to in is it that
 """
-
-
-def bytes_to_unicode():
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + \
-        list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {b: chr(c) for b, c in zip(bs, cs)}
 
 
 def main():
