@@ -36,13 +36,14 @@ void gated_rms_norm(const float* x, const float* z, const float* weight, int64_t
 void apply_rope(float* x, int64_t T, int64_t heads, int64_t head_dim, int64_t rotary_dim, float theta,
                 int64_t first_position) {
   const int64_t half = rotary_dim / 2;
+  // inv_freq_j = 1 / theta^(2j / rotary_dim), in fp32 as HF computes it.
+  std::vector<float> inv_freq(static_cast<size_t>(half));
+  for (int64_t j = 0; j < half; ++j) inv_freq[size_t(j)] = 1.f / std::pow(theta, float(2 * j) / float(rotary_dim));
   std::vector<float> cos_v(static_cast<size_t>(half)), sin_v(static_cast<size_t>(half));
   for (int64_t t = 0; t < T; ++t) {
     const float position = float(first_position + t);
     for (int64_t j = 0; j < half; ++j) {
-      // inv_freq_j = 1 / theta^(2j / rotary_dim), in fp32 as HF computes it.
-      const float inv_freq = 1.f / std::pow(theta, float(2 * j) / float(rotary_dim));
-      const float angle = position * inv_freq;
+      const float angle = position * inv_freq[size_t(j)];
       cos_v[size_t(j)] = std::cos(angle);
       sin_v[size_t(j)] = std::sin(angle);
     }
