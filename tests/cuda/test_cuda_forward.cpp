@@ -5,28 +5,19 @@
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "backend/backend.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
+#include "../model/fixture.h"
 #include "model/checkpoint/load.h"
 
 namespace lily {
 namespace {
 
-std::string fixture(const std::string& rel) { return std::string(LILY_FIXTURES_DIR) + "/models/tiny-a/" + rel; }
-
-std::vector<float> read_f32(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  in.seekg(0, std::ios::end);
-  std::vector<float> v(size_t(in.tellg()) / 4);
-  in.seekg(0);
-  in.read(reinterpret_cast<char*>(v.data()), std::streamsize(v.size() * 4));
-  return v;
-}
+std::string fixture(const std::string& rel) { return test::fixture_dir("tiny-a") + "/" + rel; }
 
 int64_t argmax(const float* row, int64_t n) { return std::max_element(row, row + n) - row; }
 
@@ -40,10 +31,10 @@ class CudaForward : public ::testing::TestWithParam<Layout> {};
 TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
   REQUIRE_GPU();
   const Layout layout = GetParam();
-  auto ref_json = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  auto ref_json = test::read_json(fixture("reference.json"));
   std::vector<int32_t> ids = ref_json["ids"].get<std::vector<int32_t>>();
   const int64_t V = ref_json["vocab_size"].get<int64_t>(), T = int64_t(ids.size());
-  std::vector<float> ref = read_f32(fixture(ref_json["logits"][layout.reference].get<std::string>()));
+  std::vector<float> ref = test::read_f32(fixture(ref_json["logits"][layout.reference].get<std::string>()));
 
   auto weights = load_model(fixture(layout.dir));
   auto gpu = make_cuda_backend(weights);
@@ -80,7 +71,7 @@ TEST_P(CudaForward, GreedyDecodeMatchesCpuOnTheSameWeights) {
   REQUIRE_GPU();
   const Layout layout = GetParam();
   if (std::string(layout.dir) != "mlx-q4") GTEST_SKIP() << "4-bit on both sides only for the mlx layout";
-  auto ref_json = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  auto ref_json = test::read_json(fixture("reference.json"));
   std::vector<int32_t> prompt = ref_json["greedy_prompt"].get<std::vector<int32_t>>();
   std::vector<int32_t> expected = ref_json["greedy_mlx"].get<std::vector<int32_t>>();
   auto weights = load_model(fixture(layout.dir));
