@@ -89,5 +89,55 @@ TEST(CudaGemv, WritesOnlyItsRows) {
   for (size_t i = size_t(T) * rows; i < got.size(); ++i) ASSERT_EQ(got[i], 12345.f) << "index " << i;
 }
 
+// rms_norm_gemv: the CPU RMSNorm then cpu::linear, for one token.
+void check_rms_norm_gemv(int rows, int cols, int bits, float x_scale = 1.f) {
+  SCOPED_TRACE(testing::Message() << "rms_norm_gemv rows " << rows << " cols " << cols << " bits " << bits
+                                  << " x scale " << x_scale);
+  const uint32_t seed = uint32_t(rows * 7919 + cols * 131 + bits + 5);
+  TestQMatrix W(1, rows, cols, bits, seed);
+  const auto x = random_floats(size_t(cols), seed + 1, x_scale);
+  auto gain = random_floats(size_t(cols), seed + 2, 0.2f);
+  for (auto& g : gain) g += 1.f;  // zero-centred: 1 + w
+  const float eps = 1e-6f;
+  std::vector<float> normed(static_cast<size_t>(cols)), expected(static_cast<size_t>(rows));
+  cpu::rms_norm(x.data(), gain.data(), 1, cols, eps, normed.data());
+  cpu::linear(W.cpu(), normed.data(), 1, expected.data());
+
+  DeviceArray<float> dx(x), dgain(gain), dy(size_t(rows) + 64);
+  std::vector<float> sentinel(dy.size(), 12345.f);
+  dy.upload(sentinel);
+  CUDA_OK(cudaMemset(dy.get(), 0xFF, size_t(rows) * sizeof(float)));  // NaN: unwritten rows show
+  cuda::rms_norm_gemv(W.gpu(), dx.get(), dgain.get(), eps, dy.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  auto got = dy.download();
+  for (size_t i = size_t(rows); i < got.size(); ++i) ASSERT_EQ(got[i], 12345.f) << "wrote past the rows: " << i;
+  got.resize(size_t(rows));
+  const double err = relative_error(got, expected);
+  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaGemv, RmsNormGemvEdgeSizes) {
+  REQUIRE_GPU();
+  for (int bits : {4, 8})
+    for (int rows : {1, 2, 3, 63, 64, 65, 111, 989})
+      for (int cols : {64, 128, 192, 1024, 2048, 4096}) check_rms_norm_gemv(rows, cols, bits);
+}
+
+// The fused model shapes: DeltaNet qkv|z|b|a (12352 rows), attention q|k|v (9216), the router,
+// lm_head-like many rows (more row groups than resident blocks: the grid-stride loop).
+TEST(CudaGemv, RmsNormGemvModelShapes) {
+  REQUIRE_GPU();
+  check_rms_norm_gemv(12352, 2048, 4);
+  check_rms_norm_gemv(9216, 2048, 4);
+  check_rms_norm_gemv(256, 2048, 8);
+  check_rms_norm_gemv(200003, 2048, 4);
+}
+
+// The norm makes the result independent of the input's scale: tiny and large inputs.
+TEST(CudaGemv, RmsNormGemvInputScale) {
+  REQUIRE_GPU();
+  for (float scale : {1e-3f, 1e3f}) check_rms_norm_gemv(65, 2048, 4, scale);
+}
+
 }  // namespace
 }  // namespace lily::test

@@ -16,13 +16,22 @@
 //           FADD, so most of the math sits on the FP32 pipe. fp32 accumulate, shuffle reduction
 //           over the LPR lanes, one lane writes. Blocks of 128 threads (64 when there are few
 //           rows, to spread them over more SMs).
-// Variants: template <BITS 4|8, LPR 8|16|32, TP, ACC>: TP = 1 for T = 1 (decode); TP = 8 for
+// Variants: gemv_kernel<BITS 4|8, LPR 8|16|32, TP, ACC>: TP = 1 for T = 1 (decode); TP = 8 for
 //           T > 1 (prefill chunks): the R rows' codes are held in registers while TP tokens
 //           use them, so a pass over the weights serves 8 tokens. ACC adds into y (gemv_accumulate).
-// Tested:   tests/cuda/test_gemv.cu against cpu::linear.
+//           rms_norm_gemv_kernel<BITS, LPR> (T = 1): y = RMSNorm(x; gain) @ W^T in one launch
+//           (spec §2.2 zero-centred norm, gain = 1 + w): every block of 256 threads reads the
+//           raw row x (cols <= 4096 floats, L2-resident), computes 1 / sqrt(mean(x^2) + eps)
+//           as rms_norm does, and stages x * inv * gain in shared memory, float4 index j
+//           stored at j ^ ((j >> 3) & 7) so that the lanes of a warp, each reading its own
+//           chunk, hit distinct banks (4- and 8-bit chunks alike). The grid is capped at the
+//           blocks that fit on the device at once and strides over the row groups, so the
+//           staging is paid a few times per SM, not once per 16 rows.
+// Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv.h"
 
+#include <algorithm>
 #include <type_traits>
 
 namespace lily::cuda {
@@ -182,6 +191,127 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
   }
 }
 
+// ---- RMSNorm fused into the projection (T = 1) ---------------------------------------------
+
+constexpr int kNormThreads = 256;
+constexpr int kNormMaxCols = 4096;
+constexpr int kNormPerThread = kNormMaxCols / 4 / kNormThreads;  // float4s of x per thread
+
+struct RmsNormGemvParams {
+  const uint32_t* codes;   // [rows, cols*bits/32]
+  const uint16_t* scales;  // [rows, cols/64] bf16 bits
+  const uint16_t* biases;  // [rows, cols/64] bf16 bits
+  const float* x;          // [cols] the raw (un-normalized) row
+  const float* gain;       // [cols] effective gain
+  float eps;
+  float* y;                // [rows]
+  int rows, cols;
+};
+
+// Where float4 j of the staged row lives in shared memory (an XOR within aligned groups of 8).
+__device__ __forceinline__ int swizzle(int j) { return j ^ ((j >> 3) & 7); }
+
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kNormThreads, 2) rms_norm_gemv_kernel(RmsNormGemvParams p) {
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kF4 = kCodes / 4;
+  __shared__ float4 xs[kNormMaxCols / 4];
+  __shared__ float partial[kNormThreads / 32];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int n4 = p.cols / 4;
+
+  // Stage x * inv_rms * gain (the loads of x and gain are all issued before the reduction).
+  float4 xv[kNormPerThread], gv[kNormPerThread];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int j = threadIdx.x + i * kNormThreads;
+    xv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    gv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i)
+    ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  if (lane == 0) partial[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
+  const float inv = 1.f / sqrtf(total / float(p.cols) + p.eps);  // as rms_norm: 1 / sqrt(mean + eps)
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int j = threadIdx.x + i * kNormThreads;
+    if (j < n4)
+      xs[swizzle(j)] = make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y, xv[i].z * inv * gv[i].z,
+                                   xv[i].w * inv * gv[i].w);
+  }
+  __syncthreads();
+
+  const int cpr = p.cols / kCodes, gpr = p.cols / 64;
+  const int64_t cpr64 = cpr;
+  const int sub = lane % LPR;
+  constexpr int kGroupsPerWarp = 32 / LPR;
+  const int64_t groups = (int64_t(p.rows) + kRows - 1) / kRows;
+  const int64_t stride = int64_t(gridDim.x) * (kNormThreads / 32) * kGroupsPerWarp;
+  // Warp-uniform loop (the shuffles need the whole warp); groups past the end read the last
+  // row and are not written.
+  for (int64_t base = (int64_t(blockIdx.x) * (kNormThreads / 32) + warp) * kGroupsPerWarp; base < groups;
+       base += stride) {
+    const int64_t row0 = (base + lane / LPR) * kRows;
+    int64_t row[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) row[r] = min(row0 + r, int64_t(p.rows) - 1);
+    float acc[kRows];
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) acc[r] = 0.f;
+
+    for (int c0 = sub; c0 < cpr; c0 += LPR * kUnroll) {
+      uint4 q[kUnroll][kRows];
+      float sc[kUnroll][kRows], bi[kUnroll][kRows];
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * LPR;
+        const int cc = c < cpr ? c : c0;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) {
+          q[u][r] = load_codes(reinterpret_cast<const uint4*>(p.codes) + row[r] * cpr64 + cc);
+          const int64_t g = row[r] * gpr + cc / kChunksPerGroup;
+          sc[u][r] = load_bf16(p.scales + g);
+          bi[u][r] = load_bf16(p.biases + g);
+        }
+      }
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u) {
+        const int c = c0 + u * LPR;
+        if (c >= cpr) break;
+        float x[kCodes];
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < kF4; ++i) {
+          const float4 v = xs[swizzle(c * kF4 + i)];
+          x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+          s0 += v.x + v.y;
+          s1 += v.z + v.w;
+        }
+        const float sx = s0 + s1;
+#pragma unroll
+        for (int r = 0; r < kRows; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], x), bi[u][r] * sx);
+      }
+    }
+#pragma unroll
+    for (int r = 0; r < kRows; ++r) {
+#pragma unroll
+      for (int o = LPR / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o, LPR);
+    }
+    if (sub == 0) {
+#pragma unroll
+      for (int r = 0; r < kRows; ++r)
+        if (row0 + r < p.rows) p.y[row0 + r] = acc[r];
+    }
+  }
+}
+
 // Lanes per row group: the largest of 32, 16, 8 that is at most the chunks per row.
 int lanes_per_row(int chunks_per_row) { return chunks_per_row >= 32 ? 32 : chunks_per_row >= 16 ? 16 : 8; }
 
@@ -225,7 +355,42 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
   CUDA_CHECK_LAUNCH();
 }
 
+// Blocks of rms_norm_gemv_kernel that are resident at once on the current device (cached per
+// kernel instance; one device per process).
+template <int BITS, int LPR>
+int resident_blocks() {
+  static const int blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rms_norm_gemv_kernel<BITS, LPR>, kNormThreads, 0));
+    return std::max(1, sms * per_sm);
+  }();
+  return blocks;
+}
+
 }  // namespace
+
+void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  LILY_CHECK(W.bits == 4 || W.bits == 8, "rms_norm_gemv: {}-bit weights are not supported (4 or 8)", W.bits);
+  LILY_CHECK(W.group_size == 64, "rms_norm_gemv: group size {} is not supported (64)", W.group_size);
+  LILY_CHECK(W.cols > 0 && W.cols % 64 == 0 && W.cols <= kNormMaxCols,
+             "rms_norm_gemv: cols {} is not a positive multiple of 64 up to {}", W.cols, kNormMaxCols);
+  LILY_CHECK(W.rows > 0, "rms_norm_gemv: rows {}", W.rows);
+  LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
+             "rms_norm_gemv: x and gain must be 16-byte aligned");
+  const RmsNormGemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales),
+                            reinterpret_cast<const uint16_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  const int lanes = lanes_per_row(W.cols * W.bits / 128);
+  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
+  const int64_t needed = (groups * lanes + kNormThreads - 1) / kNormThreads;
+  dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
+    constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
+    const int64_t blocks = std::min<int64_t>(needed, resident_blocks<B, L>());
+    rms_norm_gemv_kernel<B, L><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
 
 void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
   launch_gemv<false>(W, x, y, T, stream);

@@ -12,4 +12,9 @@ void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream
 // y[t, r] += sum_c W[r, c] * x[t, c]     (the residual add fused into the projection)
 void gemv_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
 
+// y[r] = sum_c W[r, c] * RMSNorm(x)[c],  RMSNorm(x) = x * rsqrt(mean(x^2) + eps) * gain
+// (one token: the input norm fused into the projection that consumes it).  x, gain: [W.cols]
+// fp32, 16-byte aligned, W.cols <= 4096;  y: [W.rows] fp32, must not overlap x.
+void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream);
+
 }  // namespace lily::cuda
