@@ -98,6 +98,44 @@ TEST_P(CudaForward, GreedyDecodeMatchesCpuOnTheSameWeights) {
   EXPECT_EQ(device_path, expected);
 }
 
+// Token-by-token decode (T = 1: the fused decode kernels, rms_norm_gemv over the concatenated
+// projections, graph replay) against one prefill of the same tokens (T > 1: the separate
+// rms_norm and gemv launches), row by row, and against the CPU backend's decode.
+TEST_P(CudaForward, DecodeStepsMatchPrefill) {
+  REQUIRE_GPU();
+  const Layout layout = GetParam();
+  auto ref_json = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  std::vector<int32_t> ids = ref_json["ids"].get<std::vector<int32_t>>();
+  ids.resize(std::min<size_t>(ids.size(), 40));
+  auto weights = load_model(fixture(layout.dir));
+  auto gpu = make_cuda_backend(weights);
+  auto cpu = make_cpu_backend(weights);
+  const int64_t V = weights->config.vocab_size, T = int64_t(ids.size());
+  std::vector<float> prefill;
+  auto ps = gpu->new_sequence(256);
+  gpu->forward(*ps, ids, LogitsWanted::all, prefill);
+
+  auto ds = gpu->new_sequence(256), cs = cpu->new_sequence(256);
+  std::vector<float> step, cpu_step;
+  double max_ref = 0, max_diff = 0, max_diff_cpu = 0;
+  for (int64_t t = 0; t < T; ++t) {
+    gpu->forward(*ds, std::span<const int32_t>(&ids[size_t(t)], 1), LogitsWanted::last, step);
+    cpu->forward(*cs, std::span<const int32_t>(&ids[size_t(t)], 1), LogitsWanted::last, cpu_step);
+    ASSERT_EQ(step.size(), size_t(V));
+    for (int64_t i = 0; i < V; ++i) {
+      const float want = prefill[size_t(t * V + i)];
+      ASSERT_FALSE(std::isnan(step[size_t(i)])) << "token " << t << " logit " << i;
+      max_ref = std::max(max_ref, double(std::fabs(want)));
+      max_diff = std::max(max_diff, double(std::fabs(step[size_t(i)] - want)));
+      max_diff_cpu = std::max(max_diff_cpu, double(std::fabs(step[size_t(i)] - cpu_step[size_t(i)])));
+    }
+  }
+  std::printf("[%s] decode vs prefill: max |diff| %.4g of max |logit| %.4g; decode vs cpu decode: %.4g\n", layout.dir,
+              max_diff, max_ref, max_diff_cpu);
+  EXPECT_LE(max_diff, 2e-3 * max_ref);
+  if (std::string(layout.dir) == "mlx-q4") EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaForward,
                          ::testing::Values(Layout{"hf-fused", "hf"}, Layout{"mlx-q4", "mlx"}),
                          [](const auto& info) {

@@ -1,9 +1,11 @@
 // test_moe.cu: the MoE kernels (backend/cuda/moe.cu) against host references built from
-// cpu::linear, and the whole block against cpu::sparse_moe.
+// cpu::rms_norm and cpu::linear, and the whole block against cpu::sparse_moe.
 //
-// Routing: E 8 and 256, k 2 and 8, ties (identical router rows) to the lower expert index.
-// Experts: random expert ids (repeats included), T 1 and 3, I/H small and full size, 4 and 8
-// bits; outputs poisoned (NaN) or pre-filled (the accumulating kernels) before each launch.
+// Routing (with the fused input norm and the shared expert's gate): E 8, 100 and 256, k 2 and
+// 8, ties (identical router rows) to the lower expert index, the normalized x it writes.
+// Experts: random expert ids (repeats included; slot k, the shared expert, holds a garbage id
+// the kernels must ignore), T 1 and 3, I/H small and full size, 4 and 8 bits; outputs poisoned
+// (NaN) or pre-filled (the accumulating kernels) before each launch.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
 
@@ -77,40 +79,66 @@ HostRouting host_route(const Matrix& router, const std::vector<float>& x, int T,
   return r;
 }
 
-struct GpuRouting {
-  std::vector<int32_t> ids;
-  std::vector<float> weights;
+// The input of the block: h and the norm gain (1 + w), and the normalized x of the reference.
+struct NormedInput {
+  std::vector<float> h, gain, x;
 };
 
-GpuRouting gpu_route(const cuda::QMatrix& router, const std::vector<float>& x, int T, int k) {
-  DeviceArray<float> dx(x), dw(size_t(T) * k);
-  DeviceArray<int32_t> di(size_t(T) * k);
-  dw.poison(), di.poison();
-  cuda::moe_route(router, dx.get(), T, k, di.get(), dw.get(), nullptr);
+NormedInput normed_input(int T, int H, uint32_t seed) {
+  NormedInput in;
+  in.h = random_floats(size_t(T) * H, seed, 3.f);
+  in.gain = random_floats(size_t(H), seed + 1, 0.2f);
+  for (auto& g : in.gain) g += 1.f;
+  in.x.resize(in.h.size());
+  cpu::rms_norm(in.h.data(), in.gain.data(), T, H, 1e-6f, in.x.data());
+  return in;
+}
+
+struct GpuRouting {
+  std::vector<int32_t> ids;    // [T, k + 1]
+  std::vector<float> weights;  // [T, k + 1]
+  std::vector<float> normed;   // [T, H]
+};
+
+GpuRouting gpu_route(const cuda::QMatrix& router, const cuda::QMatrix& expert_gate, const NormedInput& in, int T,
+                     int k) {
+  const int H = router.cols;
+  DeviceArray<float> dh(in.h), dgain(in.gain), dnormed(size_t(T) * H), dw(size_t(T) * (k + 1));
+  DeviceArray<int32_t> di(size_t(T) * (k + 1));
+  dw.poison(), di.poison(), dnormed.poison();
+  cuda::moe_route_norm(router, expert_gate, dh.get(), dgain.get(), 1e-6f, T, k, dnormed.get(), di.get(), dw.get(),
+                       nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  return {di.download(), dw.download()};
+  return {di.download(), dw.download(), dnormed.download()};
 }
 
 void check_route(int E, int k, int H, int T, int bits) {
   SCOPED_TRACE(testing::Message() << "E " << E << " k " << k << " H " << H << " T " << T << " bits " << bits);
   const uint32_t seed = uint32_t(E * 31 + k * 7 + H + T);
-  TestQMatrix router(1, E, H, bits, seed, 0.05f);
-  const auto x = random_floats(size_t(T) * H, seed + 1);
-  const HostRouting want = host_route(router.cpu(), x, T, k);
-  const GpuRouting got = gpu_route(router.gpu(), x, T, k);
+  TestQMatrix router(1, E, H, bits, seed, 0.05f), expert_gate(1, 1, H, 8, seed + 7, 0.05f);
+  const NormedInput in = normed_input(T, H, seed + 1);
+  const HostRouting want = host_route(router.cpu(), in.x, T, k);
+  const GpuRouting got = gpu_route(router.gpu(), expert_gate.gpu(), in, T, k);
+  const double err = relative_error(got.normed, in.x);
+  EXPECT_LT(err, 1e-5) << "normed x: max |gpu - cpu| / max |cpu| = " << err;
   for (int t = 0; t < T; ++t) {
     const float* p = want.p.data() + size_t(t) * E;
     for (int i = 0; i < k; ++i) {
-      const size_t j = size_t(t) * k + i;
-      const int g = got.ids[j], w = want.ids[j];
+      const size_t j = size_t(t) * (k + 1) + i, jw = size_t(t) * k + i;
+      const int g = got.ids[j], w = want.ids[jw];
       ASSERT_TRUE(g >= 0 && g < E) << "token " << t << " slot " << i << ": expert " << g;
       // Summation order differs, so only a near-tie may swap experts.
       if (g != w) {
         EXPECT_NEAR(p[g], p[w], 1e-6f) << "token " << t << " slot " << i << ": gpu expert " << g << " cpu " << w;
         continue;
       }
-      EXPECT_NEAR(got.weights[j], want.weights[j], 1e-5f) << "token " << t << " slot " << i;
+      EXPECT_NEAR(got.weights[j], want.weights[jw], 1e-5f) << "token " << t << " slot " << i;
     }
+    float logit = 0;
+    cpu::linear(expert_gate.cpu(), in.x.data() + size_t(t) * H, 1, &logit);
+    const size_t js = size_t(t) * (k + 1) + k;
+    EXPECT_EQ(got.ids[js], 0) << "token " << t << ": the shared slot's id";
+    EXPECT_NEAR(got.weights[js], cpu::sigmoid(logit), 1e-5f) << "token " << t << ": the shared expert's gate";
   }
 }
 
@@ -135,13 +163,16 @@ TEST(CudaMoe, RouteTiesToLowerIndex) {
       std::vector<float> w(size_t(E) * H);
       for (int e = 0; e < E; ++e) std::copy_n(base.begin() + (e % distinct) * H, H, w.begin() + size_t(e) * H);
       FixedQMatrix router(w, E, H, 8);
-      const auto x = random_floats(size_t(T) * H, 99);
-      const HostRouting want = host_route(router.cpu(), x, T, k);
-      const GpuRouting got = gpu_route(router.gpu(), x, T, k);
-      for (size_t j = 0; j < want.ids.size(); ++j) {
-        EXPECT_EQ(got.ids[j], want.ids[j]) << "slot " << j;
-        EXPECT_NEAR(got.weights[j], want.weights[j], 1e-6f) << "slot " << j;
-      }
+      TestQMatrix expert_gate(1, 1, H, 8, 98);
+      const NormedInput in = normed_input(T, H, 99);
+      const HostRouting want = host_route(router.cpu(), in.x, T, k);
+      const GpuRouting got = gpu_route(router.gpu(), expert_gate.gpu(), in, T, k);
+      for (int t = 0; t < T; ++t)
+        for (int i = 0; i < k; ++i) {
+          const size_t j = size_t(t) * (k + 1) + i, jw = size_t(t) * k + i;
+          EXPECT_EQ(got.ids[j], want.ids[jw]) << "token " << t << " slot " << i;
+          EXPECT_NEAR(got.weights[j], want.weights[jw], 1e-6f) << "token " << t << " slot " << i;
+        }
       if (distinct == 1)  // all equal: experts 0..k-1, weight 1/k each
         for (int i = 0; i < k; ++i) EXPECT_EQ(got.ids[size_t(i)], i);
     }
@@ -158,6 +189,18 @@ std::vector<int32_t> random_ids(int n, int E, uint32_t seed) {
   return ids;
 }
 
+// [T, k + 1] slots: k random routed ids per token, then the shared slot with an id the kernels
+// must ignore.
+std::vector<int32_t> slot_ids(int T, int k, int E, uint32_t seed) {
+  const auto routed = random_ids(T * k, E, seed);
+  std::vector<int32_t> ids;
+  for (int t = 0; t < T; ++t) {
+    ids.insert(ids.end(), routed.begin() + size_t(t) * k, routed.begin() + size_t(t + 1) * k);
+    ids.push_back(123456);
+  }
+  return ids;
+}
+
 float silu(float g) { return g / (1.f + std::exp(-g)); }
 
 void check_gate_up(int E, int I, int H, int T, int k, int bits) {
@@ -165,22 +208,25 @@ void check_gate_up(int E, int I, int H, int T, int k, int bits) {
                                   << bits);
   const uint32_t seed = uint32_t(E + I + H * 3 + T * 5 + k * 7 + bits);
   TestQMatrix gate(E, I, H, bits, seed), up(E, I, H, bits, seed + 1);
+  TestQMatrix shared_gate(1, I, H, bits, seed + 4), shared_up(1, I, H, bits, seed + 5);
   const auto x = random_floats(size_t(T) * H, seed + 2);
-  const auto ids = random_ids(T * k, E, seed + 3);
+  const auto ids = slot_ids(T, k, E, seed + 3);
 
-  std::vector<float> expected(size_t(T) * k * I), g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
+  const int slots = k + 1;
+  std::vector<float> expected(size_t(T) * slots * I), g(static_cast<size_t>(I)), u(static_cast<size_t>(I));
   for (int t = 0; t < T; ++t)
-    for (int s = 0; s < k; ++s) {
-      const int e = ids[size_t(t) * k + s];
-      cpu::linear(gate.cpu(e), x.data() + size_t(t) * H, 1, g.data());
-      cpu::linear(up.cpu(e), x.data() + size_t(t) * H, 1, u.data());
-      for (int i = 0; i < I; ++i) expected[(size_t(t) * k + s) * I + i] = silu(g[size_t(i)]) * u[size_t(i)];
+    for (int s = 0; s < slots; ++s) {
+      const int e = ids[size_t(t) * slots + s];
+      cpu::linear(s == k ? shared_gate.cpu() : gate.cpu(e), x.data() + size_t(t) * H, 1, g.data());
+      cpu::linear(s == k ? shared_up.cpu() : up.cpu(e), x.data() + size_t(t) * H, 1, u.data());
+      for (int i = 0; i < I; ++i) expected[(size_t(t) * slots + s) * I + i] = silu(g[size_t(i)]) * u[size_t(i)];
     }
 
   DeviceArray<float> dx(x), dact(expected.size());
   DeviceArray<int32_t> dids(ids);
   dact.poison();
-  cuda::moe_gate_up(gate.gpu(), up.gpu(), dx.get(), dids.get(), T, k, dact.get(), nullptr);
+  cuda::moe_gate_up(gate.gpu(), up.gpu(), shared_gate.gpu(), shared_up.gpu(), dx.get(), dids.get(), T, k, dact.get(),
+                    nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const double err = relative_error(dact.download(), expected);
   EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
@@ -200,24 +246,26 @@ void check_down(int E, int H, int I, int T, int k, int bits) {
   SCOPED_TRACE(testing::Message() << "E " << E << " H " << H << " I " << I << " T " << T << " k " << k << " bits "
                                   << bits);
   const uint32_t seed = uint32_t(E * 3 + I + H + T * 5 + k * 7 + bits);
-  TestQMatrix down(E, H, I, bits, seed);
-  const auto act = random_floats(size_t(T) * k * I, seed + 1);
-  const auto ids = random_ids(T * k, E, seed + 2);
-  auto weights = random_floats(size_t(T) * k, seed + 3);
+  TestQMatrix down(E, H, I, bits, seed), shared_down(1, H, I, bits, seed + 5);
+  const int slots = k + 1;
+  const auto act = random_floats(size_t(T) * slots * I, seed + 1);
+  const auto ids = slot_ids(T, k, E, seed + 2);
+  auto weights = random_floats(size_t(T) * slots, seed + 3);
   for (auto& w : weights) w = std::fabs(w);
   const auto out0 = random_floats(size_t(T) * H, seed + 4);
 
   std::vector<float> expected = out0, y(static_cast<size_t>(H));
   for (int t = 0; t < T; ++t)
-    for (int s = 0; s < k; ++s) {
-      const size_t ts = size_t(t) * k + s;
-      cpu::linear(down.cpu(ids[ts]), act.data() + ts * I, 1, y.data());
+    for (int s = 0; s < slots; ++s) {
+      const size_t ts = size_t(t) * slots + s;
+      cpu::linear(s == k ? shared_down.cpu() : down.cpu(ids[ts]), act.data() + ts * I, 1, y.data());
       for (int h = 0; h < H; ++h) expected[size_t(t) * H + h] += weights[ts] * y[size_t(h)];
     }
 
   DeviceArray<float> dact(act), dw(weights), dout(out0);
   DeviceArray<int32_t> dids(ids);
-  cuda::moe_down_accumulate(down.gpu(), dact.get(), dids.get(), dw.get(), T, k, dout.get(), nullptr);
+  cuda::moe_down_accumulate(down.gpu(), shared_down.gpu(), dact.get(), dids.get(), dw.get(), T, k, dout.get(),
+                            nullptr);
   CUDA_OK(cudaDeviceSynchronize());
   const double err = relative_error(dout.download(), expected);
   EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
@@ -234,83 +282,52 @@ TEST(CudaMoe, DownAccumulate) {
   check_down(8, 130, 3072, 1, 5, 4);
 }
 
-void check_shared(int H, int Is, int T, int bits) {
-  SCOPED_TRACE(testing::Message() << "H " << H << " Is " << Is << " T " << T << " bits " << bits);
-  const uint32_t seed = uint32_t(H + Is * 3 + T * 5 + bits);
-  TestQMatrix gate(1, Is, H, bits, seed), up(1, Is, H, bits, seed + 1), down(1, H, Is, bits, seed + 2);
-  TestQMatrix expert_gate(1, 1, H, 8, seed + 3, 0.05f);
-  const auto x = random_floats(size_t(T) * H, seed + 4);
-  const auto out0 = random_floats(size_t(T) * H, seed + 5);
-
-  std::vector<float> expected = out0, g(static_cast<size_t>(Is)), u(static_cast<size_t>(Is)), y(static_cast<size_t>(H));
-  for (int t = 0; t < T; ++t) {
-    const float* xt = x.data() + size_t(t) * H;
-    cpu::linear(gate.cpu(), xt, 1, g.data());
-    cpu::linear(up.cpu(), xt, 1, u.data());
-    for (int i = 0; i < Is; ++i) g[size_t(i)] = silu(g[size_t(i)]) * u[size_t(i)];
-    cpu::linear(down.cpu(), g.data(), 1, y.data());
-    float logit = 0;
-    cpu::linear(expert_gate.cpu(), xt, 1, &logit);
-    const float sg = cpu::sigmoid(logit);
-    for (int h = 0; h < H; ++h) expected[size_t(t) * H + h] += sg * y[size_t(h)];
-  }
-
-  DeviceArray<float> dx(x), dout(out0), scratch(size_t(T) * Is);
-  scratch.poison();
-  cuda::shared_expert_accumulate(gate.gpu(), up.gpu(), down.gpu(), expert_gate.gpu(), dx.get(), T, scratch.get(),
-                                 dout.get(), nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  const double err = relative_error(dout.download(), expected);
-  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
-}
-
-TEST(CudaMoe, SharedExpert) {
-  REQUIRE_GPU();
-  check_shared(2048, 512, 1, 4);  // full size
-  check_shared(2048, 512, 3, 4);
-  check_shared(128, 64, 2, 4);
-  check_shared(64, 128, 1, 8);
-}
-
-// The four launches together against cpu::sparse_moe (small sizes; ids compared first, so a
-// near-tie flip would show as such rather than as a numeric mismatch).
+// The three launches together against h + cpu::sparse_moe(cpu::rms_norm(h)) (small sizes; ids
+// compared first, so a near-tie flip would show as such rather than as a numeric mismatch).
 TEST(CudaMoe, WholeBlockMatchesCpu) {
   REQUIRE_GPU();
-  const int E = 16, k = 4, H = 128, I = 64, Is = 128, T = 5;
-  TestQMatrix router(1, E, H, 8, 1), gate(E, I, H, 4, 2), up(E, I, H, 4, 3), down(E, H, I, 4, 4);
-  TestQMatrix sgate(1, Is, H, 4, 5), sup(1, Is, H, 4, 6), sdown(1, H, Is, 4, 7), egate(1, 1, H, 8, 8);
-  const auto x = random_floats(size_t(T) * H, 9);
+  for (int T : {1, 5}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    const int E = 16, k = 4, H = 128, I = 64;
+    TestQMatrix router(1, E, H, 8, 1), gate(E, I, H, 4, 2), up(E, I, H, 4, 3), down(E, H, I, 4, 4);
+    TestQMatrix sgate(1, I, H, 4, 5), sup(1, I, H, 4, 6), sdown(1, H, I, 4, 7), egate(1, 1, H, 8, 8);
+    const NormedInput in = normed_input(T, H, 9);
 
-  MoeWeights w;
-  w.router = router.cpu();
-  for (int e = 0; e < E; ++e) {
-    w.experts.gate_proj.push_back(gate.cpu(e));
-    w.experts.up_proj.push_back(up.cpu(e));
-    w.experts.down_proj.push_back(down.cpu(e));
+    MoeWeights w;
+    w.router = router.cpu();
+    for (int e = 0; e < E; ++e) {
+      w.experts.gate_proj.push_back(gate.cpu(e));
+      w.experts.up_proj.push_back(up.cpu(e));
+      w.experts.down_proj.push_back(down.cpu(e));
+    }
+    w.shared_gate_proj = sgate.cpu(), w.shared_up_proj = sup.cpu(), w.shared_down_proj = sdown.cpu();
+    w.shared_expert_gate = egate.cpu();
+    ModelConfig c;
+    c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
+    c.shared_expert_intermediate_size = I;
+    std::vector<float> expected(size_t(T) * H);
+    cpu::sparse_moe(w, c, in.x.data(), T, expected.data());
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += in.h[i];
+
+    const int slots = k + 1;
+    DeviceArray<float> h(in.h), gain(in.gain), x(size_t(T) * H), dw(size_t(T) * slots), act(size_t(T) * slots * I);
+    DeviceArray<int32_t> ids(size_t(T) * slots);
+    x.poison(), act.poison(), dw.poison(), ids.poison();
+    cuda::moe_route_norm(router.gpu(), egate.gpu(), h.get(), gain.get(), 1e-6f, T, k, x.get(), ids.get(), dw.get(),
+                         nullptr);
+    cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids.get(), T, k, act.get(), nullptr);
+    cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids.get(), dw.get(), T, k, h.get(), nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+
+    const HostRouting want = host_route(router.cpu(), in.x, T, k);
+    const auto got_ids = ids.download();
+    for (int t = 0; t < T; ++t)
+      for (int i = 0; i < k; ++i)
+        ASSERT_EQ(got_ids[size_t(t) * slots + i], want.ids[size_t(t) * k + i])
+            << "token " << t << " slot " << i << ": routing differs (near-tie?)";
+    const double err = relative_error(h.download(), expected);
+    EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
   }
-  w.shared_gate_proj = sgate.cpu(), w.shared_up_proj = sup.cpu(), w.shared_down_proj = sdown.cpu();
-  w.shared_expert_gate = egate.cpu();
-  ModelConfig c;
-  c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
-  c.shared_expert_intermediate_size = Is;
-  std::vector<float> expected(size_t(T) * H);
-  cpu::sparse_moe(w, c, x.data(), T, expected.data());
-
-  DeviceArray<float> dx(x), dw(size_t(T) * k), act(size_t(T) * k * I), scratch(size_t(T) * Is), out(size_t(T) * H);
-  DeviceArray<int32_t> ids(size_t(T) * k);
-  CUDA_OK(cudaMemset(out.get(), 0, out.size() * sizeof(float)));
-  act.poison(), scratch.poison();
-  cuda::moe_route(router.gpu(), dx.get(), T, k, ids.get(), dw.get(), nullptr);
-  cuda::moe_gate_up(gate.gpu(), up.gpu(), dx.get(), ids.get(), T, k, act.get(), nullptr);
-  cuda::moe_down_accumulate(down.gpu(), act.get(), ids.get(), dw.get(), T, k, out.get(), nullptr);
-  cuda::shared_expert_accumulate(sgate.gpu(), sup.gpu(), sdown.gpu(), egate.gpu(), dx.get(), T, scratch.get(),
-                                 out.get(), nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-
-  const HostRouting want = host_route(router.cpu(), x, T, k);
-  ASSERT_EQ(ids.download(), std::vector<int32_t>(want.ids.begin(), want.ids.end())) << "routing differs (near-tie?)";
-  const double err = relative_error(out.download(), expected);
-  EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
 }
 
 }  // namespace

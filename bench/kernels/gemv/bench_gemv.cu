@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cstdio>
 #include <functional>
+#include <string>
 #include <vector>
 
 using namespace lily;
@@ -79,14 +80,18 @@ int main() {
   int32_t* ids;
   CUDA_CHECK(cudaMalloc(&x, 64 * 4096 * 4));
   CUDA_CHECK(cudaMalloc(&y, 64 * 248320 * 4));
-  CUDA_CHECK(cudaMalloc(&act, 64 * 8 * 512 * 4));
-  CUDA_CHECK(cudaMalloc(&w, 64 * 8 * 4));
-  CUDA_CHECK(cudaMalloc(&ids, 64 * 8 * 4));
+  float *gain, *normed;
+  CUDA_CHECK(cudaMalloc(&act, 64 * 9 * 512 * 4));  // 8 routed slots + the shared expert
+  CUDA_CHECK(cudaMalloc(&w, 64 * 9 * 4));
+  CUDA_CHECK(cudaMalloc(&ids, 64 * 9 * 4));
+  CUDA_CHECK(cudaMalloc(&gain, 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&normed, 64 * 4096 * 4));
   CUDA_CHECK(cudaMemset(x, 0, 64 * 4096 * 4));
-  CUDA_CHECK(cudaMemset(act, 0, 64 * 8 * 512 * 4));
-  CUDA_CHECK(cudaMemset(w, 0, 64 * 8 * 4));
-  std::vector<int32_t> h_ids = {3, 17, 60, 99, 128, 200, 201, 255};
-  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 32, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(gain, 0, 4096 * 4));
+  CUDA_CHECK(cudaMemset(act, 0, 64 * 9 * 512 * 4));
+  CUDA_CHECK(cudaMemset(w, 0, 64 * 9 * 4));
+  std::vector<int32_t> h_ids = {3, 17, 60, 99, 128, 200, 201, 255, 0};
+  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 36, cudaMemcpyHostToDevice));
 
   struct Shape { const char* name; int rows, cols, bits; };
   for (const Shape& s : {Shape{"gemv [8192, 2048] q4", 8192, 2048, 4}, Shape{"gemv [2048, 4096] q4", 2048, 4096, 4},
@@ -97,6 +102,9 @@ int main() {
     std::vector<cuda::QMatrix> m;
     for (int i = 0; i < copies; ++i) m.push_back(make(1, s.rows, s.cols, s.bits));
     report(s.name, bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 1, nullptr); }));
+    if (s.cols <= 4096)
+      report((std::string(s.name) + ", rms_norm_gemv").c_str(), bytes,
+             time_us(copies, [&](int i) { cuda::rms_norm_gemv(m[size_t(i)], x, gain, 1e-6f, y, nullptr); }));
     if (s.rows == 8192) {
       report("gemv [8192, 2048] q4, T = 8", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 8, nullptr); }));
       report("gemv [8192, 2048] q4, T = 64", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 64, nullptr); }));
@@ -112,17 +120,17 @@ int main() {
     up.push_back(make(256, 512, 2048, 4));
     down.push_back(make(256, 2048, 512, 4));
   }
-  const double gu_bytes = 8 * 2 * bytes_of(512, 2048, 4), d_bytes = 8 * bytes_of(2048, 512, 4);
-  report("moe_gate_up (8 experts, SwiGLU)", gu_bytes,
-         time_us(layers, [&](int l) { cuda::moe_gate_up(gate[size_t(l)], up[size_t(l)], x, ids, 1, 8, act, nullptr); }));
-  report("moe_down_accumulate (8 experts)", d_bytes,
-         time_us(layers, [&](int l) { cuda::moe_down_accumulate(down[size_t(l)], act, ids, w, 1, 8, y, nullptr); }));
-  cuda::QMatrix router = make(1, 256, 2048, 8);
-  report("moe_route (router q8 + softmax + top-8)", bytes_of(256, 2048, 8),
-         time_us(1, [&](int) { cuda::moe_route(router, x, 1, 8, ids, w, nullptr); }));
-  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 32, cudaMemcpyHostToDevice));
   cuda::QMatrix sg = make(1, 512, 2048, 4), su = make(1, 512, 2048, 4), sd = make(1, 2048, 512, 4), eg = make(1, 1, 2048, 8);
-  report("shared_expert_accumulate (2 launches)", 3 * bytes_of(512, 2048, 4),
-         time_us(1, [&](int) { cuda::shared_expert_accumulate(sg, su, sd, eg, x, 1, act, y, nullptr); }));
+  const double gu_bytes = 9 * 2 * bytes_of(512, 2048, 4), d_bytes = 9 * bytes_of(2048, 512, 4);
+  report("moe_gate_up (8 experts + shared, SwiGLU)", gu_bytes, time_us(layers, [&](int l) {
+           cuda::moe_gate_up(gate[size_t(l)], up[size_t(l)], sg, su, x, ids, 1, 8, act, nullptr);
+         }));
+  report("moe_down_accumulate (8 experts + shared)", d_bytes, time_us(layers, [&](int l) {
+           cuda::moe_down_accumulate(down[size_t(l)], sd, act, ids, w, 1, 8, y, nullptr);
+         }));
+  cuda::QMatrix router = make(1, 256, 2048, 8);
+  report("moe_route_norm (norm + router q8 + top-8 + shared gate)", bytes_of(256, 2048, 8), time_us(1, [&](int) {
+           cuda::moe_route_norm(router, eg, x, gain, 1e-6f, 1, 8, normed, ids, w, nullptr);
+         }));
   return 0;
 }

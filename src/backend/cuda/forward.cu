@@ -1,17 +1,19 @@
 // forward.cu: the CUDA backend: the whole model on the GPU, decode captured in a CUDA graph.
 //
 //   h = embed[token]                                              embed_tokens
-//   per layer:  normed = RMSNorm(h)                               rms_norm
-//               DeltaNet:  qkv, z, b, a = projections             gemv x4
+//   per layer:  DeltaNet:  qkv, z, b, a = projections(RMSNorm(h))  rms_norm_gemv (T = 1, one fused
+//                                                                  matrix) | rms_norm, gemv x4
 //                          y = gated_deltanet_core(...)          (conv, gates, delta rule, gated norm)
 //                          h += out_proj(y)                      gemv_accumulate
-//               attention: qg, k, v = projections                gemv x3
+//               attention: qg, k, v = projections(RMSNorm(h))    rms_norm_gemv | rms_norm, gemv x3
 //                          o = gated_attention_core(...)         (norms, RoPE, KV append, softmax, gate)
 //                          h += o_proj(o)                        gemv_accumulate
-//               normed = RMSNorm(h)
-//               h += experts(normed) + shared(normed)            moe_route, moe_gate_up, moe_down_accumulate,
-//                                                                shared_expert_accumulate
-//   logits = lm_head(RMSNorm(h))                                 rms_norm, gemv (argmax for greedy)
+//               h += experts(RMSNorm(h)) + shared(RMSNorm(h))    moe_route_norm, moe_gate_up,
+//                                                                moe_down_accumulate (shared = slot k)
+//   logits = lm_head(RMSNorm(h))                                 rms_norm_gemv | rms_norm, gemv
+//                                                                (argmax for greedy)
+// Launches of a decode step (T = 1): 1 + 3 per layer + 3 (advance, lm_head, argmax): 244 for
+// the 40-layer model (515 before the fused kernels).
 // Shapes: activations fp32 [T, width], T <= kChunkTokens per pass (longer prompts are
 // processed in chunks; the caches carry the context). KV cache bf16, DeltaNet state fp32.
 // The sequence position lives in device memory and is advanced by a kernel, so the T = 1
@@ -176,10 +178,10 @@ struct Scratch {
   DeviceBuffer z;            // [T, Hv*128]
   DeviceBuffer b, a;         // [T, Hv]
   DeviceBuffer k, v;         // [T, nkv*hd]
+  DeviceBuffer fused;        // [1, max(conv_dim + Hv*128 + 2*Hv, (2*nq + 2*nkv)*hd)]  T = 1 fused projections
   DeviceBuffer mixer_out;    // [T, max(Hv*128, nq*hd)]  input of out_proj / o_proj
-  DeviceBuffer expert_ids, expert_weights;  // [T, k]
-  DeviceBuffer act;          // [T, k, I]
-  DeviceBuffer shared;       // [T, Is]
+  DeviceBuffer expert_ids, expert_weights;  // [T, k+1]  slot k: the shared expert
+  DeviceBuffer act;          // [T, k+1, I]
   DeviceBuffer logits;       // [T, V]
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
   DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
@@ -203,11 +205,14 @@ class CudaBackendImpl final : public CudaBackend {
     s_.a = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
     s_.k = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
     s_.v = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
+    s_.fused = DeviceBuffer(std::max<uint64_t>(
+        uint64_t(c_.linear_conv_dim()) + value_dim + 2ull * c_.linear_num_value_heads,
+        (2ull * c_.num_attention_heads + 2ull * c_.num_key_value_heads) * c_.head_dim) * 4);
     s_.mixer_out = DeviceBuffer(T * mixer * 4);
-    s_.expert_ids = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * 4);
-    s_.expert_weights = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * 4);
-    s_.act = DeviceBuffer(T * uint64_t(c_.num_experts_per_tok) * uint64_t(c_.moe_intermediate_size) * 4);
-    s_.shared = DeviceBuffer(T * uint64_t(c_.shared_expert_intermediate_size) * 4);
+    const uint64_t slots = uint64_t(c_.num_experts_per_tok) + 1;
+    s_.expert_ids = DeviceBuffer(T * slots * 4);
+    s_.expert_weights = DeviceBuffer(T * slots * 4);
+    s_.act = DeviceBuffer(T * slots * uint64_t(c_.moe_intermediate_size) * 4);
     s_.logits = DeviceBuffer(T * uint64_t(c_.vocab_size) * 4);
     s_.attention_scratch = DeviceBuffer(attention_scratch_bytes());
     CUDA_CHECK(cudaMemset(s_.attention_scratch.p, 0, s_.attention_scratch.bytes));
@@ -337,19 +342,29 @@ class CudaBackendImpl final : public CudaBackend {
     embed_tokens(w_->embed_tokens, s_.tokens.as<int32_t>(), T, h, stream_);
     size_t attention_index = 0, deltanet_index = 0;
     for (const GpuLayer& layer : w_->layers) {
-      rms_norm(h, layer.input_layernorm, T, H, c_.rms_norm_eps, normed, stream_);
-      if (layer.kind == LayerKind::full_attention) attention_layer(layer.attention, s, attention_index++, T);
-      else deltanet_layer(layer.deltanet, s, deltanet_index++, T);
-      rms_norm(h, layer.post_attention_layernorm, T, H, c_.rms_norm_eps, normed, stream_);
-      moe_block(layer.moe, T);
+      if (layer.kind == LayerKind::full_attention)
+        attention_layer(layer.attention, layer.input_layernorm, s, attention_index++, T);
+      else
+        deltanet_layer(layer.deltanet, layer.input_layernorm, s, deltanet_index++, T);
+      moe_block(layer.moe, layer.post_attention_layernorm, T);
     }
     advance_position<<<1, 1, 0, stream_>>>(s.position.as<int32_t>(), T);
     CUDA_CHECK_LAUNCH();
     if (first_row < T) {
       const int rows = T - first_row;
-      rms_norm(h + size_t(first_row) * H, w_->final_norm, rows, H, c_.rms_norm_eps, normed, stream_);
-      gemv(w_->lm_head, normed, s_.logits.as<float>(), rows, stream_);
+      if (rows == 1 && fits_rms_norm_gemv(w_->lm_head)) {
+        rms_norm_gemv(w_->lm_head, h + size_t(first_row) * H, w_->final_norm, c_.rms_norm_eps, s_.logits.as<float>(),
+                      stream_);
+      } else {
+        rms_norm(h + size_t(first_row) * H, w_->final_norm, rows, H, c_.rms_norm_eps, normed, stream_);
+        gemv(w_->lm_head, normed, s_.logits.as<float>(), rows, stream_);
+      }
     }
+  }
+
+  // Whether the input norm can be fused into W's projection (rms_norm_gemv's limits).
+  static bool fits_rms_norm_gemv(const QMatrix& W) {
+    return W.rows > 0 && W.cols <= 4096 && (W.bits == 4 || W.bits == 8) && W.group_size == 64;
   }
 
   AttentionParams attention_params(int T, int capacity) const {
@@ -382,49 +397,67 @@ class CudaBackendImpl final : public CudaBackend {
     return p;
   }
 
-  // h += o_proj(gated_attention(q_proj, k_proj, v_proj of normed))
-  void attention_layer(const GpuAttention& a, CudaSequenceState& s, size_t index, int T) {
-    const float* x = s_.normed.as<float>();
-    gemv(a.q_proj, x, s_.wide.as<float>(), T, stream_);
-    gemv(a.k_proj, x, s_.k.as<float>(), T, stream_);
-    gemv(a.v_proj, x, s_.v.as<float>(), T, stream_);
+  // h += o_proj(gated_attention(q_proj, k_proj, v_proj of RMSNorm(h)))
+  void attention_layer(const GpuAttention& a, const float* input_norm, CudaSequenceState& s, size_t index, int T) {
+    const float *qg, *k, *v;
+    if (T == 1 && fits_rms_norm_gemv(a.qkv_proj)) {  // one launch: [qg | k | v] = RMSNorm(h) @ [Wq; Wk; Wv]^T
+      float* out = s_.fused.as<float>();
+      rms_norm_gemv(a.qkv_proj, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
+      qg = out, k = out + a.q_proj.rows, v = out + a.q_proj.rows + a.k_proj.rows;
+    } else {
+      const float* x = s_.normed.as<float>();
+      rms_norm(s_.h.as<float>(), input_norm, T, c_.hidden_size, c_.rms_norm_eps, s_.normed.as<float>(), stream_);
+      gemv(a.q_proj, x, s_.wide.as<float>(), T, stream_);
+      gemv(a.k_proj, x, s_.k.as<float>(), T, stream_);
+      gemv(a.v_proj, x, s_.v.as<float>(), T, stream_);
+      qg = s_.wide.as<float>(), k = s_.k.as<float>(), v = s_.v.as<float>();
+    }
     AttentionParams p = attention_params(T, int(s.capacity()));
     p.q_norm = a.q_norm;
     p.k_norm = a.k_norm;
     p.position = s.position.as<int32_t>();
-    gated_attention_core(p, s_.wide.as<float>(), s_.k.as<float>(), s_.v.as<float>(), s.k_cache[index].as<bf16>(),
-                         s.v_cache[index].as<bf16>(), s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
+    gated_attention_core(p, qg, k, v, s.k_cache[index].as<bf16>(), s.v_cache[index].as<bf16>(),
+                         s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
     gemv_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
   }
 
-  // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of normed))
-  void deltanet_layer(const GpuDeltaNet& d, CudaSequenceState& s, size_t index, int T) {
-    const float* x = s_.normed.as<float>();
-    gemv(d.in_proj_qkv, x, s_.wide.as<float>(), T, stream_);
-    gemv(d.in_proj_z, x, s_.z.as<float>(), T, stream_);
-    gemv(d.in_proj_b, x, s_.b.as<float>(), T, stream_);
-    gemv(d.in_proj_a, x, s_.a.as<float>(), T, stream_);
+  // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
+  void deltanet_layer(const GpuDeltaNet& d, const float* input_norm, CudaSequenceState& s, size_t index, int T) {
+    const float *mixed, *z, *b, *a;
+    if (T == 1 && fits_rms_norm_gemv(d.in_proj_all)) {  // one launch: [qkv | z | b | a] = RMSNorm(h) @ W_all^T
+      float* out = s_.fused.as<float>();
+      rms_norm_gemv(d.in_proj_all, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
+      mixed = out, z = out + d.in_proj_qkv.rows, b = z + d.in_proj_z.rows, a = b + d.in_proj_b.rows;
+    } else {
+      const float* x = s_.normed.as<float>();
+      rms_norm(s_.h.as<float>(), input_norm, T, c_.hidden_size, c_.rms_norm_eps, s_.normed.as<float>(), stream_);
+      gemv(d.in_proj_qkv, x, s_.wide.as<float>(), T, stream_);
+      gemv(d.in_proj_z, x, s_.z.as<float>(), T, stream_);
+      gemv(d.in_proj_b, x, s_.b.as<float>(), T, stream_);
+      gemv(d.in_proj_a, x, s_.a.as<float>(), T, stream_);
+      mixed = s_.wide.as<float>(), z = s_.z.as<float>(), b = s_.b.as<float>(), a = s_.a.as<float>();
+    }
     DeltaNetParams p = deltanet_params(T);
     p.conv_weight = d.conv1d;
     p.A_log = d.A_log;
     p.dt_bias = d.dt_bias;
     p.norm_weight = d.norm;
-    gated_deltanet_core(p, s_.wide.as<float>(), s_.z.as<float>(), s_.b.as<float>(), s_.a.as<float>(),
-                        s.conv[index].as<float>(), s.ssm[index].as<float>(), s_.mixer_out.as<float>(),
-                        s_.deltanet_scratch.p, stream_);
+    gated_deltanet_core(p, mixed, z, b, a, s.conv[index].as<float>(), s.ssm[index].as<float>(),
+                        s_.mixer_out.as<float>(), s_.deltanet_scratch.p, stream_);
     gemv_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
   }
 
-  // h += routed experts + gated shared expert, all of normed
-  void moe_block(const GpuMoe& m, int T) {
-    const float* x = s_.normed.as<float>();
+  // h += routed experts + gated shared expert, all of x = RMSNorm(h) (the shared expert is slot k)
+  void moe_block(const GpuMoe& m, const float* post_attention_norm, int T) {
+    float* x = s_.normed.as<float>();
     const int k = c_.num_experts_per_tok;
-    moe_route(m.router, x, T, k, s_.expert_ids.as<int32_t>(), s_.expert_weights.as<float>(), stream_);
-    moe_gate_up(m.experts_gate, m.experts_up, x, s_.expert_ids.as<int32_t>(), T, k, s_.act.as<float>(), stream_);
-    moe_down_accumulate(m.experts_down, s_.act.as<float>(), s_.expert_ids.as<int32_t>(), s_.expert_weights.as<float>(),
-                        T, k, s_.h.as<float>(), stream_);
-    shared_expert_accumulate(m.shared_gate, m.shared_up, m.shared_down, m.shared_expert_gate, x, T,
-                             s_.shared.as<float>(), s_.h.as<float>(), stream_);
+    int32_t* ids = s_.expert_ids.as<int32_t>();
+    float* weights = s_.expert_weights.as<float>();
+    moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
+                   ids, weights, stream_);
+    moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
+    moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
+                        stream_);
   }
 
   static constexpr int kRing = 8;

@@ -39,6 +39,15 @@ struct QMatrix {
     m.biases += int64_t(i) * rows * groups_per_row();
     return m;
   }
+  // Rows [first, first + count) of a single matrix (a part of a row-concatenated one).
+  QMatrix row_range(int first, int count) const {
+    QMatrix m = *this;
+    m.rows = count;
+    m.codes += int64_t(first) * words_per_row();
+    m.scales += int64_t(first) * groups_per_row();
+    m.biases += int64_t(first) * groups_per_row();
+    return m;
+  }
 };
 
 }  // namespace lily::cuda

@@ -36,37 +36,38 @@ class WeightUploader {
   // A stack of `count` matrices of equal shape, quantized to `bits` if they are plain.
   QMatrix matrices(const std::vector<const Matrix*>& ms, int plain_bits) {
     const Matrix& first = *ms[0];
-    const int bits = first.quantized() ? first.bits : plain_bits;
-    const int group = first.quantized() ? first.group_size : 64;
-    QMatrix q;
-    q.batch = int(ms.size());
-    q.rows = int(first.rows);
-    q.cols = int(first.cols);
-    q.bits = bits;
-    q.group_size = group;
-    const uint64_t code_bytes = uint64_t(first.rows) * first.cols * bits / 8;
-    const uint64_t scale_bytes = uint64_t(first.rows) * (first.cols / group) * 2;
-    auto* codes = static_cast<uint8_t*>(out_.allocate(code_bytes * ms.size()));
-    auto* scales = static_cast<uint8_t*>(out_.allocate(scale_bytes * ms.size()));
-    auto* biases = static_cast<uint8_t*>(out_.allocate(scale_bytes * ms.size()));
+    QMatrix q = allocate(int(ms.size()), int(first.rows), int(first.cols), first.quantized() ? first.bits : plain_bits,
+                         first.quantized() ? first.group_size : 64);
     for (size_t i = 0; i < ms.size(); ++i) {
-      const Matrix& m = *ms[i];
-      LILY_CHECK(m.rows == first.rows && m.cols == first.cols, "expert matrices differ in shape");
-      if (m.quantized()) {
-        LILY_CHECK(m.bits == bits && m.group_size == group, "expert matrices differ in quantization");
-        CUDA_CHECK(cudaMemcpy(codes + i * code_bytes, m.data, code_bytes, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(scales + i * scale_bytes, m.scales, scale_bytes, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(biases + i * scale_bytes, m.biases, scale_bytes, cudaMemcpyHostToDevice));
-      } else {
-        QuantizedMatrix qm = quantize_rows(m, bits);
-        CUDA_CHECK(cudaMemcpy(codes + i * code_bytes, qm.codes.data(), code_bytes, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(scales + i * scale_bytes, qm.scales.data(), scale_bytes, cudaMemcpyHostToDevice));
-        CUDA_CHECK(cudaMemcpy(biases + i * scale_bytes, qm.biases.data(), scale_bytes, cudaMemcpyHostToDevice));
-      }
+      LILY_CHECK(ms[i]->rows == first.rows && ms[i]->cols == first.cols, "expert matrices differ in shape");
+      write(*ms[i], q, int64_t(i) * first.rows);
     }
-    q.codes = reinterpret_cast<const uint32_t*>(codes);
-    q.scales = reinterpret_cast<const bf16*>(scales);
-    q.biases = reinterpret_cast<const bf16*>(biases);
+    return q;
+  }
+
+  // Matrices of one input width concatenated by rows into one (returned), with parts[i] set
+  // to the view of ms[i]'s rows. Where their quantizations differ, each is uploaded on its
+  // own and the returned matrix has no rows.
+  QMatrix concatenated(const std::vector<const Matrix*>& ms, int plain_bits, const std::vector<QMatrix*>& parts) {
+    auto bits_of = [&](const Matrix* m) { return m->quantized() ? m->bits : plain_bits; };
+    auto group_of = [&](const Matrix* m) { return m->quantized() ? int(m->group_size) : 64; };
+    bool same = true;
+    int rows = 0;
+    for (const Matrix* m : ms) {
+      same = same && m->cols == ms[0]->cols && bits_of(m) == bits_of(ms[0]) && group_of(m) == group_of(ms[0]);
+      rows += int(m->rows);
+    }
+    if (!same) {
+      for (size_t i = 0; i < ms.size(); ++i) *parts[i] = matrix(*ms[i], plain_bits);
+      return QMatrix{};
+    }
+    QMatrix q = allocate(1, rows, int(ms[0]->cols), bits_of(ms[0]), group_of(ms[0]));
+    int row = 0;
+    for (size_t i = 0; i < ms.size(); ++i) {
+      write(*ms[i], q, row);
+      *parts[i] = q.row_range(row, int(ms[i]->rows));
+      row += int(ms[i]->rows);
+    }
     return q;
   }
 
@@ -85,6 +86,37 @@ class WeightUploader {
   }
 
  private:
+  QMatrix allocate(int batch, int rows, int cols, int bits, int group) {
+    QMatrix q;
+    q.batch = batch, q.rows = rows, q.cols = cols, q.bits = bits, q.group_size = group;
+    const uint64_t all_rows = uint64_t(batch) * rows;
+    q.codes = static_cast<const uint32_t*>(out_.allocate(all_rows * cols * bits / 8));
+    q.scales = static_cast<const bf16*>(out_.allocate(all_rows * (cols / group) * 2));
+    q.biases = static_cast<const bf16*>(out_.allocate(all_rows * (cols / group) * 2));
+    return q;
+  }
+
+  // m into rows [first_row, first_row + m.rows) of the stack q (flattened over its batch),
+  // quantized to q.bits if m is plain.
+  static void write(const Matrix& m, const QMatrix& q, int64_t first_row) {
+    const uint64_t code_bytes = uint64_t(m.rows) * m.cols * q.bits / 8;
+    const uint64_t scale_bytes = uint64_t(m.rows) * (m.cols / q.group_size) * 2;
+    auto* codes = reinterpret_cast<uint8_t*>(const_cast<uint32_t*>(q.codes)) + first_row * q.cols * q.bits / 8;
+    auto* scales = reinterpret_cast<uint8_t*>(const_cast<bf16*>(q.scales)) + first_row * q.groups_per_row() * 2;
+    auto* biases = reinterpret_cast<uint8_t*>(const_cast<bf16*>(q.biases)) + first_row * q.groups_per_row() * 2;
+    if (m.quantized()) {
+      LILY_CHECK(m.bits == q.bits && m.group_size == q.group_size, "matrices of one stack differ in quantization");
+      CUDA_CHECK(cudaMemcpy(codes, m.data, code_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(scales, m.scales, scale_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(biases, m.biases, scale_bytes, cudaMemcpyHostToDevice));
+    } else {
+      QuantizedMatrix qm = quantize_rows(m, q.bits);
+      CUDA_CHECK(cudaMemcpy(codes, qm.codes.data(), code_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(scales, qm.scales.data(), scale_bytes, cudaMemcpyHostToDevice));
+      CUDA_CHECK(cudaMemcpy(biases, qm.biases.data(), scale_bytes, cudaMemcpyHostToDevice));
+    }
+  }
+
   // Quantizes a plain matrix in row blocks on all cores.
   static QuantizedMatrix quantize_rows(const Matrix& m, int bits) {
     QuantizedMatrix q;
@@ -120,13 +152,21 @@ std::unique_ptr<GpuWeights> GpuWeights::upload(const ModelWeights& w) {
     gl.post_attention_layernorm = up.vector(l.post_attention_layernorm);
     if (l.kind == LayerKind::full_attention) {
       const AttentionWeights& a = l.attention;
-      gl.attention = {up.matrix(a.q_proj), up.matrix(a.k_proj), up.matrix(a.v_proj), up.matrix(a.o_proj),
-                      up.vector(a.q_norm), up.vector(a.k_norm)};
+      GpuAttention& ga = gl.attention;
+      ga.qkv_proj = up.concatenated({&a.q_proj, &a.k_proj, &a.v_proj}, 4, {&ga.q_proj, &ga.k_proj, &ga.v_proj});
+      ga.o_proj = up.matrix(a.o_proj);
+      ga.q_norm = up.vector(a.q_norm);
+      ga.k_norm = up.vector(a.k_norm);
     } else {
       const DeltaNetWeights& d = l.deltanet;
-      gl.deltanet = {up.matrix(d.in_proj_qkv), up.matrix(d.in_proj_z), up.matrix(d.in_proj_b), up.matrix(d.in_proj_a),
-                     up.matrix(d.out_proj),    up.vector(d.conv1d),    up.vector(d.A_log),      up.vector(d.dt_bias),
-                     up.vector(d.norm)};
+      GpuDeltaNet& gd = gl.deltanet;
+      gd.in_proj_all = up.concatenated({&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a}, 4,
+                                       {&gd.in_proj_qkv, &gd.in_proj_z, &gd.in_proj_b, &gd.in_proj_a});
+      gd.out_proj = up.matrix(d.out_proj);
+      gd.conv1d = up.vector(d.conv1d);
+      gd.A_log = up.vector(d.A_log);
+      gd.dt_bias = up.vector(d.dt_bias);
+      gd.norm = up.vector(d.norm);
     }
     const MoeWeights& m = l.moe;
     gl.moe.router = up.matrix(m.router, 8);
@@ -232,19 +272,28 @@ std::unique_ptr<GpuWeights> GpuWeights::synthetic(const ModelConfig& c, uint64_t
     gl.post_attention_layernorm = b.vector(uint64_t(H), 1.f, 0.1f);
     if (gl.kind == LayerKind::full_attention) {
       const int nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
-      gl.attention = {b.matrix(1, 2 * nq * d, H), b.matrix(1, nkv * d, H), b.matrix(1, nkv * d, H),
-                      b.matrix(1, H, nq * d),     b.vector(uint64_t(d), 1.f, 0.1f), b.vector(uint64_t(d), 1.f, 0.1f)};
+      GpuAttention& ga = gl.attention;
+      ga.qkv_proj = b.matrix(1, 2 * nq * d + 2 * nkv * d, H);
+      ga.q_proj = ga.qkv_proj.row_range(0, 2 * nq * d);
+      ga.k_proj = ga.qkv_proj.row_range(2 * nq * d, nkv * d);
+      ga.v_proj = ga.qkv_proj.row_range(2 * nq * d + nkv * d, nkv * d);
+      ga.o_proj = b.matrix(1, H, nq * d);
+      ga.q_norm = b.vector(uint64_t(d), 1.f, 0.1f);
+      ga.k_norm = b.vector(uint64_t(d), 1.f, 0.1f);
     } else {
       const int Hv = c.linear_num_value_heads;
-      gl.deltanet = {b.matrix(1, c.linear_conv_dim(), H),
-                     b.matrix(1, c.linear_value_dim(), H),
-                     b.matrix(1, Hv, H),
-                     b.matrix(1, Hv, H),
-                     b.matrix(1, H, c.linear_value_dim()),
-                     b.vector(uint64_t(c.linear_conv_dim()) * c.linear_conv_kernel_dim, 0.f, 0.3f),
-                     b.vector(uint64_t(Hv), 1.f, 1.f),
-                     b.vector(uint64_t(Hv), 0.f, 0.5f),
-                     b.vector(128, 1.f, 0.1f)};
+      const int C = c.linear_conv_dim(), Vd = c.linear_value_dim();
+      GpuDeltaNet& gd = gl.deltanet;
+      gd.in_proj_all = b.matrix(1, C + Vd + 2 * Hv, H);
+      gd.in_proj_qkv = gd.in_proj_all.row_range(0, C);
+      gd.in_proj_z = gd.in_proj_all.row_range(C, Vd);
+      gd.in_proj_b = gd.in_proj_all.row_range(C + Vd, Hv);
+      gd.in_proj_a = gd.in_proj_all.row_range(C + Vd + Hv, Hv);
+      gd.out_proj = b.matrix(1, H, Vd);
+      gd.conv1d = b.vector(uint64_t(C) * c.linear_conv_kernel_dim, 0.f, 0.3f);
+      gd.A_log = b.vector(uint64_t(Hv), 1.f, 1.f);
+      gd.dt_bias = b.vector(uint64_t(Hv), 0.f, 0.5f);
+      gd.norm = b.vector(128, 1.f, 0.1f);
     }
     gl.moe.router = b.matrix(1, E, H, 8);
     gl.moe.experts_gate = b.matrix(E, I, H);

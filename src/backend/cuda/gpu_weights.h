@@ -20,14 +20,19 @@ struct ModelWeights;
 
 namespace lily::cuda {
 
+// A fused matrix is the row concatenation of projections that read the same input, so one
+// launch computes them all; the separate matrices are views of its rows. Its rows are 0 where
+// the parts differ in quantization (then they are separate allocations).
 struct GpuAttention {
   QMatrix q_proj, k_proj, v_proj, o_proj;
+  QMatrix qkv_proj;               // fused [q_proj; k_proj; v_proj]: [8192 + 512 + 512, 2048]
   const float* q_norm = nullptr;  // [256]
   const float* k_norm = nullptr;  // [256]
 };
 
 struct GpuDeltaNet {
   QMatrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
+  QMatrix in_proj_all;            // fused [qkv; z; b; a]: [8192 + 4096 + 32 + 32, 2048]
   const float* conv1d = nullptr;  // [conv_dim, K]
   const float* A_log = nullptr;   // [Hv]
   const float* dt_bias = nullptr; // [Hv]

@@ -1,34 +1,38 @@
-// moe.cu: the sparse MoE block on the GPU (spec §2.7): routing, routed experts, shared expert.
+// moe.cu: the sparse MoE block on the GPU (spec §2.7) in three launches per token block:
+// norm + routing, gate/up of the k routed experts and the shared expert, down of all of them.
 //
+//   x = RMSNorm(h; post_attention_layernorm)             (zero-centred: gain = 1 + w, spec §2.2)
 //   p = softmax(x @ Wr^T) (fp32);  S = top-k of p (ties to the lower index);  w_e = p_e / sum_S p
-//   act[t, s]  = silu(G_e x_t) * (U_e x_t)                  e = expert_ids[t, s]
-//   out[t]    += sum_s w_s * D_e act[t, s]
-//   out[t]    += sigmoid(x_t . w_sg) * D_sh(silu(G_sh x_t) * U_sh x_t)
-// Shapes:   x [T, H] fp32 · router [E, H] (8-bit in mlx) · gate/up stacks [E, I, H] · down stack
-//           [E, H, I] · act [T, k, I] fp32 · expert_ids [T, k] int32 · expert_weights [T, k] fp32.
-//           E <= 256, k <= 8; H and I multiples of 64; x and act 16-byte aligned.
+//   slot s < k: the routed expert e = ids[t, s], weight w_s;  slot k: the shared expert, weight
+//   sigmoid(x . w_sg)   ("routed + sigmoid(x @ Wsg^T) * shared" of the spec, as a ninth slot)
+//   act[t, s]  = silu(G_s x_t) * (U_s x_t)
+//   h[t]      += sum_{s <= k} weight_s * D_s act[t, s]
+// Shapes:   h, x [T, H] fp32 · router [E, H] (8-bit in mlx) · gate/up stacks [E, I, H] · down stack
+//           [E, H, I] · shared gate/up [I, H], down [H, I] (the shared expert's width must equal
+//           I, true of every Qwen3.5/3.6 MoE) · act [T, k+1, I] fp32 · ids [T, k+1] int32 ·
+//           weights [T, k+1] fp32.  E <= 256, k <= 8; H <= 4096 and I multiples of 64; h, x,
+//           act 16-byte aligned.
 // Layout:   weights in the mlx affine layout (gpu_types.h); a "chunk" is 16 bytes of codes, 32
 //           columns at 4 bits or 16 at 8 bits; as in gemv.cu, a group of LPR lanes (8/16/32)
 //           owns a few rows and reads their chunks j, j + LPR, ... with 16-byte streaming loads,
 //           and one chunk of x in registers serves all the rows the lane holds.
-// Kernels:  moe_route_kernel      a cluster of 8 blocks x 256 threads per token: each block
-//                                 computes E/8 router logits into its shared memory; block 0
-//                                 gathers them over distributed shared memory, and its warp 0
-//                                 does softmax, k rounds of warp argmax, renormalisation.
-//           moe_gate_up_kernel    grid (I/8, T*k), 128 threads: each warp owns 2 rows of G_e and
-//                                 the same 2 rows of U_e (4 rows share each chunk of x; 8 uint4
-//                                 loads in flight per lane) and writes silu(g)*u: intermediates
-//                                 never leave registers. The expert id is read on the device.
-//           shared_gate_up_kernel the same for the shared expert, with the per-token gate
-//                                 sigmoid(x . w_sg) (computed by warp 0) folded into act, since
-//                                 D(a * v) = a * D(v).
-//           moe_down_kernel       grid (H/4, T), 64 threads: a warp owns 2 output rows for all k
-//                                 slots (the lane groups split the slots; 4 slots' loads in
+// Kernels:  moe_route_norm_kernel a cluster of 8 blocks x 256 threads per token: each block
+//                                 normalizes h[t] into its shared memory (8 KB at H = 2048, L2-
+//                                 resident), computes E/8 router logits; block 0 writes x for
+//                                 the expert launches and gathers the logits over distributed
+//                                 shared memory, and its warp 0 does softmax, k rounds of warp
+//                                 argmax, renormalisation; the last block's warp 0 computes the
+//                                 shared expert's gate sigmoid(x . w_sg) into slot k.
+//           moe_gate_up_kernel    grid (I/8, T*(k+1)), 128 threads: each warp owns 2 rows of G
+//                                 and the same 2 rows of U of its slot's expert (4 rows share
+//                                 each chunk of x; 8 uint4 loads in flight per lane) and writes
+//                                 silu(g)*u: intermediates never leave registers. The expert id
+//                                 is read on the device; slot k reads the shared expert.
+//           moe_down_kernel       grid (H/4, T), 64 threads: a warp owns 2 output rows for all
+//                                 k+1 slots (the lane groups split the slots; 4 slots' loads in
 //                                 flight), weights the slots, reduces over the warp and adds into
-//                                 out: one owner per output element, no atomics, deterministic.
-//                                 The shared expert's down projection is the same kernel with one
-//                                 slot, expert 0 and weight 1.
-// Tested:   tests/cuda/test_moe.cu against backend/cpu (linear, sparse_moe's routing rule).
+//                                 h: one owner per output element, no atomics, deterministic.
+// Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
 
@@ -44,6 +48,7 @@ namespace cg = cooperative_groups;
 
 constexpr int kMaxExperts = 256;
 constexpr int kMaxK = 8;
+constexpr int kMaxHidden = 4096;   // H staged in shared memory by moe_route_norm_kernel
 constexpr int kRouteCluster = 8;    // blocks per token in moe_route_kernel
 constexpr int kRouteThreads = 256;
 constexpr int kGateUpThreads = 128;
@@ -112,6 +117,21 @@ __device__ __forceinline__ float load_x(const float* p, float (&x)[N]) {
   return s0 + s1;
 }
 
+// The same from shared (or any generic) memory: plain loads, no __ldg.
+template <int N>
+__device__ __forceinline__ float load_x_generic(const float* p, float (&x)[N]) {
+  const float4* p4 = reinterpret_cast<const float4*>(p);
+  float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+  for (int i = 0; i < N / 4; ++i) {
+    const float4 v = p4[i];
+    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
+    s0 += v.x + v.y;
+    s1 += v.z + v.w;
+  }
+  return s0 + s1;
+}
+
 // A quantized matrix (or stack) as the kernels see it.
 struct QView {
   const uint4* codes;      // [batch, rows, cpr] chunks
@@ -135,8 +155,8 @@ __device__ __forceinline__ QRow row_of(const QView& m, int64_t row, int cpr, int
 }
 
 // Lane-partial dot products of NR rows with x over chunks sub, sub + LPR, ...: two chunks of
-// every row are loaded before the first use.
-template <int BITS, int LPR, int NR>
+// every row are loaded before the first use. X_SHARED: x is in shared memory.
+template <int BITS, int LPR, int NR, bool X_SHARED = false>
 __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, int cpr, int sub, float (&acc)[NR]) {
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   for (int c0 = sub; c0 < cpr; c0 += 2 * LPR) {
@@ -157,7 +177,7 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
       const int c = c0 + u * LPR;
       if (c >= cpr) break;
       float xr[kCodes];
-      const float sx = load_x(x + c * kCodes, xr);
+      const float sx = X_SHARED ? load_x_generic(x + c * kCodes, xr) : load_x(x + c * kCodes, xr);
 #pragma unroll
       for (int r = 0; r < NR; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
     }
@@ -192,18 +212,25 @@ __device__ float warp_row_dot(const QView& w, int bits, int cols, const float* x
 // ---- Routing ------------------------------------------------------------------------------
 
 struct RouteParams {
-  QView router;      // [E, H]
-  const float* x;    // [T, H]
+  QView router;        // [E, H]
+  QView expert_gate;   // the shared expert's gate [1, H]
+  int expert_gate_bits;
+  const float* h;      // [T, H] the residual stream (un-normalized)
+  const float* gain;   // [H] post_attention_layernorm's effective gain
+  float eps;
   int E, H, k;
-  int32_t* ids;      // [T, k]
-  float* weights;    // [T, k]
+  float* normed;       // [T, H]
+  int32_t* ids;        // [T, k + 1]
+  float* weights;      // [T, k + 1]
 };
 
 template <int BITS, int LPR>
 __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteThreads)
-    moe_route_kernel(RouteParams p) {
+    moe_route_norm_kernel(RouteParams p) {
   constexpr int R = 4, kCodes = 128 / BITS;
   constexpr int kRowsPerWarp = 32 / LPR * R;
+  __shared__ __align__(16) float xs[kMaxHidden];  // x = RMSNorm(h[t])
+  __shared__ float partial[kRouteThreads / 32];
   __shared__ float logits[kMaxExperts];  // this block's rows
   __shared__ float all[kMaxExperts];     // block 0: every row, gathered
 
@@ -215,7 +242,29 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
   const int first = rank * per_block;
   const int count = max(0, min(per_block, p.E - first));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
-  const float* x = p.x + int64_t(t) * p.H;
+  const int slots = p.k + 1;
+
+  // x = h * rsqrt(mean(h^2) + eps) * gain, as rms_norm (every block; h is L2-resident).
+  const float4* h4 = reinterpret_cast<const float4*>(p.h + int64_t(t) * p.H);
+  float ss = 0.f;
+  for (int j = threadIdx.x; j < p.H / 4; j += kRouteThreads) {
+    const float4 v = __ldg(h4 + j);
+    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+  }
+  ss = group_sum<32>(ss);
+  if (lane == 0) partial[warp] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kRouteThreads / 32; ++w) total += partial[w];
+  const float inv = 1.f / sqrtf(total / float(p.H) + p.eps);
+  for (int j = threadIdx.x; j < p.H / 4; j += kRouteThreads) {
+    const float4 v = __ldg(h4 + j), g = __ldg(reinterpret_cast<const float4*>(p.gain) + j);
+    const float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    reinterpret_cast<float4*>(xs)[j] = y;
+    if (rank == 0) reinterpret_cast<float4*>(p.normed + int64_t(t) * p.H)[j] = y;
+  }
+  __syncthreads();
 
   // logits = x @ Wr^T for rows [first, first + count); warp-uniform loop, rows past the end
   // read a valid row and are not stored.
@@ -228,11 +277,19 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
       w[r] = row_of(p.router, first + min(local0 + r, count - 1), cpr, gpr);
       acc[r] = 0.f;
     }
-    rows_dot<BITS, LPR, R>(w, x, cpr, sub, acc);
+    rows_dot<BITS, LPR, R, true>(w, xs, cpr, sub, acc);
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       acc[r] = group_sum<LPR>(acc[r]);
       if (sub == 0 && local0 + r < count) logits[local0 + r] = acc[r];
+    }
+  }
+  // The shared expert's slot: its gate, by the last block (block 0 has the top-k to do).
+  if (rank == kRouteCluster - 1 && warp == 0) {
+    const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, xs);
+    if (lane == 0) {
+      p.ids[int64_t(t) * slots + p.k] = 0;
+      p.weights[int64_t(t) * slots + p.k] = 1.f / (1.f + expf(-d));
     }
   }
   cluster.sync();
@@ -292,8 +349,8 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
 #pragma unroll
     for (int i = 0; i < kMaxK; ++i) {
       if (i >= p.k) break;
-      p.ids[int64_t(t) * p.k + i] = sel_e[i];
-      p.weights[int64_t(t) * p.k + i] = sel_p[i] / chosen;
+      p.ids[int64_t(t) * slots + i] = sel_e[i];
+      p.weights[int64_t(t) * slots + i] = sel_p[i] / chosen;
     }
   }
 }
@@ -301,73 +358,55 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
 // ---- Experts: gate/up with SwiGLU ---------------------------------------------------------
 
 struct GateUpParams {
-  QView gate, up;           // stacks [E, I, H] (the shared expert: E = 1)
-  QView expert_gate;        // shared_gate_up_kernel only: [1, H]
-  int expert_gate_bits;
-  const float* x;           // [T, H]
-  const int32_t* ids;       // [T, k]; nullptr: expert 0
+  QView gate, up;              // routed stacks [E, I, H]
+  QView shared_gate, shared_up;  // the shared expert [I, H] (slot k)
+  const float* x;              // [T, H]
+  const int32_t* ids;          // [T, k + 1]
   int E, I, H, k;
-  float* act;               // [T, k, I]
+  float* act;                  // [T, k + 1, I]
 };
 
-template <int BITS, int LPR, bool SHARED>
-__device__ __forceinline__ void gate_up_body(const GateUpParams& p) {
+template <int BITS, int LPR>
+__global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParams p) {
   constexpr int R = kGateUpRows, kCodes = 128 / BITS;
   constexpr int kRowsPerWarp = 32 / LPR * R;
   const int cpr = p.H / kCodes, gpr = p.H / 64;
-  const int ts = blockIdx.y, t = ts / p.k;  // slot ts = t * k + s
-  const int e = p.ids ? min(max(p.ids[ts], 0), p.E - 1) : 0;
+  const int ts = blockIdx.y, t = ts / (p.k + 1), s = ts % (p.k + 1);  // slot ts = t * (k + 1) + s
+  const bool shared = s == p.k;
+  const int e = shared ? 0 : min(max(p.ids[ts], 0), p.E - 1);
+  const QView gate = shared ? p.shared_gate : p.gate;
+  const QView up = shared ? p.shared_up : p.up;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
   const int i0 = (blockIdx.x * (kGateUpThreads / 32) + warp) * kRowsPerWarp + lane / LPR * R;
   const float* x = p.x + int64_t(t) * p.H;
-
-  __shared__ float token_gate;
-  if (SHARED && warp == 0) {
-    const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, x);
-    if (lane == 0) token_gate = 1.f / (1.f + expf(-d));
-  }
 
   QRow w[2 * R];  // rows 0..R-1 of G_e, then the same rows of U_e
   float acc[2 * R];
 #pragma unroll
   for (int r = 0; r < R; ++r) {
     const int64_t row = int64_t(e) * p.I + min(i0 + r, p.I - 1);
-    w[r] = row_of(p.gate, row, cpr, gpr);
-    w[R + r] = row_of(p.up, row, cpr, gpr);
+    w[r] = row_of(gate, row, cpr, gpr);
+    w[R + r] = row_of(up, row, cpr, gpr);
     acc[r] = acc[R + r] = 0.f;
   }
   rows_dot<BITS, LPR, 2 * R>(w, x, cpr, sub, acc);
 #pragma unroll
   for (int r = 0; r < 2 * R; ++r) acc[r] = group_sum<LPR>(acc[r]);
-  float scale = 1.f;
-  if (SHARED) {
-    __syncthreads();
-    scale = token_gate;
-  }
   if (sub == 0) {
 #pragma unroll
     for (int r = 0; r < R; ++r)
-      if (i0 + r < p.I) p.act[int64_t(ts) * p.I + i0 + r] = scale * (silu(acc[r]) * acc[R + r]);
+      if (i0 + r < p.I) p.act[int64_t(ts) * p.I + i0 + r] = silu(acc[r]) * acc[R + r];
   }
-}
-
-template <int BITS, int LPR>
-__global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParams p) {
-  gate_up_body<BITS, LPR, false>(p);
-}
-
-template <int BITS, int LPR>
-__global__ void __launch_bounds__(kGateUpThreads) shared_gate_up_kernel(GateUpParams p) {
-  gate_up_body<BITS, LPR, true>(p);
 }
 
 // ---- Experts: down projection, weighted, added into the residual --------------------------
 
 struct DownParams {
-  QView down;                 // stack [E, H, I]
-  const float* act;           // [T, k, I]
-  const int32_t* ids;         // [T, k]; nullptr: expert 0
-  const float* weights;       // [T, k]; nullptr: 1
+  QView down;                 // routed stack [E, H, I]
+  QView shared_down;          // the shared expert [H, I] (slot k)
+  const float* act;           // [T, k + 1, I]
+  const int32_t* ids;         // [T, k + 1]
+  const float* weights;       // [T, k + 1]
   int E, H, I, k;
   float* out;                 // [T, H]
 };
@@ -377,7 +416,7 @@ __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
   constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kSlotLanes = 32 / LPR;  // slots processed side by side in a warp
   const int cpr = p.I / kCodes, gpr = p.I / 64;
-  const int t = blockIdx.y;
+  const int t = blockIdx.y, slots = p.k + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR, sg = lane / LPR;
   const int row0 = (blockIdx.x * (kDownThreads / 32) + warp) * R;
   int row[R];
@@ -388,27 +427,29 @@ __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
 #pragma unroll
   for (int r = 0; r < R; ++r) acc[r] = 0.f;
   for (int c = sub; c < cpr; c += LPR) {
-    for (int s0 = sg; s0 < p.k; s0 += kSlotLanes * S) {
+    for (int s0 = sg; s0 < slots; s0 += kSlotLanes * S) {
       uint4 q[S][R];
       float sc[S][R], bi[S][R];
 #pragma unroll
       for (int u = 0; u < S; ++u) {
-        const int s = s0 + u * kSlotLanes < p.k ? s0 + u * kSlotLanes : s0;
-        const int e = p.ids ? min(max(p.ids[int64_t(t) * p.k + s], 0), p.E - 1) : 0;
+        const int s = s0 + u * kSlotLanes < slots ? s0 + u * kSlotLanes : s0;
+        const bool shared = s == p.k;
+        const int e = shared ? 0 : min(max(p.ids[int64_t(t) * slots + s], 0), p.E - 1);
+        const QView m = shared ? p.shared_down : p.down;
 #pragma unroll
         for (int r = 0; r < R; ++r) {
           const int64_t rr = int64_t(e) * p.H + row[r];
-          q[u][r] = load_codes(p.down.codes + rr * cpr + c);
-          sc[u][r] = load_bf16(p.down.scales + rr * gpr + c / kChunksPerGroup);
-          bi[u][r] = load_bf16(p.down.biases + rr * gpr + c / kChunksPerGroup);
+          q[u][r] = load_codes(m.codes + rr * cpr + c);
+          sc[u][r] = load_bf16(m.scales + rr * gpr + c / kChunksPerGroup);
+          bi[u][r] = load_bf16(m.biases + rr * gpr + c / kChunksPerGroup);
         }
       }
 #pragma unroll
       for (int u = 0; u < S; ++u) {
         const int s = s0 + u * kSlotLanes;
-        if (s >= p.k) break;
-        const int64_t ts = int64_t(t) * p.k + s;
-        const float ws = p.weights ? __ldg(p.weights + ts) : 1.f;
+        if (s >= slots) break;
+        const int64_t ts = int64_t(t) * slots + s;
+        const float ws = __ldg(p.weights + ts);
         float xr[kCodes];
         const float sx = load_x(p.act + ts * p.I + c * kCodes, xr);
 #pragma unroll
@@ -452,89 +493,78 @@ void check_aligned(const float* p, const char* what) {
   LILY_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0, "{} must be 16-byte aligned", what);
 }
 
-void launch_down(const QMatrix& down, const float* act, const int32_t* ids, const float* weights, int T, int k,
-                 float* out, cudaStream_t stream) {
-  const DownParams p{view(down), act, ids, weights, down.batch, down.rows, down.cols, k, out};
-  const int rows_per_block = kDownThreads / 32 * kDownRows;
-  const dim3 grid(unsigned((down.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
-  dispatch_bits_lanes(down.bits, lanes_per_row(down.cols * down.bits / 128), [&](auto bits, auto lpr) {
-    moe_down_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kDownThreads, 0, stream>>>(p);
-  });
-  CUDA_CHECK_LAUNCH();
+// The shared expert must fit the routed launches' slot shape.
+void check_shared(const QMatrix& routed, const QMatrix& shared, const char* what) {
+  LILY_CHECK(shared.rows == routed.rows && shared.cols == routed.cols && shared.bits == routed.bits &&
+                 shared.group_size == 64,
+             "{}: the shared expert [{}, {}] q{} must have the routed experts' shape [{}, {}] q{}", what, shared.rows,
+             shared.cols, shared.bits, routed.rows, routed.cols, routed.bits);
 }
 
 }  // namespace
 
-void moe_route(const QMatrix& router, const float* x, int T, int k, int32_t* expert_ids, float* expert_weights,
-               cudaStream_t stream) {
-  check_matrix(router, "moe_route");
-  LILY_CHECK(router.rows <= kMaxExperts, "moe_route: {} experts (at most {})", router.rows, kMaxExperts);
-  LILY_CHECK(k >= 1 && k <= kMaxK && k <= router.rows, "moe_route: top-{} of {} experts", k, router.rows);
-  check_aligned(x, "moe_route: x");
+void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
+                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
+                    cudaStream_t stream) {
+  check_matrix(router, "moe_route_norm");
+  LILY_CHECK(router.rows <= kMaxExperts, "moe_route_norm: {} experts (at most {})", router.rows, kMaxExperts);
+  LILY_CHECK(router.cols <= kMaxHidden, "moe_route_norm: hidden {} (at most {})", router.cols, kMaxHidden);
+  LILY_CHECK(k >= 1 && k <= kMaxK && k <= router.rows, "moe_route_norm: top-{} of {} experts", k, router.rows);
+  LILY_CHECK(shared_expert_gate.rows == 1 && shared_expert_gate.cols == router.cols &&
+                 shared_expert_gate.group_size == 64 && (shared_expert_gate.bits == 4 || shared_expert_gate.bits == 8),
+             "moe_route_norm: shared expert gate [{}, {}] q{}", shared_expert_gate.rows, shared_expert_gate.cols,
+             shared_expert_gate.bits);
+  check_aligned(h, "moe_route_norm: h");
+  check_aligned(gain, "moe_route_norm: gain");
+  check_aligned(normed, "moe_route_norm: normed");
   if (T <= 0) return;
-  const RouteParams p{view(router), x, router.rows, router.cols, k, expert_ids, expert_weights};
+  const RouteParams p{view(router), view(shared_expert_gate), shared_expert_gate.bits, h, gain, eps, router.rows,
+                      router.cols, k, normed, expert_ids, expert_weights};
   const dim3 grid(kRouteCluster, unsigned(T));
   dispatch_bits_lanes(router.bits, lanes_per_row(router.cols * router.bits / 128), [&](auto bits, auto lpr) {
-    moe_route_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kRouteThreads, 0, stream>>>(p);
+    moe_route_norm_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kRouteThreads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_gate_up(const QMatrix& gate, const QMatrix& up, const float* x, const int32_t* expert_ids, int T, int k,
-                 float* act, cudaStream_t stream) {
+void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
+                 const float* x, const int32_t* expert_ids, int T, int k, float* act, cudaStream_t stream) {
   check_matrix(gate, "moe_gate_up");
   LILY_CHECK(gate.batch == up.batch && gate.rows == up.rows && gate.cols == up.cols && gate.bits == up.bits &&
                  up.group_size == 64,
              "moe_gate_up: gate [{}, {}, {}] q{} and up [{}, {}, {}] q{} differ", gate.batch, gate.rows, gate.cols,
              gate.bits, up.batch, up.rows, up.cols, up.bits);
+  check_shared(gate, shared_gate, "moe_gate_up (gate)");
+  check_shared(gate, shared_up, "moe_gate_up (up)");
   LILY_CHECK(k >= 1, "moe_gate_up: k = {}", k);
   check_aligned(x, "moe_gate_up: x");
   if (T <= 0) return;
-  const GateUpParams p{view(gate), view(up), {}, 0, x, expert_ids, gate.batch, gate.rows, gate.cols, k, act};
+  const GateUpParams p{view(gate), view(up), view(shared_gate), view(shared_up), x, expert_ids, gate.batch,
+                       gate.rows, gate.cols, k, act};
   const int lanes = lanes_per_row(gate.cols * gate.bits / 128);
   const int rows_per_block = kGateUpThreads / lanes * kGateUpRows;
-  const dim3 grid(unsigned((gate.rows + rows_per_block - 1) / rows_per_block), unsigned(T * k));
+  const dim3 grid(unsigned((gate.rows + rows_per_block - 1) / rows_per_block), unsigned(T * (k + 1)));
   dispatch_bits_lanes(gate.bits, lanes, [&](auto bits, auto lpr) {
     moe_gate_up_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kGateUpThreads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_down_accumulate(const QMatrix& down, const float* act, const int32_t* expert_ids, const float* expert_weights,
-                         int T, int k, float* out, cudaStream_t stream) {
+void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const float* act, const int32_t* expert_ids,
+                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream) {
   check_matrix(down, "moe_down_accumulate");
+  check_shared(down, shared_down, "moe_down_accumulate");
   LILY_CHECK(k >= 1, "moe_down_accumulate: k = {}", k);
   check_aligned(act, "moe_down_accumulate: act");
   if (T <= 0) return;
-  launch_down(down, act, expert_ids, expert_weights, T, k, out, stream);
-}
-
-void shared_expert_accumulate(const QMatrix& gate_proj, const QMatrix& up_proj, const QMatrix& down_proj,
-                              const QMatrix& expert_gate, const float* x, int T, float* scratch, float* out,
-                              cudaStream_t stream) {
-  check_matrix(gate_proj, "shared_expert_accumulate");
-  check_matrix(down_proj, "shared_expert_accumulate");
-  LILY_CHECK(gate_proj.rows == up_proj.rows && gate_proj.cols == up_proj.cols && gate_proj.bits == up_proj.bits &&
-                 up_proj.group_size == 64 && down_proj.cols == gate_proj.rows && down_proj.rows == gate_proj.cols,
-             "shared_expert_accumulate: gate [{}, {}] up [{}, {}] down [{}, {}] do not fit", gate_proj.rows,
-             gate_proj.cols, up_proj.rows, up_proj.cols, down_proj.rows, down_proj.cols);
-  LILY_CHECK(expert_gate.rows == 1 && expert_gate.cols == gate_proj.cols && expert_gate.group_size == 64 &&
-                 (expert_gate.bits == 4 || expert_gate.bits == 8),
-             "shared_expert_accumulate: expert gate [{}, {}] q{}", expert_gate.rows, expert_gate.cols,
-             expert_gate.bits);
-  check_aligned(x, "shared_expert_accumulate: x");
-  check_aligned(scratch, "shared_expert_accumulate: scratch");
-  if (T <= 0) return;
-  QMatrix g = gate_proj.entry(0), u = up_proj.entry(0), d = down_proj.entry(0);
-  const GateUpParams p{view(g), view(u), view(expert_gate), expert_gate.bits, x, nullptr, 1, g.rows, g.cols, 1, scratch};
-  const int lanes = lanes_per_row(g.cols * g.bits / 128);
-  const int rows_per_block = kGateUpThreads / lanes * kGateUpRows;
-  const dim3 grid(unsigned((g.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
-  dispatch_bits_lanes(g.bits, lanes, [&](auto bits, auto lpr) {
-    shared_gate_up_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kGateUpThreads, 0, stream>>>(p);
+  const DownParams p{view(down), view(shared_down), act, expert_ids, expert_weights, down.batch, down.rows, down.cols,
+                     k, out};
+  const int rows_per_block = kDownThreads / 32 * kDownRows;
+  const dim3 grid(unsigned((down.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
+  dispatch_bits_lanes(down.bits, lanes_per_row(down.cols * down.bits / 128), [&](auto bits, auto lpr) {
+    moe_down_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kDownThreads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
-  launch_down(d, scratch, nullptr, nullptr, T, 1, out, stream);
 }
 
 }  // namespace lily::cuda

@@ -1,29 +1,31 @@
-// moe.h: the sparse MoE block on the GPU (spec §2.7): routing, experts, shared expert.
+// moe.h: the sparse MoE block on the GPU (spec §2.7) in three launches: norm + routing,
+// gate/up, down. The shared expert is slot k of the expert launches, after the k routed ones.
 #pragma once
 
 #include "backend/cuda/gpu_types.h"
 
 namespace lily::cuda {
 
-// Router: p = softmax(x @ Wr^T) over E experts (fp32), top-k (ties to the lower index),
-// renormalised.  x: [T, H] -> expert_ids: [T, k] int32, expert_weights: [T, k] fp32.
-void moe_route(const QMatrix& router, const float* x, int T, int k, int32_t* expert_ids, float* expert_weights,
-               cudaStream_t stream);
+// The block's input norm, router and shared-expert gate, per token t:
+//   normed[t] = h[t] * rsqrt(mean(h[t]^2) + eps) * gain          (gain: [H] effective, 1 + w)
+//   p = softmax(normed[t] @ Wr^T) over E experts (fp32), top-k (ties to the lower index),
+//   renormalised: expert_ids[t, 0..k), expert_weights[t, 0..k);
+//   slot k, the shared expert: expert_ids[t, k] = 0, expert_weights[t, k] = sigmoid(normed[t] . w_sg).
+// h, normed: [T, H] fp32 (H <= 4096);  expert_ids: [T, k+1] int32;  expert_weights: [T, k+1] fp32.
+void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
+                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
+                    cudaStream_t stream);
 
-// The selected experts' SwiGLU input half: act[t, s, :] = silu(G_e x_t) * (U_e x_t),
-// e = expert_ids[t, s].  gate, up: stacks [E, I, H];  act: [T, k, I] fp32.
-void moe_gate_up(const QMatrix& gate, const QMatrix& up, const float* x, const int32_t* expert_ids, int T, int k,
-                 float* act, cudaStream_t stream);
+// The SwiGLU input half of every slot: act[t, s, :] = silu(G_s x_t) * (U_s x_t), where slot
+// s < k is the routed expert expert_ids[t, s] and slot k the shared expert.
+// gate, up: stacks [E, I, H];  shared_gate, shared_up: [I, H] (same shape and bits);
+// expert_ids: [T, k+1];  act: [T, k+1, I] fp32.
+void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
+                 const float* x, const int32_t* expert_ids, int T, int k, float* act, cudaStream_t stream);
 
-// out[t, :] += sum_s expert_weights[t, s] * (D_e act[t, s, :]),  down: stack [E, H, I].
-void moe_down_accumulate(const QMatrix& down, const float* act, const int32_t* expert_ids, const float* expert_weights,
-                         int T, int k, float* out, cudaStream_t stream);
-
-// The shared expert, gated per token, added to out:
-//   out[t, :] += sigmoid(x_t . w_sg) * D_s(silu(G_s x_t) * U_s x_t)
-// gate_proj, up_proj: [Is, H]; down_proj: [H, Is]; expert_gate: [1, H]. scratch: >= T*Is floats.
-void shared_expert_accumulate(const QMatrix& gate_proj, const QMatrix& up_proj, const QMatrix& down_proj,
-                              const QMatrix& expert_gate, const float* x, int T, float* scratch, float* out,
-                              cudaStream_t stream);
+// out[t, :] += sum_{s <= k} expert_weights[t, s] * (D_s act[t, s, :]);  down: stack [E, H, I],
+// shared_down: [H, I] (slot k).
+void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const float* act, const int32_t* expert_ids,
+                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream);
 
 }  // namespace lily::cuda
