@@ -133,7 +133,9 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   std::printf("[%s] decode vs prefill: max |diff| %.4g of max |logit| %.4g; decode vs cpu decode: %.4g\n", layout.dir,
               max_diff, max_ref, max_diff_cpu);
   EXPECT_LE(max_diff, 2e-3 * max_ref);
-  if (std::string(layout.dir) == "mlx-q4") EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+  if (std::string(layout.dir) == "mlx-q4") {
+    EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+  }
 }
 
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaForward,

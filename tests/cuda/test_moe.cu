@@ -193,11 +193,9 @@ std::vector<int32_t> random_ids(int n, int E, uint32_t seed) {
 // must ignore.
 std::vector<int32_t> slot_ids(int T, int k, int E, uint32_t seed) {
   const auto routed = random_ids(T * k, E, seed);
-  std::vector<int32_t> ids;
-  for (int t = 0; t < T; ++t) {
-    ids.insert(ids.end(), routed.begin() + size_t(t) * k, routed.begin() + size_t(t + 1) * k);
-    ids.push_back(123456);
-  }
+  std::vector<int32_t> ids(size_t(T) * (k + 1), 123456);
+  for (int t = 0; t < T; ++t)
+    for (int s = 0; s < k; ++s) ids[size_t(t) * (k + 1) + s] = routed[size_t(t) * k + s];
   return ids;
 }
 
