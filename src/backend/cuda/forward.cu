@@ -1,17 +1,20 @@
 // forward.cu: the CUDA backend: the whole model on the GPU, decode captured in a CUDA graph.
 //
 //   h = embed[token]                                              embed_tokens
-//   per layer:  DeltaNet:  qkv, z, b, a = projections(RMSNorm(h))  rms_norm_gemv (T = 1, one fused
-//                                                                  matrix) | rms_norm, gemv x4
+//   per layer:  DeltaNet:  qkv, z, b, a = projections(RMSNorm(h))  T = 1: rms_norm_gemv (one fused
+//                                                                  matrix); T > 1: rms_norm, project x4
 //                          y = gated_deltanet_core(...)          (conv, gates, delta rule, gated norm)
-//                          h += out_proj(y)                      gemv_accumulate
-//               attention: qg, k, v = projections(RMSNorm(h))    rms_norm_gemv | rms_norm, gemv x3
+//                          h += out_proj(y)                      project_accumulate
+//               attention: qg, k, v = projections(RMSNorm(h))    rms_norm_gemv | rms_norm, project x3
 //                          o = gated_attention_core(...)         (norms, RoPE, KV append, softmax, gate)
-//                          h += o_proj(o)                        gemv_accumulate
-//               h += experts(RMSNorm(h)) + shared(RMSNorm(h))    moe_route_norm, moe_gate_up,
+//                          h += o_proj(o)                        project_accumulate
+//               h += experts(RMSNorm(h)) + shared(RMSNorm(h))    T = 1: moe_route_norm, moe_gate_up,
 //                                                                moe_down_accumulate (shared = slot k)
-//   logits = lm_head(RMSNorm(h))                                 rms_norm_gemv | rms_norm, gemv
+//                                                                T > 1: rms_norm, moe_grouped_accumulate
+//   logits = lm_head(RMSNorm(h))                                 rms_norm_gemv | rms_norm, project
 //                                                                (argmax for greedy)
+// project = gemv (T = 1: decode, CUDA cores, fp32) or gemm_q4 (T > 1: prefill, tensor cores,
+// bf16 inputs, fp32 sums).
 // Launches of a decode step (T = 1): 1 + 3 per layer + 3 (advance, lm_head, argmax): 244 for
 // the 40-layer model (515 before the fused kernels).
 // Shapes: activations fp32 [T, width], T <= kChunkTokens per pass (longer prompts are
@@ -26,9 +29,11 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/deltanet.h"
+#include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/norm.h"
 #include "model/weights.h"
 
@@ -38,7 +43,15 @@ using namespace lily::cuda;
 
 namespace {
 
-constexpr int kChunkTokens = 64;
+// Tokens per prefill pass. Larger passes give the grouped expert GEMMs more rows per expert
+// (T * 8 / 256 on average) for each pass over the 19.5 GB of weights; the scratch grows about
+// 0.2 MB per token (activations, MoE intermediates). To be chosen by measurement (issue 7).
+constexpr int kChunkTokens = 1024;
+// Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
+constexpr int kLogitRows = 64;
+// Router logits of prefill passes through gemm_q4 (bf16 inputs, as HF's bf16 matmul), not the
+// fp32 moe_route of decode.
+constexpr bool kPrefillFp32Router = false;
 
 __global__ void advance_position(int32_t* position, int n) { *position += n; }
 __global__ void set_position(int32_t* position, int value) { *position = value; }
@@ -180,9 +193,10 @@ struct Scratch {
   DeviceBuffer k, v;         // [T, nkv*hd]
   DeviceBuffer fused;        // [1, max(conv_dim + Hv*128 + 2*Hv, (2*nq + 2*nkv)*hd)]  T = 1 fused projections
   DeviceBuffer mixer_out;    // [T, max(Hv*128, nq*hd)]  input of out_proj / o_proj
-  DeviceBuffer expert_ids, expert_weights;  // [T, k+1]  slot k: the shared expert
-  DeviceBuffer act;          // [T, k+1, I]
-  DeviceBuffer logits;       // [T, V]
+  DeviceBuffer expert_ids, expert_weights;  // [1, k+1]  decode only; slot k: the shared expert
+  DeviceBuffer act;          // [1, k+1, I]               decode only
+  DeviceBuffer moe_grouped;  // prefill MoE: routing, plan, intermediates of one pass
+  DeviceBuffer logits;       // [kLogitRows, V]
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
   DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
 };
@@ -210,10 +224,12 @@ class CudaBackendImpl final : public CudaBackend {
         (2ull * c_.num_attention_heads + 2ull * c_.num_key_value_heads) * c_.head_dim) * 4);
     s_.mixer_out = DeviceBuffer(T * mixer * 4);
     const uint64_t slots = uint64_t(c_.num_experts_per_tok) + 1;
-    s_.expert_ids = DeviceBuffer(T * slots * 4);
-    s_.expert_weights = DeviceBuffer(T * slots * 4);
-    s_.act = DeviceBuffer(T * slots * uint64_t(c_.moe_intermediate_size) * 4);
-    s_.logits = DeviceBuffer(T * uint64_t(c_.vocab_size) * 4);
+    s_.expert_ids = DeviceBuffer(slots * 4);
+    s_.expert_weights = DeviceBuffer(slots * 4);
+    s_.act = DeviceBuffer(slots * uint64_t(c_.moe_intermediate_size) * 4);
+    s_.moe_grouped = DeviceBuffer(moe_grouped_scratch_bytes(moe_weights(w_->layers.at(0).moe), kChunkTokens,
+                                                            c_.num_experts_per_tok));
+    s_.logits = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
     s_.attention_scratch = DeviceBuffer(attention_scratch_bytes());
     CUDA_CHECK(cudaMemset(s_.attention_scratch.p, 0, s_.attention_scratch.bytes));
     s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(kChunkTokens)));
@@ -262,11 +278,8 @@ class CudaBackendImpl final : public CudaBackend {
       int first_row = n;  // no logits
       if (wanted == LogitsWanted::all) first_row = 0;
       else if (wanted == LogitsWanted::last && last_chunk) first_row = n - 1;
-      forward_pass(s, n, first_row);
-      if (first_row < n) {
-        float* dst = wanted == LogitsWanted::all ? logits.data() + t0 * V : logits.data();
-        CUDA_CHECK(cudaMemcpyAsync(dst, s_.logits.p, size_t(n - first_row) * V * 4, cudaMemcpyDeviceToHost, stream_));
-      }
+      float* dst = first_row >= n ? nullptr : wanted == LogitsWanted::all ? logits.data() + t0 * V : logits.data();
+      forward_pass(s, n, first_row, dst);
       // The pass reads the host tokens and writes the host logits asynchronously: finish
       // before the next chunk overwrites the pinned staging (tokens come from pageable memory).
       CUDA_CHECK(cudaStreamSynchronize(stream_));
@@ -334,8 +347,10 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // One pass of T <= kChunkTokens tokens (already in s_.tokens) through the model; logits of
-  // rows [first_row, T) into s_.logits.
-  void forward_pass(CudaSequenceState& s, int T, int first_row) {
+  // rows [first_row, T) into s_.logits (host_logits == nullptr: at most kLogitRows rows) or,
+  // kLogitRows rows at a time through s_.logits, to host_logits (asynchronous copies in
+  // stream order).
+  void forward_pass(CudaSequenceState& s, int T, int first_row, float* host_logits = nullptr) {
     const int H = c_.hidden_size;
     float* h = s_.h.as<float>();
     float* normed = s_.normed.as<float>();
@@ -352,12 +367,21 @@ class CudaBackendImpl final : public CudaBackend {
     CUDA_CHECK_LAUNCH();
     if (first_row < T) {
       const int rows = T - first_row;
+      LILY_CHECK(host_logits || rows <= kLogitRows, "forward_pass: {} rows of logits", rows);
+      const size_t V = size_t(c_.vocab_size);
       if (rows == 1 && fits_rms_norm_gemv(w_->lm_head)) {
         rms_norm_gemv(w_->lm_head, h + size_t(first_row) * H, w_->final_norm, c_.rms_norm_eps, s_.logits.as<float>(),
                       stream_);
-      } else {
-        rms_norm(h + size_t(first_row) * H, w_->final_norm, rows, H, c_.rms_norm_eps, normed, stream_);
-        gemv(w_->lm_head, normed, s_.logits.as<float>(), rows, stream_);
+        if (host_logits) CUDA_CHECK(cudaMemcpyAsync(host_logits, s_.logits.p, V * 4, cudaMemcpyDeviceToHost, stream_));
+        return;
+      }
+      rms_norm(h + size_t(first_row) * H, w_->final_norm, rows, H, c_.rms_norm_eps, normed, stream_);
+      for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
+        const int n = std::min(kLogitRows, rows - r0);
+        project(w_->lm_head, normed + size_t(r0) * H, s_.logits.as<float>(), n);
+        if (host_logits)
+          CUDA_CHECK(cudaMemcpyAsync(host_logits + size_t(r0) * V, s_.logits.p, size_t(n) * V * 4,
+                                     cudaMemcpyDeviceToHost, stream_));
       }
     }
   }
@@ -365,6 +389,26 @@ class CudaBackendImpl final : public CudaBackend {
   // Whether the input norm can be fused into W's projection (rms_norm_gemv's limits).
   static bool fits_rms_norm_gemv(const QMatrix& W) {
     return W.rows > 0 && W.cols <= 4096 && (W.bits == 4 || W.bits == 8) && W.group_size == 64;
+  }
+
+  // y = x @ W^T for T rows: gemv for decode (T = 1), the tensor-core GEMM for prefill.
+  void project(const QMatrix& W, const float* x, float* y, int T) {
+    if (T == 1) gemv(W, x, y, T, stream_);
+    else gemm_q4(W, x, y, T, stream_);
+  }
+  // y += x @ W^T
+  void project_accumulate(const QMatrix& W, const float* x, float* y, int T) {
+    if (T == 1) gemv_accumulate(W, x, y, T, stream_);
+    else gemm_q4_accumulate(W, x, y, T, stream_);
+  }
+
+  static MoeGroupedWeights moe_weights(const GpuMoe& m) {
+    MoeGroupedWeights w;
+    w.router = m.router;
+    w.gate = m.experts_gate, w.up = m.experts_up, w.down = m.experts_down;
+    w.shared_gate = m.shared_gate, w.shared_up = m.shared_up, w.shared_down = m.shared_down;
+    w.shared_expert_gate = m.shared_expert_gate;
+    return w;
   }
 
   AttentionParams attention_params(int T, int capacity) const {
@@ -407,9 +451,9 @@ class CudaBackendImpl final : public CudaBackend {
     } else {
       const float* x = s_.normed.as<float>();
       rms_norm(s_.h.as<float>(), input_norm, T, c_.hidden_size, c_.rms_norm_eps, s_.normed.as<float>(), stream_);
-      gemv(a.q_proj, x, s_.wide.as<float>(), T, stream_);
-      gemv(a.k_proj, x, s_.k.as<float>(), T, stream_);
-      gemv(a.v_proj, x, s_.v.as<float>(), T, stream_);
+      project(a.q_proj, x, s_.wide.as<float>(), T);
+      project(a.k_proj, x, s_.k.as<float>(), T);
+      project(a.v_proj, x, s_.v.as<float>(), T);
       qg = s_.wide.as<float>(), k = s_.k.as<float>(), v = s_.v.as<float>();
     }
     AttentionParams p = attention_params(T, int(s.capacity()));
@@ -418,7 +462,7 @@ class CudaBackendImpl final : public CudaBackend {
     p.position = s.position.as<int32_t>();
     gated_attention_core(p, qg, k, v, s.k_cache[index].as<bf16>(), s.v_cache[index].as<bf16>(),
                          s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
-    gemv_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
+    project_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
   }
 
   // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
@@ -431,10 +475,10 @@ class CudaBackendImpl final : public CudaBackend {
     } else {
       const float* x = s_.normed.as<float>();
       rms_norm(s_.h.as<float>(), input_norm, T, c_.hidden_size, c_.rms_norm_eps, s_.normed.as<float>(), stream_);
-      gemv(d.in_proj_qkv, x, s_.wide.as<float>(), T, stream_);
-      gemv(d.in_proj_z, x, s_.z.as<float>(), T, stream_);
-      gemv(d.in_proj_b, x, s_.b.as<float>(), T, stream_);
-      gemv(d.in_proj_a, x, s_.a.as<float>(), T, stream_);
+      project(d.in_proj_qkv, x, s_.wide.as<float>(), T);
+      project(d.in_proj_z, x, s_.z.as<float>(), T);
+      project(d.in_proj_b, x, s_.b.as<float>(), T);
+      project(d.in_proj_a, x, s_.a.as<float>(), T);
       mixed = s_.wide.as<float>(), z = s_.z.as<float>(), b = s_.b.as<float>(), a = s_.a.as<float>();
     }
     DeltaNetParams p = deltanet_params(T);
@@ -444,13 +488,18 @@ class CudaBackendImpl final : public CudaBackend {
     p.norm_weight = d.norm;
     gated_deltanet_core(p, mixed, z, b, a, s.conv[index].as<float>(), s.ssm[index].as<float>(),
                         s_.mixer_out.as<float>(), s_.deltanet_scratch.p, stream_);
-    gemv_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T, stream_);
+    project_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
   }
 
   // h += routed experts + gated shared expert, all of x = RMSNorm(h) (the shared expert is slot k)
   void moe_block(const GpuMoe& m, const float* post_attention_norm, int T) {
     float* x = s_.normed.as<float>();
     const int k = c_.num_experts_per_tok;
+    if (T > 1) {  // prefill: routing on the GPU, grouped expert GEMMs, fused combine
+      rms_norm(s_.h.as<float>(), post_attention_norm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+      moe_grouped_accumulate(moe_weights(m), x, T, k, kPrefillFp32Router, s_.moe_grouped.p, s_.h.as<float>(), stream_);
+      return;
+    }
     int32_t* ids = s_.expert_ids.as<int32_t>();
     float* weights = s_.expert_weights.as<float>();
     moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,

@@ -1,0 +1,271 @@
+// test_moe_grouped.cu: the prefill MoE path (backend/cuda/moe_grouped.cu): top-k and the plan
+// (exact, against host rules), the grouped experts against a host reference built from
+// cpu::linear, the whole block against cpu::sparse_moe.
+//
+// Loads: uniform random ids, ids from a few experts only (most experts get zero rows), one
+// expert in every token's first slot (it takes T of the T*k rows). T in {1, 15, 16, 17, 64, 65,
+// 300} crosses the 16/32/64-row tiles. Tolerance for the expert products: max |gpu - cpu| <=
+// 1e-2 * max |cpu| (bf16 inputs to the tensor cores, fp32 sums; see gemm_q4.h).
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/moe_grouped.h"
+
+#include <algorithm>
+#include <numeric>
+
+#include "backend/cpu/ops.h"
+#include "cuda_test_util.h"
+
+namespace lily::test {
+namespace {
+
+constexpr double kTolerance = 1e-2;
+
+enum class Load { uniform, few_experts, one_dominant };
+
+// ids [T, k]: distinct experts per token, with the requested skew.
+std::vector<int32_t> make_ids(int T, int k, int E, Load load, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::vector<int32_t> ids(static_cast<size_t>(T) * k);
+  const int pool = load == Load::few_experts ? std::max(k, std::min(E, k + 2)) : E;
+  for (int t = 0; t < T; ++t) {
+    std::vector<int32_t> perm(static_cast<size_t>(pool));
+    std::iota(perm.begin(), perm.end(), 0);
+    std::shuffle(perm.begin(), perm.end(), rng);
+    if (load == Load::one_dominant) {
+      auto it = std::find(perm.begin(), perm.end(), E / 2);
+      std::iter_swap(perm.begin(), it);  // slot 0 is always expert E/2
+    }
+    for (int s = 0; s < k; ++s) ids[static_cast<size_t>(t) * k + s] = perm[static_cast<size_t>(s)] * (load == Load::few_experts ? E / pool : 1);
+  }
+  return ids;
+}
+
+TEST(CudaMoeGrouped, TopkMatchesHostRule) {
+  REQUIRE_GPU();
+  for (int E : {8, 100, 256})
+    for (int k : {1, 4, 8}) {
+      if (k > E) continue;
+      const int T = 37;
+      SCOPED_TRACE(testing::Message() << "E " << E << " k " << k);
+      auto logits = random_floats(static_cast<size_t>(T) * E, uint32_t(E * 10 + k), 2.f);
+      for (int e = 0; e < E; e += 3) logits[static_cast<size_t>(e)] = logits[0];  // ties in token 0
+      DeviceArray<float> dl(logits), dw(static_cast<size_t>(T) * k);
+      DeviceArray<int32_t> di(static_cast<size_t>(T) * k);
+      dw.poison(), di.poison();
+      cuda::moe_topk(dl.get(), T, E, k, di.get(), dw.get(), nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto ids = di.download();
+      const auto w = dw.download();
+      for (int t = 0; t < T; ++t) {
+        const float* l = logits.data() + static_cast<size_t>(t) * E;
+        const float m = *std::max_element(l, l + E);
+        std::vector<float> p(static_cast<size_t>(E));
+        double sum = 0;
+        for (int e = 0; e < E; ++e) sum += (p[static_cast<size_t>(e)] = std::exp(l[e] - m));
+        for (auto& v : p) v = float(v / sum);
+        std::vector<int> order(static_cast<size_t>(E));
+        std::iota(order.begin(), order.end(), 0);
+        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
+        float chosen = 0;
+        for (int i = 0; i < k; ++i) chosen += p[static_cast<size_t>(order[static_cast<size_t>(i)])];
+        for (int i = 0; i < k; ++i) {
+          const size_t j = static_cast<size_t>(t) * k + i;
+          const int want = order[static_cast<size_t>(i)];
+          if (ids[j] != want) {  // fp32 exp/sum order may differ: only a near-tie may swap
+            EXPECT_NEAR(p[static_cast<size_t>(ids[j])], p[static_cast<size_t>(want)], 1e-6f) << "token " << t << " slot " << i;
+            continue;
+          }
+          EXPECT_NEAR(w[j], p[static_cast<size_t>(want)] / chosen, 1e-5f) << "token " << t << " slot " << i;
+        }
+      }
+    }
+}
+
+void check_plan(int T, int k, int E, int tile_rows, Load load) {
+  SCOPED_TRACE(testing::Message() << "T " << T << " k " << k << " E " << E << " tile rows " << tile_rows << " load "
+                                  << int(load));
+  const int P = T * k;
+  const auto ids = make_ids(T, k, E, load, uint32_t(T * 13 + E + tile_rows));
+  cuda::MoePlan plan;
+  plan.tile_rows = tile_rows;
+  plan.max_tiles = cuda::moe_max_tiles(P, E, tile_rows);
+  DeviceArray<int32_t> did(ids), offsets(static_cast<size_t>(E + 1)), sorted(static_cast<size_t>(P)), position(static_cast<size_t>(P)),
+      tiles(static_cast<size_t>(plan.max_tiles) * 4), num(1);
+  offsets.poison(), sorted.poison(), position.poison(), tiles.poison(), num.poison();
+  plan.offsets = offsets.get(), plan.sorted = sorted.get(), plan.position = position.get();
+  plan.tiles = tiles.get(), plan.num_tiles = num.get();
+  cuda::moe_plan(did.get(), T, k, E, plan, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+
+  // Host: stable counting sort and the tile list.
+  std::vector<int32_t> want_offsets(static_cast<size_t>(E + 1), 0), want_sorted, want_tiles;
+  for (int32_t e : ids) ++want_offsets[static_cast<size_t>(e) + 1];
+  for (int e = 0; e < E; ++e) want_offsets[static_cast<size_t>(e) + 1] += want_offsets[static_cast<size_t>(e)];
+  for (int e = 0; e < E; ++e) {
+    for (int i = 0; i < P; ++i)
+      if (ids[static_cast<size_t>(i)] == e) want_sorted.push_back(i);
+    const int first = want_offsets[static_cast<size_t>(e)], end = want_offsets[static_cast<size_t>(e) + 1];
+    for (int r = first; r < end; r += tile_rows) want_tiles.insert(want_tiles.end(), {e, r, std::min(end, r + tile_rows), 0});
+  }
+  EXPECT_EQ(offsets.download(), want_offsets);
+  EXPECT_EQ(sorted.download(), want_sorted);
+  const auto pos = position.download();
+  for (int p = 0; p < P; ++p) EXPECT_EQ(pos[static_cast<size_t>(want_sorted[static_cast<size_t>(p)])], p);
+  const int n = num.download()[0];
+  ASSERT_EQ(n, int(want_tiles.size() / 4));
+  ASSERT_LE(n, plan.max_tiles);
+  auto got_tiles = tiles.download();
+  got_tiles.resize(static_cast<size_t>(n) * 4);
+  EXPECT_EQ(got_tiles, want_tiles);
+}
+
+TEST(CudaMoeGrouped, Plan) {
+  REQUIRE_GPU();
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 15, 16, 17, 64, 65, 300})
+      for (int tile_rows : {16, 32, 64}) check_plan(T, 8, 256, tile_rows, load);
+  check_plan(1000, 8, 256, 32, Load::uniform);  // several 1024-pair chunks in the scatter
+  check_plan(129, 4, 16, 16, Load::one_dominant);
+}
+
+// The expert weights of one test, on host and device.
+struct TestMoe {
+  int E, H, I, Is;
+  TestQMatrix router, gate, up, down, sgate, sup, sdown, egate;
+  TestMoe(int E_, int H_, int I_, int Is_, uint32_t seed, float router_scale = 0.05f)
+      : E(E_), H(H_), I(I_), Is(Is_), router(1, E, H, 8, seed, router_scale), gate(E, I, H, 4, seed + 1),
+        up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3), sgate(1, Is, H, 4, seed + 4), sup(1, Is, H, 4, seed + 5),
+        sdown(1, H, Is, 4, seed + 6), egate(1, 1, H, 8, seed + 7) {}
+  cuda::MoeGroupedWeights gpu() const {
+    cuda::MoeGroupedWeights w;
+    w.router = router.gpu(), w.gate = gate.gpu(), w.up = up.gpu(), w.down = down.gpu();
+    w.shared_gate = sgate.gpu(), w.shared_up = sup.gpu(), w.shared_down = sdown.gpu();
+    w.shared_expert_gate = egate.gpu();
+    return w;
+  }
+  MoeWeights cpu() const {
+    MoeWeights w;
+    w.router = router.cpu();
+    for (int e = 0; e < E; ++e) {
+      w.experts.gate_proj.push_back(gate.cpu(e));
+      w.experts.up_proj.push_back(up.cpu(e));
+      w.experts.down_proj.push_back(down.cpu(e));
+    }
+    w.shared_gate_proj = sgate.cpu(), w.shared_up_proj = sup.cpu(), w.shared_down_proj = sdown.cpu();
+    w.shared_expert_gate = egate.cpu();
+    return w;
+  }
+  // out[t] += routed (given ids, weights) + gated shared expert, all in fp32.
+  void reference(const std::vector<float>& x, const std::vector<int32_t>& ids, const std::vector<float>& weights,
+                 int T, int k, std::vector<float>& out) const {
+    std::vector<float> g(static_cast<size_t>(std::max(I, Is))), u(g.size()), y(static_cast<size_t>(H));
+    for (int t = 0; t < T; ++t) {
+      const float* xt = x.data() + static_cast<size_t>(t) * H;
+      float* ot = out.data() + static_cast<size_t>(t) * H;
+      for (int s = 0; s < k; ++s) {
+        const int e = ids[static_cast<size_t>(t) * k + s];
+        cpu::linear(gate.cpu(e), xt, 1, g.data());
+        cpu::linear(up.cpu(e), xt, 1, u.data());
+        for (int i = 0; i < I; ++i) g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+        cpu::linear(down.cpu(e), g.data(), 1, y.data());
+        for (int h = 0; h < H; ++h) ot[h] += weights[static_cast<size_t>(t) * k + s] * y[static_cast<size_t>(h)];
+      }
+      cpu::linear(sgate.cpu(), xt, 1, g.data());
+      cpu::linear(sup.cpu(), xt, 1, u.data());
+      for (int i = 0; i < Is; ++i) g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+      cpu::linear(sdown.cpu(), g.data(), 1, y.data());
+      float logit = 0;
+      cpu::linear(egate.cpu(), xt, 1, &logit);
+      for (int h = 0; h < H; ++h) ot[h] += cpu::sigmoid(logit) * y[static_cast<size_t>(h)];
+    }
+  }
+};
+
+void check_experts(const TestMoe& m, int T, int k, Load load) {
+  SCOPED_TRACE(testing::Message() << "E " << m.E << " H " << m.H << " I " << m.I << " T " << T << " k " << k
+                                  << " load " << int(load));
+  const uint32_t seed = uint32_t(T * 7 + k + int(load) * 1000);
+  const auto x = random_floats(static_cast<size_t>(T) * m.H, seed);
+  const auto ids = make_ids(T, k, m.E, load, seed + 1);
+  auto weights = random_floats(static_cast<size_t>(T) * k, seed + 2);
+  for (auto& w : weights) w = std::fabs(w);
+  auto out = random_floats(static_cast<size_t>(T) * m.H, seed + 3);
+
+  const cuda::MoeGroupedWeights w = m.gpu();
+  DeviceArray<float> dx(x), dw(weights), dout(out);
+  DeviceArray<int32_t> dids(ids);
+  DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k));
+  scratch.poison();
+  cuda::moe_experts_grouped_accumulate(w, dx.get(), dids.get(), dw.get(), T, k, scratch.get(), dout.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  m.reference(x, ids, weights, T, k, out);
+  const double err = relative_error(dout.download(), out);
+  EXPECT_LT(err, kTolerance) << "max |gpu - cpu| / max |cpu| = " << err;
+}
+
+TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
+  REQUIRE_GPU();
+  const TestMoe small(16, 128, 64, 128, 11);
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 15, 16, 17, 64, 65, 300}) check_experts(small, T, 4, load);
+  const TestMoe wide(256, 128, 96, 64, 12);  // I not a multiple of the 32 output columns
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 17, 300}) check_experts(wide, T, 8, load);
+}
+
+TEST(CudaMoeGrouped, ModelWidths) {
+  REQUIRE_GPU();
+  const TestMoe full(32, 2048, 512, 512, 13);
+  check_experts(full, 65, 8, Load::uniform);
+  check_experts(full, 300, 8, Load::one_dominant);
+}
+
+// Routing included, against cpu::sparse_moe. The router's scale spreads the logits so a bf16
+// router (gemm_q4) flips no expert choice; tokens whose experts still differ are reported and
+// skipped (a near-tie, not an error), and must be rare.
+TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
+  REQUIRE_GPU();
+  const int E = 16, k = 4, H = 128, I = 64, Is = 128;
+  const TestMoe m(E, H, I, Is, 21, 0.5f);
+  MoeWeights cw = m.cpu();
+  ModelConfig c;
+  c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
+  c.shared_expert_intermediate_size = Is;
+  for (bool fp32_router : {true, false})
+    for (int T : {1, 17, 65, 300}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << (fp32_router ? " fp32 router" : " bf16 router"));
+      const auto x = random_floats(static_cast<size_t>(T) * H, uint32_t(T + 5));
+      std::vector<float> expected(static_cast<size_t>(T) * H);
+      cpu::sparse_moe(cw, c, x.data(), T, expected.data());
+
+      const cuda::MoeGroupedWeights w = m.gpu();
+      DeviceArray<float> dx(x), dout(static_cast<size_t>(T) * H);
+      CUDA_OK(cudaMemset(dout.get(), 0, dout.size() * sizeof(float)));
+      DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k));
+      scratch.poison();
+      cuda::moe_grouped_accumulate(w, dx.get(), T, k, fp32_router, scratch.get(), dout.get(), nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = dout.download();
+
+      // Per token: a token whose output is far off had an expert flip (near-tie); count those.
+      int skipped = 0;
+      double diff = 0, ref = 0;
+      for (int t = 0; t < T; ++t) {
+        double d = 0, r = 0;
+        for (int h = 0; h < H; ++h) {
+          d = std::max(d, double(std::fabs(got[static_cast<size_t>(t) * H + h] - expected[static_cast<size_t>(t) * H + h])));
+          r = std::max(r, double(std::fabs(expected[static_cast<size_t>(t) * H + h])));
+        }
+        if (std::isnan(d) || d > 5 * kTolerance * r) {
+          ++skipped;
+          continue;
+        }
+        diff = std::max(diff, d), ref = std::max(ref, r);
+      }
+      EXPECT_LE(skipped, std::max(1, T / 50)) << "tokens far from the CPU result (expert flips?)";
+      EXPECT_LT(diff, kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
+    }
+}
+
+}  // namespace
+}  // namespace lily::test
