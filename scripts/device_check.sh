@@ -16,7 +16,7 @@ done > "$OUT/cuda_tests.txt" 2>&1
 cat "$OUT/cuda_tests.txt" | grep -E "^-- |PASSED|FAILED \]|exit" 
 timeout ${BENCH_TIMEOUT:-120} .carry/lily bench --synthetic ${BENCH_ARGS:-} > "$OUT/bench.txt" 2>&1; echo "bench exit $?" >> "$OUT/bench.txt"
 cat "$OUT/bench.txt" | tail -n 20
-for t in ${SANITIZE:-cuda_test_norm cuda_test_deltanet cuda_test_attention cuda_test_gemv cuda_test_moe}; do
+for t in ${SANITIZE:-cuda_test_norm cuda_test_deltanet cuda_test_attention cuda_test_gemv cuda_test_moe cuda_test_gemm_q4 cuda_test_moe_grouped}; do
   for tool in memcheck racecheck; do
     echo "-- $tool $t"; timeout ${SANITIZE_TIMEOUT:-25} compute-sanitizer --tool $tool --error-exitcode 9 ".carry/tests/$t" 2>&1 | grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | tail -n 4; echo "exit ${PIPESTATUS[0]}"
   done

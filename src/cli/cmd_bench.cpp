@@ -61,7 +61,22 @@ struct Row {
   double percent;     // of the ceiling
 };
 
-std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats) {
+// Marks the first measurement of each point for a profiler (CUDA only; see cuda_profiler_start).
+struct ProfiledRegion {
+  bool on;
+  explicit ProfiledRegion(bool enabled) : on(enabled) {
+#ifdef LILY_HAVE_CUDA
+    if (on) cuda_profiler_start();
+#endif
+  }
+  ~ProfiledRegion() {
+#ifdef LILY_HAVE_CUDA
+    if (on) cuda_profiler_stop();
+#endif
+  }
+};
+
+std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats, bool on_cuda) {
   const ModelConfig& c = backend.config();
   std::vector<Row> rows;
   std::vector<float> logits;
@@ -76,6 +91,7 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
     std::vector<double> times;
     for (int r = 0; r < repeats; ++r) {
       state->reset();
+      ProfiledRegion region(on_cuda && r == 0);
       double t0 = now_seconds();
       backend.forward(*state, tokens, LogitsWanted::last, logits);
       times.push_back(now_seconds() - t0);
@@ -99,6 +115,7 @@ std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32
     backend.decode_greedy(*state, 1, 16);  // warm-up, captures the step graph
     std::vector<double> times;
     for (int r = 0; r < repeats; ++r) {
+      ProfiledRegion region(r == 0);
       double t0 = now_seconds();
       backend.decode_greedy(*state, 1, n);
       times.push_back((now_seconds() - t0) / n);
@@ -177,7 +194,7 @@ int run_bench(const BenchArgs& a) {
     }
     title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
                          device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
-    auto p = bench_prefill(*backend, prefill_lengths, a.repeats);
+    auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true);
     auto d = bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
@@ -187,7 +204,7 @@ int run_bench(const BenchArgs& a) {
     LILY_CHECK(!a.synthetic, "--synthetic needs the CUDA backend (this build or machine has none)");
     auto engine = a.model.load_engine();
     title = a.model.resolved_model_dir() + " on " + engine->backend().name();
-    auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats);
+    auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
     auto d = bench_decode_generic(engine->backend(), decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());

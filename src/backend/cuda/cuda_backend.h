@@ -34,6 +34,10 @@ std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeight
 // a decode step is measured against.
 double measure_device_copy_bandwidth();
 std::string device_name();
+// Bracket a region for a profiler started with `--profile-from-start off` (ncu, nsys): lily
+// bench marks the first measurement of each prefill length and decode depth. No-ops otherwise.
+void cuda_profiler_start();
+void cuda_profiler_stop();
 std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<cuda::GpuWeights> weights);
 
 }  // namespace lily

@@ -25,6 +25,8 @@
 #include <cstdio>
 #include <cstring>
 
+#include <cuda_profiler_api.h>
+
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
@@ -556,6 +558,9 @@ std::string device_name() {
   CUDA_CHECK(cudaGetDeviceProperties(&prop, 0));
   return prop.name;
 }
+
+void cuda_profiler_start() { CUDA_CHECK(cudaProfilerStart()); }
+void cuda_profiler_stop() { CUDA_CHECK(cudaProfilerStop()); }
 
 bool cuda_backend_available() {
   int n = 0;

@@ -26,7 +26,7 @@
 #include <algorithm>
 
 #include "backend/cuda/gemm_q4.h"
-#include "backend/cuda/moe.h"
+#include "backend/cuda/gemv.h"
 
 namespace lily::cuda {
 
@@ -366,13 +366,10 @@ void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, i
   const Layout l = layout(w, T, k);
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
-  if (fp32_router) {
-    moe_route(w.router, x, T, k, ids, weights, stream);
-  } else {
-    float* logits = at<float>(scratch, l.logits);
-    gemm_q4(w.router, x, logits, T, stream);
-    moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  }
+  float* logits = at<float>(scratch, l.logits);
+  if (fp32_router) gemv(w.router, x, logits, T, stream);  // fp32 inputs, as the decode path
+  else gemm_q4(w.router, x, logits, T, stream);         // bf16 inputs, as HF's bf16 matmul
+  moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
   moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream);
 }
 

@@ -23,7 +23,7 @@ size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k);
 
 // out[t] += sum_s w[t, s] * D_e(silu(G_e x_t) * U_e x_t) + sigmoid(x_t . w_sg) * D_s(silu(G_s x_t) * U_s x_t)
 // Router logits through gemm_q4 (bf16 inputs, like HF's bf16 matmul), or with fp32_router
-// through the decode path's moe_route (fp32, the CPU backend's expert choice exactly).
+// through the fp32 gemv (the CPU backend's router arithmetic).
 //   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
 void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
                             float* out, cudaStream_t stream);
