@@ -57,7 +57,17 @@ TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
     max_diff_ref = std::max(max_diff_ref, double(std::fabs(g[i] - ref[i])));
     max_diff_cpu = std::max(max_diff_cpu, double(std::fabs(g[i] - c[i])));
   }
-  for (int64_t t = 0; t < T; ++t) agree_ref += argmax(&g[size_t(t * V)], V) == argmax(&ref[size_t(t * V)], V);
+  std::vector<std::pair<double, int64_t>> worst;  // (max |gpu - ref| of the position, position)
+  for (int64_t t = 0; t < T; ++t) {
+    agree_ref += argmax(&g[size_t(t * V)], V) == argmax(&ref[size_t(t * V)], V);
+    double d = 0;
+    for (int64_t i = 0; i < V; ++i) d = std::max(d, double(std::fabs(g[size_t(t * V + i)] - ref[size_t(t * V + i)])));
+    worst.emplace_back(d, t);
+  }
+  std::sort(worst.rbegin(), worst.rend());
+  std::printf("[%s] worst positions:", layout.dir);
+  for (size_t i = 0; i < std::min<size_t>(5, worst.size()); ++i) std::printf(" %lld (%.3g)", (long long)worst[i].second, worst[i].first);
+  std::printf("; median %.3g\n", worst[worst.size() / 2].first);
   std::printf("[%s] gpu vs reference: max |diff| %.4g (%.4g of max |ref| %.4g), argmax agreement %lld/%lld; gpu vs cpu: %.4g\n",
               layout.dir, max_diff_ref, max_diff_ref / max_ref, max_ref, (long long)agree_ref, (long long)T, max_diff_cpu);
   if (std::string(layout.dir) == "mlx-q4") {
@@ -99,8 +109,10 @@ TEST_P(CudaForward, GreedyDecodeMatchesCpuOnTheSameWeights) {
 }
 
 // Token-by-token decode (T = 1: the fused decode kernels, rms_norm_gemv over the concatenated
-// projections, graph replay) against one prefill of the same tokens (T > 1: the separate
-// rms_norm and gemv launches), row by row, and against the CPU backend's decode.
+// projections, graph replay) against one prefill of the same tokens (T > 1: gemm_q4 on the
+// tensor cores with bf16 inputs, the grouped MoE), row by row, and against the CPU backend's
+// decode. Decode computes in fp32 from the 4-bit weights; prefill rounds every GEMM input to
+// bf16 (~1e-3 relative per product), hence the looser bound between the two.
 TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   REQUIRE_GPU();
   const Layout layout = GetParam();
@@ -132,7 +144,7 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   }
   std::printf("[%s] decode vs prefill: max |diff| %.4g of max |logit| %.4g; decode vs cpu decode: %.4g\n", layout.dir,
               max_diff, max_ref, max_diff_cpu);
-  EXPECT_LE(max_diff, 2e-3 * max_ref);
+  EXPECT_LE(max_diff, 1e-2 * max_ref);
   if (std::string(layout.dir) == "mlx-q4") {
     EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
   }

@@ -208,7 +208,7 @@ TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
   const TestMoe small(16, 128, 64, 128, 11);
   for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
     for (int T : {1, 15, 16, 17, 64, 65, 300}) check_experts(small, T, 4, load);
-  const TestMoe wide(256, 128, 96, 64, 12);  // I not a multiple of the 32 output columns
+  const TestMoe wide(256, 128, 192, 64, 12);  // I = 3 x 64: not a multiple of Tile64's 128 weight rows
   for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
     for (int T : {1, 17, 300}) check_experts(wide, T, 8, load);
 }
@@ -263,7 +263,8 @@ TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
         diff = std::max(diff, d), ref = std::max(ref, r);
       }
       EXPECT_LE(skipped, std::max(1, T / 50)) << "tokens far from the CPU result (expert flips?)";
-      EXPECT_LT(diff, kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
+      // Two bf16 roundings of the inputs (x into gate/up, act into down) against fp32 throughout.
+      EXPECT_LT(diff, 2 * kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
     }
 }
 
