@@ -28,6 +28,35 @@ struct Layout {
 
 class CudaForward : public ::testing::TestWithParam<Layout> {};
 
+// Per position: max over the vocabulary of |a - b|.
+std::vector<double> position_max_diff(const std::vector<float>& a, const std::vector<float>& b, int64_t T, int64_t V) {
+  std::vector<double> d(size_t(T), 0.0);
+  for (int64_t t = 0; t < T; ++t)
+    for (int64_t i = 0; i < V; ++i)
+      d[size_t(t)] = std::max(d[size_t(t)], double(std::fabs(a[size_t(t * V + i)] - b[size_t(t * V + i)])));
+  return d;
+}
+
+// Positions whose max |diff| exceeds `bound`.
+int64_t count_above(const std::vector<double>& d, double bound) {
+  return std::count_if(d.begin(), d.end(), [&](double v) { return v > bound; });
+}
+
+void print_worst(const char* what, const std::vector<double>& d) {
+  std::vector<std::pair<double, size_t>> w;
+  for (size_t t = 0; t < d.size(); ++t) w.emplace_back(d[t], t);
+  std::sort(w.rbegin(), w.rend());
+  std::printf("%s worst positions:", what);
+  for (size_t i = 0; i < std::min<size_t>(5, w.size()); ++i) std::printf(" %zu (%.3g)", w[i].second, w[i].first);
+  std::printf("; median %.3g\n", w[w.size() / 2].first);
+}
+
+// Prefill on the tensor cores rounds every GEMM input to bf16 (~1e-3 relative per product);
+// the logits stay within ~1e-2 of the fp32 reference, except where the rounding flips a
+// near-tie in the router of the (random, nearly uniform) fixture: one token then takes other
+// experts and its logits move by ~0.2 x max. Such positions must be rare (<= 3%) and the arg
+// max must agree at >= 99%. PrefillMath::fp32 runs the same passes with fp32 inputs and must
+// meet the bound everywhere: that separates rounding from errors.
 TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
   REQUIRE_GPU();
   const Layout layout = GetParam();
@@ -39,41 +68,43 @@ TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
   auto weights = load_model(fixture(layout.dir));
   auto gpu = make_cuda_backend(weights);
   auto cpu = make_cpu_backend(weights);
-  std::vector<float> g, c;
-  auto gs = gpu->new_sequence(4096);
-  gpu->forward(*gs, ids, LogitsWanted::all, g);
+  std::vector<float> c;
   auto cs = cpu->new_sequence(4096);
   cpu->forward(*cs, ids, LogitsWanted::all, c);
-  ASSERT_EQ(g.size(), ref.size());
+  double max_ref = 0;
+  for (float v : ref) max_ref = std::max(max_ref, double(std::fabs(v)));
 
-  // The GPU runs the bf16 KV cache and (for HF layouts) weights quantized to 4 bits at
-  // upload, so it is compared with the CPU backend running the same 4-bit weights where the
-  // checkpoint is mlx, and with the reference of the same weights.
-  double max_ref = 0, max_diff_ref = 0, max_diff_cpu = 0;
-  int64_t agree_ref = 0;
-  for (size_t i = 0; i < ref.size(); ++i) {
-    ASSERT_FALSE(std::isnan(g[i])) << "NaN at " << i;
-    max_ref = std::max(max_ref, double(std::fabs(ref[i])));
-    max_diff_ref = std::max(max_diff_ref, double(std::fabs(g[i] - ref[i])));
-    max_diff_cpu = std::max(max_diff_cpu, double(std::fabs(g[i] - c[i])));
-  }
-  std::vector<std::pair<double, int64_t>> worst;  // (max |gpu - ref| of the position, position)
-  for (int64_t t = 0; t < T; ++t) {
-    agree_ref += argmax(&g[size_t(t * V)], V) == argmax(&ref[size_t(t * V)], V);
-    double d = 0;
-    for (int64_t i = 0; i < V; ++i) d = std::max(d, double(std::fabs(g[size_t(t * V + i)] - ref[size_t(t * V + i)])));
-    worst.emplace_back(d, t);
-  }
-  std::sort(worst.rbegin(), worst.rend());
-  std::printf("[%s] worst positions:", layout.dir);
-  for (size_t i = 0; i < std::min<size_t>(5, worst.size()); ++i) std::printf(" %lld (%.3g)", (long long)worst[i].second, worst[i].first);
-  std::printf("; median %.3g\n", worst[worst.size() / 2].first);
-  std::printf("[%s] gpu vs reference: max |diff| %.4g (%.4g of max |ref| %.4g), argmax agreement %lld/%lld; gpu vs cpu: %.4g\n",
-              layout.dir, max_diff_ref, max_diff_ref / max_ref, max_ref, (long long)agree_ref, (long long)T, max_diff_cpu);
-  if (std::string(layout.dir) == "mlx-q4") {
-    EXPECT_LE(max_diff_ref, 2e-2 * max_ref);
+  for (PrefillMath math : {PrefillMath::fp32, PrefillMath::tensor_cores}) {
+    const bool fp32 = math == PrefillMath::fp32;
+    SCOPED_TRACE(fp32 ? "fp32 prefill" : "tensor-core prefill");
+    gpu->set_prefill_math(math);
+    std::vector<float> g;
+    auto gs = gpu->new_sequence(4096);
+    gpu->forward(*gs, ids, LogitsWanted::all, g);
+    ASSERT_EQ(g.size(), ref.size());
+    for (size_t i = 0; i < g.size(); ++i) ASSERT_FALSE(std::isnan(g[i])) << "NaN at " << i;
+    // The GPU runs the bf16 KV cache and (for HF layouts) weights quantized to 4 bits at
+    // upload, so it is compared with the CPU backend running the same 4-bit weights where the
+    // checkpoint is mlx, and with the reference of the same weights.
+    const auto d_ref = position_max_diff(g, ref, T, V), d_cpu = position_max_diff(g, c, T, V);
+    int64_t agree_ref = 0;
+    for (int64_t t = 0; t < T; ++t) agree_ref += argmax(&g[size_t(t * V)], V) == argmax(&ref[size_t(t * V)], V);
+    const double max_diff_ref = *std::max_element(d_ref.begin(), d_ref.end());
+    const double max_diff_cpu = *std::max_element(d_cpu.begin(), d_cpu.end());
+    std::printf("[%s, %s] gpu vs reference: max |diff| %.4g (%.4g of max |ref| %.4g), argmax agreement %lld/%lld; "
+                "gpu vs cpu: %.4g; positions over 2e-2 x max |ref|: %lld\n",
+                layout.dir, fp32 ? "fp32" : "tensor cores", max_diff_ref, max_diff_ref / max_ref, max_ref,
+                (long long)agree_ref, (long long)T, max_diff_cpu, (long long)count_above(d_ref, 2e-2 * max_ref));
+    print_worst(fp32 ? "  fp32" : "  tensor cores", d_ref);
+    if (std::string(layout.dir) != "mlx-q4") continue;
     EXPECT_GE(double(agree_ref), 0.99 * double(T));
-    EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+    if (fp32) {
+      EXPECT_LE(max_diff_ref, 2e-2 * max_ref);
+      EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+    } else {
+      EXPECT_LE(double(count_above(d_ref, 2e-2 * max_ref)), 0.03 * double(T));
+      EXPECT_LE(double(count_above(d_cpu, 2e-2 * max_ref)), 0.03 * double(T));
+    }
   }
 }
 
@@ -86,6 +117,7 @@ TEST_P(CudaForward, GreedyDecodeMatchesCpuOnTheSameWeights) {
   std::vector<int32_t> expected = ref_json["greedy_mlx"].get<std::vector<int32_t>>();
   auto weights = load_model(fixture(layout.dir));
   auto gpu = make_cuda_backend(weights);
+  gpu->set_prefill_math(PrefillMath::fp32);  // the prompt as the CPU computes it (see above)
   const int64_t V = weights->config.vocab_size;
 
   // Through the host-sampling path (forward per token) ...
@@ -123,30 +155,36 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   auto gpu = make_cuda_backend(weights);
   auto cpu = make_cpu_backend(weights);
   const int64_t V = weights->config.vocab_size, T = int64_t(ids.size());
-  std::vector<float> prefill;
-  auto ps = gpu->new_sequence(256);
-  gpu->forward(*ps, ids, LogitsWanted::all, prefill);
+  std::vector<float> prefill_fp32, prefill_tc;
+  gpu->set_prefill_math(PrefillMath::fp32);
+  gpu->forward(*gpu->new_sequence(256), ids, LogitsWanted::all, prefill_fp32);
+  gpu->set_prefill_math(PrefillMath::tensor_cores);
+  gpu->forward(*gpu->new_sequence(256), ids, LogitsWanted::all, prefill_tc);
 
   auto ds = gpu->new_sequence(256), cs = cpu->new_sequence(256);
-  std::vector<float> step, cpu_step;
-  double max_ref = 0, max_diff = 0, max_diff_cpu = 0;
+  std::vector<float> steps, cpu_steps, step, cpu_step;
   for (int64_t t = 0; t < T; ++t) {
     gpu->forward(*ds, std::span<const int32_t>(&ids[size_t(t)], 1), LogitsWanted::last, step);
     cpu->forward(*cs, std::span<const int32_t>(&ids[size_t(t)], 1), LogitsWanted::last, cpu_step);
     ASSERT_EQ(step.size(), size_t(V));
-    for (int64_t i = 0; i < V; ++i) {
-      const float want = prefill[size_t(t * V + i)];
-      ASSERT_FALSE(std::isnan(step[size_t(i)])) << "token " << t << " logit " << i;
-      max_ref = std::max(max_ref, double(std::fabs(want)));
-      max_diff = std::max(max_diff, double(std::fabs(step[size_t(i)] - want)));
-      max_diff_cpu = std::max(max_diff_cpu, double(std::fabs(step[size_t(i)] - cpu_step[size_t(i)])));
-    }
+    for (float v : step) ASSERT_FALSE(std::isnan(v)) << "token " << t;
+    steps.insert(steps.end(), step.begin(), step.end());
+    cpu_steps.insert(cpu_steps.end(), cpu_step.begin(), cpu_step.end());
   }
-  std::printf("[%s] decode vs prefill: max |diff| %.4g of max |logit| %.4g; decode vs cpu decode: %.4g\n", layout.dir,
-              max_diff, max_ref, max_diff_cpu);
-  EXPECT_LE(max_diff, 1e-2 * max_ref);
+  double max_ref = 0;
+  for (float v : prefill_fp32) max_ref = std::max(max_ref, double(std::fabs(v)));
+  const auto d_fp32 = position_max_diff(steps, prefill_fp32, T, V), d_tc = position_max_diff(steps, prefill_tc, T, V);
+  const auto d_cpu = position_max_diff(steps, cpu_steps, T, V);
+  const double max_fp32 = *std::max_element(d_fp32.begin(), d_fp32.end());
+  const double max_cpu = *std::max_element(d_cpu.begin(), d_cpu.end());
+  std::printf("[%s] decode vs fp32 prefill: max |diff| %.4g of max |logit| %.4g; vs tensor-core prefill: %.4g "
+              "(positions over 2e-2 x max: %lld); decode vs cpu decode: %.4g\n",
+              layout.dir, max_fp32, max_ref, *std::max_element(d_tc.begin(), d_tc.end()),
+              (long long)count_above(d_tc, 2e-2 * max_ref), max_cpu);
+  EXPECT_LE(max_fp32, 2e-3 * max_ref);
+  EXPECT_LE(double(count_above(d_tc, 2e-2 * max_ref)), 0.03 * double(T));
   if (std::string(layout.dir) == "mlx-q4") {
-    EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
+    EXPECT_LE(max_cpu, 2e-2 * max_ref);
   }
 }
 
@@ -163,6 +201,7 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
   auto gpu = make_cuda_backend(weights);
+  gpu->set_prefill_math(PrefillMath::fp32);  // a decode test: the prompt as the CPU computes it
   auto cpu = make_cpu_backend(weights);
   std::vector<int32_t> prompt = {4001, 882, 198, 1532, 3, 220, 24, 19, 22, 10, 18, 22, 22, 4002, 198, 4001, 77, 198};
   for (int32_t& t : prompt) t = std::min<int32_t>(t, weights->config.vocab_size - 1);

@@ -72,6 +72,13 @@ TEST(CudaGemv, ModelShapes) {
   check_gemv(2048, 4096, 1, 4, false);
   check_gemv(2048, 512, 1, 4, true);
   check_gemv(256, 2048, 1, 8, false);
+  // Tall matrices take 4 rows per lane group (fewer take 1): both sides of the switch.
+  check_gemv(8447, 256, 1, 4, false);
+  check_gemv(8449, 256, 1, 4, false);
+  check_gemv(12352, 2048, 1, 4, true);
+  // T > 1: groups of 8 tokens in parallel on the grid's y (the router of a prefill pass).
+  check_gemv(256, 2048, 300, 8, false);
+  check_gemv(65, 128, 1001, 4, true);
 }
 
 // Rows of the output past `rows` must not be touched: y is a window into a larger buffer.

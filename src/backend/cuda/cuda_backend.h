@@ -15,8 +15,16 @@ namespace cuda {
 class GpuWeights;
 }
 
+// How prefill passes (T > 1) compute their matrix products.
+enum class PrefillMath {
+  tensor_cores,  // gemm_q4 / grouped MoE: bf16 inputs, fp32 sums (the default, fast)
+  fp32,          // the decode kernels over T rows: fp32 inputs and sums (slow; for tests that
+                 // separate rounding from errors, and as a reference on real checkpoints)
+};
+
 class CudaBackend : public Backend {
  public:
+  virtual void set_prefill_math(PrefillMath math) = 0;
   // Greedy decode of `count` tokens after the state's last token `first_token`, entirely on
   // the GPU: each step's arg max is written straight into the next step's input slot and
   // the captured step graph is replayed back to back. Tokens reach the host asynchronously

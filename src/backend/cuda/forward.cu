@@ -197,8 +197,8 @@ struct Scratch {
   DeviceBuffer k, v;         // [T, nkv*hd]
   DeviceBuffer fused;        // [1, max(conv_dim + Hv*128 + 2*Hv, (2*nq + 2*nkv)*hd)]  T = 1 fused projections
   DeviceBuffer mixer_out;    // [T, max(Hv*128, nq*hd)]  input of out_proj / o_proj
-  DeviceBuffer expert_ids, expert_weights;  // [1, k+1]  decode only; slot k: the shared expert
-  DeviceBuffer act;          // [1, k+1, I]               decode only
+  DeviceBuffer expert_ids, expert_weights;  // [T, k+1]  slot k: the shared expert (decode, fp32 prefill)
+  DeviceBuffer act;          // [T, k+1, I]               (decode, fp32 prefill)
   DeviceBuffer moe_grouped;  // prefill MoE: routing, plan, intermediates of one pass
   DeviceBuffer logits;       // [kLogitRows, V]
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
@@ -228,9 +228,9 @@ class CudaBackendImpl final : public CudaBackend {
         (2ull * c_.num_attention_heads + 2ull * c_.num_key_value_heads) * c_.head_dim) * 4);
     s_.mixer_out = DeviceBuffer(T * mixer * 4);
     const uint64_t slots = uint64_t(c_.num_experts_per_tok) + 1;
-    s_.expert_ids = DeviceBuffer(slots * 4);
-    s_.expert_weights = DeviceBuffer(slots * 4);
-    s_.act = DeviceBuffer(slots * uint64_t(c_.moe_intermediate_size) * 4);
+    s_.expert_ids = DeviceBuffer(T * slots * 4);
+    s_.expert_weights = DeviceBuffer(T * slots * 4);
+    s_.act = DeviceBuffer(T * slots * uint64_t(c_.moe_intermediate_size) * 4);
     s_.moe_grouped = DeviceBuffer(moe_grouped_scratch_bytes(moe_weights(w_->layers.at(0).moe), kChunkTokens,
                                                             c_.num_experts_per_tok));
     s_.logits = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
@@ -247,6 +247,7 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   std::string name() const override { return "cuda"; }
+  void set_prefill_math(PrefillMath math) override { fp32_prefill_ = math == PrefillMath::fp32; }
   const ModelConfig& config() const override { return c_; }
   uint64_t weight_bytes() const override { return w_->bytes(); }
   void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
@@ -397,12 +398,12 @@ class CudaBackendImpl final : public CudaBackend {
 
   // y = x @ W^T for T rows: gemv for decode (T = 1), the tensor-core GEMM for prefill.
   void project(const QMatrix& W, const float* x, float* y, int T) {
-    if (T == 1) gemv(W, x, y, T, stream_);
+    if (T == 1 || fp32_prefill_) gemv(W, x, y, T, stream_);
     else gemm_q4(W, x, y, T, stream_);
   }
   // y += x @ W^T
   void project_accumulate(const QMatrix& W, const float* x, float* y, int T) {
-    if (T == 1) gemv_accumulate(W, x, y, T, stream_);
+    if (T == 1 || fp32_prefill_) gemv_accumulate(W, x, y, T, stream_);
     else gemm_q4_accumulate(W, x, y, T, stream_);
   }
 
@@ -499,7 +500,7 @@ class CudaBackendImpl final : public CudaBackend {
   void moe_block(const GpuMoe& m, const float* post_attention_norm, int T) {
     float* x = s_.normed.as<float>();
     const int k = c_.num_experts_per_tok;
-    if (T > 1) {  // prefill: routing on the GPU, grouped expert GEMMs, fused combine
+    if (T > 1 && !fp32_prefill_) {  // prefill: routing on the GPU, grouped expert GEMMs, fused combine
       rms_norm(s_.h.as<float>(), post_attention_norm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
       moe_grouped_accumulate(moe_weights(m), x, T, k, kPrefillFp32Router, s_.moe_grouped.p, s_.h.as<float>(), stream_);
       return;
@@ -520,6 +521,7 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch s_;
   int32_t* host_token_ = nullptr;
   int32_t* host_ring_ = nullptr;
+  bool fp32_prefill_ = false;  // PrefillMath::fp32
 };
 
 }  // namespace

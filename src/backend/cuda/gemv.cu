@@ -18,7 +18,9 @@
 //           rows, to spread them over more SMs).
 // Variants: gemv_kernel<BITS 4|8, LPR 8|16|32, TP, ACC>: TP = 1 for T = 1 (decode); TP = 8 for
 //           T > 1 (prefill chunks): the R rows' codes are held in registers while TP tokens
-//           use them, so a pass over the weights serves 8 tokens. ACC adds into y (gemv_accumulate).
+//           use them, so a pass over the weights serves 8 tokens; the groups of 8 tokens are
+//           the grid's y dimension. ACC adds into y (gemv_accumulate). R = 1 with 4 chunks
+//           loaded at once for matrices of few rows (T = 1), R = 4 otherwise.
 //           rms_norm_gemv_kernel<BITS, LPR> (T = 1): y = RMSNorm(x; gain) @ W^T in one launch
 //           (spec §2.2 zero-centred norm, gain = 1 + w): every block of 256 threads reads the
 //           raw row x (cols <= 4096 floats, L2-resident), computes 1 / sqrt(mean(x^2) + eps)
@@ -38,8 +40,12 @@ namespace lily::cuda {
 
 namespace {
 
-constexpr int kRows = 4;   // R: rows per lane group
-constexpr int kUnroll = 2; // chunks per row loaded together per step
+constexpr int kRows = 4;   // R: rows per lane group (rms_norm_gemv, and gemv on tall matrices)
+constexpr int kUnroll = 2; // chunks per row loaded together per step (with R = 4: 8 loads in flight)
+// Below this many lane groups of 4 rows, gemv takes one row per lane group (4 times the warps)
+// and loads 4 chunks of it at once: out_proj / o_proj (2048 rows) would otherwise run ~4
+// warps per SM, too few loads in flight to cover the memory latency.
+constexpr int64_t kFewRowGroups = 132 * 16;
 
 // 16 bytes of weight codes, streamed: read once per token, no point keeping them in L1.
 __device__ __forceinline__ uint4 load_codes(const uint4* p) {
@@ -113,7 +119,7 @@ struct GemvParams {
   int rows, cols, T;
 };
 
-template <int BITS, int LPR, int TP, bool ACC>
+template <int BITS, int LPR, int TP, bool ACC, int ROWS = kRows, int UNROLL = kUnroll>
 __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
   constexpr int kCodes = 128 / BITS;         // columns per chunk
   constexpr int kChunksPerGroup = 64 / kCodes;
@@ -122,29 +128,31 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
   const int64_t cpr64 = cpr;
   const int sub = threadIdx.x % LPR;
   const int64_t group = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) / LPR;
-  const int64_t row0 = group * kRows;
+  const int64_t row0 = group * ROWS;
 
   // Rows past the end read the last row (always valid) and are not written.
-  int64_t row[kRows];
+  int64_t row[ROWS];
 #pragma unroll
-  for (int r = 0; r < kRows; ++r) row[r] = min(row0 + r, int64_t(p.rows) - 1);
+  for (int r = 0; r < ROWS; ++r) row[r] = min(row0 + r, int64_t(p.rows) - 1);
 
-  for (int t0 = 0; t0 < p.T; t0 += TP) {
-    float acc[TP][kRows];
+  // blockIdx.y: a group of TP tokens (T > 1: the token groups run in parallel, each re-reading
+  // the weights from L2).
+  for (int t0 = blockIdx.y * TP; t0 < p.T; t0 += gridDim.y * TP) {
+    float acc[TP][ROWS];
 #pragma unroll
     for (int i = 0; i < TP; ++i)
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) acc[i][r] = 0.f;
+      for (int r = 0; r < ROWS; ++r) acc[i][r] = 0.f;
 
-    for (int c0 = sub; c0 < cpr; c0 += LPR * kUnroll) {
-      uint4 q[kUnroll][kRows];
-      float sc[kUnroll][kRows], bi[kUnroll][kRows];
+    for (int c0 = sub; c0 < cpr; c0 += LPR * UNROLL) {
+      uint4 q[UNROLL][ROWS];
+      float sc[UNROLL][ROWS], bi[UNROLL][ROWS];
 #pragma unroll
-      for (int u = 0; u < kUnroll; ++u) {
+      for (int u = 0; u < UNROLL; ++u) {
         const int c = c0 + u * LPR;
         const int cc = c < cpr ? c : c0;  // a valid chunk; its result is discarded below
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
           q[u][r] = load_codes(reinterpret_cast<const uint4*>(p.codes) + row[r] * cpr64 + cc);
           const int64_t g = row[r] * gpr + cc / kChunksPerGroup;
           sc[u][r] = load_bf16(p.scales + g);
@@ -155,13 +163,13 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
       for (int i = 0; i < TP; ++i) {
         if (TP > 1 && t0 + i >= p.T) break;
 #pragma unroll
-        for (int u = 0; u < kUnroll; ++u) {
+        for (int u = 0; u < UNROLL; ++u) {
           const int c = c0 + u * LPR;
           if (c >= cpr) break;
           float x[kCodes];
           const float sx = load_x(p.x + int64_t(t0 + i) * p.cols + c * kCodes, x);
 #pragma unroll
-          for (int r = 0; r < kRows; ++r)
+          for (int r = 0; r < ROWS; ++r)
             acc[i][r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], x), bi[u][r] * sx);
         }
       }
@@ -170,7 +178,7 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
 #pragma unroll
     for (int i = 0; i < TP; ++i) {
 #pragma unroll
-      for (int r = 0; r < kRows; ++r) {
+      for (int r = 0; r < ROWS; ++r) {
 #pragma unroll
         for (int o = LPR / 2; o > 0; o /= 2) acc[i][r] += __shfl_xor_sync(0xFFFFFFFFu, acc[i][r], o, LPR);
       }
@@ -180,7 +188,7 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
       for (int i = 0; i < TP; ++i) {
         if (t0 + i >= p.T) break;
 #pragma unroll
-        for (int r = 0; r < kRows; ++r) {
+        for (int r = 0; r < ROWS; ++r) {
           if (row0 + r < p.rows) {
             float* dst = p.y + int64_t(t0 + i) * p.rows + row0 + r;
             *dst = ACC ? *dst + acc[i][r] : acc[i][r];
@@ -341,16 +349,23 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
                      x, y, W.rows, W.cols, T};
   const int cpr = W.cols * W.bits / 128;
   const int lanes = lanes_per_row(cpr);
-  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
+  const bool one_row = T == 1 && (int64_t(W.rows) + kRows - 1) / kRows < kFewRowGroups;
+  const int rows_per_group = one_row ? 1 : kRows;
+  const int64_t groups = (int64_t(W.rows) + rows_per_group - 1) / rows_per_group;
   // 128 threads per block, or 64 when that leaves fewer than two blocks per SM.
   const int threads = groups * lanes / 128 >= 264 ? 128 : 64;
   const int64_t blocks = (groups * lanes + threads - 1) / threads;
   LILY_CHECK(blocks < (int64_t(1) << 31), "gemv: {} rows is too many", W.rows);
+  constexpr int kTP = 8;  // tokens per weight pass for T > 1
+  const unsigned token_groups = unsigned(std::min<int64_t>((T + kTP - 1) / kTP, 65535));
   dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
-    if (T == 1)
-      gemv_kernel<decltype(bits)::value, decltype(lpr)::value, 1, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
+    constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
+    if (T > 1)
+      gemv_kernel<B, L, kTP, ACC><<<dim3(unsigned(blocks), token_groups), threads, 0, stream>>>(p);
+    else if (one_row)
+      gemv_kernel<B, L, 1, ACC, 1, 4><<<unsigned(blocks), threads, 0, stream>>>(p);
     else
-      gemv_kernel<decltype(bits)::value, decltype(lpr)::value, 8, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
+      gemv_kernel<B, L, 1, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
 }

@@ -194,19 +194,36 @@ __device__ __forceinline__ float group_sum(float v) {
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
-// x . w for a one-row quantized vector of any bit width, by one warp (small: [1, H]).
-__device__ float warp_row_dot(const QView& w, int bits, int cols, const float* x) {
-  const int per_word = 32 / bits, words = cols / per_word;
-  const uint32_t mask = (1u << bits) - 1u;
-  const uint32_t* codes = reinterpret_cast<const uint32_t*>(w.codes);
+// x . w for a one-row quantized vector [1, H] (4 or 8 bits), by one warp. Every lane's chunks
+// (at most 8 at H <= 4096) are loaded before the first use: the row costs one memory latency,
+// not one per word.
+template <int BITS>
+__device__ float warp_row_dot_bits(const QView& w, int cols, const float* x) {
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kMaxChunks = kMaxHidden / kCodes / 32;
+  const int cpr = cols / kCodes, lane = threadIdx.x % 32;
+  uint4 q[kMaxChunks];
+  float sc[kMaxChunks], bi[kMaxChunks];
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = min(lane + 32 * i, cpr - 1);  // a valid chunk; unused past the end
+    q[i] = load_codes(w.codes + c);
+    sc[i] = load_bf16(w.scales + c / kChunksPerGroup);
+    bi[i] = load_bf16(w.biases + c / kChunksPerGroup);
+  }
   float acc = 0.f;
-  for (int i = threadIdx.x % 32; i < words; i += 32) {
-    const uint32_t word = __ldg(codes + i);
-    const int g = i * per_word / 64;
-    const float s = load_bf16(w.scales + g), b = load_bf16(w.biases + g);
-    for (int j = 0; j < per_word; ++j) acc += fmaf(s, float((word >> (bits * j)) & mask), b) * x[i * per_word + j];
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= cpr) break;
+    float xr[kCodes];
+    const float sx = load_x_generic(x + c * kCodes, xr);
+    acc += fmaf(sc[i], chunk_dot<BITS>(q[i], xr), bi[i] * sx);
   }
   return group_sum<32>(acc);
+}
+
+__device__ float warp_row_dot(const QView& w, int bits, int cols, const float* x) {
+  return bits == 4 ? warp_row_dot_bits<4>(w, cols, x) : warp_row_dot_bits<8>(w, cols, x);
 }
 
 // ---- Routing ------------------------------------------------------------------------------
