@@ -4,10 +4,10 @@
 // parsing). Held out from training: number pairs with (7a + 13b) % 10 == 0 and six cities.
 //
 // Issue 5's bar is >= 80% held-out arithmetic and >= 2 of 3 exact held-out tool calls, with
-// thinking on. The current lily-tiny measures 67% and 0/6 (it misspells unseen cities), so these
-// are regression tests of the current model: arithmetic must stay >= 55% (67% minus a noise
-// margin for a 40-question sample), tool calls must have the right function and a string
-// `city` argument; exact cities are reported, not asserted.
+// thinking on. The committed lily-tiny measures 129/150 = 86% and 5/6 exact (all held-out
+// questions, tests/server/run_heldout_eval.sh through lily serve and the openai client). Here,
+// on a 40-question sample, arithmetic must reach 75% (86% minus a sampling margin: the sample's
+// standard error is ~5.5 points), and at least 2 of 3 tool calls must be exact.
 //
 // LILY_E2E_FULL=1 runs all 150 arithmetic questions instead of 40 (about 4x longer).
 // LILY_TEST_BACKEND=cuda runs on the GPU.
@@ -25,7 +25,7 @@ namespace {
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
 const std::string kBackend = std::getenv("LILY_TEST_BACKEND") ? std::getenv("LILY_TEST_BACKEND") : "cpu";
-constexpr double kArithmeticFloor = 0.55;  // regression floor of the current model (issue 5's bar: 0.80)
+constexpr double kArithmeticFloor = 0.75;  // on the 40-question sample (issue 5's bar on all 150: 0.80)
 constexpr double kIssueArithmeticBar = 0.80;
 constexpr size_t kArithmeticSample = 40;
 constexpr int64_t kMaxTokens = 320;  // the longest held-out reasoning is about 110 tokens
@@ -122,7 +122,7 @@ TEST_F(LilyTiny, HeldOutArithmeticWithThinking) {
   EXPECT_GE(accuracy, kArithmeticFloor);
 }
 
-TEST_F(LilyTiny, HeldOutToolCallsHaveTheRightFunctionAndACityArgument) {
+TEST_F(LilyTiny, HeldOutToolCallsAreExact) {
   std::vector<json> all = tests("tool_call");
   ASSERT_FALSE(all.empty());
   int exact = 0;
@@ -146,9 +146,9 @@ TEST_F(LilyTiny, HeldOutToolCallsHaveTheRightFunctionAndACityArgument) {
     std::printf("  %-48s -> %s(%s)%s\n", question.c_str(), call.name.c_str(), call.arguments.c_str(),
                 match ? "" : (" expected city " + expected["arguments"]["city"].get<std::string>()).c_str());
   }
-  std::printf("lily-tiny held-out tool calls, thinking on, greedy, %s: %d/%zu exact (issue 5's bar: 2 of 3; "
-              "not asserted for the current model)\n",
+  std::printf("lily-tiny held-out tool calls, thinking on, greedy, %s: %d/%zu exact (issue 5's bar: 2 of 3)\n",
               kBackend.c_str(), exact, all.size());
+  EXPECT_GE(3 * exact, 2 * int(all.size()));
 }
 
 TEST_F(LilyTiny, ThinkingOnSplitsReasoningFromTheAnswer) {

@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# run_heldout_eval.sh WORKDIR: issue 5's measurement. Starts `lily serve` on models/lily-tiny
+# (LILY_BINARY, default build/lily) and runs node/heldout_eval.mjs over every held-out
+# arithmetic question and tool call with the official openai client. A few minutes on CPU.
+set -euo pipefail
+here="$(cd "$(dirname "$0")" && pwd)"
+root="$(cd "$here/../.." && pwd)"
+work="${1:?usage: run_heldout_eval.sh WORKDIR}"
+export LILY_BINARY="${LILY_BINARY:-$root/build/lily}"
+export LILY_TEST_MODEL="$root/models/lily-tiny"
+
+mkdir -p "$work"
+cp "$here/node/package.json" "$here/node/package-lock.json" "$here"/node/*.mjs "$work/"
+if [ ! -d "$work/node_modules/openai" ] || ! cmp -s "$here/node/package-lock.json" "$work/node_modules/.lily-lock"; then
+  (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
+  cp "$here/node/package-lock.json" "$work/node_modules/.lily-lock"
+fi
+source "$here/lib_server.sh"
+trap stop_lily_server EXIT
+start_lily_server "$work/server.log"
+export LILY_URL
+cd "$work"
+node heldout_eval.mjs "$LILY_TEST_MODEL/heldout.json"
