@@ -19,16 +19,19 @@
 // Variants: gemv_kernel<BITS 4|8, LPR 8|16|32, TP, ACC>: TP = 1 for T = 1 (decode); TP = 8 for
 //           T > 1 (prefill chunks): the R rows' codes are held in registers while TP tokens
 //           use them, so a pass over the weights serves 8 tokens; the groups of 8 tokens are
-//           the grid's y dimension. ACC adds into y (gemv_accumulate). R = 1 with 4 chunks
-//           loaded at once for matrices of few rows (T = 1), R = 4 otherwise.
-//           rms_norm_gemv_kernel<BITS, LPR> (T = 1): y = RMSNorm(x; gain) @ W^T in one launch
-//           (spec §2.2 zero-centred norm, gain = 1 + w): every block of 256 threads reads the
-//           raw row x (cols <= 4096 floats, L2-resident), computes 1 / sqrt(mean(x^2) + eps)
-//           as rms_norm does, and stages x * inv * gain in shared memory, float4 index j
-//           stored at j ^ ((j >> 3) & 7) so that the lanes of a warp, each reading its own
-//           chunk, hit distinct banks (4- and 8-bit chunks alike). The grid is capped at the
-//           blocks that fit on the device at once and strides over the row groups, so the
-//           staging is paid a few times per SM, not once per 16 rows.
+//           the grid's y dimension. ACC adds into y (gemv_accumulate). At T = 1 this kernel
+//           only serves rows wider than 4096 columns; staged_gemv_kernel does the rest.
+//           staged_gemv_kernel<BITS, LPR, NORM, ACC> (T = 1, cols <= 4096): every block of 256
+//           threads stages the input row in shared memory, float4 index j stored at
+//           j ^ ((j >> 3) & 7) so that the lanes of a warp, each reading its own chunk, hit
+//           distinct banks (4- and 8-bit chunks alike); reading x from global memory instead, the
+//           32 lanes of a warp touch 32 different 128-byte lines per float4 load, and L1 becomes
+//           the bottleneck (measured: 65% L1 vs 8% DRAM throughput for o_proj, 12.9 us). NORM:
+//           y = RMSNorm(x; gain) @ W^T in one launch (rms_norm_gemv; spec §2.2 zero-centred norm,
+//           gain = 1 + w): the block computes 1 / sqrt(mean(x^2) + eps) as rms_norm does and
+//           stages x * inv * gain. The grid is capped at the blocks that fit on the device at
+//           once and strides over the row groups, so the staging is paid a few times per SM, not
+//           once per 16 rows. ACC adds into y (gemv_accumulate at T = 1: out_proj, o_proj).
 // Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv.h"
@@ -42,10 +45,6 @@ namespace {
 
 constexpr int kRows = 4;   // R: rows per lane group (rms_norm_gemv, and gemv on tall matrices)
 constexpr int kUnroll = 2; // chunks per row loaded together per step (with R = 4: 8 loads in flight)
-// Below this many lane groups of 4 rows, gemv takes one row per lane group (4 times the warps)
-// and loads 4 chunks of it at once: out_proj / o_proj (2048 rows) would otherwise run ~4
-// warps per SM, too few loads in flight to cover the memory latency.
-constexpr int64_t kFewRowGroups = 132 * 16;
 
 // 16 bytes of weight codes, streamed: read once per token, no point keeping them in L1.
 __device__ __forceinline__ uint4 load_codes(const uint4* p) {
@@ -219,40 +218,51 @@ struct RmsNormGemvParams {
 // Where float4 j of the staged row lives in shared memory (an XOR within aligned groups of 8).
 __device__ __forceinline__ int swizzle(int j) { return j ^ ((j >> 3) & 7); }
 
-template <int BITS, int LPR>
-__global__ void __launch_bounds__(kNormThreads, 2) rms_norm_gemv_kernel(RmsNormGemvParams p) {
+template <int BITS, int LPR, bool NORM, bool ACC>
+__global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGemvParams p) {
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kF4 = kCodes / 4;
   __shared__ float4 xs[kNormMaxCols / 4];
   __shared__ float partial[kNormThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int n4 = p.cols / 4;
 
-  // Stage x * inv_rms * gain (the loads of x and gain are all issued before the reduction).
+  // Stage x (NORM: x * inv_rms * gain; the loads of x and gain are all issued before the
+  // reduction).
   float4 xv[kNormPerThread], gv[kNormPerThread];
-  float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
     const int j = threadIdx.x + i * kNormThreads;
     xv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    gv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    if constexpr (NORM)
+      gv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    else
+      gv[i] = make_float4(1.f, 1.f, 1.f, 1.f);
   }
+  float inv = 1.f;
+  if constexpr (NORM) {
+    float ss = 0.f;
 #pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i)
-    ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
+    for (int i = 0; i < kNormPerThread; ++i)
+      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
 #pragma unroll
-  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-  if (lane == 0) partial[warp] = ss;
-  __syncthreads();
-  float total = 0.f;
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) partial[warp] = ss;
+    __syncthreads();
+    float total = 0.f;
 #pragma unroll
-  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-  const float inv = 1.f / sqrtf(total / float(p.cols) + p.eps);  // as rms_norm: 1 / sqrt(mean + eps)
+    for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
+    inv = 1.f / sqrtf(total / float(p.cols) + p.eps);  // as rms_norm: 1 / sqrt(mean + eps)
+  }
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
     const int j = threadIdx.x + i * kNormThreads;
-    if (j < n4)
-      xs[swizzle(j)] = make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y, xv[i].z * inv * gv[i].z,
-                                   xv[i].w * inv * gv[i].w);
+    if (j < n4) {
+      if constexpr (NORM)
+        xs[swizzle(j)] = make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y, xv[i].z * inv * gv[i].z,
+                                     xv[i].w * inv * gv[i].w);
+      else
+        xs[swizzle(j)] = xv[i];
+    }
   }
   __syncthreads();
 
@@ -315,7 +325,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) rms_norm_gemv_kernel(RmsNormG
     if (sub == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)
-        if (row0 + r < p.rows) p.y[row0 + r] = acc[r];
+        if (row0 + r < p.rows) p.y[row0 + r] = ACC ? p.y[row0 + r] + acc[r] : acc[r];
     }
   }
 }
@@ -337,6 +347,37 @@ void dispatch_bits_lanes(int bits, int lanes, F&& f) {
   else with_bits(Int<8>{});
 }
 
+// Blocks of staged_gemv_kernel that are resident at once on the current device (cached per
+// kernel instance; one device per process).
+template <int BITS, int LPR, bool NORM, bool ACC>
+int resident_blocks() {
+  static const int blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, staged_gemv_kernel<BITS, LPR, NORM, ACC>,
+                                                             kNormThreads, 0));
+    return std::max(1, sms * per_sm);
+  }();
+  return blocks;
+}
+
+// y (+)= [RMSNorm](x) @ W^T for one row, x staged in shared memory (cols <= kNormMaxCols).
+template <bool NORM, bool ACC>
+void launch_staged(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  const RmsNormGemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales),
+                            reinterpret_cast<const uint16_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  const int lanes = lanes_per_row(W.cols * W.bits / 128);
+  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
+  const int64_t needed = (groups * lanes + kNormThreads - 1) / kNormThreads;
+  dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
+    constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
+    const int64_t blocks = std::min<int64_t>(needed, resident_blocks<B, L, NORM, ACC>());
+    staged_gemv_kernel<B, L, NORM, ACC><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
+  });
+  CUDA_CHECK_LAUNCH();
+}
+
 template <bool ACC>
 void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
   LILY_CHECK(W.bits == 4 || W.bits == 8, "gemv: {}-bit weights are not supported (4 or 8)", W.bits);
@@ -349,9 +390,11 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
                      x, y, W.rows, W.cols, T};
   const int cpr = W.cols * W.bits / 128;
   const int lanes = lanes_per_row(cpr);
-  const bool one_row = T == 1 && (int64_t(W.rows) + kRows - 1) / kRows < kFewRowGroups;
-  const int rows_per_group = one_row ? 1 : kRows;
-  const int64_t groups = (int64_t(W.rows) + rows_per_group - 1) / rows_per_group;
+  if (T == 1 && W.cols <= kNormMaxCols) {  // x staged in shared memory
+    launch_staged<false, ACC>(W, x, nullptr, 0.f, y, stream);
+    return;
+  }
+  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
   // 128 threads per block, or 64 when that leaves fewer than two blocks per SM.
   const int threads = groups * lanes / 128 >= 264 ? 128 : 64;
   const int64_t blocks = (groups * lanes + threads - 1) / threads;
@@ -362,26 +405,10 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
     constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
     if (T > 1)
       gemv_kernel<B, L, kTP, ACC><<<dim3(unsigned(blocks), token_groups), threads, 0, stream>>>(p);
-    else if (one_row)
-      gemv_kernel<B, L, 1, ACC, 1, 4><<<unsigned(blocks), threads, 0, stream>>>(p);
     else
       gemv_kernel<B, L, 1, ACC><<<unsigned(blocks), threads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
-}
-
-// Blocks of rms_norm_gemv_kernel that are resident at once on the current device (cached per
-// kernel instance; one device per process).
-template <int BITS, int LPR>
-int resident_blocks() {
-  static const int blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, rms_norm_gemv_kernel<BITS, LPR>, kNormThreads, 0));
-    return std::max(1, sms * per_sm);
-  }();
-  return blocks;
 }
 
 }  // namespace
@@ -394,17 +421,7 @@ void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float ep
   LILY_CHECK(W.rows > 0, "rms_norm_gemv: rows {}", W.rows);
   LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
              "rms_norm_gemv: x and gain must be 16-byte aligned");
-  const RmsNormGemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales),
-                            reinterpret_cast<const uint16_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
-  const int lanes = lanes_per_row(W.cols * W.bits / 128);
-  const int64_t groups = (int64_t(W.rows) + kRows - 1) / kRows;
-  const int64_t needed = (groups * lanes + kNormThreads - 1) / kNormThreads;
-  dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
-    constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
-    const int64_t blocks = std::min<int64_t>(needed, resident_blocks<B, L>());
-    rms_norm_gemv_kernel<B, L><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
-  });
-  CUDA_CHECK_LAUNCH();
+  launch_staged<true, false>(W, x, gain, eps, y, stream);
 }
 
 void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {

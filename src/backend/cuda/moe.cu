@@ -154,16 +154,16 @@ __device__ __forceinline__ QRow row_of(const QView& m, int64_t row, int cpr, int
   return {m.codes + row * cpr, m.scales + row * gpr, m.biases + row * gpr};
 }
 
-// Lane-partial dot products of NR rows with x over chunks sub, sub + LPR, ...: two chunks of
-// every row are loaded before the first use. X_SHARED: x is in shared memory.
-template <int BITS, int LPR, int NR, bool X_SHARED = false>
+// Lane-partial dot products of NR rows with x over chunks sub, sub + LPR, ...: UNROLL chunks
+// of every row are loaded before the first use. X_SHARED: x is in shared memory.
+template <int BITS, int LPR, int NR, bool X_SHARED = false, int UNROLL = 2>
 __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, int cpr, int sub, float (&acc)[NR]) {
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
-  for (int c0 = sub; c0 < cpr; c0 += 2 * LPR) {
-    uint4 q[2][NR];
-    float sc[2][NR], bi[2][NR];
+  for (int c0 = sub; c0 < cpr; c0 += UNROLL * LPR) {
+    uint4 q[UNROLL][NR];
+    float sc[UNROLL][NR], bi[UNROLL][NR];
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int c = c0 + u * LPR < cpr ? c0 + u * LPR : c0;
 #pragma unroll
       for (int r = 0; r < NR; ++r) {
@@ -173,7 +173,7 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
       }
     }
 #pragma unroll
-    for (int u = 0; u < 2; ++u) {
+    for (int u = 0; u < UNROLL; ++u) {
       const int c = c0 + u * LPR;
       if (c >= cpr) break;
       float xr[kCodes];
@@ -294,7 +294,7 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
       w[r] = row_of(p.router, first + min(local0 + r, count - 1), cpr, gpr);
       acc[r] = 0.f;
     }
-    rows_dot<BITS, LPR, R, true>(w, xs, cpr, sub, acc);
+    rows_dot<BITS, LPR, R, true, 4>(w, xs, cpr, sub, acc);  // the 8-bit router at H = 2048: one round of loads
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       acc[r] = group_sum<LPR>(acc[r]);
