@@ -17,7 +17,7 @@ from collections import defaultdict
 
 
 def short_name(name: str, keep_templates: bool = False) -> str:
-    name = name.replace("(anonymous namespace)", "anon")
+    name = name.replace("(anonymous namespace)", "anon").replace("<unnamed>", "anon")
     name = re.sub(r"^void ", "", name)
     name = re.sub(r"\(.*$", "", name)   # arguments
     if not keep_templates:

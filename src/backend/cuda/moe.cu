@@ -28,10 +28,12 @@
 //                                 each chunk of x; 8 uint4 loads in flight per lane) and writes
 //                                 silu(g)*u: intermediates never leave registers. The expert id
 //                                 is read on the device; slot k reads the shared expert.
-//           moe_down_kernel       grid (H/4, T), 64 threads: a warp owns 2 output rows for all
-//                                 k+1 slots (the lane groups split the slots; 4 slots' loads in
-//                                 flight), weights the slots, reduces over the warp and adds into
-//                                 h: one owner per output element, no atomics, deterministic.
+//           moe_down_kernel       grid (H/16, T), 256 threads: the block stages act[t] of all
+//                                 k+1 slots in shared memory (swizzled, 18 KB at I = 512); a warp
+//                                 owns 2 output rows for all slots (the lane groups split the
+//                                 slots; 4 slots' loads in flight), weights the slots, reduces
+//                                 over the warp and adds into h: one owner per output element,
+//                                 no atomics, deterministic.
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
@@ -53,7 +55,8 @@ constexpr int kRouteCluster = 8;    // blocks per token in moe_route_kernel
 constexpr int kRouteThreads = 256;
 constexpr int kGateUpThreads = 128;
 constexpr int kGateUpRows = 2;      // rows of G (and of U) per lane group
-constexpr int kDownThreads = 64;
+constexpr int kDownThreads = 256;
+constexpr int kDownMaxStagedBytes = 48 * 1024;  // act[t] of all slots in shared memory
 constexpr int kDownRows = 2;        // output rows per warp
 constexpr int kDownSlots = 4;       // slots per lane group loaded together
 
@@ -428,14 +431,26 @@ struct DownParams {
   float* out;                 // [T, H]
 };
 
+// Where float4 j of a staged row lives in shared memory (an XOR within aligned groups of 8), so
+// that the lanes of a warp, each reading its own chunk, hit distinct banks (as gemv.cu's).
+__device__ __forceinline__ int swizzle(int j) { return j ^ ((j >> 3) & 7); }
+
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
-  constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
+  constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kF4 = kCodes / 4;
   constexpr int kSlotLanes = 32 / LPR;  // slots processed side by side in a warp
   const int cpr = p.I / kCodes, gpr = p.I / 64;
   const int t = blockIdx.y, slots = p.k + 1;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR, sg = lane / LPR;
   const int row0 = (blockIdx.x * (kDownThreads / 32) + warp) * R;
+
+  // act[t] of every slot into shared memory, swizzled per slot row: read from global memory, each
+  // lane's float4 loads of its own chunk would touch a different 128-byte line (L1-bound).
+  extern __shared__ float4 act_s[];  // [slots][I / 4]
+  const int i4 = p.I / 4;
+  const float4* act4 = reinterpret_cast<const float4*>(p.act + int64_t(t) * slots * p.I);
+  for (int j = threadIdx.x; j < slots * i4; j += kDownThreads) act_s[(j / i4) * i4 + swizzle(j % i4)] = __ldg(act4 + j);
+  __syncthreads();
   int row[R];
 #pragma unroll
   for (int r = 0; r < R; ++r) row[r] = min(row0 + r, p.H - 1);
@@ -468,7 +483,15 @@ __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
         const int64_t ts = int64_t(t) * slots + s;
         const float ws = __ldg(p.weights + ts);
         float xr[kCodes];
-        const float sx = load_x(p.act + ts * p.I + c * kCodes, xr);
+        float s0 = 0.f, s1 = 0.f;
+#pragma unroll
+        for (int i = 0; i < kF4; ++i) {
+          const float4 v = act_s[s * i4 + swizzle(c * kF4 + i)];
+          xr[4 * i] = v.x, xr[4 * i + 1] = v.y, xr[4 * i + 2] = v.z, xr[4 * i + 3] = v.w;
+          s0 += v.x + v.y;
+          s1 += v.z + v.w;
+        }
+        const float sx = s0 + s1;
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] += ws * fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
       }
@@ -576,10 +599,13 @@ void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const 
   if (T <= 0) return;
   const DownParams p{view(down), view(shared_down), act, expert_ids, expert_weights, down.batch, down.rows, down.cols,
                      k, out};
+  const size_t staged = size_t(k + 1) * size_t(down.cols) * sizeof(float);
+  LILY_CHECK(staged <= size_t(kDownMaxStagedBytes), "moe_down_accumulate: {} slots of {} activations exceed {} bytes",
+             k + 1, down.cols, kDownMaxStagedBytes);
   const int rows_per_block = kDownThreads / 32 * kDownRows;
   const dim3 grid(unsigned((down.rows + rows_per_block - 1) / rows_per_block), unsigned(T));
   dispatch_bits_lanes(down.bits, lanes_per_row(down.cols * down.bits / 128), [&](auto bits, auto lpr) {
-    moe_down_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kDownThreads, 0, stream>>>(p);
+    moe_down_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kDownThreads, staged, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
 }
