@@ -13,6 +13,8 @@ stage=$(mktemp -d)
 mkdir -p "$stage/.carry/lib" "$stage/.carry/tests"
 cp $build/lily "$stage/.carry/"
 find $build/tests/cuda -maxdepth 1 -type f -executable -name 'cuda_test_*' -exec cp {} "$stage/.carry/tests/" \;
+# Tests of the runtime that take LILY_TEST_BACKEND=cuda (session reuse, lily-tiny end to end).
+cp $build/tests/runtime/runtime_test_chat_service $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*
 for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |
              grep -E 'libfmt|libpcre2|libutf8proc|libcpp-httplib|libssl|libcrypto|libbrotli'); do

@@ -2,7 +2,8 @@
 # Runs on the GPU machine, from the repository root, with .carry/carry.tar.xz made by
 # scripts/device_bundle.sh: the CUDA tests, a benchmark sweep, compute-sanitizer on the kernel
 # tests. Logs go to $OUT; each part has its own time limit so the rest still runs.
-#   PHASES="tests bench sanitize" (default all three, in that order)
+#   PHASES="tests bench sanitize" (default all three, in that order); "backend" runs the runtime
+#   tests that take LILY_TEST_BACKEND=cuda (session reuse through the ChatService, lily-tiny e2e)
 #   BENCH_ARGS="..." (lily bench --synthetic arguments), BENCH_TIMEOUT, TEST_TIMEOUT,
 #   SANITIZE="cuda_test_x ...", SANITIZE_TIMEOUT
 # Sourcing it with PHASES="" only sets up the environment (LD_LIBRARY_PATH, /work/main).
@@ -28,6 +29,15 @@ run_bench() {
   tail -n 20 "$OUT/bench.txt"
 }
 
+run_backend_tests() {
+  for t in runtime_test_chat_service e2e_test_lily_tiny; do
+    echo "-- $t (LILY_TEST_BACKEND=cuda)"; LILY_TEST_BACKEND=cuda timeout ${TEST_TIMEOUT:-120} ".carry/tests/$t" 2>&1 |
+      grep -vE "^\[ RUN|^\[       OK" | head -n 200
+    echo "exit ${PIPESTATUS[0]}"
+  done > "$OUT/backend_tests.txt" 2>&1
+  grep -E "^-- |PASSED|FAILED \]|exit" "$OUT/backend_tests.txt"
+}
+
 run_sanitize() {
   for t in ${SANITIZE:-cuda_test_norm cuda_test_deltanet cuda_test_attention cuda_test_gemv cuda_test_moe cuda_test_gemm_q4 cuda_test_moe_grouped}; do
     for tool in memcheck racecheck; do
@@ -45,6 +55,7 @@ for phase in ${PHASES-tests bench sanitize}; do
     tests) run_tests ;;
     bench) run_bench ;;
     sanitize) run_sanitize ;;
+    backend) run_backend_tests ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
