@@ -7,12 +7,17 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 build=build-cuda
-cmake -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DLILY_NATIVE=OFF -DLILY_BENCH=OFF >/dev/null
+cmake -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DLILY_NATIVE=OFF -DLILY_BENCH=OFF \
+  -DLILY_KERNEL_BENCHES=ON >/dev/null
 cmake --build $build -j "$(nproc)"
 stage=$(mktemp -d)
 mkdir -p "$stage/.carry/lib" "$stage/.carry/tests"
 cp $build/lily "$stage/.carry/"
 find $build/tests/cuda -maxdepth 1 -type f -executable -name 'cuda_test_*' -exec cp {} "$stage/.carry/tests/" \;
+# The kernel workbench programs (bench/kernels/*: run .carry/bench/bench_* on the GPU machine).
+mkdir -p "$stage/.carry/bench"
+find $build/bench/kernels -type f -executable -name 'bench_*' -exec cp {} "$stage/.carry/bench/" \;
+strip "$stage"/.carry/bench/*
 # Tests of the runtime that take LILY_TEST_BACKEND=cuda (session reuse, lily-tiny end to end).
 cp $build/tests/runtime/runtime_test_chat_service $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*

@@ -238,11 +238,13 @@ struct Layout {
   int max_tiles, tile_rows;
 };
 
-Layout layout(const MoeGroupedWeights& w, int T, int k) {
+Layout layout(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
   const size_t E = size_t(w.gate.batch), I = size_t(w.gate.rows), H = size_t(w.gate.cols);
   const size_t Is = size_t(w.shared_gate.rows), P = size_t(T) * size_t(k);
   Layout l{};
-  l.tile_rows = gemm_q4_tile_rows(double(P) / double(E));
+  LILY_CHECK(tile_rows == 0 || tile_rows == 16 || tile_rows == 32 || tile_rows == 64,
+             "moe_grouped: tile rows {} (0: from the load, or 16, 32, 64)", tile_rows);
+  l.tile_rows = tile_rows > 0 ? tile_rows : gemm_q4_tile_rows(double(P) / double(E));
   l.max_tiles = moe_max_tiles(int(P), int(E), l.tile_rows);
   size_t at = 0;
   auto take = [&](size_t bytes) {
@@ -296,7 +298,9 @@ int moe_max_tiles(int pairs, int E, int tile_rows) {
   return int((int64_t(pairs) + n * (tile_rows - 1)) / tile_rows);
 }
 
-size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k) { return layout(w, T, k).bytes; }
+size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
+  return layout(w, T, k, tile_rows).bytes;
+}
 
 void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
   LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E, "moe_topk: top-{} of {} experts", k, E);
@@ -318,11 +322,11 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
 
 void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, const int32_t* ids,
                                     const float* weights, int T, int k, void* scratch, float* out,
-                                    cudaStream_t stream) {
+                                    cudaStream_t stream, int tile_rows) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
-  const Layout l = layout(w, T, k);
+  const Layout l = layout(w, T, k, tile_rows);
   const int E = w.gate.batch, H = w.gate.cols;
 
   MoePlan plan;
@@ -360,17 +364,17 @@ void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, 
 }
 
 void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
-                            float* out, cudaStream_t stream) {
+                            float* out, cudaStream_t stream, int tile_rows) {
   check_weights(w, k);
   if (T <= 0) return;
-  const Layout l = layout(w, T, k);
+  const Layout l = layout(w, T, k, tile_rows);
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
   if (fp32_router) gemv(w.router, x, logits, T, stream);  // fp32 inputs, as the decode path
   else gemm_q4(w.router, x, logits, T, stream);         // bf16 inputs, as HF's bf16 matmul
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream);
+  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
 }
 
 }  // namespace lily::cuda
