@@ -11,10 +11,13 @@ namespace lily {
 
 namespace {
 
+// The first index of the largest value among the first `limit`.
 int32_t argmax(std::span<const float> logits, int32_t limit) {
+  const float* v = logits.data();
   int32_t best = 0;
+  float best_value = v[0];
   for (int32_t i = 1; i < limit; ++i)
-    if (logits[size_t(i)] > logits[size_t(best)]) best = i;
+    if (v[i] > best_value) best_value = v[i], best = i;
   return best;
 }
 
@@ -30,6 +33,14 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history, 
   }
 }
 
+// Descending logit, ties to the lower id: the candidates' order.
+struct ByLogit {
+  std::span<const float> logits;
+  bool operator()(int32_t a, int32_t b) const {
+    return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
+  }
+};
+
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_limit) : params_(params), vocab_limit_(vocab_limit) {
@@ -41,24 +52,26 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   const int32_t n = std::min<int32_t>(vocab_limit_, int32_t(logits.size()));
   apply_penalties(logits, history, params_);
   if (params_.greedy()) return argmax(logits, n);
+  if (params_.top_k > 0 && params_.top_k < n) return sample_top_k(logits, n);
+  return sample_whole_vocabulary(logits, n);
+}
 
-  // Candidates sorted by logit, highest first; top-k cuts the list.
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  std::iota(ids.begin(), ids.end(), 0);
-  auto by_logit = [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b); };
-  size_t keep = params_.top_k > 0 ? std::min<size_t>(size_t(params_.top_k), ids.size()) : ids.size();
-  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(keep), ids.end(), by_logit);
-  ids.resize(keep);
+// top-k on: the k best tokens (a partial sort of k), softmax with temperature over them, then
+// top-p (the smallest prefix whose mass reaches top_p) and min-p (drop tokens below min_p x the
+// first), then a draw.
+int32_t Sampler::sample_top_k(std::span<const float> logits, int32_t n) {
+  ids_.resize(static_cast<size_t>(n));
+  std::iota(ids_.begin(), ids_.end(), 0);
+  const size_t keep = size_t(params_.top_k);
+  std::partial_sort(ids_.begin(), ids_.begin() + ptrdiff_t(keep), ids_.end(), ByLogit{logits});
 
-  // Softmax with temperature over the candidates.
-  std::vector<double> probs(ids.size());
-  const double max_logit = logits[size_t(ids[0])];
+  std::vector<double> probs(keep);
+  const double max_logit = logits[size_t(ids_[0])];
   double total = 0;
-  for (size_t i = 0; i < ids.size(); ++i)
-    total += probs[i] = std::exp((double(logits[size_t(ids[i])]) - max_logit) / params_.temperature);
+  for (size_t i = 0; i < keep; ++i)
+    total += probs[i] = std::exp((double(logits[size_t(ids_[i])]) - max_logit) / params_.temperature);
   for (auto& p : probs) p /= total;
 
-  // top-p: the smallest prefix whose mass reaches top_p; min-p: drop tokens below min_p * max.
   size_t cut = probs.size();
   if (params_.top_p < 1.0f) {
     double mass = 0;
@@ -77,15 +90,86 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
     cut = i;
   }
   std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + ptrdiff_t(cut));
-  return ids[draw(rng_)];
+  return ids_[draw(rng_)];
 }
 
-TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t vocab_limit) {
-  const int32_t n = std::min<int32_t>(vocab_limit, int32_t(logits.size()));
+// top-k off: the softmax over the whole vocabulary. One pass computes every weight and the
+// total; with no top-p / min-p the draw walks the tokens in id order (no sort at all), otherwise
+// only the best tokens are sorted, 64 of them, then 512, 4096, ... until the filters' cut falls
+// inside the sorted prefix (the prefix and the draw are what sorting everything would give).
+int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t n) {
+  const float max_logit = *std::max_element(logits.begin(), logits.begin() + n);
+  const float inv_t = 1.0f / params_.temperature;
+  weights_.resize(static_cast<size_t>(n));
+  // Tokens more than 40 temperature-scaled nats below the best get weight 0 (each below 4e-18
+  // of it: together less than 1e-12 of the mass) and cost no exp.
+  const float floor_logit = max_logit - 40.0f * params_.temperature;
+  double total = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const float l = logits[size_t(i)];
+    total += weights_[size_t(i)] = l < floor_logit ? 0.0f : std::exp((l - max_logit) * inv_t);
+  }
+
+  if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+    double acc = 0;
+    int32_t last = 0;
+    for (int32_t i = 0; i < n; ++i) {
+      if (weights_[size_t(i)] <= 0.0f) continue;
+      acc += weights_[size_t(i)];
+      last = i;
+      if (acc > r) return i;
+    }
+    return last;  // r within rounding of the total
+  }
+
+  ids_.resize(static_cast<size_t>(n));
+  std::vector<double> probs;
+  size_t cut = 0;
+  for (size_t sorted = std::min<size_t>(64, size_t(n));; sorted = std::min<size_t>(sorted * 8, size_t(n))) {
+    std::iota(ids_.begin(), ids_.end(), 0);
+    std::partial_sort(ids_.begin(), ids_.begin() + ptrdiff_t(sorted), ids_.end(), ByLogit{logits});
+    probs.resize(sorted);
+    const double floor = params_.min_p * (double(weights_[size_t(ids_[0])]) / total);
+    double mass = 0;
+    cut = 0;
+    for (size_t i = 0; i < sorted; ++i) {
+      probs[i] = double(weights_[size_t(ids_[i])]) / total;
+      if (params_.min_p > 0.0f && i > 0 && probs[i] < floor) {
+        cut = i;
+        break;
+      }
+      mass += probs[i];
+      if (params_.top_p < 1.0f && mass >= params_.top_p) {
+        cut = i + 1;
+        break;
+      }
+    }
+    if (cut > 0) break;
+    if (sorted == size_t(n)) {
+      cut = sorted;
+      break;
+    }
+  }
+  std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + ptrdiff_t(cut));
+  return ids_[draw(rng_)];
+}
+
+namespace {
+
+// log sum_i exp(logits[i]) over the first n, in double.
+double log_partition(std::span<const float> logits, int32_t n) {
   const float max_logit = *std::max_element(logits.begin(), logits.begin() + n);
   double total = 0;
   for (int32_t i = 0; i < n; ++i) total += std::exp(double(logits[size_t(i)]) - max_logit);
-  return {token, float(double(logits[size_t(token)]) - max_logit - std::log(total))};
+  return double(max_logit) + std::log(total);
+}
+
+}  // namespace
+
+TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t vocab_limit) {
+  const int32_t n = std::min<int32_t>(vocab_limit, int32_t(logits.size()));
+  return {token, float(double(logits[size_t(token)]) - log_partition(logits, n))};
 }
 
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, int32_t vocab_limit) {
@@ -93,10 +177,10 @@ std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count,
   std::vector<int32_t> ids(static_cast<size_t>(n));
   std::iota(ids.begin(), ids.end(), 0);
   size_t k = std::min<size_t>(size_t(std::max(count, 0)), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(),
-                    [&](int32_t a, int32_t b) { return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b); });
+  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(), ByLogit{logits});
+  const double log_z = log_partition(logits, n);  // once, not once per entry
   std::vector<TokenLogprob> out;
-  for (size_t i = 0; i < k; ++i) out.push_back(token_logprob(logits, ids[i], vocab_limit));
+  for (size_t i = 0; i < k; ++i) out.push_back({ids[i], float(double(logits[size_t(ids[i])]) - log_z)});
   return out;
 }
 

@@ -4,6 +4,8 @@
 // (repetition, then presence and frequency over the generated tokens), temperature, then
 // the top-k, top-p and min-p filters, then a draw from the remaining distribution.
 // Temperature 0 (or top_k 1) is greedy: the arg max, ties to the lowest id.
+// Cost per token at the real vocabulary (248,320): one pass over the logits plus a partial sort
+// of only as many candidates as the filters keep; never a sort of the whole vocabulary.
 #pragma once
 
 #include <cstdint>
@@ -41,9 +43,14 @@ class Sampler {
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
 
  private:
+  int32_t sample_top_k(std::span<const float> logits, int32_t n);
+  int32_t sample_whole_vocabulary(std::span<const float> logits, int32_t n);
+
   SamplingParams params_;
   int32_t vocab_limit_;
   std::mt19937_64 rng_;
+  std::vector<float> weights_;  // exp((logit - max) / temperature) per token (reused)
+  std::vector<int32_t> ids_;    // candidate order (reused)
 };
 
 // log softmax of the raw logits for `token`, and the `top` most likely tokens (for the API's logprobs).
