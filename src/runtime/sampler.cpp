@@ -41,6 +41,27 @@ struct ByLogit {
   }
 };
 
+// The `count` best of the first n tokens in ByLogit order, without sorting the vocabulary: the
+// candidates are the tokens within `margin` of the best logit (the margin grows until at least
+// `count` are in; tokens below it cannot be among the best), then a partial sort of those.
+// Fewer than `count` only if some logits are NaN (never candidates).
+void best_tokens(std::span<const float> logits, int32_t n, size_t count, std::vector<int32_t>& ids) {
+  const float* v = logits.data();
+  float best = -INFINITY;
+  for (int32_t i = 0; i < n; ++i) best = std::max(best, v[i]);
+  count = std::min(count, size_t(n));
+  for (float margin = 8.0f;; margin *= 8.0f) {
+    const float floor = best - margin;  // -inf once the margin overflows: every non-NaN token
+    ids.clear();
+    for (int32_t i = 0; i < n; ++i)
+      if (v[i] >= floor) ids.push_back(i);
+    if (ids.size() >= count || std::isinf(floor)) break;
+  }
+  count = std::min(count, ids.size());
+  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(count), ids.end(), ByLogit{logits});
+  ids.resize(count);
+}
+
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_limit) : params_(params), vocab_limit_(vocab_limit) {
@@ -60,10 +81,8 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
 // top-p (the smallest prefix whose mass reaches top_p) and min-p (drop tokens below min_p x the
 // first), then a draw.
 int32_t Sampler::sample_top_k(std::span<const float> logits, int32_t n) {
-  ids_.resize(static_cast<size_t>(n));
-  std::iota(ids_.begin(), ids_.end(), 0);
-  const size_t keep = size_t(params_.top_k);
-  std::partial_sort(ids_.begin(), ids_.begin() + ptrdiff_t(keep), ids_.end(), ByLogit{logits});
+  best_tokens(logits, n, size_t(params_.top_k), ids_);
+  const size_t keep = ids_.size();
 
   std::vector<double> probs(keep);
   const double max_logit = logits[size_t(ids_[0])];
@@ -98,7 +117,8 @@ int32_t Sampler::sample_top_k(std::span<const float> logits, int32_t n) {
 // only the best tokens are sorted, 64 of them, then 512, 4096, ... until the filters' cut falls
 // inside the sorted prefix (the prefix and the draw are what sorting everything would give).
 int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t n) {
-  const float max_logit = *std::max_element(logits.begin(), logits.begin() + n);
+  float max_logit = -INFINITY;  // NaN logits are skipped here and get weight 0 below
+  for (int32_t i = 0; i < n; ++i) max_logit = std::max(max_logit, logits[size_t(i)]);
   const float inv_t = 1.0f / params_.temperature;
   weights_.resize(static_cast<size_t>(n));
   // Tokens more than 40 temperature-scaled nats below the best get weight 0 (each below 4e-18
@@ -107,7 +127,7 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
   double total = 0;
   for (int32_t i = 0; i < n; ++i) {
     const float l = logits[size_t(i)];
-    total += weights_[size_t(i)] = l < floor_logit ? 0.0f : std::exp((l - max_logit) * inv_t);
+    total += weights_[size_t(i)] = l >= floor_logit ? std::exp((l - max_logit) * inv_t) : 0.0f;  // NaN: 0
   }
 
   if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
@@ -123,12 +143,11 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
     return last;  // r within rounding of the total
   }
 
-  ids_.resize(static_cast<size_t>(n));
   std::vector<double> probs;
   size_t cut = 0;
-  for (size_t sorted = std::min<size_t>(64, size_t(n));; sorted = std::min<size_t>(sorted * 8, size_t(n))) {
-    std::iota(ids_.begin(), ids_.end(), 0);
-    std::partial_sort(ids_.begin(), ids_.begin() + ptrdiff_t(sorted), ids_.end(), ByLogit{logits});
+  for (size_t want = std::min<size_t>(64, size_t(n));; want = std::min<size_t>(want * 8, size_t(n))) {
+    best_tokens(logits, n, want, ids_);
+    const size_t sorted = ids_.size();
     probs.resize(sorted);
     const double floor = params_.min_p * (double(weights_[size_t(ids_[0])]) / total);
     double mass = 0;
@@ -146,7 +165,7 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
       }
     }
     if (cut > 0) break;
-    if (sorted == size_t(n)) {
+    if (want == size_t(n) || sorted < want) {  // everything sorted (NaN logits aside)
       cut = sorted;
       break;
     }
@@ -174,13 +193,11 @@ TokenLogprob token_logprob(std::span<const float> logits, int32_t token, int32_t
 
 std::vector<TokenLogprob> top_logprobs(std::span<const float> logits, int count, int32_t vocab_limit) {
   const int32_t n = std::min<int32_t>(vocab_limit, int32_t(logits.size()));
-  std::vector<int32_t> ids(static_cast<size_t>(n));
-  std::iota(ids.begin(), ids.end(), 0);
-  size_t k = std::min<size_t>(size_t(std::max(count, 0)), ids.size());
-  std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(), ByLogit{logits});
+  std::vector<int32_t> ids;
+  best_tokens(logits, n, size_t(std::max(count, 0)), ids);
   const double log_z = log_partition(logits, n);  // once, not once per entry
   std::vector<TokenLogprob> out;
-  for (size_t i = 0; i < k; ++i) out.push_back({ids[i], float(double(logits[size_t(ids[i])]) - log_z)});
+  for (int32_t id : ids) out.push_back({id, float(double(logits[size_t(id)]) - log_z)});
   return out;
 }
 

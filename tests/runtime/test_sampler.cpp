@@ -185,6 +185,34 @@ TEST(Sampler, WholeVocabularyNucleusMatchesAFullSort) {
   }
 }
 
+// top-k at the real vocabulary size: the candidates are found without sorting the vocabulary
+// (tokens within a margin of the best); they must be exactly the k best of a full sort.
+TEST(Sampler, TopKAtTheRealVocabularyMatchesAFullSort) {
+  const int V = 248320, k = 20;
+  std::vector<float> l(static_cast<size_t>(V));
+  std::mt19937 rng(5);
+  std::normal_distribution<float> d(0.f, 6.f);  // wide: the 20 best span several nats
+  for (auto& v : l) v = d(rng);
+  std::vector<int32_t> order(static_cast<size_t>(V));
+  std::iota(order.begin(), order.end(), 0);
+  std::partial_sort(order.begin(), order.begin() + k, order.end(),
+                    [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
+  const std::set<int32_t> best(order.begin(), order.begin() + k);
+  auto h = histogram(params(50.0f, k), l, 600);  // hot: every one of the 20 gets drawn
+  for (auto [token, count] : h) EXPECT_TRUE(best.count(token)) << "token " << token << " drawn " << count;
+  EXPECT_GE(h.size(), 18u);
+  const auto top = top_logprobs(l, 5, V);
+  ASSERT_EQ(top.size(), 5u);
+  for (int i = 0; i < 5; ++i) EXPECT_EQ(top[size_t(i)].token, order[size_t(i)]);
+}
+
+TEST(Sampler, NaNLogitsAreNeverChosen) {
+  std::vector<float> l = {1.0f, NAN, 0.5f, NAN, 0.9f};
+  for (auto p : {params(1.0f), params(1.0f, 2), params(1.0f, 0, 0.95f)}) {
+    for (auto [token, count] : histogram(p, l, 200)) EXPECT_TRUE(token == 0 || token == 2 || token == 4) << token;
+  }
+}
+
 TEST(Sampler, TopLogprobsAreTheLogSoftmaxOfTheBest) {
   std::vector<float> l = {0.1f, 2.0f, -3.0f, 1.5f, 2.0f};
   const auto p = softmax(l, 1.0);
