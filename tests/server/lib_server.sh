@@ -1,6 +1,7 @@
 # lib_server.sh: start / stop a `lily serve` for the script tests (sourced).
 #   start_lily_server LOGFILE [extra serve args...]  -> sets LILY_URL and LILY_PID
 #   stop_lily_server
+#   install_node_client WORKDIR  -> the node scripts and the openai client (npm ci, once per lockfile)
 # LILY_BINARY: the lily executable; LILY_TEST_MODEL: the model directory.
 
 start_lily_server() {
@@ -33,4 +34,17 @@ stop_lily_server() {
     if [ "$rc" -ne 0 ]; then echo "lily serve exited with $rc after SIGTERM" >&2; return 1; fi
   fi
   return 0
+}
+
+# Copies tests/server/node's scripts into WORKDIR and installs the openai client from the
+# committed lockfile there (npm ci), again only when the lockfile changed.
+install_node_client() {
+  local work="$1" node_dir
+  node_dir="$(dirname "${BASH_SOURCE[0]}")/node"
+  mkdir -p "$work"
+  cp "$node_dir/package.json" "$node_dir/package-lock.json" "$node_dir"/*.mjs "$work/"
+  if [ ! -d "$work/node_modules/openai" ] || ! cmp -s "$node_dir/package-lock.json" "$work/node_modules/.lily-lock"; then
+    (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
+    cp "$node_dir/package-lock.json" "$work/node_modules/.lily-lock"
+  fi
 }

@@ -9,13 +9,8 @@ work="${1:?usage: run_heldout_eval.sh WORKDIR}"
 export LILY_BINARY="${LILY_BINARY:-$root/build/lily}"
 export LILY_TEST_MODEL="$root/models/lily-tiny"
 
-mkdir -p "$work"
-cp "$here/node/package.json" "$here/node/package-lock.json" "$here"/node/*.mjs "$work/"
-if [ ! -d "$work/node_modules/openai" ] || ! cmp -s "$here/node/package-lock.json" "$work/node_modules/.lily-lock"; then
-  (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
-  cp "$here/node/package-lock.json" "$work/node_modules/.lily-lock"
-fi
 source "$here/lib_server.sh"
+install_node_client "$work"
 trap stop_lily_server EXIT
 start_lily_server "$work/server.log"
 export LILY_URL

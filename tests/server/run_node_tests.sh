@@ -20,14 +20,8 @@ if [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
   exit 1
 fi
 
-mkdir -p "$work"
-cp "$here/node/package.json" "$here/node/package-lock.json" "$here"/node/*.mjs "$work/"
-if [ ! -d "$work/node_modules/openai" ] || ! cmp -s "$here/node/package-lock.json" "$work/node_modules/.lily-lock"; then
-  (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
-  cp "$here/node/package-lock.json" "$work/node_modules/.lily-lock"
-fi
-
 source "$here/lib_server.sh"
+install_node_client "$work"
 trap stop_lily_server EXIT
 start_lily_server "$work/server.log"
 export LILY_URL
