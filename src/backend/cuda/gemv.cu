@@ -35,79 +35,18 @@
 // Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/quant_dot.cuh"
 
 #include <algorithm>
-#include <type_traits>
 
 namespace lily::cuda {
 
 namespace {
 
+using namespace quant;
+
 constexpr int kRows = 4;   // R: rows per lane group (rms_norm_gemv, and gemv on tall matrices)
 constexpr int kUnroll = 2; // chunks per row loaded together per step (with R = 4: 8 loads in flight)
-
-// 16 bytes of weight codes, streamed: read once per token, no point keeping them in L1.
-__device__ __forceinline__ uint4 load_codes(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float load_bf16(const uint16_t* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
-
-// Byte k of v as a float: PRMT builds 0x4B0000bb = 2^23 + byte, one FADD removes 2^23.
-template <int K>
-__device__ __forceinline__ float byte_to_float(uint32_t v) {
-  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + K)) - 8388608.f;
-}
-
-// sum_i q_i * x_i over the codes of one chunk (32 codes at 4 bits, 16 at 8 bits).
-template <int BITS>
-__device__ __forceinline__ float chunk_dot(const uint4& q, const float* x) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  float a0 = 0.f, a1 = 0.f;
-  if constexpr (BITS == 4) {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      // Byte k holds columns 8i+2k (low nibble) and 8i+2k+1 (high nibble).
-      const uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;
-      a0 = fmaf(byte_to_float<0>(lo), x[8 * i + 0], a0);
-      a1 = fmaf(byte_to_float<0>(hi), x[8 * i + 1], a1);
-      a0 = fmaf(byte_to_float<1>(lo), x[8 * i + 2], a0);
-      a1 = fmaf(byte_to_float<1>(hi), x[8 * i + 3], a1);
-      a0 = fmaf(byte_to_float<2>(lo), x[8 * i + 4], a0);
-      a1 = fmaf(byte_to_float<2>(hi), x[8 * i + 5], a1);
-      a0 = fmaf(byte_to_float<3>(lo), x[8 * i + 6], a0);
-      a1 = fmaf(byte_to_float<3>(hi), x[8 * i + 7], a1);
-    }
-  } else {
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      a0 = fmaf(byte_to_float<0>(w[i]), x[4 * i + 0], a0);
-      a1 = fmaf(byte_to_float<1>(w[i]), x[4 * i + 1], a1);
-      a0 = fmaf(byte_to_float<2>(w[i]), x[4 * i + 2], a0);
-      a1 = fmaf(byte_to_float<3>(w[i]), x[4 * i + 3], a1);
-    }
-  }
-  return a0 + a1;
-}
-
-// The x values of one chunk into registers (16-byte loads), and their sum.
-template <int N>
-__device__ __forceinline__ float load_x(const float* p, float (&x)[N]) {
-  const float4* p4 = reinterpret_cast<const float4*>(p);
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 v = __ldg(p4 + i);
-    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-    s0 += v.x + v.y;
-    s1 += v.z + v.w;
-  }
-  return s0 + s1;
-}
 
 struct GemvParams {
   const uint32_t* codes;   // [rows, cols*bits/32]
@@ -215,12 +154,9 @@ struct RmsNormGemvParams {
   int rows, cols;
 };
 
-// Where float4 j of the staged row lives in shared memory (an XOR within aligned groups of 8).
-__device__ __forceinline__ int swizzle(int j) { return j ^ ((j >> 3) & 7); }
-
 template <int BITS, int LPR, bool NORM, bool ACC>
 __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGemvParams p) {
-  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kF4 = kCodes / 4;
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   __shared__ float4 xs[kNormMaxCols / 4];
   __shared__ float partial[kNormThreads / 32];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
@@ -304,15 +240,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
         const int c = c0 + u * LPR;
         if (c >= cpr) break;
         float x[kCodes];
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < kF4; ++i) {
-          const float4 v = xs[swizzle(c * kF4 + i)];
-          x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-          s0 += v.x + v.y;
-          s1 += v.z + v.w;
-        }
-        const float sx = s0 + s1;
+        const float sx = load_x_staged(xs, c, x);
 #pragma unroll
         for (int r = 0; r < kRows; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], x), bi[u][r] * sx);
       }
@@ -328,23 +256,6 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
         if (row0 + r < p.rows) p.y[row0 + r] = ACC ? p.y[row0 + r] + acc[r] : acc[r];
     }
   }
-}
-
-// Lanes per row group: the largest of 32, 16, 8 that is at most the chunks per row.
-int lanes_per_row(int chunks_per_row) { return chunks_per_row >= 32 ? 32 : chunks_per_row >= 16 ? 16 : 8; }
-
-template <int V>
-using Int = std::integral_constant<int, V>;
-
-template <class F>
-void dispatch_bits_lanes(int bits, int lanes, F&& f) {
-  auto with_bits = [&](auto b) {
-    if (lanes == 32) f(b, Int<32>{});
-    else if (lanes == 16) f(b, Int<16>{});
-    else f(b, Int<8>{});
-  };
-  if (bits == 4) with_bits(Int<4>{});
-  else with_bits(Int<8>{});
 }
 
 // Blocks of staged_gemv_kernel that are resident at once on the current device (cached per

@@ -37,16 +37,17 @@
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
+#include "backend/cuda/quant_dot.cuh"
 
 #include <cooperative_groups.h>
 
-#include <type_traits>
 
 namespace lily::cuda {
 
 namespace {
 
 namespace cg = cooperative_groups;
+using namespace quant;
 
 constexpr int kMaxExperts = 256;
 constexpr int kMaxK = 8;
@@ -61,81 +62,6 @@ constexpr int kDownThreads = 256;
 constexpr int kDownMaxStagedBytes = 160 * 1024;
 constexpr int kDownRows = 2;        // output rows per warp
 constexpr int kDownSlots = 4;       // slots per lane group loaded together
-
-// ---- Quantized dot products (the same scheme as gemv.cu) --------------------------------
-
-__device__ __forceinline__ uint4 load_codes(const uint4* p) {
-  uint4 v;
-  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-      : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-      : "l"(p));
-  return v;
-}
-
-__device__ __forceinline__ float load_bf16(const uint16_t* p) { return __uint_as_float(uint32_t(__ldg(p)) << 16); }
-
-// Byte K of v as a float: PRMT builds 0x4B0000bb = 2^23 + byte, one FADD removes 2^23.
-template <int K>
-__device__ __forceinline__ float byte_to_float(uint32_t v) {
-  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + K)) - 8388608.f;
-}
-
-// sum_i q_i * x_i over one chunk's codes.
-template <int BITS>
-__device__ __forceinline__ float chunk_dot(const uint4& q, const float* x) {
-  const uint32_t w[4] = {q.x, q.y, q.z, q.w};
-  float a0 = 0.f, a1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    if constexpr (BITS == 4) {
-      const uint32_t lo = w[i] & 0x0F0F0F0Fu, hi = (w[i] >> 4) & 0x0F0F0F0Fu;  // columns 8i+2k, 8i+2k+1
-      a0 = fmaf(byte_to_float<0>(lo), x[8 * i + 0], a0);
-      a1 = fmaf(byte_to_float<0>(hi), x[8 * i + 1], a1);
-      a0 = fmaf(byte_to_float<1>(lo), x[8 * i + 2], a0);
-      a1 = fmaf(byte_to_float<1>(hi), x[8 * i + 3], a1);
-      a0 = fmaf(byte_to_float<2>(lo), x[8 * i + 4], a0);
-      a1 = fmaf(byte_to_float<2>(hi), x[8 * i + 5], a1);
-      a0 = fmaf(byte_to_float<3>(lo), x[8 * i + 6], a0);
-      a1 = fmaf(byte_to_float<3>(hi), x[8 * i + 7], a1);
-    } else {
-      a0 = fmaf(byte_to_float<0>(w[i]), x[4 * i + 0], a0);
-      a1 = fmaf(byte_to_float<1>(w[i]), x[4 * i + 1], a1);
-      a0 = fmaf(byte_to_float<2>(w[i]), x[4 * i + 2], a0);
-      a1 = fmaf(byte_to_float<3>(w[i]), x[4 * i + 3], a1);
-    }
-  }
-  return a0 + a1;
-}
-
-// One chunk of x into registers, and its sum.
-template <int N>
-__device__ __forceinline__ float load_x(const float* p, float (&x)[N]) {
-  const float4* p4 = reinterpret_cast<const float4*>(p);
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 v = __ldg(p4 + i);
-    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-    s0 += v.x + v.y;
-    s1 += v.z + v.w;
-  }
-  return s0 + s1;
-}
-
-// The same from shared (or any generic) memory: plain loads, no __ldg.
-template <int N>
-__device__ __forceinline__ float load_x_generic(const float* p, float (&x)[N]) {
-  const float4* p4 = reinterpret_cast<const float4*>(p);
-  float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-  for (int i = 0; i < N / 4; ++i) {
-    const float4 v = p4[i];
-    x[4 * i] = v.x, x[4 * i + 1] = v.y, x[4 * i + 2] = v.z, x[4 * i + 3] = v.w;
-    s0 += v.x + v.y;
-    s1 += v.z + v.w;
-  }
-  return s0 + s1;
-}
 
 // A quantized matrix (or stack) as the kernels see it.
 struct QView {
@@ -182,7 +108,7 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
       const int c = c0 + u * LPR;
       if (c >= cpr) break;
       float xr[kCodes];
-      const float sx = X_SHARED ? load_x_generic(x + c * kCodes, xr) : load_x(x + c * kCodes, xr);
+      const float sx = X_SHARED ? load_x<kCodes, false>(x + c * kCodes, xr) : load_x(x + c * kCodes, xr);
 #pragma unroll
       for (int r = 0; r < NR; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
     }
@@ -221,7 +147,7 @@ __device__ float warp_row_dot_bits(const QView& w, int cols, const float* x) {
     const int c = lane + 32 * i;
     if (c >= cpr) break;
     float xr[kCodes];
-    const float sx = load_x_generic(x + c * kCodes, xr);
+    const float sx = load_x<kCodes, false>(x + c * kCodes, xr);
     acc += fmaf(sc[i], chunk_dot<BITS>(q[i], xr), bi[i] * sx);
   }
   return group_sum<32>(acc);
@@ -433,13 +359,9 @@ struct DownParams {
   float* out;                 // [T, H]
 };
 
-// Where float4 j of a staged row lives in shared memory (an XOR within aligned groups of 8), so
-// that the lanes of a warp, each reading its own chunk, hit distinct banks (as gemv.cu's).
-__device__ __forceinline__ int swizzle(int j) { return j ^ ((j >> 3) & 7); }
-
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
-  constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kF4 = kCodes / 4;
+  constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kSlotLanes = 32 / LPR;  // slots processed side by side in a warp
   const int cpr = p.I / kCodes, gpr = p.I / 64;
   const int t = blockIdx.y, slots = p.k + 1;
@@ -485,15 +407,7 @@ __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
         const int64_t ts = int64_t(t) * slots + s;
         const float ws = __ldg(p.weights + ts);
         float xr[kCodes];
-        float s0 = 0.f, s1 = 0.f;
-#pragma unroll
-        for (int i = 0; i < kF4; ++i) {
-          const float4 v = act_s[s * i4 + swizzle(c * kF4 + i)];
-          xr[4 * i] = v.x, xr[4 * i + 1] = v.y, xr[4 * i + 2] = v.z, xr[4 * i + 3] = v.w;
-          s0 += v.x + v.y;
-          s1 += v.z + v.w;
-        }
-        const float sx = s0 + s1;
+        const float sx = load_x_staged(act_s + s * i4, c, xr);
 #pragma unroll
         for (int r = 0; r < R; ++r) acc[r] += ws * fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
       }
@@ -507,22 +421,6 @@ __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
 }
 
 // ---- Launchers ----------------------------------------------------------------------------
-
-int lanes_per_row(int chunks_per_row) { return chunks_per_row >= 32 ? 32 : chunks_per_row >= 16 ? 16 : 8; }
-
-template <int V>
-using Int = std::integral_constant<int, V>;
-
-template <class F>
-void dispatch_bits_lanes(int bits, int lanes, F&& f) {
-  auto with_bits = [&](auto b) {
-    if (lanes == 32) f(b, Int<32>{});
-    else if (lanes == 16) f(b, Int<16>{});
-    else f(b, Int<8>{});
-  };
-  if (bits == 4) with_bits(Int<4>{});
-  else with_bits(Int<8>{});
-}
 
 void check_matrix(const QMatrix& m, const char* what) {
   LILY_CHECK(m.bits == 4 || m.bits == 8, "{}: {}-bit weights are not supported (4 or 8)", what, m.bits);
