@@ -38,6 +38,7 @@
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
 #include "backend/cuda/quant_dot.cuh"
+#include "backend/cuda/route_topk.cuh"
 
 #include <cooperative_groups.h>
 
@@ -49,8 +50,8 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace quant;
 
-constexpr int kMaxExperts = 256;
-constexpr int kMaxK = 8;
+constexpr int kMaxExperts = kRouteMaxExperts;  // warp_route_topk's bounds (route_topk.cuh)
+constexpr int kMaxK = kRouteMaxK;
 constexpr int kMaxHidden = 4096;   // H staged in shared memory by moe_route_norm_kernel
 constexpr int kRouteCluster = 8;    // blocks per token in moe_route_kernel
 constexpr int kRouteThreads = 256;
@@ -248,59 +249,7 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
   cluster.sync();  // the other blocks' shared memory stays alive until block 0 has read it
   if (rank != 0 || warp != 0) return;
 
-  // p = softmax(logits); lane l holds experts l, l + 32, ... (E <= 256).
-  float v[kMaxExperts / 32];
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) {
-    const int e = lane + 32 * j;
-    v[j] = e < p.E ? all[e] : -INFINITY;
-    m = fmaxf(m, v[j]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) {
-    v[j] = lane + 32 * j < p.E ? expf(v[j] - m) : 0.f;
-    sum += v[j];
-  }
-  sum = group_sum<32>(sum);
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) v[j] = lane + 32 * j < p.E ? v[j] / sum : -2.f;  // -2: no expert
-
-  // k rounds of argmax over (p, -index); a chosen expert is set to -1 (below every p >= 0).
-  int sel_e[kMaxK];
-  float sel_p[kMaxK], chosen = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMaxK; ++i) {
-    sel_e[i] = 0, sel_p[i] = 0.f;
-    if (i >= p.k) continue;
-    float best = -3.f;
-    int best_e = 0x7FFFFFFF;
-#pragma unroll
-    for (int j = 0; j < kMaxExperts / 32; ++j)
-      if (v[j] > best) best = v[j], best_e = lane + 32 * j;  // ascending index: ties keep the lower
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-    }
-#pragma unroll
-    for (int j = 0; j < kMaxExperts / 32; ++j)
-      if (lane + 32 * j == best_e) v[j] = -1.f;
-    sel_e[i] = best_e, sel_p[i] = best;
-    chosen += best;  // in rank order, as the CPU reference sums
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < kMaxK; ++i) {
-      if (i >= p.k) break;
-      p.ids[int64_t(t) * slots + i] = sel_e[i];
-      p.weights[int64_t(t) * slots + i] = sel_p[i] / chosen;
-    }
-  }
+  warp_route_topk(all, p.E, p.k, p.ids + int64_t(t) * slots, p.weights + int64_t(t) * slots);
 }
 
 // ---- Experts: gate/up with SwiGLU ---------------------------------------------------------

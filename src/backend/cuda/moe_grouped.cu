@@ -27,79 +27,26 @@
 
 #include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/route_topk.cuh"
 
 namespace lily::cuda {
 
 namespace {
 
-constexpr int kMaxExperts = 256;
-constexpr int kMaxK = 8;
+constexpr int kMaxExperts = kRouteMaxExperts;  // warp_route_topk's bounds (route_topk.cuh)
+constexpr int kMaxK = kRouteMaxK;
 constexpr int kTopkWarps = 4;        // tokens per block in moe_topk_kernel
 constexpr int kPlanThreads = 1024;   // moe_plan_kernel: one block, 32 warps
 constexpr int kCombineThreads = 256;
 
 // ---- Top-k ------------------------------------------------------------------------------
 
-// One warp per token; lane l holds experts l, l + 32, ... The same rule as moe.cu's
-// moe_route_kernel: softmax in fp32, k rounds of warp argmax (ties to the lower index),
-// weights p / sum of the chosen p (summed in rank order, as the CPU reference does).
+// One warp per token: warp_route_topk (route_topk.cuh), the rule moe.cu's decode routing uses.
 __global__ void __launch_bounds__(kTopkWarps * 32)
     moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
-  const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
   if (t >= T) return;
-  const float* l = logits + int64_t(t) * E;
-  float v[kMaxExperts / 32];
-  float m = -INFINITY;
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) {
-    const int e = lane + 32 * j;
-    v[j] = e < E ? l[e] : -INFINITY;
-    m = fmaxf(m, v[j]);
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) m = fmaxf(m, __shfl_xor_sync(0xFFFFFFFFu, m, o));
-  float sum = 0.f;
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) {
-    v[j] = lane + 32 * j < E ? expf(v[j] - m) : 0.f;
-    sum += v[j];
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) sum += __shfl_xor_sync(0xFFFFFFFFu, sum, o);
-#pragma unroll
-  for (int j = 0; j < kMaxExperts / 32; ++j) v[j] = lane + 32 * j < E ? v[j] / sum : -2.f;  // -2: no expert
-
-  int sel_e[kMaxK];
-  float sel_p[kMaxK], chosen = 0.f;
-#pragma unroll
-  for (int i = 0; i < kMaxK; ++i) {
-    sel_e[i] = 0, sel_p[i] = 0.f;
-    if (i >= k) continue;
-    float best = -3.f;
-    int best_e = 0x7FFFFFFF;
-#pragma unroll
-    for (int j = 0; j < kMaxExperts / 32; ++j)
-      if (v[j] > best) best = v[j], best_e = lane + 32 * j;  // ascending index: ties keep the lower
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-    }
-#pragma unroll
-    for (int j = 0; j < kMaxExperts / 32; ++j)
-      if (lane + 32 * j == best_e) v[j] = -1.f;  // below every p >= 0
-    sel_e[i] = best_e, sel_p[i] = best;
-    chosen += best;
-  }
-  if (lane == 0) {
-#pragma unroll
-    for (int i = 0; i < kMaxK; ++i) {
-      if (i >= k) break;
-      ids[int64_t(t) * k + i] = sel_e[i];
-      weights[int64_t(t) * k + i] = sel_p[i] / chosen;
-    }
-  }
+  warp_route_topk(logits + int64_t(t) * E, E, k, ids + int64_t(t) * k, weights + int64_t(t) * k);
 }
 
 // ---- Plan: histogram, scan, stable scatter, tile map --------------------------------------
