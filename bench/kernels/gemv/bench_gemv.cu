@@ -3,6 +3,7 @@
 // x, y and act are ignored). Random codes, scales around 0.01; median of 200 launches after 20
 // warm-ups, each launch timed with events; weights rotate over enough copies to exceed the L2.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/random_qmatrix.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/moe.h"
 
@@ -13,38 +14,9 @@
 #include <vector>
 
 using namespace lily;
+using bench::random_qmatrix;
 
 namespace {
-
-__global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = x;
-  }
-}
-
-// n bf16 values around 0.01 (0x3C24) with a random low mantissa.
-__global__ void fill_bf16(uint16_t* p, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = uint16_t(0x3C20 | (i * 7 & 15));
-}
-
-cuda::QMatrix make(int batch, int rows, int cols, int bits) {
-  cuda::QMatrix m;
-  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits;
-  const size_t words = size_t(batch) * rows * cols * bits / 32, groups = size_t(batch) * rows * cols / 64;
-  uint32_t* c;
-  bf16 *s, *b;
-  CUDA_CHECK(cudaMalloc(&c, words * 4));
-  CUDA_CHECK(cudaMalloc(&s, groups * 2));
-  CUDA_CHECK(cudaMalloc(&b, groups * 2));
-  fill_random<<<1024, 256>>>(c, words, 1234);
-  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s), groups);
-  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(b), groups);
-  m.codes = c, m.scales = s, m.biases = b;
-  return m;
-}
 
 double bytes_of(int rows, int cols, int bits) { return double(rows) * cols * bits / 8 + double(rows) * cols / 64 * 4; }
 
@@ -100,7 +72,7 @@ int main() {
     const double bytes = bytes_of(s.rows, s.cols, s.bits);
     const int copies = std::max(1, int(240e6 / bytes));
     std::vector<cuda::QMatrix> m;
-    for (int i = 0; i < copies; ++i) m.push_back(make(1, s.rows, s.cols, s.bits));
+    for (int i = 0; i < copies; ++i) m.push_back(random_qmatrix(1, s.rows, s.cols, s.bits));
     report(s.name, bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 1, nullptr); }));
     if (s.cols <= 4096)
       report((std::string(s.name) + ", rms_norm_gemv").c_str(), bytes,
@@ -109,18 +81,19 @@ int main() {
       report("gemv [8192, 2048] q4, T = 8", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 8, nullptr); }));
       report("gemv [8192, 2048] q4, T = 64", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 64, nullptr); }));
     }
-    for (auto& q : m) cudaFree(const_cast<uint32_t*>(q.codes)), cudaFree(const_cast<bf16*>(q.scales)), cudaFree(const_cast<bf16*>(q.biases));
+    for (auto& q : m) bench::free_random_qmatrix(q);
   }
 
   // One layer's experts: 256 x [512, 2048] gate and up, 256 x [2048, 512] down, 8 selected.
   const int layers = 4;  // 4 layers' stacks (~1.1 GB) so the 8 selected experts are not in L2
   std::vector<cuda::QMatrix> gate, up, down;
   for (int l = 0; l < layers; ++l) {
-    gate.push_back(make(256, 512, 2048, 4));
-    up.push_back(make(256, 512, 2048, 4));
-    down.push_back(make(256, 2048, 512, 4));
+    gate.push_back(random_qmatrix(256, 512, 2048, 4));
+    up.push_back(random_qmatrix(256, 512, 2048, 4));
+    down.push_back(random_qmatrix(256, 2048, 512, 4));
   }
-  cuda::QMatrix sg = make(1, 512, 2048, 4), su = make(1, 512, 2048, 4), sd = make(1, 2048, 512, 4), eg = make(1, 1, 2048, 8);
+  cuda::QMatrix sg = random_qmatrix(1, 512, 2048, 4), su = random_qmatrix(1, 512, 2048, 4);
+  cuda::QMatrix sd = random_qmatrix(1, 2048, 512, 4), eg = random_qmatrix(1, 1, 2048, 8);
   const double gu_bytes = 9 * 2 * bytes_of(512, 2048, 4), d_bytes = 9 * bytes_of(2048, 512, 4);
   report("moe_gate_up (8 experts + shared, SwiGLU)", gu_bytes, time_us(layers, [&](int l) {
            cuda::moe_gate_up(gate[size_t(l)], up[size_t(l)], sg, su, x, ids, 1, 8, act, nullptr);
@@ -128,7 +101,7 @@ int main() {
   report("moe_down_accumulate (8 experts + shared)", d_bytes, time_us(layers, [&](int l) {
            cuda::moe_down_accumulate(down[size_t(l)], sd, act, ids, w, 1, 8, y, nullptr);
          }));
-  cuda::QMatrix router = make(1, 256, 2048, 8);
+  cuda::QMatrix router = random_qmatrix(1, 256, 2048, 8);
   report("moe_route_norm (norm + router q8 + top-8 + shared gate)", bytes_of(256, 2048, 8), time_us(1, [&](int) {
            cuda::moe_route_norm(router, eg, x, gain, 1e-6f, 1, 8, normed, ids, w, nullptr);
          }));

@@ -12,6 +12,7 @@
 // Median of 20 timed calls after 3 warm-ups, events around each; random weights (speed does
 // not depend on the values). TFLOP/s counts the routed and shared expert products only.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/random_qmatrix.cuh"
 #include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/moe_grouped.h"
 
@@ -22,38 +23,9 @@
 #include <vector>
 
 using namespace lily;
+using bench::random_qmatrix;
 
 namespace {
-
-__global__ void fill_random(uint32_t* p, size_t n, uint32_t seed) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
-    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
-    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
-    p[i] = x;
-  }
-}
-
-// bf16 values around 0.01 with a random low mantissa.
-__global__ void fill_bf16(uint16_t* p, size_t n) {
-  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = uint16_t(0x3C20 | (i * 7 & 15));
-}
-
-cuda::QMatrix make(int batch, int rows, int cols, int bits, uint32_t seed) {
-  cuda::QMatrix m;
-  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits;
-  const size_t words = size_t(batch) * rows * cols * bits / 32, groups = size_t(batch) * rows * cols / 64;
-  uint32_t* c;
-  bf16 *s, *b;
-  CUDA_CHECK(cudaMalloc(&c, words * 4));
-  CUDA_CHECK(cudaMalloc(&s, groups * 2));
-  CUDA_CHECK(cudaMalloc(&b, groups * 2));
-  fill_random<<<1024, 256>>>(c, words, seed);
-  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(s), groups);
-  fill_bf16<<<1024, 256>>>(reinterpret_cast<uint16_t*>(b), groups);
-  m.codes = c, m.scales = s, m.biases = b;
-  return m;
-}
 
 double median_ms(const std::function<void()>& f) {
   cudaEvent_t a, b;
@@ -113,10 +85,10 @@ void host_plan(const std::vector<int32_t>& ids, int E, int tile_rows, std::vecto
 int main() {
   const int E = 256, k = 8, H = 2048, I = 512;
   cuda::MoeGroupedWeights w;
-  w.router = make(1, E, H, 8, 1);
-  w.gate = make(E, I, H, 4, 2), w.up = make(E, I, H, 4, 3), w.down = make(E, H, I, 4, 4);
-  w.shared_gate = make(1, I, H, 4, 5), w.shared_up = make(1, I, H, 4, 6), w.shared_down = make(1, H, I, 4, 7);
-  w.shared_expert_gate = make(1, 1, H, 8, 8);
+  w.router = random_qmatrix(1, E, H, 8, 1);
+  w.gate = random_qmatrix(E, I, H, 4, 2), w.up = random_qmatrix(E, I, H, 4, 3), w.down = random_qmatrix(E, H, I, 4, 4);
+  w.shared_gate = random_qmatrix(1, I, H, 4, 5), w.shared_up = random_qmatrix(1, I, H, 4, 6), w.shared_down = random_qmatrix(1, H, I, 4, 7);
+  w.shared_expert_gate = random_qmatrix(1, 1, H, 8, 8);
   const int maxT = 4096;
   float *x, *out, *weights;
   int32_t* ids;
