@@ -374,7 +374,7 @@ class CudaBackendImpl final : public CudaBackend {
       const int rows = T - first_row;
       LILY_CHECK(host_logits || rows <= kLogitRows, "forward_pass: {} rows of logits", rows);
       const size_t V = size_t(c_.vocab_size);
-      if (rows == 1 && fits_rms_norm_gemv(w_->lm_head)) {
+      if (rows == 1 && rms_norm_gemv_supports(w_->lm_head)) {
         rms_norm_gemv(w_->lm_head, h + size_t(first_row) * H, w_->final_norm, c_.rms_norm_eps, s_.logits.as<float>(),
                       stream_);
         if (host_logits) CUDA_CHECK(cudaMemcpyAsync(host_logits, s_.logits.p, V * 4, cudaMemcpyDeviceToHost, stream_));
@@ -389,11 +389,6 @@ class CudaBackendImpl final : public CudaBackend {
                                      cudaMemcpyDeviceToHost, stream_));
       }
     }
-  }
-
-  // Whether the input norm can be fused into W's projection (rms_norm_gemv's limits).
-  static bool fits_rms_norm_gemv(const QMatrix& W) {
-    return W.rows > 0 && W.cols <= 4096 && (W.bits == 4 || W.bits == 8) && W.group_size == 64;
   }
 
   // y = x @ W^T for T rows: gemv for decode (T = 1), the tensor-core GEMM for prefill.
@@ -449,7 +444,7 @@ class CudaBackendImpl final : public CudaBackend {
   // h += o_proj(gated_attention(q_proj, k_proj, v_proj of RMSNorm(h)))
   void attention_layer(const GpuAttention& a, const float* input_norm, CudaSequenceState& s, size_t index, int T) {
     const float *qg, *k, *v;
-    if (T == 1 && fits_rms_norm_gemv(a.qkv_proj)) {  // one launch: [qg | k | v] = RMSNorm(h) @ [Wq; Wk; Wv]^T
+    if (T == 1 && rms_norm_gemv_supports(a.qkv_proj)) {  // one launch: [qg | k | v] = RMSNorm(h) @ [Wq; Wk; Wv]^T
       float* out = s_.fused.as<float>();
       rms_norm_gemv(a.qkv_proj, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
       qg = out, k = out + a.q_proj.rows, v = out + a.q_proj.rows + a.k_proj.rows;
@@ -473,7 +468,7 @@ class CudaBackendImpl final : public CudaBackend {
   // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
   void deltanet_layer(const GpuDeltaNet& d, const float* input_norm, CudaSequenceState& s, size_t index, int T) {
     const float *mixed, *z, *b, *a;
-    if (T == 1 && fits_rms_norm_gemv(d.in_proj_all)) {  // one launch: [qkv | z | b | a] = RMSNorm(h) @ W_all^T
+    if (T == 1 && rms_norm_gemv_supports(d.in_proj_all)) {  // one launch: [qkv | z | b | a] = RMSNorm(h) @ W_all^T
       float* out = s_.fused.as<float>();
       rms_norm_gemv(d.in_proj_all, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
       mixed = out, z = out + d.in_proj_qkv.rows, b = z + d.in_proj_z.rows, a = b + d.in_proj_b.rows;

@@ -324,12 +324,15 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
 
 }  // namespace
 
+bool rms_norm_gemv_supports(const QMatrix& W) {
+  return (W.bits == 4 || W.bits == 8) && W.group_size == 64 && W.cols > 0 && W.cols % 64 == 0 &&
+         W.cols <= kNormMaxCols && W.rows > 0;
+}
+
 void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
-  LILY_CHECK(W.bits == 4 || W.bits == 8, "rms_norm_gemv: {}-bit weights are not supported (4 or 8)", W.bits);
-  LILY_CHECK(W.group_size == 64, "rms_norm_gemv: group size {} is not supported (64)", W.group_size);
-  LILY_CHECK(W.cols > 0 && W.cols % 64 == 0 && W.cols <= kNormMaxCols,
-             "rms_norm_gemv: cols {} is not a positive multiple of 64 up to {}", W.cols, kNormMaxCols);
-  LILY_CHECK(W.rows > 0, "rms_norm_gemv: rows {}", W.rows);
+  LILY_CHECK(rms_norm_gemv_supports(W),
+             "rms_norm_gemv: [{}, {}] q{} group {} (4/8 bits, group 64, cols a multiple of 64 up to {})", W.rows,
+             W.cols, W.bits, W.group_size, kNormMaxCols);
   LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
              "rms_norm_gemv: x and gain must be 16-byte aligned");
   launch_staged<true, false>(W, x, gain, eps, y, stream);

@@ -17,4 +17,7 @@ void gemv_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStre
 // fp32, 16-byte aligned, W.cols <= 4096;  y: [W.rows] fp32, must not overlap x.
 void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream);
 
+// Whether rms_norm_gemv takes W (bits 4 or 8, group 64, at most 4096 columns, some rows).
+bool rms_norm_gemv_supports(const QMatrix& W);
+
 }  // namespace lily::cuda
