@@ -21,8 +21,9 @@
 //             output directly; otherwise each writes (max, sum, acc) to scratch and the last to
 //             finish (an atomic counter per KV head) combines them (flash-decoding). The block
 //             whose range holds the new row prepares and writes it to the caches first.
-//           prefill (T > 1): kv_prep_kernel writes the T new K/V rows, then one block per
-//             (token, KV head) walks keys [0, pos + t] (simple; the flash prefill is the next issue).
+//           prefill (T > 1): kv_prep_kernel writes the T new K/V rows, then
+//             flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles) where the
+//             group divides 64, else one block per (token, KV head) walks keys [0, pos + t].
 // Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 
@@ -326,6 +327,239 @@ __global__ void __launch_bounds__(kThreads) kv_prep_kernel(AttnArgs p) {
   }
 }
 
+
+// ---- Prefill: flash attention on the tensor cores ----------------------------------------
+//
+// Block (64 query rows, KV head kv). The rows are (token, head slot) pairs of the KV head's
+// group: row r of block b is token (64 b + r) / group, head kv * group + (64 b + r) % group, so
+// every K/V tile read serves all the group's heads (group divides 64). 4 warps x 16 rows.
+//   Q: normalised, rotated and scaled by log2(e)/16 by the block itself, bf16 in shared memory.
+//   K, V: tiles of 64 keys from the caches (bf16) through a double buffer (cp.async).
+//   S = Q K^T and O += P V on mma.sync m16n8k16 (bf16 in, fp32 accumulate); online softmax in
+//   fp32 (exp2); P rounded to bf16 for the P V product (its fragments come straight from the S
+//   accumulators: the m16n8 accumulator layout of two adjacent key tiles is the m16k16 operand
+//   layout). Causal: a row at position P + t sees keys [0, P + t].
+//   Epilogue: O / l * sigmoid(gate) -> out (fp32).
+// Shared memory: Q, K[2], V[2] tiles of 64 rows x (256 + 8) bf16 (528-byte rows: ldmatrix
+// without bank conflicts) and 4 KB of fp32 rows for the Q preparation: 173,056 bytes, one
+// block per SM.
+
+constexpr int kFlashRows = 64, kFlashKeys = 64, kFlashWarps = 4, kFlashThreads = 32 * kFlashWarps;
+constexpr int kFlashStride = kHeadDim + 8;
+constexpr int kFlashTile = kFlashRows * kFlashStride;  // bf16 elements of one tile
+constexpr size_t kFlashSmem = size_t(5) * kFlashTile * 2 + size_t(kFlashWarps) * kHeadDim * 4;
+
+__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
+
+__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
+  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
+}
+
+__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(smem_u32(p)));
+}
+
+// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// (lo, hi) -> bf16x2 with lo in the low half, round to nearest.
+__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
+  uint32_t d;
+  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
+  return d;
+}
+
+__global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArgs p) {
+  extern __shared__ uint4 flash_smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(flash_smem);
+  uint16_t* Ks = Qs + kFlashTile;      // [2][64][stride]
+  uint16_t* Vs = Ks + 2 * kFlashTile;  // [2][64][stride]
+  float* prep = reinterpret_cast<float*>(Vs + 2 * kFlashTile);  // [4][256] fp32
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int kv = blockIdx.y, group = p.group;
+  const int row0 = blockIdx.x * kFlashRows;  // first (token, head slot) pair of the block
+  const int P = *p.position;
+  const int t_last = min(p.T - 1, (row0 + kFlashRows - 1) / group);
+  const int L = min(P + t_last + 1, p.capacity);  // keys any row of the block can see
+  const size_t row_stride = size_t(p.nkv) * kHeadDim;
+
+  // K/V tile j into buffer b: 64 keys x 512 bytes each, 16 chunks of 16 bytes per thread per
+  // matrix; keys past L read the last visible row (masked below).
+  auto issue_tile = [&](int j, int b) {
+#pragma unroll 4
+    for (int c = tid; c < kFlashKeys * (kHeadDim / 8); c += kFlashThreads) {
+      const int key = c / (kHeadDim / 8), part = c % (kHeadDim / 8);
+      const size_t src = size_t(min(j * kFlashKeys + key, L - 1)) * row_stride + size_t(kv) * kHeadDim + part * 8;
+      const int dst = b * kFlashTile + key * kFlashStride + part * 8;
+      cp_async16(Ks + dst, p.k_cache + src);
+      cp_async16(Vs + dst, p.v_cache + src);
+    }
+    cp_async_commit();
+  };
+  const int ntiles = (L + kFlashKeys - 1) / kFlashKeys;
+  issue_tile(0, 0);
+
+  // Q: warp w prepares rows w, w + 4, ...: RMSNorm + RoPE in fp32, then bf16 x log2(e)/16.
+  for (int r = warp; r < kFlashRows; r += kFlashWarps) {
+    const int pair = row0 + r, t = pair / group;
+    uint4* dst = reinterpret_cast<uint4*>(Qs + r * kFlashStride) + lane;  // dims 8 lane .. 8 lane + 7
+    if (t < p.T) {
+      const int h = kv * group + pair % group;
+      norm_rope_head(p, p.qg + (size_t(t) * p.nq + h) * 2 * kHeadDim, p.q_norm, P + t, prep + warp * kHeadDim);
+      const float* q = prep + warp * kHeadDim + 8 * lane;
+      const float sc = kLog2e / 16.f;
+      *dst = make_uint4(pack_bf16(q[0] * sc, q[1] * sc), pack_bf16(q[2] * sc, q[3] * sc),
+                        pack_bf16(q[4] * sc, q[5] * sc), pack_bf16(q[6] * sc, q[7] * sc));
+      __syncwarp();  // prep is reused by this warp's next row
+    } else {
+      *dst = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // Rows g and g + 8 of this warp's 16: their positions (rows past T see key 0 only).
+  int pos_r[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int t = (row0 + warp * 16 + g + 8 * hr) / group;
+    pos_r[hr] = t < p.T ? P + t : 0;
+  }
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int b = j & 1;
+    if (j + 1 < ntiles) issue_tile(j + 1, b ^ 1);
+    else cp_async_commit();  // empty group: keeps the wait count uniform
+    cp_async_wait<1>();
+    __syncthreads();  // tile j (and, at j = 0, Q) visible to every warp
+
+    // S = Q K^T: 16 rows x 64 keys per warp.
+    float s[kFlashKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const uint16_t* Kb = Ks + b * kFlashTile;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[4];
+      ldsm_x4(a, Qs + (warp * 16 + (lane & 15)) * kFlashStride + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int jp = 0; jp < kFlashKeys / 16; ++jp) {
+        uint32_t r[4];
+        ldsm_x4(r, Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16(s[2 * jp], a, r[0], r[1]);
+        mma_bf16(s[2 * jp + 1], a, r[2], r[3]);
+      }
+    }
+
+    // Causal mask and online softmax (log2 units); each row is spread over a quad of lanes.
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = j * kFlashKeys + n * 8 + 2 * t4 + e;
+          float& v = s[n][2 * hr + e];
+          v = key <= pos_r[hr] ? v : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[hr], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
+      const float alpha = exp2f(m_run[hr] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[n][2 * hr + e];
+          v = exp2f(v - m_use);
+          sum += v;
+        }
+      l_run[hr] = l_run[hr] * alpha + sum;  // this lane's part; summed over the quad at the end
+      m_run[hr] = m_new;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) o[n][2 * hr] *= alpha, o[n][2 * hr + 1] *= alpha;
+    }
+
+    // O += P V: P from the S accumulators (bf16), V through ldmatrix.trans.
+    const uint16_t* Vb = Vs + b * kFlashTile;
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < kHeadDim / 16; ++np) {
+        uint32_t r[4];
+        ldsm_x4_trans(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
+        mma_bf16(o[2 * np], a, r[0], r[1]);
+        mma_bf16(o[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+    __syncthreads();  // buffer b is refilled by the issue of iteration j + 1
+  }
+  cp_async_wait<0>();
+
+  // out = O / l * sigmoid(gate)
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int pair = row0 + warp * 16 + g + 8 * hr, t = pair / group;
+    if (t >= p.T) continue;
+    const int head = kv * group + pair % group;
+    const float* gate = p.qg + (size_t(t) * p.nq + head) * 2 * kHeadDim + kHeadDim;
+    float* out = p.out + (size_t(t) * p.nq + head) * kHeadDim;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      const int d = n * 8 + 2 * t4;
+      const float2 gv = *reinterpret_cast<const float2*>(gate + d);
+      *reinterpret_cast<float2*>(out + d) =
+          make_float2(o[n][2 * hr] * inv * sigmoid(gv.x), o[n][2 * hr + 1] * inv * sigmoid(gv.y));
+    }
+  }
+}
+
+bool flash_prefill_supported(const AttnArgs& a) { return kFlashRows % a.group == 0; }
+
+void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
+  static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
+    CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
+    return true;
+  }();
+  (void)configured;
+  const int pairs = args.T * args.group;
+  const dim3 grid(unsigned((pairs + kFlashRows - 1) / kFlashRows), unsigned(args.nkv));
+  flash_prefill_kernel<<<grid, kFlashThreads, kFlashSmem, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
 int num_splits(const AttentionParams& p) {
   return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
 }
@@ -390,6 +624,10 @@ void gated_attention_core(const AttentionParams& p, const float* qg, const float
   }
   kv_prep_kernel<<<unsigned(p.T), kThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
+  if (flash_prefill_supported(args)) {
+    launch_flash_prefill(args, stream);
+    return;
+  }
   attention_kernel<false><<<dim3(unsigned(p.T), unsigned(p.num_kv_heads), 1), kThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
 }
