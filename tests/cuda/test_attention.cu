@@ -163,11 +163,12 @@ TEST(CudaAttention, DecodeFull) {
   for (int P : {0, 99, 127, 128, 999, 5000}) check_blocks(16, 2, P + 40, P, {1}, 2 + uint32_t(P));
 }
 
-// More keys than 64 splits x 128: the splits grow (here 192 keys each); repeated decode steps
-// check that the split counters are left at zero.
+// Many splits of 128 keys (94 of the 157 the capacity gives), repeated steps; and more keys
+// than 512 splits x 128, where the splits grow (here 192 keys each).
 TEST(CudaAttention, DecodeLongManySteps) {
   REQUIRE_GPU();
   check_blocks(16, 2, 20000, 12000, {1, 1, 1}, 3);
+  check_blocks(16, 2, 70000, 69000, {1, 1}, 30);
 }
 
 // A small capacity means one split whatever the length.
