@@ -19,6 +19,7 @@
 //             head) walks keys [0, pos + t].
 // Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 
 #include <cuda_runtime.h>
 
@@ -39,6 +40,8 @@ using namespace attention_detail;
 // (1) warp w scores rows 8w..8w+7, (2) warp h does the online softmax of head h, (3) thread d
 // accumulates dim d of the 8 heads from the V rows.
 __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ __align__(16) float q_s[kGroup][kHeadDim];  // prepared queries
   __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
   __shared__ __align__(16) float p_s[kTile][kGroup];     // probabilities
@@ -126,6 +129,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
 
 // Prefill: the T new K/V rows into the caches; block t, warp w prepares KV heads w, w+8, ...
 __global__ void __launch_bounds__(kThreads) kv_prep_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ __align__(16) float k_s[kThreads / 32][kHeadDim];
   const int t = blockIdx.x, warp = threadIdx.x / 32;
   const int pos = *p.position + t;
@@ -198,6 +203,8 @@ __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
 }
 
 __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ uint4 flash_smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(flash_smem);
   uint16_t* Ks = Qs + kFlashTile;      // [2][64][stride]

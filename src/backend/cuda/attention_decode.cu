@@ -26,6 +26,7 @@
 // Tested:   tests/cuda/test_attention.cu (decode at lengths on both sides of the split size,
 //           many steps, small capacities, the caller's scratch).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 
 #include "backend/cuda/attention_common.cuh"
 
@@ -51,6 +52,8 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int S) {
 }
 
 __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ __align__(16) float q_s[kGroup][kHeadDim];  // prepared queries; later the warp sums
   __shared__ __align__(16) float k_s[kHeadDim];          // the new K row
   __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
@@ -182,6 +185,8 @@ __global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs p) {
 }
 
 __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S) {
+  pdl_wait();
+  pdl_launch_dependents();
   extern __shared__ float w_s[];  // [S] weights 2^(m_s - M)
   __shared__ float red_s[kCombineWarps][kCombineDims];
   __shared__ float part_s[kCombineWarps];

@@ -28,6 +28,7 @@
 //           (spec §3.2) is the next issue's fast prefill.
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -125,6 +126,8 @@ __device__ __forceinline__ float delta_step(float (&s)[kRows], const float* q_s,
 
 template <int K>
 __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
   __shared__ float red[2][4][kCols];
@@ -212,6 +215,8 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
 // Reads conv_state (not written until conv_state_kernel).
 template <int K>
 __global__ void __launch_bounds__(kThreads) deltanet_conv_kernel(CoreArgs p, int t0) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float part[4];
   const int t = blockIdx.x, head = blockIdx.y;  // head: q heads, k heads, v heads of 128 channels
   const int c = head * kHeadDim + threadIdx.x, C = p.C;
@@ -233,6 +238,8 @@ __global__ void __launch_bounds__(kThreads) deltanet_conv_kernel(CoreArgs p, int
 // conv_state <- the last K-1 rows of [conv_state; mixed[t0 : t0+n]], one thread per channel.
 template <int K>
 __global__ void conv_state_kernel(CoreArgs p, int t0, int n) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int c = blockIdx.x * blockDim.x + threadIdx.x, C = p.C;
   if (c >= C) return;
   float next[K - 1];
@@ -248,6 +255,8 @@ __global__ void conv_state_kernel(CoreArgs p, int t0, int n) {
 // The recurrent rule over n tokens; block (v-head, slice) as in decode; raw o into y.
 // The next token's q/k/v and gates are loaded into registers while this one is computed.
 __global__ void __launch_bounds__(kThreads) deltanet_scan_kernel(CoreArgs p, int t0, int n) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
   __shared__ float red[2][4][kCols];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -286,6 +295,8 @@ __global__ void __launch_bounds__(kThreads) deltanet_scan_kernel(CoreArgs p, int
 
 // y <- norm_w * (y * rsqrt(mean(y^2) + eps)) * silu(z), one block per (token, v-head) row.
 __global__ void __launch_bounds__(kThreads) gated_norm_kernel(CoreArgs p, int t0) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float part[4];
   const size_t i = (size_t(t0) * p.Hv + blockIdx.x) * kHeadDim + threadIdx.x;
   const float x = p.y[i];

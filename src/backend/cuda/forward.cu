@@ -23,13 +23,17 @@
 // step can be captured once per sequence and replayed.
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
+#include <string>
+#include <vector>
 
 #include <cuda_profiler_api.h>
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/gemv.h"
@@ -57,7 +61,11 @@ constexpr int kLogitRows = 64;
 // 256 x 2048 (0.5 MB at 8 bits): re-reading it per 8 tokens stays in L2.
 constexpr bool kPrefillFp32Router = true;
 
-__global__ void advance_position(int32_t* position, int n) { *position += n; }
+__global__ void advance_position(int32_t* position, int n) {
+  pdl_wait();
+  pdl_launch_dependents();
+  *position += n;
+}
 __global__ void set_position(int32_t* position, int value) { *position = value; }
 
 __global__ void fill_bf16(uint16_t* p, uint64_t n, uint32_t seed) {
@@ -345,10 +353,57 @@ class CudaBackendImpl final : public CudaBackend {
       argmax(s_.logits.as<float>(), c_.vocab_size, s_.next_token.as<int32_t>(), stream_);
       CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, s_.next_token.p, 4, cudaMemcpyDeviceToDevice, stream_));
       CUDA_CHECK(cudaStreamEndCapture(stream_, &graph));
-      CUDA_CHECK(cudaGraphInstantiate(&s.graph_exec, graph, 0));
+      s.graph_exec = instantiate_step(graph);
       CUDA_CHECK(cudaGraphDestroy(graph));
     }
     CUDA_CHECK(cudaGraphLaunch(s.graph_exec, stream_));
+  }
+
+  // The captured step, its kernel-to-kernel edges made programmatic (pdl.cuh) unless LILY_PDL=0;
+  // if the driver refuses that graph, the plain one.
+  static cudaGraphExec_t instantiate_step(cudaGraph_t graph) {
+    static const bool pdl = [] {
+      const char* v = std::getenv("LILY_PDL");
+      return !(v && std::string(v) == "0");
+    }();
+    cudaGraphExec_t exec = nullptr;
+    if (pdl) {
+      cudaGraph_t programmatic = nullptr;
+      CUDA_CHECK(cudaGraphClone(&programmatic, graph));
+      make_edges_programmatic(programmatic);
+      const cudaError_t e = cudaGraphInstantiate(&exec, programmatic, 0);
+      CUDA_CHECK(cudaGraphDestroy(programmatic));
+      if (e == cudaSuccess) return exec;
+      (void)cudaGetLastError();
+      static bool warned = false;
+      if (!warned) std::fprintf(stderr, "lily: the decode graph with programmatic edges failed (%s); plain graph\n",
+                                cudaGetErrorString(e));
+      warned = true;
+    }
+    CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
+    return exec;
+  }
+
+  // Every edge between two kernel nodes becomes a programmatic dependency: the downstream
+  // kernel is launched once all upstream blocks have called pdl_launch_dependents (or exited),
+  // and its pdl_wait() returns when the upstream kernel has finished, its writes visible.
+  static void make_edges_programmatic(cudaGraph_t graph) {
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+    std::vector<cudaGraphNode_t> from(n), to(n);
+    std::vector<cudaGraphEdgeData> data(n);
+    CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
+    for (size_t i = 0; i < n; ++i) {
+      cudaGraphNodeType a, b;
+      CUDA_CHECK(cudaGraphNodeGetType(from[i], &a));
+      CUDA_CHECK(cudaGraphNodeGetType(to[i], &b));
+      if (a != cudaGraphNodeTypeKernel || b != cudaGraphNodeTypeKernel) continue;
+      cudaGraphEdgeData programmatic{};
+      programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
+      programmatic.type = cudaGraphDependencyTypeProgrammatic;
+      CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
+      CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &programmatic, 1));
+    }
   }
 
   // One pass of T <= kChunkTokens tokens (already in s_.tokens) through the model; logits of

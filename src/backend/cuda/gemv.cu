@@ -34,6 +34,7 @@
 //           once per 16 rows. ACC adds into y (gemv_accumulate at T = 1: out_proj, o_proj).
 // Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/quant_dot.cuh"
 
@@ -59,6 +60,8 @@ struct GemvParams {
 
 template <int BITS, int LPR, int TP, bool ACC, int ROWS = kRows, int UNROLL = kUnroll>
 __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int kCodes = 128 / BITS;         // columns per chunk
   constexpr int kChunksPerGroup = 64 / kCodes;
   const int cpr = p.cols / kCodes;           // chunks per row
@@ -156,6 +159,20 @@ struct RmsNormGemvParams {
 
 template <int BITS, int LPR, bool NORM, bool ACC>
 __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGemvParams p) {
+  {  // This thread's first chunks into L2 while the predecessor finishes: weights depend on nothing.
+    constexpr int kCodes = 128 / BITS;
+    const int cpr = p.cols / kCodes, lane = threadIdx.x % 32, sub = lane % LPR;
+    const int64_t row0 =
+        ((int64_t(blockIdx.x) * (kNormThreads / 32) + threadIdx.x / 32) * (32 / LPR) + lane / LPR) * kRows;
+#pragma unroll
+    for (int r = 0; r < kRows; ++r)
+#pragma unroll
+      for (int u = 0; u < kUnroll; ++u)
+        if (row0 + r < p.rows && sub + u * LPR < cpr)
+          prefetch_l2(reinterpret_cast<const uint4*>(p.codes) + (row0 + r) * cpr + sub + u * LPR);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   __shared__ float4 xs[kNormMaxCols / 4];
   __shared__ float partial[kNormThreads / 32];

@@ -36,6 +36,7 @@
 //                                 no atomics, deterministic.
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/route_topk.cuh"
@@ -176,6 +177,8 @@ struct RouteParams {
 template <int BITS, int LPR>
 __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteThreads)
     moe_route_norm_kernel(RouteParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int R = 4, kCodes = 128 / BITS;
   constexpr int kRowsPerWarp = 32 / LPR * R;
   __shared__ __align__(16) float xs[kMaxHidden];  // x = RMSNorm(h[t])
@@ -265,6 +268,8 @@ struct GateUpParams {
 
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int R = kGateUpRows, kCodes = 128 / BITS;
   constexpr int kRowsPerWarp = 32 / LPR * R;
   const int cpr = p.H / kCodes, gpr = p.H / 64;
@@ -310,6 +315,8 @@ struct DownParams {
 
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kDownThreads) moe_down_kernel(DownParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int R = kDownRows, S = kDownSlots, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kSlotLanes = 32 / LPR;  // slots processed side by side in a warp
   const int cpr = p.I / kCodes, gpr = p.I / 64;

@@ -17,6 +17,7 @@
 //                          NaN logits are never chosen.
 // Tested:   tests/cuda/test_norm.cu against backend/cpu (rms_norm) and host loops.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/pdl.cuh"
 #include "backend/cuda/norm.h"
 
 #include <algorithm>
@@ -40,6 +41,8 @@ struct EmbedParams {
 
 template <int BITS>
 __global__ void __launch_bounds__(128) embed_kernel(EmbedParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr uint32_t kMask = (1u << BITS) - 1u;
   const int t = blockIdx.x;
@@ -78,6 +81,8 @@ struct RmsNormParams {
 };
 
 __global__ void __launch_bounds__(256) rms_norm_kernel(RmsNormParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   __shared__ float partial[8];
   __shared__ float inv_rms;
   const float* x = p.x + int64_t(blockIdx.x) * p.n;
@@ -137,6 +142,8 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int vocab, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
   // Each thread scans ascending indices, so a strict > keeps the lowest index of a tie.
   float v = -INFINITY;
   int i = INT_MAX;

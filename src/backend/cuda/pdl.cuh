@@ -1,0 +1,23 @@
+// pdl.cuh: programmatic dependent launch (PDL) inside the decode graph.
+//
+// The decode step is ~250 small dependent kernels, each a few microseconds long: the gap
+// between one kernel's last block and the next kernel's first useful load (launch, block
+// scheduling, the first memory latency) is a large part of the step. forward.cu turns the
+// kernel-to-kernel edges of the captured step into programmatic edges, so a kernel's blocks are
+// launched while its predecessor is still running. Every kernel that can be in the graph
+// therefore begins with
+//     [loads that depend on nothing the predecessors write: weight prefetches]
+//     pdl_wait();               // the predecessor has finished and its writes are visible
+//     pdl_launch_dependents();  // let the successor's blocks be scheduled now
+// Without a programmatic edge (prefill, tests, PDL off) both are no-ops.
+#pragma once
+
+namespace lily::cuda {
+
+__device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
+__device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;" ::: "memory"); }
+
+// The 128-byte line at p into L2 (weights the kernel will stream; safe before pdl_wait).
+__device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }
+
+}  // namespace lily::cuda
