@@ -10,9 +10,8 @@
 //           for all of them; the query heads are normalised and rotated by the blocks
 //           themselves. Shared pieces (argument struct, preparation, reductions):
 //           attention_common.cuh.
-// Variants: decode (T = 1): attention_decode.cu, S = min(512, capacity / 128) splits per KV head
-//             (fixed by the capacity so the launch can be captured), a split kernel and a
-//             combine kernel (flash decoding).
+// Variants: decode (T = 1): attention_decode.cu, flash decoding on the tensor cores: a split
+//             kernel (as many splits as SMs per KV head, each >= 64 keys) and a combine kernel.
 //           prefill (T > 1): kv_prep_kernel writes the T new K/V rows, then
 //             flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles) where the
 //             group divides 64, else attention_prefill_simple_kernel: one block per (token, KV
@@ -28,12 +27,14 @@
 
 #include "backend/cuda/attention.h"
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/mma.cuh"
 
 namespace lily::cuda {
 
 namespace {
 
 using namespace attention_detail;
+using namespace ptx;
 
 // Prefill, the simple form (groups that do not divide flash_prefill_kernel's 64 rows): block
 // (token t, KV head kv) walks keys [0, pos] in tiles of 64 with the group's heads together:
@@ -164,44 +165,6 @@ constexpr int kFlashStride = kHeadDim + 8;
 constexpr int kFlashTile = kFlashRows * kFlashStride;  // bf16 elements of one tile
 constexpr size_t kFlashSmem = size_t(5) * kFlashTile * 2 + size_t(kFlashWarps) * kHeadDim * 4;
 
-__device__ __forceinline__ uint32_t smem_u32(const void* p) { return uint32_t(__cvta_generic_to_shared(p)); }
-
-__device__ __forceinline__ void cp_async16(void* dst, const void* src) {
-  asm volatile("cp.async.cg.shared.global [%0], [%1], 16;\n" ::"r"(smem_u32(dst)), "l"(src));
-}
-__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N));
-}
-
-__device__ __forceinline__ void ldsm_x4(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t (&r)[4], const void* p) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
-               : "r"(smem_u32(p)));
-}
-
-// d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
-
-// (lo, hi) -> bf16x2 with lo in the low half, round to nearest.
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  uint32_t d;
-  asm("cvt.rn.bf16x2.f32 %0, %1, %2;\n" : "=r"(d) : "f"(hi), "f"(lo));
-  return d;
-}
-
 __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArgs p) {
   pdl_wait();
   pdl_launch_dependents();
@@ -279,11 +242,11 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
 #pragma unroll
     for (int ks = 0; ks < kHeadDim / 16; ++ks) {
       uint32_t a[4];
-      ldsm_x4(a, Qs + (warp * 16 + (lane & 15)) * kFlashStride + ks * 16 + (lane >> 4) * 8);
+      ldmatrix_x4(a, Qs + (warp * 16 + (lane & 15)) * kFlashStride + ks * 16 + (lane >> 4) * 8);
 #pragma unroll
       for (int jp = 0; jp < kFlashKeys / 16; ++jp) {
         uint32_t r[4];
-        ldsm_x4(r, Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(r, Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
         mma_bf16(s[2 * jp], a, r[0], r[1]);
         mma_bf16(s[2 * jp + 1], a, r[2], r[3]);
       }
@@ -332,7 +295,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
 #pragma unroll
       for (int np = 0; np < kHeadDim / 16; ++np) {
         uint32_t r[4];
-        ldsm_x4_trans(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
+        ldmatrix_x4_trans(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
         mma_bf16(o[2 * np], a, r[0], r[1]);
         mma_bf16(o[2 * np + 1], a, r[2], r[3]);
       }

@@ -17,10 +17,11 @@ constexpr int kGroup = 8;          // query-head slots per KV head
 constexpr int kThreads = 256;      // 8 warps; one thread per dim in the V pass
 constexpr int kTile = 64;          // keys per tile, 8 per warp
 constexpr int kRowsPerWarp = kTile / (kThreads / 32);
-// Decode: splits per KV head (fixed by the capacity, so the launch can be captured), each of at
-// least kSplitMinRows keys; at 128K of capacity 512 splits x 2 KV heads = 1024 blocks.
+// Decode: the grid has min(kMaxSplits, capacity / kSplitMinRows) splits per KV head (fixed by
+// the capacity, so the launch can be captured in a graph); at most SMs / nkv of them get keys,
+// each at least kSplitMinRows (one 64-key tile; attention_decode.cu).
 constexpr int kMaxSplits = 512;
-constexpr int kSplitMinRows = 128;
+constexpr int kSplitMinRows = 64;
 constexpr float kLog2e = 1.4426950408889634f;
 
 struct AttnArgs {

@@ -1,49 +1,71 @@
 // attention_decode.cu: the gated attention of one new token (T = 1) over the KV cache, split
-// over the keys (flash decoding) in two launches. Formulas: attention.cu's header, spec §2.4.
+// over the keys (flash decoding) in two launches, on the tensor cores. Formulas: attention.cu's
+// header, spec §2.4.
 //
-//   split s of KV head g:  keys [s R, min(L, (s + 1) R)),  R = max(128, ceil(L / S)) rounded up
-//                          to 64;  L = position + 1 is read on the device and S is fixed by the
-//                          capacity (num_splits), so the launch can be captured in a graph.
+//   split s of KV head g:  keys [s R, min(L, (s + 1) R)),  R = the larger of kSplitMinRows and
+//                          ceil(L / N), rounded up to 64; N = the most splits that run at once
+//                          (the SMs per KV head), L = position + 1 read on the device; the grid's
+//                          S >= N is fixed by the capacity, so the launch can be captured.
 //     m_s,h = max_j q_h.k_j / 16 (log2 units),  l_s,h = sum_j 2^(q_h.k_j/16 - m_s,h),
 //     a_s,h = sum_j 2^(q_h.k_j/16 - m_s,h) v_j            (h: the group's query heads)
 //   combine:  o_h = sum_s 2^(m_s,h - M_h) a_s,h / sum_s 2^(m_s,h - M_h) l_s,h,  M_h = max_s m_s,h
 //             out_h = o_h * sigmoid(gate_h)
 // Shapes:   qg [nq, 2, 256] fp32 · caches [capacity, nkv, 256] bf16 · out [nq, 256] fp32 ·
 //           partials [nkv, S, 8, 256] + [nkv, S, 8, 2] fp32 (caller's scratch).
-// Kernels:  attention_split_kernel   grid (S, nkv), 256 threads. Splits past L exit at once; the
-//             one whose range holds the new row first prepares it (k_norm, RoPE) and appends K
-//             and V to the caches. The group's query heads are prepared in the block (fp32).
-//             Per tile of 64 keys: (1) warp w scores keys 8w..8w+7: one 16-byte load of K per
-//             lane (8 dims), 8 head dots, a transposing butterfly (reduce8); (2) warp h: online
-//             softmax of head slot h; (3) warp w accumulates keys w, w + 8, ... into acc[8 heads]
-//             [8 dims] for dims 8 lane .. 8 lane + 7: one 16-byte load of V per lane and key (the
-//             first version read 2 bytes per thread per key). At the end the 8 warps' accumulators
-//             are summed through shared memory in a fixed order (deterministic).
+// Kernels:  attention_split_kernel   grid (S, nkv), 4 warps. Splits past the active ones exit at
+//             once; the one whose range holds the new row first prepares it (k_norm, RoPE) and
+//             appends K and V to the caches. The group's query heads are prepared in fp32 and
+//             kept in shared memory as bf16 hi + lo parts, read as mma A fragments (rows = the 8
+//             head slots, 8 rows of zero padding).
+//             K and V stream through a 3-stage cp.async pipeline of 64-key tiles (528-byte rows,
+//             ldmatrix without bank conflicts); warp w owns keys 16w .. 16w + 15 of every tile
+//             and keeps its own online softmax (m, l per head) and O^T [256 dims x 8 heads]
+//             accumulators; the 4 warps are merged at the end in a fixed order.
+//               S^T = Q K^T: mma.sync m16n8k16, M = head slots, N = the warp's 16 keys, K = dims
+//               O^T += V^T P^T: M = dims (ldmatrix.trans of the V tile), N = head slots,
+//                     K = the warp's 16 keys; P's B fragments are the S accumulators' layout.
+//             Exact to fp32 level although the tensor cores take bf16: K and V are bf16 already,
+//             and Q and P are split into hi + lo bf16 parts (two products each; the tensor cores
+//             have time to spare, the kernel is bound by the K/V bytes).
 //           attention_combine_kernel grid (8 head slots, nkv, 2 halves of the dims), 256 threads:
 //             the weights 2^(m - M) of every active split in shared memory, then the 8 warps sum
 //             disjoint ranges of splits (lane: 4 dims, float4 loads), summed across warps in a
 //             fixed order; times sigmoid(gate) into out.
 // Tested:   tests/cuda/test_attention.cu (decode at lengths on both sides of the split size,
-//           many steps, small capacities, the caller's scratch).
+//           many steps, small capacities, 69K keys, the caller's scratch).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/pdl.cuh"
 
 #include "backend/cuda/attention_common.cuh"
+#include "backend/cuda/mma.cuh"
+
+#include <algorithm>
 
 namespace lily::cuda::attention_detail {
 
 namespace {
 
+using namespace ptx;
+
 constexpr int kCombineWarps = 8;
 constexpr int kCombineDims = kHeadDim / 2;  // dims per combine block (a float4 per lane)
+
+constexpr int kSplitWarps = 4, kSplitThreads = 32 * kSplitWarps;
+constexpr int kSplitKeys = 16 * kSplitWarps;             // keys per tile, 16 per warp
+constexpr int kStages = 3;                               // tiles in the cp.async pipeline
+constexpr int kRowStride = kHeadDim + 8;                 // bf16 per shared row (528 bytes)
+constexpr int kTileElems = kSplitKeys * kRowStride;      // bf16 per K (or V) tile
+constexpr size_t kSplitSmem = size_t(kStages) * 2 * kTileElems * sizeof(uint16_t);  // 202,752 bytes
+static_assert(size_t(kSplitWarps) * kGroup * kHeadDim * sizeof(float) <= kSplitSmem, "merge buffer");
+static_assert(kSplitMinRows % kSplitKeys == 0, "splits hold whole tiles");
 
 struct SplitRange {
   int r0, r1, n_active;
 };
 
-// Keys of split `split` of S, and how many splits have keys, at length L.
-__device__ __forceinline__ SplitRange split_range(int L, int split, int S) {
-  const int rows = (max(kSplitMinRows, (L + S - 1) / S) + kTile - 1) / kTile * kTile;
+// Keys of split `split` at length L when at most `max_splits` run.
+__device__ __forceinline__ SplitRange split_range(int L, int split, int max_splits) {
+  const int rows = (max(kSplitMinRows, (L + max_splits - 1) / max_splits) + kSplitKeys - 1) / kSplitKeys * kSplitKeys;
   SplitRange r;
   r.n_active = (L + rows - 1) / rows;
   r.r0 = split * rows;
@@ -51,140 +73,193 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int S) {
   return r;
 }
 
-__global__ void __launch_bounds__(kThreads) attention_split_kernel(AttnArgs p) {
+__global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs p, int max_splits) {
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ __align__(16) float q_s[kGroup][kHeadDim];  // prepared queries; later the warp sums
-  __shared__ __align__(16) float k_s[kHeadDim];          // the new K row
-  __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
-  __shared__ __align__(16) float p_s[kTile][kGroup];     // probabilities
-  __shared__ float alpha_s[kGroup], m_s[kGroup], l_s[kGroup];
-  __shared__ __align__(16) float red_s[kThreads / 32][kGroup / 2][kHeadDim];  // 32 KB: half the heads at a time
+  extern __shared__ uint4 split_smem[];
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);  // [kStages][64 keys][kRowStride]
+  uint16_t* Vs = Ks + kStages * kTileElems;                 // [kStages][64 keys][kRowStride]
+  __shared__ __align__(16) float q_s[kGroup][kHeadDim];     // prepared queries (fp32)
+  __shared__ __align__(16) float k_s[kHeadDim];             // the new K row
+  __shared__ __align__(16) uint16_t qh_s[kGroup][kRowStride];  // Q x log2(e)/16, bf16 hi part
+  __shared__ __align__(16) uint16_t ql_s[kGroup][kRowStride];  // and the lo part
+  __shared__ float ml_s[kSplitWarps][kGroup][2];            // each warp's (m, l) per head slot
 
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int split = blockIdx.x, S = gridDim.x, kv = blockIdx.y;
   const int pos = *p.position;
   const int L = min(pos + 1, p.capacity);
-  const SplitRange range = split_range(L, split, S);
+  const SplitRange range = split_range(L, split, max_splits);
   if (split >= range.n_active) return;
 
-  if (warp < p.group) {
-    const int h = kv * p.group + warp;
-    norm_rope_head(p, p.qg + size_t(h) * 2 * kHeadDim, p.q_norm, pos, q_s[warp]);
-  } else {
-    for (int i = lane; i < kHeadDim; i += 32) q_s[warp][i] = 0.f;
-  }
-  if (split == range.n_active - 1 && warp == kGroup - 1 && pos < p.capacity) {
-    // The new row at `pos` is in this block's range; written before the barrier below, so the
-    // loads after it see it (same block). Warp 7 is free when the group has fewer than 8 heads,
-    // and otherwise goes on after its query head.
+  if (split == range.n_active - 1 && warp == kSplitWarps - 1 && pos < p.capacity) {
+    // The new row at `pos` is in this block's range: in the caches before any tile is issued.
     norm_rope_head(p, p.k + size_t(kv) * kHeadDim, p.k_norm, pos, k_s);
     store_kv_row(p, k_s, p.v + size_t(kv) * kHeadDim, pos, kv);
+    __threadfence();
   }
   __syncthreads();
 
-  // This lane's slice of the queries, pre-scaled by log2(e)/sqrt(256) for exp2.
-  float q[kGroup][8];
-#pragma unroll
-  for (int h = 0; h < kGroup; ++h)
-#pragma unroll
-    for (int i = 0; i < 8; ++i) q[h][i] = q_s[h][8 * lane + i] * (kLog2e / 16.f);
-
-  float m_run = -INFINITY, l_run = 0.f;  // warp h: head slot h's running max and sum
-  float acc[kGroup][8] = {};              // keys w, w + 8, ... of every tile; dims 8 lane ..
-  const uint16_t* kbase = p.k_cache + size_t(kv) * kHeadDim;
-  const uint16_t* vbase = p.v_cache + size_t(kv) * kHeadDim;
+  // Tile j (keys r0 + 64 j ..) into stage st: 16 chunks of 16 bytes per thread per matrix; keys
+  // past r1 read row r1 - 1 (finite; their probabilities are 0).
   const size_t row_stride = size_t(p.nkv) * kHeadDim;
-
-  for (int base = range.r0; base < range.r1; base += kTile) {
-    const int n = min(kTile, range.r1 - base);
-    // (1) scores of keys 8w .. 8w+7 of the tile
-    uint4 kr[kRowsPerWarp];
-#pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int j = warp * kRowsPerWarp + i;
-      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + size_t(base + j) * row_stride)[lane] : make_uint4(0, 0, 0, 0);
+  const int ntiles = (range.r1 - range.r0 + kSplitKeys - 1) / kSplitKeys;
+  auto issue_tile = [&](int j, int st) {
+#pragma unroll 4
+    for (int c = tid; c < kSplitKeys * (kHeadDim / 8); c += kSplitThreads) {
+      const int key = c / (kHeadDim / 8), part = c % (kHeadDim / 8);
+      const size_t src = size_t(min(range.r0 + j * kSplitKeys + key, range.r1 - 1)) * row_stride +
+                         size_t(kv) * kHeadDim + part * 8;
+      const int dst = st * kTileElems + key * kRowStride + part * 8;
+      cp_async16(Ks + dst, p.k_cache + src);
+      cp_async16(Vs + dst, p.v_cache + src);
     }
+  };
 #pragma unroll
-    for (int i = 0; i < kRowsPerWarp; ++i) {
-      const int j = warp * kRowsPerWarp + i;
-      float dot[kGroup];
-      key_dots(kr[i], q, dot);
-      const float s = reduce8(dot);
-      if ((lane & 3) == 0) s_s[lane >> 2][j] = j < n ? s : -INFINITY;
-    }
-    __syncthreads();
-    // (2) online softmax of head slot `warp` over the tile
-    {
-      const float s0 = s_s[warp][lane], s1 = s_s[warp][lane + 32];
-      const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: the tile has a key
-      const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
-      const float alpha = exp2f(m_run - m_new);
-      l_run = l_run * alpha + warp_sum(p0 + p1);
-      m_run = m_new;
-      p_s[lane][warp] = p0;
-      p_s[lane + 32][warp] = p1;
-      if (lane == 0) alpha_s[warp] = alpha;
-    }
-    __syncthreads();
-    // (3) acc = alpha acc + sum over keys j = warp, warp + 8, ... of p_j V_j
-#pragma unroll
-    for (int h = 0; h < kGroup; ++h) {
-      const float a = alpha_s[h];
-#pragma unroll
-      for (int e = 0; e < 8; ++e) acc[h][e] *= a;
-    }
-    uint4 vr[kTile / (kThreads / 32)];
-#pragma unroll
-    for (int i = 0; i < kTile / (kThreads / 32); ++i) {
-      const int j = warp + i * (kThreads / 32);
-      vr[i] = j < n ? reinterpret_cast<const uint4*>(vbase + size_t(base + j) * row_stride)[lane] : make_uint4(0, 0, 0, 0);
-    }
-#pragma unroll
-    for (int i = 0; i < kTile / (kThreads / 32); ++i) {
-      const int j = warp + i * (kThreads / 32);  // p of keys past n is 0: their zero rows add nothing
-      float vf[8];
-      bf16x8_to_float(vr[i], vf);
-      const float4 pa = *reinterpret_cast<const float4*>(&p_s[j][0]);
-      const float4 pb = *reinterpret_cast<const float4*>(&p_s[j][4]);
-      const float pj[kGroup] = {pa.x, pa.y, pa.z, pa.w, pb.x, pb.y, pb.z, pb.w};
-#pragma unroll
-      for (int h = 0; h < kGroup; ++h)
-#pragma unroll
-        for (int e = 0; e < 8; ++e) acc[h][e] = fmaf(pj[h], vf[e], acc[h][e]);
-    }
-    __syncthreads();  // s_s, p_s and alpha_s are rewritten by the next tile
+  for (int j = 0; j < kStages - 1; ++j) {
+    if (j < ntiles) issue_tile(j, j);
+    cp_async_commit();  // possibly empty: keeps the group count uniform
   }
-  if (lane == 0) m_s[warp] = m_run, l_s[warp] = l_run;
 
-  // Sum the 8 warps' accumulators (fixed order) and publish this split's partials.
+  // The group's query heads (slots past the group are zero) in fp32, then Q x log2(e)/16 as
+  // hi and lo bf16 parts in shared memory (528-byte rows: the A-fragment reads of the 8 rows
+  // hit distinct banks). Rows 8..15 of the A operand are padding (zero registers).
+  for (int h = warp; h < kGroup; h += kSplitWarps) {
+    if (h < p.group) {
+      norm_rope_head(p, p.qg + size_t(kv * p.group + h) * 2 * kHeadDim, p.q_norm, pos, q_s[h]);
+    } else {
+      for (int i = lane; i < kHeadDim; i += 32) q_s[h][i] = 0.f;
+    }
+  }
+  __syncthreads();
+  for (int i = tid; i < kGroup * kHeadDim / 2; i += kSplitThreads) {
+    const int h = i / (kHeadDim / 2), d = 2 * (i % (kHeadDim / 2));
+    const float sc = kLog2e / 16.f;
+    uint32_t hi, lo;
+    split_bf16(q_s[h][d] * sc, q_s[h][d + 1] * sc, hi, lo);
+    *reinterpret_cast<uint32_t*>(&qh_s[h][d]) = hi;
+    *reinterpret_cast<uint32_t*>(&ql_s[h][d]) = lo;
+  }
+  // (The barrier at the top of the first tile makes qh_s / ql_s visible.)
+
+  // o[mt]: O^T rows (dims) 16 mt + g (c0, c1) and 16 mt + g + 8 (c2, c3), columns (head
+  // slots) 2 t4, 2 t4 + 1. m_run, l_run: head slot g (l_run this lane's part of it).
+  float o[kHeadDim / 16][4];
+#pragma unroll
+  for (int mt = 0; mt < kHeadDim / 16; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
+  float m_run = -INFINITY, l_run = 0.f;
+
+  for (int j = 0; j < ntiles; ++j) {
+    cp_async_wait<kStages - 2>();
+    __syncthreads();  // tile j visible to all warps; the stage of tile j - 1 is free again
+    if (j + kStages - 1 < ntiles) issue_tile(j + kStages - 1, (j + kStages - 1) % kStages);
+    cp_async_commit();
+
+    const int st = j % kStages;
+    const uint16_t* Kw = Ks + st * kTileElems + warp * 16 * kRowStride;  // this warp's 16 keys
+    const uint16_t* Vw = Vs + st * kTileElems + warp * 16 * kRowStride;
+
+    // S^T = Q K^T: head slots x this warp's keys 0..7 (s[0]) and 8..15 (s[1]); hi and lo
+    // products in separate accumulators (independent mma chains).
+    float sh[2][4] = {}, sl[2][4] = {};
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t r[4];
+      ldmatrix_x4(r, Kw + ((lane & 7) + ((lane >> 4) << 3)) * kRowStride + ks * 16 + ((lane >> 3) & 1) * 8);
+      const int d = ks * 16 + 2 * t4;  // A fragment: row g, dims d, d + 1 (a0) and d + 8, d + 9 (a2)
+      const uint32_t ah[4] = {*reinterpret_cast<const uint32_t*>(&qh_s[g][d]), 0u,
+                              *reinterpret_cast<const uint32_t*>(&qh_s[g][d + 8]), 0u};
+      const uint32_t al[4] = {*reinterpret_cast<const uint32_t*>(&ql_s[g][d]), 0u,
+                              *reinterpret_cast<const uint32_t*>(&ql_s[g][d + 8]), 0u};
+      mma_bf16(sh[0], ah, r[0], r[1]);
+      mma_bf16(sh[1], ah, r[2], r[3]);
+      mma_bf16(sl[0], al, r[0], r[1]);
+      mma_bf16(sl[1], al, r[2], r[3]);
+    }
+
+    // Online softmax of head slot g over this warp's keys 8n + 2 t4 + e (a quad holds a row).
+    const int key0 = range.r0 + j * kSplitKeys + warp * 16;
+    float s[2][2];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        const float v = sh[n][e] + sl[n][e];
+        s[n][e] = key0 + 8 * n + 2 * t4 + e < range.r1 ? v : -INFINITY;
+        mx = fmaxf(mx, s[n][e]);
+      }
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+    const float m_new = fmaxf(m_run, mx);
+    const float m_use = m_new == -INFINITY ? 0.f : m_new;  // no visible key yet in this warp
+    const float alpha = exp2f(m_run - m_use);
+    float sum = 0.f;
+#pragma unroll
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        s[n][e] = exp2f(s[n][e] - m_use);
+        sum += s[n][e];
+      }
+    l_run = l_run * alpha + sum;
+    m_run = m_new;
+
+    // O^T = alpha O^T + V^T P^T. Column 2 t4 + e of O^T is head slot 2 t4 + e: its alpha lives
+    // in the quad of lanes 4 (2 t4 + e).
+    const float alpha0 = __shfl_sync(0xffffffffu, alpha, 8 * t4);
+    const float alpha1 = __shfl_sync(0xffffffffu, alpha, 8 * t4 + 4);
+    uint32_t pb_hi[2], pb_lo[2];  // B fragments: keys 2 t4 + e (b0) and 8 + 2 t4 + e (b1), slot g
+    split_bf16(s[0][0], s[0][1], pb_hi[0], pb_lo[0]);
+    split_bf16(s[1][0], s[1][1], pb_hi[1], pb_lo[1]);
+#pragma unroll
+    for (int mt = 0; mt < kHeadDim / 16; ++mt) {
+      o[mt][0] *= alpha0, o[mt][1] *= alpha1, o[mt][2] *= alpha0, o[mt][3] *= alpha1;
+      uint32_t va[4];
+      ldmatrix_x4_trans(va, Vw + ((lane & 7) + ((lane >> 4) << 3)) * kRowStride + mt * 16 + ((lane >> 3) & 1) * 8);
+      mma_bf16(o[mt], va, pb_hi[0], pb_hi[1]);
+      mma_bf16(o[mt], va, pb_lo[0], pb_lo[1]);
+    }
+  }
+  cp_async_wait<0>();
+  __syncthreads();  // the pipeline's shared memory becomes the merge buffer
+
+  // Merge the 4 warps (fixed order) into this split's partials.
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
+  l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
+  if (t4 == 0) ml_s[warp][g][0] = m_run, ml_s[warp][g][1] = l_run;
+  float* o_s = reinterpret_cast<float*>(split_smem);  // [warp][head slot][dim]
+#pragma unroll
+  for (int mt = 0; mt < kHeadDim / 16; ++mt)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int d = 16 * mt + g + 8 * (i >> 1), h = 2 * t4 + (i & 1);
+      o_s[(warp * kGroup + h) * kHeadDim + d] = o[mt][i];
+    }
+  __syncthreads();
   const size_t slot = size_t(kv) * S + split;
+  for (int i = tid; i < kGroup * kHeadDim; i += kSplitThreads) {
+    const int h = i / kHeadDim, d = i % kHeadDim;
+    float M = -INFINITY;
 #pragma unroll
-  for (int half = 0; half < 2; ++half) {
+    for (int w = 0; w < kSplitWarps; ++w) M = fmaxf(M, ml_s[w][h][0]);
+    float acc = 0.f, l = 0.f;
 #pragma unroll
-    for (int hh = 0; hh < kGroup / 2; ++hh) {
-      float4* dst = reinterpret_cast<float4*>(&red_s[warp][hh][8 * lane]);
-      const int h = half * (kGroup / 2) + hh;
-      dst[0] = make_float4(acc[h][0], acc[h][1], acc[h][2], acc[h][3]);
-      dst[1] = make_float4(acc[h][4], acc[h][5], acc[h][6], acc[h][7]);
+    for (int w = 0; w < kSplitWarps; ++w) {
+      const float m = ml_s[w][h][0];
+      const float wt = m == -INFINITY ? 0.f : exp2f(m - M);
+      acc = fmaf(wt, o_s[(w * kGroup + h) * kHeadDim + d], acc);
+      l = fmaf(wt, ml_s[w][h][1], l);
     }
-    __syncthreads();
-    for (int i = tid; i < (kGroup / 2) * kHeadDim; i += kThreads) {
-      const int hh = i / kHeadDim, d = i % kHeadDim;
-      float sum = 0.f;
-#pragma unroll
-      for (int w = 0; w < kThreads / 32; ++w) sum += red_s[w][hh][d];
-      p.part_acc[(slot * kGroup + half * (kGroup / 2) + hh) * kHeadDim + d] = sum;
+    p.part_acc[(slot * kGroup + h) * kHeadDim + d] = acc;
+    if (d == 0) {
+      p.part_ml[(slot * kGroup + h) * 2] = M;
+      p.part_ml[(slot * kGroup + h) * 2 + 1] = l;
     }
-    __syncthreads();  // red_s is rewritten by the second half
-  }
-  if (tid < kGroup) {
-    p.part_ml[(slot * kGroup + tid) * 2] = m_s[tid];
-    p.part_ml[(slot * kGroup + tid) * 2 + 1] = l_s[tid];
   }
 }
 
-__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S) {
+__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S, int max_splits) {
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ float w_s[];  // [S] weights 2^(m_s - M)
@@ -195,7 +270,7 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
   if (h >= p.group) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int L = min(*p.position + 1, p.capacity);
-  const int n_active = split_range(L, 0, S).n_active;
+  const int n_active = split_range(L, 0, max_splits).n_active;
   const float* ml = p.part_ml + (size_t(kv) * S * kGroup + h) * 2;  // split s: + s * kGroup * 2
 
   // M = max_s m_s, w_s = 2^(m_s - M), den = sum_s w_s l_s (each a block reduction, fixed order).
@@ -250,10 +325,21 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
 }  // namespace
 
 void launch_attention_decode(const AttnArgs& args, int S, cudaStream_t stream) {
-  attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kThreads, 0, stream>>>(args);
+  // Once: the SMs of the device (the splits that run at once) and the shared memory opt-in.
+  static const int sm_count = [] {
+    int device = 0, sms = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kSplitSmem)));
+    return sms;
+  }();
+  const int max_splits = std::min(S, std::max(1, sm_count / args.nkv));
+  attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
+                                                                                                   max_splits);
   CUDA_CHECK_LAUNCH();
   attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(kHeadDim / kCombineDims)),
-                             32 * kCombineWarps, size_t(S) * sizeof(float), stream>>>(args, S);
+                             32 * kCombineWarps, size_t(S) * sizeof(float), stream>>>(args, S, max_splits);
   CUDA_CHECK_LAUNCH();
 }
 
