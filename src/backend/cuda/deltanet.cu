@@ -1,4 +1,4 @@
-// deltanet.cu: the core of a Gated DeltaNet layer (spec §2.6, §3.1): causal conv + SiLU,
+// deltanet.cu: the core of a Gated DeltaNet layer (spec §2.6, §3.1, §3.2): causal conv + SiLU,
 // l2norm of q/k, gates, the delta rule and the gated RMSNorm, for any T >= 1.
 //
 //   u = silu(conv_K([conv_state; mixed]))         q, k, v = u split [Hk*128 | Hk*128 | Hv*128]
@@ -21,11 +21,11 @@
 //           prefill (T > 1), per chunk of <= 512 tokens (bounded scratch: u [chunk, conv_dim]):
 //             deltanet_conv_kernel     conv + SiLU (+ l2norm for q/k heads) of every (token, head)
 //             conv_state_kernel        the last K-1 inputs become the new conv state
-//             deltanet_scan_kernel     the recurrent rule over the chunk, state in registers,
-//                                      raw o written into y
+//             the delta rule over the chunk, raw o written into y, by DeltaNetParams::prefill:
+//               chunked (default)      delta_rule_chunked (deltanet_chunked.cu, spec §3.2: three
+//                                      launches of 64-token matrix products)
+//               recurrent              deltanet_scan_kernel: the token loop, state in registers
 //             gated_norm_kernel        y <- norm_w * rmsnorm(y) * silu(z) in place
-//           The recurrent form is used for prefill too (simple and exact); the chunked form
-//           (spec §3.2) is the next issue's fast prefill.
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/pdl.cuh"
@@ -333,9 +333,13 @@ void* own_scratch(size_t bytes, cudaStream_t stream) {
 
 }  // namespace
 
+// The conv outputs u [min(T, 512), conv_dim], then (chunked) the chunked rule's scratch.
 size_t gated_deltanet_scratch_bytes(const DeltaNetParams& p) {
   if (p.T <= 1) return 0;
-  return size_t(std::min(p.T, kPrefillChunk)) * size_t(p.conv_dim()) * sizeof(float);
+  const int n = std::min(p.T, kPrefillChunk);
+  const size_t u_bytes = size_t(n) * size_t(p.conv_dim()) * sizeof(float);
+  if (p.prefill == DeltaRulePrefill::recurrent) return u_bytes;
+  return u_bytes + delta_rule_chunked_scratch_bytes(n, p.num_value_heads);
 }
 
 void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
@@ -363,14 +367,24 @@ void gated_deltanet_core(const DeltaNetParams& p, const float* mixed, const floa
 
   if (!scratch) ::lily::fail(fmt::runtime("gated_deltanet_core: a prefill of {} tokens needs scratch"), p.T);
   const int heads = args.C / kHeadDim;  // q, k and v heads of 128 channels
+  DeltaRuleChunkedArgs chunked;
+  chunked.num_key_heads = p.num_key_heads, chunked.num_value_heads = Hv, chunked.conv_dim = args.C;
+  chunked.u = args.u, chunked.A_log = p.A_log, chunked.dt_bias = p.dt_bias, chunked.ssm_state = ssm_state;
+  chunked.scratch = static_cast<char*>(scratch) + size_t(std::min(p.T, kPrefillChunk)) * args.C * sizeof(float);
   for (int t0 = 0; t0 < p.T; t0 += kPrefillChunk) {
     const int n = std::min(kPrefillChunk, p.T - t0);
     deltanet_conv_kernel<kConvK><<<dim3(unsigned(n), unsigned(heads)), kThreads, 0, stream>>>(args, t0);
     CUDA_CHECK_LAUNCH();
     conv_state_kernel<kConvK><<<unsigned((args.C + 255) / 256), 256, 0, stream>>>(args, t0, n);
     CUDA_CHECK_LAUNCH();
-    deltanet_scan_kernel<<<unsigned(Hv * kSlices), kThreads, 0, stream>>>(args, t0, n);
-    CUDA_CHECK_LAUNCH();
+    if (p.prefill == DeltaRulePrefill::chunked) {
+      chunked.n = n, chunked.b = b + size_t(t0) * Hv, chunked.a = a + size_t(t0) * Hv;
+      chunked.o = y + size_t(t0) * Hv * kHeadDim;
+      delta_rule_chunked(chunked, stream);
+    } else {
+      deltanet_scan_kernel<<<unsigned(Hv * kSlices), kThreads, 0, stream>>>(args, t0, n);
+      CUDA_CHECK_LAUNCH();
+    }
     gated_norm_kernel<<<unsigned(n * Hv), kThreads, 0, stream>>>(args, t0);
     CUDA_CHECK_LAUNCH();
   }
