@@ -1,7 +1,9 @@
 // test_deltanet.cu: cuda::gated_deltanet_core against a host reference built from backend/cpu
 // (delta_rule_recurrent, gated_rms_norm; conv and l2norm written out below as in deltanet.cpp),
 // for decode (T = 1), prefill of odd and chunk-crossing lengths, and prefill then decode, with
-// random initial conv and SSM states. Outputs are poisoned before each launch.
+// random initial conv and SSM states. Prefill runs the chunked delta rule (the default,
+// deltanet_chunked.cu) and the recurrent scan (DeltaRulePrefill::recurrent); both are checked
+// against the CPU token loop. Outputs (and the caller's scratch) are poisoned before each launch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -17,13 +19,17 @@ namespace {
 constexpr int kD = 128, kK = 4;
 constexpr double kTolerance = 1e-4;
 
+using Mode = cuda::DeltaRulePrefill;
+
 struct Layer {
   int Hk, Hv;
   int C() const { return 2 * Hk * kD + Hv * kD; }
   std::vector<float> conv_w, A_log, dt_bias, norm_w;
-  Layer(int hk, int hv, uint32_t seed) : Hk(hk), Hv(hv) {
+  // decay_shift moves every A_log: g = -exp(A_log) softplus(..) scales by exp(decay_shift).
+  Layer(int hk, int hv, uint32_t seed, float decay_shift = 0.f) : Hk(hk), Hv(hv) {
     conv_w = random_floats(size_t(C()) * kK, seed, 0.5f);
     A_log = random_floats(size_t(Hv), seed + 1, 0.5f);
+    for (auto& x : A_log) x += decay_shift;
     dt_bias = random_floats(size_t(Hv), seed + 2, 0.5f);
     norm_w = random_floats(kD, seed + 3, 0.2f);
     for (auto& w : norm_w) w += 1.f;
@@ -101,13 +107,17 @@ struct GpuLayer {
   GpuLayer(const Layer& layer, const State& st)
       : conv_w(layer.conv_w), A_log(layer.A_log), dt_bias(layer.dt_bias), norm_w(layer.norm_w), conv(st.conv),
         ssm(st.ssm), l(layer) {}
-  std::vector<float> run(const Inputs& in, int T) {
+  std::vector<float> run(const Inputs& in, int T, Mode mode) {
     DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * l.Hv * kD);
     y.poison();
     cuda::DeltaNetParams p;
     p.T = T, p.num_key_heads = l.Hk, p.num_value_heads = l.Hv, p.head_dim = kD, p.conv_kernel = kK, p.eps = 1e-6f;
     p.conv_weight = conv_w.get(), p.A_log = A_log.get(), p.dt_bias = dt_bias.get(), p.norm_weight = norm_w.get();
-    cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(), nullptr);
+    p.prefill = mode;
+    DeviceArray<char> scratch(cuda::gated_deltanet_scratch_bytes(p));
+    scratch.poison();
+    cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(),
+                              scratch.size() ? scratch.get() : nullptr, nullptr);
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return y.download();
   }
@@ -117,23 +127,30 @@ State random_state(const Layer& l, uint32_t seed) {
   return {random_floats(size_t(kK - 1) * l.C(), seed), random_floats(size_t(l.Hv) * kD * kD, seed + 1, 0.1f)};
 }
 
-// Runs blocks of the given lengths one after another, state carried, comparing each block's y
-// and the states after it.
-void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed) {
-  Layer layer(Hk, Hv, seed);
+// Runs blocks of the given lengths one after another (calls of gated_deltanet_core, each its own
+// prefill or decode), state carried, comparing each block's y and the states after it.
+void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed, Mode mode = Mode::chunked,
+                  float decay_shift = 0.f) {
+  Layer layer(Hk, Hv, seed, decay_shift);
   State host = random_state(layer, seed + 10);
   GpuLayer gpu(layer, host);
   for (size_t i = 0; i < lengths.size(); ++i) {
     const int T = lengths[i];
     Inputs in(layer, T, seed + 100 + uint32_t(i) * 7);
     const auto want = reference(layer, host, in, T);
-    const auto got = gpu.run(in, T);
-    SCOPED_TRACE(testing::Message() << "Hk " << Hk << " Hv " << Hv << " block " << i << " T " << T);
-    EXPECT_LT(relative_error(got, want), kTolerance) << "y";
-    EXPECT_LT(relative_error(gpu.conv.download(), host.conv), kTolerance) << "conv state";
-    EXPECT_LT(relative_error(gpu.ssm.download(), host.ssm), kTolerance) << "ssm state";
+    const auto got = gpu.run(in, T, mode);
+    SCOPED_TRACE(testing::Message() << (mode == Mode::chunked ? "chunked" : "recurrent") << " Hk " << Hk << " Hv "
+                                    << Hv << " block " << i << " T " << T << " decay shift " << decay_shift);
+    const double ey = relative_error(got, want), ec = relative_error(gpu.conv.download(), host.conv),
+                 es = relative_error(gpu.ssm.download(), host.ssm);
+    EXPECT_LT(ey, kTolerance) << "y";
+    EXPECT_LT(ec, kTolerance) << "conv state";
+    EXPECT_LT(es, kTolerance) << "ssm state";
   }
 }
+
+// The prompt lengths of issue 7: chunk (64) and prefill-block (512) edges on both sides.
+const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000};
 
 TEST(CudaDeltaNet, DecodeSmall) {
   REQUIRE_GPU();
@@ -167,26 +184,140 @@ TEST(CudaDeltaNet, PrefillThenDecode) {
   check_blocks(16, 32, {63, 1, 1, 1}, 13);
 }
 
-TEST(CudaDeltaNet, ScratchOverload) {
+// The overload without scratch (its own grow-only buffer), both prefill forms.
+TEST(CudaDeltaNet, OwnScratch) {
   REQUIRE_GPU();
-  Layer layer(2, 4, 17);
-  State host = random_state(layer, 18);
-  GpuLayer gpu(layer, host);
-  const int T = 70;
-  Inputs in(layer, T, 19);
-  const auto want = reference(layer, host, in, T);
-  cuda::DeltaNetParams p;
-  p.T = T, p.num_key_heads = 2, p.num_value_heads = 4;
-  p.conv_weight = gpu.conv_w.get(), p.A_log = gpu.A_log.get(), p.dt_bias = gpu.dt_bias.get();
-  p.norm_weight = gpu.norm_w.get();
-  DeviceArray<char> scratch(cuda::gated_deltanet_scratch_bytes(p));
-  DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * 4 * kD);
-  y.poison();
-  cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(), y.get(),
-                            scratch.get(), nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  EXPECT_LT(relative_error(y.download(), want), kTolerance);
-  EXPECT_LT(relative_error(gpu.ssm.download(), host.ssm), kTolerance);
+  for (Mode mode : {Mode::chunked, Mode::recurrent}) {
+    Layer layer(2, 4, 17);
+    State host = random_state(layer, 18);
+    GpuLayer gpu(layer, host);
+    const int T = 70;
+    Inputs in(layer, T, 19);
+    const auto want = reference(layer, host, in, T);
+    cuda::DeltaNetParams p;
+    p.T = T, p.num_key_heads = 2, p.num_value_heads = 4, p.prefill = mode;
+    p.conv_weight = gpu.conv_w.get(), p.A_log = gpu.A_log.get(), p.dt_bias = gpu.dt_bias.get();
+    p.norm_weight = gpu.norm_w.get();
+    DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * 4 * kD);
+    y.poison();
+    cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(), y.get(),
+                              nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_LT(relative_error(y.download(), want), kTolerance);
+    EXPECT_LT(relative_error(gpu.ssm.download(), host.ssm), kTolerance);
+  }
+}
+
+// The scratch the chunked form needs: u of one 512-token block plus 36,928 floats per v-head and
+// 64-token chunk (W, U, Aqk, the chunk's start state, gamma).
+TEST(CudaDeltaNet, ScratchBytes) {
+  cuda::DeltaNetParams p;  // Hk 16, Hv 32
+  const size_t u512 = size_t(512) * p.conv_dim() * sizeof(float);
+  p.T = 1;
+  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), 0u);
+  p.T = 1000;
+  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), u512 + size_t(8) * 32 * 36928 * sizeof(float));
+  p.T = 65;
+  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), size_t(65) * p.conv_dim() * 4 + size_t(2) * 32 * 36928 * 4);
+  p.prefill = Mode::recurrent;
+  p.T = 1000;
+  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), u512);
+}
+
+// ---- The chunked delta rule (deltanet_chunked.cu) vs the CPU token loop ------------------------
+
+TEST(CudaDeltaNet, ChunkedLengthsSmall) {
+  REQUIRE_GPU();
+  for (int T : kLengths) check_blocks(2, 4, {T}, 21 + uint32_t(T));
+}
+
+TEST(CudaDeltaNet, ChunkedLengthsFull) {
+  REQUIRE_GPU();
+  for (int T : kLengths) check_blocks(16, 32, {T}, 23 + uint32_t(T));
+}
+
+// A second call continues from the first's SSM and conv state: chunk and 512-block boundaries
+// fall at different token positions than in one call.
+TEST(CudaDeltaNet, ChunkedContinued) {
+  REQUIRE_GPU();
+  check_blocks(2, 4, {65, 100}, 25);
+  check_blocks(2, 4, {64, 64, 1, 63}, 26);
+  check_blocks(2, 4, {511, 513}, 27);
+  check_blocks(2, 4, {1000, 129, 2}, 28);
+  check_blocks(16, 32, {63, 65}, 29);
+  check_blocks(16, 32, {513, 127, 1, 64}, 30);
+}
+
+// Decays far from 1 (exp(gamma) underflows to 0 inside a chunk) and close to 1 (the state keeps
+// what it is given over a long prompt).
+TEST(CudaDeltaNet, ChunkedDecayExtremes) {
+  REQUIRE_GPU();
+  check_blocks(2, 4, {200, 65}, 31, Mode::chunked, 4.f);   // g down to about -100 per token
+  check_blocks(2, 4, {600, 65}, 32, Mode::chunked, -8.f);  // g about -3e-4
+  check_blocks(16, 32, {129}, 33, Mode::chunked, 4.f);
+}
+
+// delta_rule_chunked alone: its raw o (before the gated norm, which would hide a per-row scale)
+// and the final state, against cpu::delta_rule_recurrent on random q, k (l2-normalised), v, gates.
+void check_chunked_rule(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed) {
+  const int C = 2 * Hk * kD + Hv * kD, key_dim = Hk * kD;
+  const auto A_log = random_floats(size_t(Hv), seed, 0.5f), dt_bias = random_floats(size_t(Hv), seed + 1, 0.5f);
+  std::vector<float> S_host = random_floats(size_t(Hv) * kD * kD, seed + 2, 0.1f);
+  DeviceArray<float> A_log_d(A_log), dt_bias_d(dt_bias), S(S_host);
+  for (size_t call = 0; call < lengths.size(); ++call) {
+    const int n = lengths[call];
+    const uint32_t s = seed + 10 + uint32_t(call) * 5;
+    auto u = random_floats(size_t(n) * C, s);
+    const auto b = random_floats(size_t(n) * Hv, s + 1), a = random_floats(size_t(n) * Hv, s + 2);
+    for (int t = 0; t < n; ++t)
+      for (int head = 0; head < 2 * Hk; ++head) {  // q heads (times 1/sqrt(128)), then k heads
+        float* x = &u[size_t(t) * C + head * kD];
+        double ss = 0;
+        for (int i = 0; i < kD; ++i) ss += double(x[i]) * x[i];
+        const float inv = 1.f / std::sqrt(float(ss) + 1e-6f) * (head < Hk ? 1.f / std::sqrt(float(kD)) : 1.f);
+        for (int i = 0; i < kD; ++i) x[i] *= inv;
+      }
+    std::vector<float> beta(size_t(n) * Hv), g(size_t(n) * Hv), want(size_t(n) * Hv * kD);
+    for (size_t i = 0; i < beta.size(); ++i) {
+      const size_t h = i % size_t(Hv);
+      beta[i] = cpu::sigmoid(b[i]);
+      g[i] = -std::exp(A_log[h]) * cpu::softplus(a[i] + dt_bias[h]);
+    }
+    for (int h = 0; h < Hv; ++h) {
+      const int kh = h / (Hv / Hk);
+      cpu::DeltaRuleInputs dr{u.data() + kh * kD, u.data() + key_dim + kh * kD, u.data() + 2 * key_dim + h * kD,
+                              g.data() + h, beta.data() + h, C, C, C, Hv, n, kD, kD};
+      cpu::delta_rule_recurrent(dr, S_host.data() + size_t(h) * kD * kD, want.data() + h * kD, Hv * kD);
+    }
+    DeviceArray<float> u_d(u), b_d(b), a_d(a), o(size_t(n) * Hv * kD);
+    DeviceArray<char> scratch(cuda::delta_rule_chunked_scratch_bytes(n, Hv));
+    o.poison();
+    scratch.poison();
+    cuda::DeltaRuleChunkedArgs args;
+    args.n = n, args.num_key_heads = Hk, args.num_value_heads = Hv, args.conv_dim = C;
+    args.u = u_d.get(), args.b = b_d.get(), args.a = a_d.get(), args.A_log = A_log_d.get();
+    args.dt_bias = dt_bias_d.get(), args.ssm_state = S.get(), args.o = o.get(), args.scratch = scratch.get();
+    cuda::delta_rule_chunked(args, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    SCOPED_TRACE(testing::Message() << "Hk " << Hk << " Hv " << Hv << " call " << call << " n " << n);
+    EXPECT_LT(relative_error(o.download(), want), kTolerance) << "raw o";
+    EXPECT_LT(relative_error(S.download(), S_host), kTolerance) << "ssm state";
+  }
+}
+
+TEST(CudaDeltaNet, ChunkedRuleRawOutputs) {
+  REQUIRE_GPU();
+  check_chunked_rule(2, 4, kLengths, 41);  // one state carried through all the calls
+  check_chunked_rule(16, 32, {1, 2, 63, 64, 65, 129, 1000}, 43);
+}
+
+// ---- The recurrent scan (DeltaRulePrefill::recurrent), kept to be measured against -------------
+
+TEST(CudaDeltaNet, RecurrentPrefill) {
+  REQUIRE_GPU();
+  for (int T : {2, 63, 64, 65, 513}) check_blocks(2, 4, {T}, 35 + uint32_t(T), Mode::recurrent);
+  for (int T : {2, 65, 200}) check_blocks(16, 32, {T}, 37 + uint32_t(T), Mode::recurrent);
+  check_blocks(2, 4, {65, 1, 100, 1}, 39, Mode::recurrent);
 }
 
 }  // namespace
