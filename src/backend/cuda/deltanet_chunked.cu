@@ -92,6 +92,16 @@ struct ChunkArgs {
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
 __device__ __forceinline__ float at(const float4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+// A float4 of shared memory in one 16-byte load. The solve's A addresses are compile-time
+// constants, and NVVM splits a plain float4 load from a constant address into four scalar ones.
+__device__ __forceinline__ float4 lds4(const float* p) {
+  float4 v;
+  asm volatile("ld.shared.v4.f32 {%0, %1, %2, %3}, [%4];"
+               : "=f"(v.x), "=f"(v.y), "=f"(v.z), "=f"(v.w)
+               : "r"(ptx::smem_addr(p))
+               : "memory");
+  return v;
+}
 
 // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)   (spec §2.6, as deltanet.cu's gates())
 __device__ __forceinline__ void gate_logs(const ChunkArgs& p, int t, int h, float& g, float& beta) {
@@ -224,7 +234,7 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_prep_kernel(ChunkA
     float acc = coef[i] * R[i * kLd + col];
 #pragma unroll
     for (int j = 0; j < i; j += 4) {
-      const float4 a4 = ld4(A_s + i * kC + j);
+      const float4 a4 = lds4(A_s + i * kC + j);
       acc = fmaf(-a4.x, x[j], acc);
       acc = fmaf(-a4.y, x[j + 1], acc);
       acc = fmaf(-a4.z, x[j + 2], acc);
