@@ -7,6 +7,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstdio>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -318,6 +319,50 @@ TEST(CudaDeltaNet, RecurrentPrefill) {
   for (int T : {2, 63, 64, 65, 513}) check_blocks(2, 4, {T}, 35 + uint32_t(T), Mode::recurrent);
   for (int T : {2, 65, 200}) check_blocks(16, 32, {T}, 37 + uint32_t(T), Mode::recurrent);
   check_blocks(2, 4, {65, 1, 100, 1}, 39, Mode::recurrent);
+}
+
+// Not a check: microseconds per gated_deltanet_core call (conv, delta rule, gated norm) at the
+// real size, both prefill forms, per prompt length. Run with
+//   cuda_test_deltanet --gtest_also_run_disabled_tests --gtest_filter='*Timing*'
+TEST(CudaDeltaNet, DISABLED_PrefillTiming) {
+  REQUIRE_GPU();
+  const int Tmax = 4096;
+  Layer layer(16, 32, 51);
+  State st = random_state(layer, 52);
+  GpuLayer gpu(layer, st);
+  Inputs in(layer, Tmax, 53);
+  DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(Tmax) * 32 * kD);
+  cuda::DeltaNetParams p;
+  p.conv_weight = gpu.conv_w.get(), p.A_log = gpu.A_log.get(), p.dt_bias = gpu.dt_bias.get();
+  p.norm_weight = gpu.norm_w.get();
+  p.T = Tmax;
+  DeviceArray<char> scratch(cuda::gated_deltanet_scratch_bytes(p));  // the chunked form's is the larger
+  cudaEvent_t start, stop;
+  CUDA_OK(cudaEventCreate(&start));
+  CUDA_OK(cudaEventCreate(&stop));
+  std::printf("%6s %14s %14s %8s\n", "T", "recurrent us", "chunked us", "ratio");
+  for (int T : {2, 16, 64, 128, 256, 512, 1024, 2048, 4096}) {
+    float us[2];
+    for (Mode mode : {Mode::recurrent, Mode::chunked}) {
+      p.T = T, p.prefill = mode;
+      auto call = [&] {
+        cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(), y.get(),
+                                  scratch.get(), nullptr);
+      };
+      for (int i = 0; i < 3; ++i) call();
+      const int reps = T <= 512 ? 20 : 5;
+      CUDA_OK(cudaEventRecord(start));
+      for (int i = 0; i < reps; ++i) call();
+      CUDA_OK(cudaEventRecord(stop));
+      CUDA_OK(cudaEventSynchronize(stop));
+      float ms = 0;
+      CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
+      us[mode == Mode::chunked] = 1000.f * ms / float(reps);
+    }
+    std::printf("%6d %14.1f %14.1f %8.2f\n", T, us[0], us[1], us[0] / us[1]);
+  }
+  CUDA_OK(cudaEventDestroy(start));
+  CUDA_OK(cudaEventDestroy(stop));
 }
 
 }  // namespace
