@@ -6,7 +6,7 @@
 # The working tree that travels is limited to 64 MiB, hence the compression.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-build=build-cuda
+build=${BUILD_DIR:-build-cuda}  # BUILD_DIR: another build folder (e.g. while someone else builds in build-cuda)
 cmake -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DLILY_NATIVE=OFF -DLILY_BENCH=OFF \
   -DLILY_KERNEL_BENCHES=ON >/dev/null
 cmake --build $build -j "$(nproc)"

@@ -10,6 +10,8 @@
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"
 
+#include <cstdlib>
+
 namespace lily::test {
 namespace {
 
@@ -46,7 +48,7 @@ TEST(CudaGemv, DecodeEdgeSizes) {
   REQUIRE_GPU();
   for (int bits : {4, 8})
     for (int rows : {1, 63, 64, 65, 2048})
-      for (int cols : {64, 128, 192, 2048, 3072}) check_gemv(rows, cols, 1, bits, false);
+      for (int cols : {64, 128, 192, 256, 320, 1088, 2048, 3072, 4096}) check_gemv(rows, cols, 1, bits, false);
 }
 
 TEST(CudaGemv, SeveralRows) {
@@ -127,7 +129,7 @@ TEST(CudaGemv, RmsNormGemvEdgeSizes) {
   REQUIRE_GPU();
   for (int bits : {4, 8})
     for (int rows : {1, 2, 3, 63, 64, 65, 111, 989})
-      for (int cols : {64, 128, 192, 1024, 2048, 4096}) check_rms_norm_gemv(rows, cols, bits);
+      for (int cols : {64, 128, 192, 256, 1024, 1088, 2048, 4096}) check_rms_norm_gemv(rows, cols, bits);
 }
 
 // The fused model shapes: DeltaNet qkv|z|b|a (12352 rows), attention q|k|v (9216), the router,
@@ -144,6 +146,25 @@ TEST(CudaGemv, RmsNormGemvModelShapes) {
 TEST(CudaGemv, RmsNormGemvInputScale) {
   REQUIRE_GPU();
   for (float scale : {1e-3f, 1e3f}) check_rms_norm_gemv(65, 2048, 4, scale);
+}
+
+// 4-bit rows at T = 1 go to the tensor-core kernel (mma_gemv_kernel) by default;
+// LILY_MMA_GEMV=0 sends them to the FP32 staged kernel: both must match the CPU.
+class Fp32DecodePath {
+ public:
+  Fp32DecodePath() { setenv("LILY_MMA_GEMV", "0", 1); }
+  ~Fp32DecodePath() { unsetenv("LILY_MMA_GEMV"); }
+};
+
+TEST(CudaGemv, DecodeFp32PathEdgeSizes) {
+  REQUIRE_GPU();
+  Fp32DecodePath fp32;
+  for (int rows : {1, 63, 65, 2048})
+    for (int cols : {64, 192, 2048, 4096}) {
+      check_gemv(rows, cols, 1, 4, false);
+      check_gemv(rows, cols, 1, 4, true);
+      check_rms_norm_gemv(rows, cols, 4);
+    }
 }
 
 }  // namespace

@@ -15,6 +15,8 @@
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"
 
+#include <cstdlib>
+
 namespace lily::test {
 namespace {
 
@@ -238,6 +240,8 @@ TEST(CudaMoe, GateUp) {
   check_gate_up(256, 64, 128, 3, 2, 4);
   check_gate_up(8, 128, 64, 2, 2, 8);
   check_gate_up(8, 192, 192, 1, 8, 8);
+  check_gate_up(8, 80, 192, 2, 3, 4);   // rows not a multiple of 16, a partial 256-column pair
+  check_gate_up(4, 48, 4096, 1, 2, 4);  // the widest H the tensor-core kernel takes
 }
 
 void check_down(int E, int H, int I, int T, int k, int bits) {
@@ -278,6 +282,21 @@ TEST(CudaMoe, DownAccumulate) {
   check_down(8, 63, 128, 2, 2, 8);
   check_down(8, 1, 2048, 1, 8, 8);
   check_down(8, 130, 3072, 1, 5, 4);
+  check_down(8, 2048, 192, 1, 8, 4);  // a partial 256-column pair
+  check_down(8, 40, 1088, 2, 3, 4);   // several load steps, then a partial pair
+}
+
+// 4-bit experts go to the tensor-core kernels by default; LILY_MMA_GEMV=0 sends them to the
+// FP32 kernels: both must match the CPU.
+TEST(CudaMoe, Fp32ExpertKernels) {
+  REQUIRE_GPU();
+  setenv("LILY_MMA_GEMV", "0", 1);
+  check_gate_up(8, 512, 2048, 1, 8, 4);
+  check_gate_up(256, 64, 128, 3, 2, 4);
+  check_down(8, 2048, 512, 1, 8, 4);
+  check_down(256, 65, 64, 3, 2, 4);
+  check_down(8, 130, 3072, 1, 5, 4);
+  unsetenv("LILY_MMA_GEMV");
 }
 
 // The three launches together against h + cpu::sparse_moe(cpu::rms_norm(h)) (small sizes; ids

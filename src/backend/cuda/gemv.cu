@@ -37,8 +37,10 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/quant_dot.cuh"
+#include "backend/cuda/quant_mma.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 namespace lily::cuda {
 
@@ -275,6 +277,142 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
   }
 }
 
+// ---- T = 1 on the tensor cores (4-bit): mma_gemv_kernel ---------------------------------------
+//
+// Block of 256 threads: stage x (NORM: x * inv_rms * gain) as bf16 hi/lo fragments in shared
+// memory (quant_mma.cuh), then tasks of 8 warps: a task is 8 / KSPLIT tiles of 16 rows, each
+// tile's columns split over KSPLIT warps (kMmaPairs pairs of 128-column blocks, 1024 columns,
+// per warp: 16 uint4 loads in flight per lane), the KSPLIT partial rows summed in shared memory
+// in a fixed order. The first task's weights are loaded before the PDL wait. The grid is
+// capped at the resident blocks and strides over the tasks.
+
+constexpr int kMmaPairs = 4;  // pairs of blocks (256 columns each) per warp
+
+template <int KSPLIT, bool NORM, bool ACC>
+__global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvParams p) {
+  using namespace quant_mma;
+  constexpr int kWarps = kNormThreads / 32, kTilesPerTask = kWarps / KSPLIT;
+  __shared__ __align__(16) float xs[kNormMaxCols];
+  __shared__ __align__(16) uint4 frag[fragment_uint4s(kNormMaxCols)];
+  __shared__ float group_sum[kNormMaxCols / 64];
+  __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
+  __shared__ float partial[kWarps][16];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const int cpr = p.cols / 32;
+  const uint4* codes = reinterpret_cast<const uint4*>(p.codes);
+  const int64_t tiles = (int64_t(p.rows) + 15) / 16;
+  const int64_t tasks = (tiles + kTilesPerTask - 1) / kTilesPerTask;
+  const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
+
+  auto load = [&](TileLoad<kMmaPairs>& t, int64_t task) {
+    const int64_t tile = min(task * kTilesPerTask + local_tile, tiles - 1);
+    const int64_t row_g = min(tile * 16 + g, int64_t(p.rows) - 1), row_g8 = min(tile * 16 + g + 8, int64_t(p.rows) - 1);
+    load_tile<kMmaPairs>(t, codes, p.scales, p.biases, row_g, row_g8, cpr, kpart * kMmaPairs);
+  };
+  TileLoad<kMmaPairs> t;
+  if (blockIdx.x < tasks) load(t, blockIdx.x);  // weights depend on nothing: before the wait
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // Stage x (NORM: x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) as rms_norm).
+  const int n4 = p.cols / 4;
+  float4 xv[kNormPerThread], gv[kNormPerThread];
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int j = threadIdx.x + i * kNormThreads;
+    xv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    gv[i] = NORM && j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
+  }
+  float inv = 1.f;
+  if constexpr (NORM) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kNormPerThread; ++i)
+      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) partial[warp][0] = ss;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += partial[w][0];
+    inv = 1.f / sqrtf(total / float(p.cols) + p.eps);
+  }
+#pragma unroll
+  for (int i = 0; i < kNormPerThread; ++i) {
+    const int j = threadIdx.x + i * kNormThreads;
+    if (j < n4)
+      reinterpret_cast<float4*>(xs)[j] = NORM ? make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y,
+                                                             xv[i].z * inv * gv[i].z, xv[i].w * inv * gv[i].w)
+                                              : xv[i];
+  }
+  if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  stage_x_fragments(xs, p.cols, frag, group_sum);
+  __syncthreads();
+
+  for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
+    if (task != blockIdx.x) load(t, task);
+    float y_g = 0.f, y_g8 = 0.f;
+    dot_tile<kMmaPairs>(t, frag, group_sum, zero, cpr, kpart * kMmaPairs, y_g, y_g8);
+    y_g = quad_sum(y_g);
+    y_g8 = quad_sum(y_g8);
+    if (lane % 4 == 0) partial[warp][g] = y_g, partial[warp][g + 8] = y_g8;
+    __syncthreads();
+    if (threadIdx.x < kTilesPerTask * 16) {
+      const int lt = threadIdx.x / 16, r = threadIdx.x % 16;
+      const int64_t row = (task * kTilesPerTask + lt) * 16 + r;
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KSPLIT; ++k) sum += partial[lt * KSPLIT + k][r];
+      if (row < p.rows) p.y[row] = ACC ? p.y[row] + sum : sum;
+    }
+    __syncthreads();  // partial is rewritten by the next task
+  }
+}
+
+// mma_gemv_kernel serves 4-bit rows of up to kNormMaxCols columns; LILY_MMA_GEMV=0 sends them to
+// staged_gemv_kernel instead (read at every launch: tests and benchmarks compare the two).
+bool mma_gemv_supports(const QMatrix& W) {
+  return W.bits == 4 && W.group_size == 64 && W.cols % 64 == 0 && W.cols <= kNormMaxCols;
+}
+bool mma_gemv_enabled() {
+  const char* v = std::getenv("LILY_MMA_GEMV");
+  return !(v && v[0] == '0');
+}
+
+template <int KSPLIT, bool NORM, bool ACC>
+int mma_resident_blocks() {
+  static const int blocks = [] {
+    int device = 0, sms = 0, per_sm = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma_gemv_kernel<KSPLIT, NORM, ACC>,
+                                                             kNormThreads, 0));
+    return std::max(1, sms * per_sm);
+  }();
+  return blocks;
+}
+
+template <bool NORM, bool ACC>
+void launch_mma_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  const RmsNormGemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales),
+                            reinterpret_cast<const uint16_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  const int pairs = (W.cols + quant_mma::kPairCols - 1) / quant_mma::kPairCols;
+  const int ksplit_needed = (pairs + kMmaPairs - 1) / kMmaPairs;  // 1 .. 4 at cols <= 4096
+  const int64_t tiles = (int64_t(W.rows) + 15) / 16;
+  auto go = [&](auto ksplit) {
+    constexpr int K = decltype(ksplit)::value;
+    const int64_t tasks = (tiles + (8 / K) - 1) / (8 / K);
+    const int64_t blocks = std::min<int64_t>(tasks, mma_resident_blocks<K, NORM, ACC>());
+    mma_gemv_kernel<K, NORM, ACC><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
+  };
+  if (ksplit_needed <= 1) go(Int<1>{});
+  else if (ksplit_needed <= 2) go(Int<2>{});
+  else go(Int<4>{});
+  CUDA_CHECK_LAUNCH();
+}
+
 // Blocks of staged_gemv_kernel that are resident at once on the current device (cached per
 // kernel instance; one device per process).
 template <int BITS, int LPR, bool NORM, bool ACC>
@@ -318,6 +456,10 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
                      x, y, W.rows, W.cols, T};
   const int cpr = W.cols * W.bits / 128;
   const int lanes = lanes_per_row(cpr);
+  if (T == 1 && mma_gemv_supports(W) && mma_gemv_enabled()) {  // tensor cores, x staged
+    launch_mma_gemv<false, ACC>(W, x, nullptr, 0.f, y, stream);
+    return;
+  }
   if (T == 1 && W.cols <= kNormMaxCols) {  // x staged in shared memory
     launch_staged<false, ACC>(W, x, nullptr, 0.f, y, stream);
     return;
@@ -352,7 +494,10 @@ void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float ep
              W.cols, W.bits, W.group_size, kNormMaxCols);
   LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
              "rms_norm_gemv: x and gain must be 16-byte aligned");
-  launch_staged<true, false>(W, x, gain, eps, y, stream);
+  if (mma_gemv_supports(W) && mma_gemv_enabled())
+    launch_mma_gemv<true, false>(W, x, gain, eps, y, stream);
+  else
+    launch_staged<true, false>(W, x, gain, eps, y, stream);
 }
 
 void gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {

@@ -17,8 +17,10 @@
 //           owns a few rows and reads their chunks j, j + LPR, ... with 16-byte streaming loads,
 //           and one chunk of x in registers serves all the rows the lane holds.
 // Kernels:  moe_route_norm_kernel a cluster of 8 blocks x 256 threads per token: each block
+//                                 loads its E/8 router rows into registers before the PDL wait
+//                                 (when they fit in one round: the 8-bit router at H = 2048),
 //                                 normalizes h[t] into its shared memory (8 KB at H = 2048, L2-
-//                                 resident), computes E/8 router logits; block 0 writes x for
+//                                 resident), computes its router logits; block 0 writes x for
 //                                 the expert launches and gathers the logits over distributed
 //                                 shared memory, and its warp 0 does softmax, k rounds of warp
 //                                 argmax, renormalisation; the last block's warp 0 computes the
@@ -39,9 +41,12 @@
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/quant_dot.cuh"
+#include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
 
 #include <cooperative_groups.h>
+
+#include <cstdlib>
 
 
 namespace lily::cuda {
@@ -177,10 +182,10 @@ struct RouteParams {
 template <int BITS, int LPR>
 __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteThreads)
     moe_route_norm_kernel(RouteParams p) {
-  pdl_wait();
-  pdl_launch_dependents();
-  constexpr int R = 4, kCodes = 128 / BITS;
+  constexpr int R = 4, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kRowsPerWarp = 32 / LPR * R;
+  constexpr int kPre = 4;  // chunks per row loaded before the wait (the 8-bit router at H = 2048: all)
+  constexpr int kPerThread = kMaxHidden / 4 / kRouteThreads;  // float4s of h per thread
   __shared__ __align__(16) float xs[kMaxHidden];  // x = RMSNorm(h[t])
   __shared__ float partial[kRouteThreads / 32];
   __shared__ float logits[kMaxExperts];  // this block's rows
@@ -196,13 +201,42 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
   const int slots = p.k + 1;
 
-  // x = h * rsqrt(mean(h^2) + eps) * gain, as rms_norm (every block; h is L2-resident).
-  const float4* h4 = reinterpret_cast<const float4*>(p.h + int64_t(t) * p.H);
-  float ss = 0.f;
-  for (int j = threadIdx.x; j < p.H / 4; j += kRouteThreads) {
-    const float4 v = __ldg(h4 + j);
-    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+  // The router rows depend on nothing earlier in the step: when this block's rows fit in one
+  // round of loads, they are loaded before the wait, overlapping the predecessor's tail (PDL).
+  const bool one_round = cpr <= kPre * LPR && count <= kRouteThreads / 32 * kRowsPerWarp && count > 0;
+  const int local0 = warp * kRowsPerWarp + lane / LPR * R;
+  uint4 q[kPre][R];
+  float sc[kPre][R], bi[kPre][R];
+  if (one_round) {
+#pragma unroll
+    for (int u = 0; u < kPre; ++u)
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        const QRow w = row_of(p.router, first + min(local0 + r, count - 1), cpr, gpr);
+        const int c = min(sub + u * LPR, cpr - 1);  // a valid chunk; unused past the end
+        q[u][r] = load_codes(w.codes + c);
+        sc[u][r] = load_bf16(w.scales + c / kChunksPerGroup);
+        bi[u][r] = load_bf16(w.biases + c / kChunksPerGroup);
+      }
   }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  // x = h * rsqrt(mean(h^2) + eps) * gain, as rms_norm (every block; h is L2-resident): h and
+  // gain are loaded once, into registers.
+  const float4* h4 = reinterpret_cast<const float4*>(p.h + int64_t(t) * p.H);
+  const float4* g4 = reinterpret_cast<const float4*>(p.gain);
+  float4 hv[kPerThread], gv[kPerThread];
+  float ss = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int j = threadIdx.x + i * kRouteThreads;
+    hv[i] = j < p.H / 4 ? __ldg(h4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    gv[i] = j < p.H / 4 ? __ldg(g4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i)
+    ss = fmaf(hv[i].x, hv[i].x, fmaf(hv[i].y, hv[i].y, fmaf(hv[i].z, hv[i].z, fmaf(hv[i].w, hv[i].w, ss))));
   ss = group_sum<32>(ss);
   if (lane == 0) partial[warp] = ss;
   __syncthreads();
@@ -210,30 +244,51 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
 #pragma unroll
   for (int w = 0; w < kRouteThreads / 32; ++w) total += partial[w];
   const float inv = 1.f / sqrtf(total / float(p.H) + p.eps);
-  for (int j = threadIdx.x; j < p.H / 4; j += kRouteThreads) {
-    const float4 v = __ldg(h4 + j), g = __ldg(reinterpret_cast<const float4*>(p.gain) + j);
-    const float4 y = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+#pragma unroll
+  for (int i = 0; i < kPerThread; ++i) {
+    const int j = threadIdx.x + i * kRouteThreads;
+    if (j >= p.H / 4) break;
+    const float4 y = make_float4(hv[i].x * inv * gv[i].x, hv[i].y * inv * gv[i].y, hv[i].z * inv * gv[i].z,
+                                 hv[i].w * inv * gv[i].w);
     reinterpret_cast<float4*>(xs)[j] = y;
     if (rank == 0) reinterpret_cast<float4*>(p.normed + int64_t(t) * p.H)[j] = y;
   }
   __syncthreads();
 
-  // logits = x @ Wr^T for rows [first, first + count); warp-uniform loop, rows past the end
+  // logits = x @ Wr^T for rows [first, first + count); warp-uniform loops, rows past the end
   // read a valid row and are not stored.
-  for (int base = warp * kRowsPerWarp; base < count; base += kRouteThreads / 32 * kRowsPerWarp) {
-    const int local0 = base + lane / LPR * R;
-    QRow w[R];
-    float acc[R];
+  if (one_round) {
+    float acc[R] = {};
 #pragma unroll
-    for (int r = 0; r < R; ++r) {
-      w[r] = row_of(p.router, first + min(local0 + r, count - 1), cpr, gpr);
-      acc[r] = 0.f;
+    for (int u = 0; u < kPre; ++u) {
+      const int c = sub + u * LPR;
+      if (c >= cpr) break;
+      float xr[kCodes];
+      const float sx = load_x<kCodes, false>(xs + c * kCodes, xr);
+#pragma unroll
+      for (int r = 0; r < R; ++r) acc[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
     }
-    rows_dot<BITS, LPR, R, true, 4>(w, xs, cpr, sub, acc);  // the 8-bit router at H = 2048: one round of loads
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       acc[r] = group_sum<LPR>(acc[r]);
       if (sub == 0 && local0 + r < count) logits[local0 + r] = acc[r];
+    }
+  } else {
+    for (int base = warp * kRowsPerWarp; base < count; base += kRouteThreads / 32 * kRowsPerWarp) {
+      const int row0 = base + lane / LPR * R;
+      QRow w[R];
+      float acc[R];
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        w[r] = row_of(p.router, first + min(row0 + r, count - 1), cpr, gpr);
+        acc[r] = 0.f;
+      }
+      rows_dot<BITS, LPR, R, true, 4>(w, xs, cpr, sub, acc);
+#pragma unroll
+      for (int r = 0; r < R; ++r) {
+        acc[r] = group_sum<LPR>(acc[r]);
+        if (sub == 0 && row0 + r < count) logits[row0 + r] = acc[r];
+      }
     }
   }
   // The shared expert's slot: its gate, by the last block (block 0 has the top-k to do).
@@ -298,6 +353,67 @@ __global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParam
 #pragma unroll
     for (int r = 0; r < R; ++r)
       if (i0 + r < p.I) p.act[int64_t(ts) * p.I + i0 + r] = silu(acc[r]) * acc[R + r];
+  }
+}
+
+// The same on the tensor cores (4-bit, H <= kMaxHidden; quant_mma.cuh): block (16 rows of G and
+// of U, slot ts), 4 warps splitting the H columns; x staged as bf16 hi/lo fragments; the warps'
+// partial rows summed in shared memory in a fixed order. The shared expert's weights (slot k)
+// are loaded before the PDL wait; a routed slot's after its id.
+constexpr int kGateUpMmaWarps = 4;
+constexpr int kGateUpMmaPairs = 2;  // pairs of 128-column blocks per load step (G and U: 8 uint4 each)
+
+__global__ void __launch_bounds__(32 * kGateUpMmaWarps) moe_gate_up_mma_kernel(GateUpParams p) {
+  using namespace quant_mma;
+  __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
+  __shared__ float gsum[kMaxHidden / 64];
+  __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
+  __shared__ float partial[kGateUpMmaWarps][32];  // [warp][G rows 0..15 | U rows 0..15]
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const int ts = blockIdx.y, t = ts / (p.k + 1), s = ts % (p.k + 1);
+  const bool shared = s == p.k;
+  const QView gate = shared ? p.shared_gate : p.gate;
+  const QView up = shared ? p.shared_up : p.up;
+  const int cpr = p.H / 32, pairs = (p.H + kPairCols - 1) / kPairCols;
+  const int per_warp = (pairs + kGateUpMmaWarps - 1) / kGateUpMmaWarps;
+  const int pair_begin = warp * per_warp, pair_end = min(pairs, pair_begin + per_warp);
+  const int i_g = min(int(blockIdx.x) * 16 + g, p.I - 1), i_g8 = min(int(blockIdx.x) * 16 + g + 8, p.I - 1);
+
+  TileLoad<kGateUpMmaPairs> tg, tu;
+  auto load = [&](int e, int pair0) {
+    const int64_t rg = int64_t(e) * p.I + i_g, rg8 = int64_t(e) * p.I + i_g8;
+    load_tile(tg, gate.codes, gate.scales, gate.biases, rg, rg8, cpr, pair0);
+    load_tile(tu, up.codes, up.scales, up.biases, rg, rg8, cpr, pair0);
+  };
+  if (shared && pair_begin < pair_end) load(0, pair_begin);  // depends on nothing: before the wait
+  pdl_wait();
+  pdl_launch_dependents();
+  const int e = shared ? 0 : min(max(p.ids[ts], 0), p.E - 1);
+  if (!shared && pair_begin < pair_end) load(e, pair_begin);
+
+  if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  stage_x_fragments(p.x + int64_t(t) * p.H, p.H, frag, gsum);
+  __syncthreads();
+
+  float yg[2] = {0.f, 0.f}, yu[2] = {0.f, 0.f};  // rows g, g + 8
+  for (int pair0 = pair_begin; pair0 < pair_end; pair0 += kGateUpMmaPairs) {
+    if (pair0 != pair_begin) load(e, pair0);
+    dot_tile(tg, frag, gsum, zero, cpr, pair0, yg[0], yg[1]);
+    dot_tile(tu, frag, gsum, zero, cpr, pair0, yu[0], yu[1]);
+  }
+#pragma unroll
+  for (int r = 0; r < 2; ++r) yg[r] = quad_sum(yg[r]), yu[r] = quad_sum(yu[r]);
+  if (lane % 4 == 0) {
+    partial[warp][g] = yg[0], partial[warp][g + 8] = yg[1];
+    partial[warp][16 + g] = yu[0], partial[warp][16 + g + 8] = yu[1];
+  }
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int i = blockIdx.x * 16 + threadIdx.x;
+    float gs = 0.f, us = 0.f;
+#pragma unroll
+    for (int w = 0; w < kGateUpMmaWarps; ++w) gs += partial[w][threadIdx.x], us += partial[w][16 + threadIdx.x];
+    if (i < p.I) p.act[int64_t(ts) * p.I + i] = silu(gs) * us;
   }
 }
 
@@ -397,6 +513,77 @@ void check_shared(const QMatrix& routed, const QMatrix& shared, const char* what
              shared.cols, shared.bits, routed.rows, routed.cols, routed.bits);
 }
 
+// The same on the tensor cores (4-bit; quant_mma.cuh): block (16 output rows, token t), one warp
+// per slot (k + 1 warps); act[t] of every slot staged as bf16 hi/lo fragments (dynamic shared
+// memory, 4 bytes per activation); each warp's 16 rows weighted and summed over the slots in
+// slot order by 16 threads, added into out. The shared expert's weights (slot k) are loaded
+// before the PDL wait.
+constexpr int kDownMmaPairs = 2;  // pairs of 128-column blocks per load step (I = 512: all)
+
+__global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) {
+  using namespace quant_mma;
+  extern __shared__ uint4 down_smem[];
+  const int slots = p.k + 1;
+  uint4* frag = down_smem;                                               // [slots][fragment_uint4s(I)]
+  float* gsum = reinterpret_cast<float*>(frag + size_t(slots) * fragment_uint4s(p.I));  // [slots][I / 64]
+  __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
+  __shared__ float partial[kMaxK + 1][16];
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
+  const int t = blockIdx.y, s = warp;  // this warp's slot
+  const bool shared = s == p.k;
+  const QView down = shared ? p.shared_down : p.down;
+  const int cpr = p.I / 32, pairs = (p.I + kPairCols - 1) / kPairCols;
+  const int r_g = min(int(blockIdx.x) * 16 + g, p.H - 1), r_g8 = min(int(blockIdx.x) * 16 + g + 8, p.H - 1);
+
+  TileLoad<kDownMmaPairs> tile;
+  auto load = [&](int e, int pair0) {
+    load_tile(tile, down.codes, down.scales, down.biases, int64_t(e) * p.H + r_g, int64_t(e) * p.H + r_g8, cpr, pair0);
+  };
+  if (shared) load(0, 0);  // depends on nothing: before the wait
+  pdl_wait();
+  pdl_launch_dependents();
+  const int e = shared ? 0 : min(max(p.ids[int64_t(t) * slots + s], 0), p.E - 1);
+  if (!shared) load(e, 0);
+
+  if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  for (int j = 0; j < slots; ++j)
+    stage_x_fragments(p.act + (int64_t(t) * slots + j) * p.I, p.I, frag + size_t(j) * fragment_uint4s(p.I),
+                      gsum + j * (p.I / 64));
+  __syncthreads();
+
+  const uint4* my_frag = frag + size_t(s) * fragment_uint4s(p.I);
+  const float* my_gsum = gsum + s * (p.I / 64);
+  float y_g = 0.f, y_g8 = 0.f;
+  for (int pair0 = 0; pair0 < pairs; pair0 += kDownMmaPairs) {
+    if (pair0 != 0) load(e, pair0);
+    dot_tile(tile, my_frag, my_gsum, zero, cpr, pair0, y_g, y_g8);
+  }
+  y_g = quad_sum(y_g);
+  y_g8 = quad_sum(y_g8);
+  if (lane % 4 == 0) partial[s][g] = y_g, partial[s][g + 8] = y_g8;
+  __syncthreads();
+  if (threadIdx.x < 16) {
+    const int row = blockIdx.x * 16 + threadIdx.x;
+    float sum = 0.f;
+    for (int j = 0; j < slots; ++j) sum = fmaf(p.weights[int64_t(t) * slots + j], partial[j][threadIdx.x], sum);
+    if (row < p.H) p.out[int64_t(t) * p.H + row] += sum;
+  }
+}
+
+// Dynamic shared memory of moe_down_mma_kernel: the fragments (4 bytes per activation) and the
+// group sums of every slot.
+size_t down_mma_smem(int slots, int I) {
+  return size_t(slots) * (size_t(quant_mma::fragment_uint4s(I)) * sizeof(uint4) + size_t(I / 64) * sizeof(float));
+}
+constexpr size_t kDownMmaMaxSmem = 200 * 1024;
+
+// The tensor-core expert kernels serve 4-bit experts; LILY_MMA_GEMV=0 sends them to the FP32
+// kernels (as gemv.cu; read at every launch).
+bool moe_mma_enabled(const QMatrix& m) {
+  const char* v = std::getenv("LILY_MMA_GEMV");
+  return m.bits == 4 && !(v && v[0] == '0');
+}
+
 }  // namespace
 
 void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
@@ -437,6 +624,12 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
   if (T <= 0) return;
   const GateUpParams p{view(gate), view(up), view(shared_gate), view(shared_up), x, expert_ids, gate.batch,
                        gate.rows, gate.cols, k, act};
+  if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {
+    const dim3 grid(unsigned((gate.rows + 15) / 16), unsigned(T * (k + 1)));
+    moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const int lanes = lanes_per_row(gate.cols * gate.bits / 128);
   const int rows_per_block = kGateUpThreads / lanes * kGateUpRows;
   const dim3 grid(unsigned((gate.rows + rows_per_block - 1) / rows_per_block), unsigned(T * (k + 1)));
@@ -455,6 +648,18 @@ void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const 
   if (T <= 0) return;
   const DownParams p{view(down), view(shared_down), act, expert_ids, expert_weights, down.batch, down.rows, down.cols,
                      k, out};
+  if (moe_mma_enabled(down) && down_mma_smem(k + 1, down.cols) <= kDownMmaMaxSmem) {
+    static const bool configured = [] {  // once: allow more than 48 KB
+      CUDA_CHECK(cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                      int(kDownMmaMaxSmem)));
+      return true;
+    }();
+    (void)configured;
+    const dim3 grid(unsigned((down.rows + 15) / 16), unsigned(T));
+    moe_down_mma_kernel<<<grid, 32 * (k + 1), down_mma_smem(k + 1, down.cols), stream>>>(p);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   const size_t staged = size_t(k + 1) * size_t(down.cols) * sizeof(float);
   LILY_CHECK(staged <= size_t(kDownMaxStagedBytes), "moe_down_accumulate: {} slots of {} activations exceed {} bytes",
              k + 1, down.cols, kDownMaxStagedBytes);

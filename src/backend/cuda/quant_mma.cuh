@@ -1,0 +1,157 @@
+// quant_mma.cuh: dot products of 4-bit affine-quantized rows (mlx layout, spec §5b) with one
+// fp32 vector on the tensor cores, for the single-row (decode) kernels: 16 rows per warp,
+// mma.sync m16n8k16 with the weights as the A operand and the vector as the B operand.
+//
+//   y[r] = sum_g scale[r, g] * (sum_{c in g} q[r, c] x[c]) + bias[r, g] * (sum_{c in g} x[c])
+//
+// Why: the FP32 path (quant_dot.cuh) spends ~4 instructions per weight (code to float, FMA,
+// the x loads and sums); here a weight costs ~1.4 (its nibble becomes an exact bf16 integer
+// with a LOP3 and a SUB per pair, then 1/8 of an HMMA), so a warp's compute phase between two
+// rounds of loads is ~3x shorter. Accuracy stays at fp32 level: the codes 0..15 are exact in
+// bf16, x goes in as two bf16 parts x = hi + lo (~2^-17 relative), products are exact and the
+// tensor cores accumulate in fp32.
+//
+// Layout. A "block" is 128 columns = 4 chunks of 16 bytes = 2 groups (A: chunks 0-1, B: 2-3);
+// a "pair" is 2 blocks = 4 groups. Lane (g = lane / 4, t = lane % 4) loads chunk t of every
+// block for rows g and g + 8 of the warp's 16; word w of a chunk holds columns 8w .. 8w + 7
+// (nibble j = column 8w + j), and dequant_word turns it into the bf16 pairs (j, j + 4),
+// j = 0..3. One pair of blocks is one chain of 16 mma into a fresh accumulator: mma 2w (+1)
+// of a block takes the pairs j = 0, 1 (2, 3) of word w as a0/a2 (row g) and a1/a3 (row g + 8).
+// k is a permutation of the columns, so the B fragments hold x in the same order, staged once
+// per block in shared memory (stage_x_fragments). The B operand's 8 columns separate the
+// groups and carry the two parts of x:
+//     column n:  0, 1 = block 0 group A (hi, lo)   2, 3 = block 0 group B (hi, lo)
+//                4, 5 = block 1 group A            6, 7 = block 1 group B
+// so lane (g, t) supplies x (part g & 1) of its chunk t only in the block g / 4 and only if
+// chunk t is in column g's group, zeros otherwise; and the accumulator columns 2t, 2t + 1 of a
+// lane are the hi and lo sums of group 4 * pair + t: every lane ends with its own group's dot
+// for rows g and g + 8, scaled there. A quad sum (lanes t = 0..3) completes the rows.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/quant_dot.cuh"
+
+namespace lily::cuda::quant_mma {
+
+constexpr int kBlockCols = 128;        // 4 chunks, 2 groups
+constexpr int kPairCols = 256;         // 2 blocks, 4 groups: one mma chain
+constexpr int kFragU4PerChunk = 4;     // 16 bf16x2 of one part (hi or lo) of a chunk of x
+
+// Shared-memory size of the x fragments for `cols` columns: [chunk][part][4 uint4].
+__host__ __device__ constexpr int fragment_uint4s(int cols) { return cols / 32 * 2 * kFragU4PerChunk; }
+
+// Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers.
+__device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
+  constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves; 128 + q is exact
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | kMagic;
+    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
+  }
+}
+
+// Block-wide (every thread calls it; the caller syncs before and after): x [cols] fp32 in
+// shared memory -> frag [cols / 32][2 parts][4 uint4] in mma order, and group_sum [cols / 64].
+__device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint4* frag, float* group_sum) {
+  const int tid = threadIdx.x, nthreads = blockDim.x;
+  uint32_t* f = reinterpret_cast<uint32_t*>(frag);
+  for (int i = tid; i < cols / 2; i += nthreads) {
+    const int chunk = i / 16, k = i % 16;                      // pair k of the chunk
+    const int c0 = 32 * chunk + 8 * (k / 4) + (k % 4);         // columns c0 and c0 + 4
+    uint32_t hi, lo;
+    ptx::split_bf16(x[c0], x[c0 + 4], hi, lo);
+    f[(chunk * 2 + 0) * 16 + k] = hi;
+    f[(chunk * 2 + 1) * 16 + k] = lo;
+  }
+  const int warp = tid / 32, lane = tid % 32;
+  for (int grp = warp; grp < cols / 64; grp += nthreads / 32) {
+    float v = x[64 * grp + lane] + x[64 * grp + 32 + lane];
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
+    if (lane == 0) group_sum[grp] = v;
+  }
+}
+
+// The codes, scales and biases a lane needs for NPAIR pairs of blocks of rows g and g + 8.
+template <int NPAIR>
+struct TileLoad {
+  uint4 q[NPAIR][2][2];               // [pair][block][row g, g + 8]
+  float scale[NPAIR][2], bias[NPAIR][2];  // group 4 pair + t, rows g and g + 8
+};
+
+// Issue the loads of pairs pair0 .. pair0 + NPAIR - 1 (those past the row end read zeros).
+// codes: the matrix's chunks [rows, cpr]; row_g, row_g8: valid rows.
+template <int NPAIR>
+__device__ __forceinline__ void load_tile(TileLoad<NPAIR>& t, const uint4* codes, const uint16_t* scales,
+                                          const uint16_t* biases, int64_t row_g, int64_t row_g8, int cpr, int pair0) {
+  const int t4 = threadIdx.x % 4, gpr = cpr / 2;
+#pragma unroll
+  for (int p = 0; p < NPAIR; ++p) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
+      const bool ok = chunk < cpr;
+      t.q[p][b][0] = ok ? quant::load_codes(codes + row_g * cpr + chunk) : make_uint4(0, 0, 0, 0);
+      t.q[p][b][1] = ok ? quant::load_codes(codes + row_g8 * cpr + chunk) : make_uint4(0, 0, 0, 0);
+    }
+    const int grp = 4 * (pair0 + p) + t4;
+    const bool ok = grp < gpr;
+    t.scale[p][0] = ok ? quant::load_bf16(scales + row_g * gpr + grp) : 0.f;
+    t.scale[p][1] = ok ? quant::load_bf16(scales + row_g8 * gpr + grp) : 0.f;
+    t.bias[p][0] = ok ? quant::load_bf16(biases + row_g * gpr + grp) : 0.f;
+    t.bias[p][1] = ok ? quant::load_bf16(biases + row_g8 * gpr + grp) : 0.f;
+  }
+}
+
+// y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
+// sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
+template <int NPAIR>
+__device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
+                                         const uint4* zero, int cpr, int pair0, float& y_g, float& y_g8) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, gpr = cpr / 2;
+  const bool feeds = (t4 >> 1) == ((g >> 1) & 1);  // chunk t is in column g's group
+#pragma unroll
+  for (int p = 0; p < NPAIR; ++p) {
+    float d[4] = {0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
+      const uint4* src = feeds && (g >> 2) == b && chunk < cpr ? frag + (chunk * 2 + (g & 1)) * kFragU4PerChunk : zero;
+      uint32_t bw[16];
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        const uint4 v = src[i];
+        bw[4 * i] = v.x, bw[4 * i + 1] = v.y, bw[4 * i + 2] = v.z, bw[4 * i + 3] = v.w;
+      }
+      const uint32_t wg[4] = {t.q[p][b][0].x, t.q[p][b][0].y, t.q[p][b][0].z, t.q[p][b][0].w};
+      const uint32_t wg8[4] = {t.q[p][b][1].x, t.q[p][b][1].y, t.q[p][b][1].z, t.q[p][b][1].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t ag[4], ag8[4];
+        dequant_word(wg[w], ag);
+        dequant_word(wg8[w], ag8);
+        const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
+        const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
+        ptx::mma_bf16(d, a0, bw[4 * w], bw[4 * w + 1]);
+        ptx::mma_bf16(d, a1, bw[4 * w + 2], bw[4 * w + 3]);
+      }
+    }
+    const int grp = 4 * (pair0 + p) + t4;
+    const float xs = grp < gpr ? group_sum[grp] : 0.f;
+    y_g = fmaf(t.scale[p][0], d[0] + d[1], fmaf(t.bias[p][0], xs, y_g));
+    y_g8 = fmaf(t.scale[p][1], d[2] + d[3], fmaf(t.bias[p][1], xs, y_g8));
+  }
+}
+
+// Sum over the quad (lanes 4 g .. 4 g + 3); every lane of the warp calls it.
+__device__ __forceinline__ float quad_sum(float v) {
+  v += __shfl_xor_sync(0xffffffffu, v, 1);
+  v += __shfl_xor_sync(0xffffffffu, v, 2);
+  return v;
+}
+
+}  // namespace lily::cuda::quant_mma
