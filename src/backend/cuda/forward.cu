@@ -17,7 +17,7 @@
 // bf16 inputs, fp32 sums).
 // Launches of a decode step (T = 1): 1 + 3 per layer + 3 (advance, lm_head, argmax): 244 for
 // the 40-layer model (515 before the fused kernels).
-// Shapes: activations fp32 [T, width], T <= kChunkTokens per pass (longer prompts are
+// Shapes: activations fp32 [T, width], T <= chunk_tokens_ per pass (longer prompts are
 // processed in chunks; the caches carry the context). KV cache bf16, DeltaNet state fp32.
 // The sequence position lives in device memory and is advanced by a kernel, so the T = 1
 // step can be captured once per sequence and replayed.
@@ -26,6 +26,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include <cuda_profiler_api.h>
@@ -51,8 +52,16 @@ namespace {
 
 // Tokens per prefill pass. Larger passes give the grouped expert GEMMs more rows per expert
 // (T * 8 / 256 on average) for each pass over the 19.5 GB of weights; the scratch grows about
-// 0.2 MB per token (activations, MoE intermediates). To be chosen by measurement (issue 7).
-constexpr int kChunkTokens = 1024;
+// 0.2 MB per token (activations, MoE intermediates). LILY_PREFILL_CHUNK overrides the default
+// (a multiple of 64 in [64, 16384]) for measurements; docs/perf.md has the sweep.
+constexpr int kDefaultChunkTokens = 8192;
+int prefill_chunk_tokens() {
+  const char* v = std::getenv("LILY_PREFILL_CHUNK");
+  if (!v) return kDefaultChunkTokens;
+  const int n = std::atoi(v);
+  LILY_CHECK(n >= 64 && n <= 16384 && n % 64 == 0, "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, 16384]", v);
+  return n;
+}
 // Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
 constexpr int kLogitRows = 64;
 // Router logits of prefill passes in fp32 (gemv, as decode and the CPU backend), not through
@@ -194,9 +203,9 @@ class CudaSequenceState final : public SequenceState {
   }
 };
 
-// Per-pass activations, sized for kChunkTokens rows.
+// Per-pass activations, sized for chunk_tokens_ rows.
 struct Scratch {
-  DeviceBuffer tokens;       // int32 [kChunkTokens]
+  DeviceBuffer tokens;       // int32 [chunk_tokens_]
   DeviceBuffer next_token;   // int32 [1]: the greedy pick of the last step
   DeviceBuffer h, normed;    // [T, H]
   DeviceBuffer wide;         // [T, max(conv_dim, 2*nq*hd)]  qkv or qg
@@ -210,6 +219,7 @@ struct Scratch {
   DeviceBuffer moe_grouped;  // prefill MoE: routing, plan, intermediates of one pass
   DeviceBuffer logits;       // [kLogitRows, V]
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
+  DeviceBuffer route_scratch;      // moe_route_norm's logits and counters (zeroed once; kernels reset them)
   DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
 };
 
@@ -217,7 +227,7 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(std::unique_ptr<GpuWeights> weights) : w_(std::move(weights)), c_(w_->config()) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    const uint64_t T = kChunkTokens, H = uint64_t(c_.hidden_size);
+    const uint64_t T = chunk_tokens_, H = uint64_t(c_.hidden_size);
     const uint64_t wide = std::max<uint64_t>(uint64_t(c_.linear_conv_dim()), 2ull * c_.num_attention_heads * c_.head_dim);
     const uint64_t value_dim = uint64_t(c_.linear_value_dim());
     const uint64_t mixer = std::max<uint64_t>(value_dim, uint64_t(c_.num_attention_heads) * c_.head_dim);
@@ -239,12 +249,14 @@ class CudaBackendImpl final : public CudaBackend {
     s_.expert_ids = DeviceBuffer(T * slots * 4);
     s_.expert_weights = DeviceBuffer(T * slots * 4);
     s_.act = DeviceBuffer(T * slots * uint64_t(c_.moe_intermediate_size) * 4);
-    s_.moe_grouped = DeviceBuffer(moe_grouped_scratch_bytes(moe_weights(w_->layers.at(0).moe), kChunkTokens,
+    s_.moe_grouped = DeviceBuffer(moe_grouped_scratch_bytes(moe_weights(w_->layers.at(0).moe), chunk_tokens_,
                                                             c_.num_experts_per_tok));
     s_.logits = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
     s_.attention_scratch = DeviceBuffer(attention_scratch_bytes());
     CUDA_CHECK(cudaMemset(s_.attention_scratch.p, 0, s_.attention_scratch.bytes));
-    s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(kChunkTokens)));
+    s_.route_scratch = DeviceBuffer(moe_route_scratch_bytes(c_.num_experts, chunk_tokens_));
+    CUDA_CHECK(cudaMemset(s_.route_scratch.p, 0, s_.route_scratch.bytes));
+    s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(chunk_tokens_)));
     CUDA_CHECK(cudaMallocHost(&host_token_, 4));
     CUDA_CHECK(cudaMallocHost(&host_ring_, kRing * 4));
   }
@@ -284,8 +296,8 @@ class CudaBackendImpl final : public CudaBackend {
       s.advance_host(1);
       return;
     }
-    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-      const int n = int(std::min<int64_t>(kChunkTokens, T - t0));
+    for (int64_t t0 = 0; t0 < T; t0 += chunk_tokens_) {
+      const int n = int(std::min<int64_t>(chunk_tokens_, T - t0));
       CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, tokens.data() + t0, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
       const bool last_chunk = t0 + n == T;
       int first_row = n;  // no logits
@@ -406,7 +418,7 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  // One pass of T <= kChunkTokens tokens (already in s_.tokens) through the model; logits of
+  // One pass of T <= chunk_tokens_ tokens (already in s_.tokens) through the model; logits of
   // rows [first_row, T) into s_.logits (host_logits == nullptr: at most kLogitRows rows) or,
   // kLogitRows rows at a time through s_.logits, to host_logits (asynchronous copies in
   // stream order).
@@ -482,7 +494,7 @@ class CudaBackendImpl final : public CudaBackend {
   // Enough for any sequence: the split count stops growing at a few thousand rows of capacity.
   size_t attention_scratch_bytes() const {
     return std::max(gated_attention_scratch_bytes(attention_params(1, 1 << 22)),
-                    gated_attention_scratch_bytes(attention_params(kChunkTokens, 1 << 22)));
+                    gated_attention_scratch_bytes(attention_params(chunk_tokens_, 1 << 22)));
   }
 
   DeltaNetParams deltanet_params(int T) const {
@@ -493,6 +505,9 @@ class CudaBackendImpl final : public CudaBackend {
     p.head_dim = c_.linear_key_head_dim;
     p.conv_kernel = c_.linear_conv_kernel_dim;
     p.eps = c_.rms_norm_eps;
+    // LILY_DELTANET_PREFILL=recurrent: the token-loop scan instead of the chunked form (A/B runs).
+    const char* form = std::getenv("LILY_DELTANET_PREFILL");
+    if (form && std::string_view(form) == "recurrent") p.prefill = DeltaRulePrefill::recurrent;
     return p;
   }
 
@@ -558,13 +573,14 @@ class CudaBackendImpl final : public CudaBackend {
     int32_t* ids = s_.expert_ids.as<int32_t>();
     float* weights = s_.expert_weights.as<float>();
     moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
-                   ids, weights, stream_);
+                   ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
     moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
     moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
                         stream_);
   }
 
   static constexpr int kRing = 8;
+  const int chunk_tokens_ = prefill_chunk_tokens();  // tokens per prefill pass
   std::unique_ptr<GpuWeights> w_;
   const ModelConfig c_;
   cudaStream_t stream_ = nullptr;

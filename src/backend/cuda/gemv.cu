@@ -281,12 +281,12 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
 //
 // Block of 256 threads: stage x (NORM: x * inv_rms * gain) as bf16 hi/lo fragments in shared
 // memory (quant_mma.cuh), then tasks of 8 warps: a task is 8 / KSPLIT tiles of 16 rows, each
-// tile's columns split over KSPLIT warps (kMmaPairs pairs of 128-column blocks, 1024 columns,
-// per warp: 16 uint4 loads in flight per lane), the KSPLIT partial rows summed in shared memory
+// tile's columns split over KSPLIT warps (kMmaPairs pairs of 128-column blocks, 512 columns,
+// per warp: 8 uint4 loads in flight per lane), the KSPLIT partial rows summed in shared memory
 // in a fixed order. The first task's weights are loaded before the PDL wait. The grid is
 // capped at the resident blocks and strides over the tasks.
 
-constexpr int kMmaPairs = 4;  // pairs of blocks (256 columns each) per warp
+constexpr int kMmaPairs = 2;  // pairs of blocks (256 columns each) per warp
 
 template <int KSPLIT, bool NORM, bool ACC>
 __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvParams p) {
@@ -399,7 +399,7 @@ void launch_mma_gemv(const QMatrix& W, const float* x, const float* gain, float 
   const RmsNormGemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales),
                             reinterpret_cast<const uint16_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
   const int pairs = (W.cols + quant_mma::kPairCols - 1) / quant_mma::kPairCols;
-  const int ksplit_needed = (pairs + kMmaPairs - 1) / kMmaPairs;  // 1 .. 4 at cols <= 4096
+  const int ksplit_needed = (pairs + kMmaPairs - 1) / kMmaPairs;  // 1 .. 8 at cols <= 4096
   const int64_t tiles = (int64_t(W.rows) + 15) / 16;
   auto go = [&](auto ksplit) {
     constexpr int K = decltype(ksplit)::value;
@@ -409,7 +409,8 @@ void launch_mma_gemv(const QMatrix& W, const float* x, const float* gain, float 
   };
   if (ksplit_needed <= 1) go(Int<1>{});
   else if (ksplit_needed <= 2) go(Int<2>{});
-  else go(Int<4>{});
+  else if (ksplit_needed <= 4) go(Int<4>{});
+  else go(Int<8>{});
   CUDA_CHECK_LAUNCH();
 }
 

@@ -16,15 +16,17 @@
 //           columns at 4 bits or 16 at 8 bits; as in gemv.cu, a group of LPR lanes (8/16/32)
 //           owns a few rows and reads their chunks j, j + LPR, ... with 16-byte streaming loads,
 //           and one chunk of x in registers serves all the rows the lane holds.
-// Kernels:  moe_route_norm_kernel a cluster of 8 blocks x 256 threads per token: each block
-//                                 loads its E/8 router rows into registers before the PDL wait
-//                                 (when they fit in one round: the 8-bit router at H = 2048),
-//                                 normalizes h[t] into its shared memory (8 KB at H = 2048, L2-
-//                                 resident), computes its router logits; block 0 writes x for
-//                                 the expert launches and gathers the logits over distributed
-//                                 shared memory, and its warp 0 does softmax, k rounds of warp
-//                                 argmax, renormalisation; the last block's warp 0 computes the
-//                                 shared expert's gate sigmoid(x . w_sg) into slot k.
+// Kernels:  moe_route_norm_kernel 32 blocks x 256 threads per token (the first form, a cluster
+//                                 of 8 blocks, took 17.4 us in ncu while its blocks were active
+//                                 for ~8.5 us): each block loads its E/32 router rows into
+//                                 registers before the PDL wait (when they fit in one round: the
+//                                 8-bit router at H = 2048), normalizes h[t] into its shared
+//                                 memory (8 KB at H = 2048, L2-resident) and writes its logits to
+//                                 global scratch; block 0 writes x for the expert launches; the
+//                                 last block's last warp computes the shared expert's gate
+//                                 sigmoid(x . w_sg) into slot k. The last block to finish (an
+//                                 atomic ticket per token) does softmax, k rounds of warp argmax
+//                                 and renormalisation from the logits in L2.
 //           moe_gate_up_kernel    grid (I/8, T*(k+1)), 128 threads: each warp owns 2 rows of G
 //                                 and the same 2 rows of U of its slot's expert (4 rows share
 //                                 each chunk of x; 8 uint4 loads in flight per lane) and writes
@@ -44,8 +46,7 @@
 #include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
 
-#include <cooperative_groups.h>
-
+#include <algorithm>
 #include <cstdlib>
 
 
@@ -53,13 +54,12 @@ namespace lily::cuda {
 
 namespace {
 
-namespace cg = cooperative_groups;
 using namespace quant;
 
 constexpr int kMaxExperts = kRouteMaxExperts;  // warp_route_topk's bounds (route_topk.cuh)
 constexpr int kMaxK = kRouteMaxK;
 constexpr int kMaxHidden = 4096;   // H staged in shared memory by moe_route_norm_kernel
-constexpr int kRouteCluster = 8;    // blocks per token in moe_route_kernel
+constexpr int kRouteBlocks = 32;    // blocks per token in moe_route_norm_kernel
 constexpr int kRouteThreads = 256;
 constexpr int kGateUpThreads = 128;
 constexpr int kGateUpRows = 2;      // rows of G (and of U) per lane group
@@ -175,27 +175,28 @@ struct RouteParams {
   float eps;
   int E, H, k;
   float* normed;       // [T, H]
+  float* logits;       // [T, E] scratch
+  unsigned* counters;  // [T] scratch, zero between launches (the last block resets)
   int32_t* ids;        // [T, k + 1]
   float* weights;      // [T, k + 1]
 };
 
 template <int BITS, int LPR>
-__global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteThreads)
-    moe_route_norm_kernel(RouteParams p) {
+__global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RouteParams p) {
   constexpr int R = 4, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kRowsPerWarp = 32 / LPR * R;
   constexpr int kPre = 4;  // chunks per row loaded before the wait (the 8-bit router at H = 2048: all)
   constexpr int kPerThread = kMaxHidden / 4 / kRouteThreads;  // float4s of h per thread
   __shared__ __align__(16) float xs[kMaxHidden];  // x = RMSNorm(h[t])
   __shared__ float partial[kRouteThreads / 32];
-  __shared__ float logits[kMaxExperts];  // this block's rows
-  __shared__ float all[kMaxExperts];     // block 0: every row, gathered
+  __shared__ float all[kMaxExperts];     // the last block: every logit of token t
+  __shared__ bool is_last;
 
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank());
+  const int rank = blockIdx.x;
   const int t = blockIdx.y;
+  float* logits = p.logits + int64_t(t) * p.E;  // this token's logits (global scratch)
   const int cpr = p.H / kCodes, gpr = p.H / 64;
-  const int per_block = (p.E + kRouteCluster - 1) / kRouteCluster;
+  const int per_block = (p.E + kRouteBlocks - 1) / kRouteBlocks;
   const int first = rank * per_block;
   const int count = max(0, min(per_block, p.E - first));
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, sub = lane % LPR;
@@ -271,7 +272,7 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
 #pragma unroll
     for (int r = 0; r < R; ++r) {
       acc[r] = group_sum<LPR>(acc[r]);
-      if (sub == 0 && local0 + r < count) logits[local0 + r] = acc[r];
+      if (sub == 0 && local0 + r < count) logits[first + local0 + r] = acc[r];
     }
   } else {
     for (int base = warp * kRowsPerWarp; base < count; base += kRouteThreads / 32 * kRowsPerWarp) {
@@ -287,26 +288,35 @@ __global__ void __cluster_dims__(kRouteCluster, 1, 1) __launch_bounds__(kRouteTh
 #pragma unroll
       for (int r = 0; r < R; ++r) {
         acc[r] = group_sum<LPR>(acc[r]);
-        if (sub == 0 && row0 + r < count) logits[row0 + r] = acc[r];
+        if (sub == 0 && row0 + r < count) logits[first + row0 + r] = acc[r];
       }
     }
   }
-  // The shared expert's slot: its gate, by the last block (block 0 has the top-k to do).
-  if (rank == kRouteCluster - 1 && warp == 0) {
+  // The shared expert's slot: its gate, by the last block's last warp (free: the router rows
+  // of a block need at most two warps at E = 256).
+  if (rank == kRouteBlocks - 1 && warp == kRouteThreads / 32 - 1) {
     const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, xs);
     if (lane == 0) {
       p.ids[int64_t(t) * slots + p.k] = 0;
       p.weights[int64_t(t) * slots + p.k] = 1.f / (1.f + expf(-d));
     }
   }
-  cluster.sync();
-  if (rank == 0) {
-    for (int e = threadIdx.x; e < p.E; e += kRouteThreads)
-      all[e] = cluster.map_shared_rank(logits, e / per_block)[e % per_block];
+  // The last block of token t to finish does the top-k (threadFenceReduction pattern: publish,
+  // count, and the block that takes the last ticket reads everyone's logits from L2).
+  __threadfence();  // this thread's logits visible device-wide before the ticket
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    const unsigned ticket = atomicAdd(p.counters + t, 1u);
+    is_last = ticket == gridDim.x - 1;
+    if (is_last) {
+      __threadfence();
+      p.counters[t] = 0;  // ready for the next launch (graph replays)
+    }
   }
-  cluster.sync();  // the other blocks' shared memory stays alive until block 0 has read it
-  if (rank != 0 || warp != 0) return;
-
+  __syncthreads();
+  if (!is_last || warp != 0) return;
+  for (int e = lane; e < p.E; e += 32) all[e] = __ldcg(logits + e);
+  __syncwarp();
   warp_route_topk(all, p.E, p.k, p.ids + int64_t(t) * slots, p.weights + int64_t(t) * slots);
 }
 
@@ -586,9 +596,18 @@ bool moe_mma_enabled(const QMatrix& m) {
 
 }  // namespace
 
+// The scratch of up to `capacity` tokens: counters [capacity] (16-byte rounded), then logits
+// [capacity, E]. The layout depends on the capacity only, so every call with the same scratch
+// finds its counters where the previous calls left them (at zero).
+size_t route_counter_bytes(int capacity) { return (size_t(capacity) * sizeof(unsigned) + 15) / 16 * 16; }
+
+size_t moe_route_scratch_bytes(int E, int capacity) {
+  return route_counter_bytes(capacity) + size_t(capacity) * size_t(E) * sizeof(float);
+}
+
 void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
-                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
-                    cudaStream_t stream) {
+                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights, void* scratch,
+                    int scratch_tokens, cudaStream_t stream) {
   check_matrix(router, "moe_route_norm");
   LILY_CHECK(router.rows <= kMaxExperts, "moe_route_norm: {} experts (at most {})", router.rows, kMaxExperts);
   LILY_CHECK(router.cols <= kMaxHidden, "moe_route_norm: hidden {} (at most {})", router.cols, kMaxHidden);
@@ -601,13 +620,38 @@ void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, co
   check_aligned(gain, "moe_route_norm: gain");
   check_aligned(normed, "moe_route_norm: normed");
   if (T <= 0) return;
+  LILY_CHECK(scratch != nullptr && T <= scratch_tokens, "moe_route_norm: scratch for {} tokens, {} given",
+             scratch_tokens, T);
+  unsigned* counters = static_cast<unsigned*>(scratch);
+  float* logits = reinterpret_cast<float*>(static_cast<char*>(scratch) + route_counter_bytes(scratch_tokens));
   const RouteParams p{view(router), view(shared_expert_gate), shared_expert_gate.bits, h, gain, eps, router.rows,
-                      router.cols, k, normed, expert_ids, expert_weights};
-  const dim3 grid(kRouteCluster, unsigned(T));
+                      router.cols, k, normed, logits, counters, expert_ids, expert_weights};
+  const dim3 grid(kRouteBlocks, unsigned(T));
   dispatch_bits_lanes(router.bits, lanes_per_row(router.cols * router.bits / 128), [&](auto bits, auto lpr) {
     moe_route_norm_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kRouteThreads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
+}
+
+void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
+                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
+                    cudaStream_t stream) {
+  // A grow-only scratch of its own, zeroed when (re)allocated (the counters must start at 0).
+  static void* buffer = nullptr;
+  static int capacity = 0, experts = 0;
+  if (T > capacity || router.rows > experts) {
+    capacity = std::max(capacity, T), experts = std::max(experts, router.rows);
+    const size_t bytes = moe_route_scratch_bytes(experts, capacity);
+    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
+    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
+    LILY_CHECK(capturing == cudaStreamCaptureStatusNone,
+               "moe_route_norm: run once before graph capture (scratch of {} bytes)", bytes);
+    if (buffer) CUDA_CHECK(cudaFreeAsync(buffer, stream));
+    CUDA_CHECK(cudaMallocAsync(&buffer, bytes, stream));
+    CUDA_CHECK(cudaMemsetAsync(buffer, 0, bytes, stream));
+  }
+  moe_route_norm(router, shared_expert_gate, h, gain, eps, T, k, normed, expert_ids, expert_weights, buffer, capacity,
+                 stream);
 }
 
 void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,

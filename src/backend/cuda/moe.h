@@ -2,6 +2,8 @@
 // gate/up, down. The shared expert is slot k of the expert launches, after the k routed ones.
 #pragma once
 
+#include <cstddef>
+
 #include "backend/cuda/gpu_types.h"
 
 namespace lily::cuda {
@@ -12,6 +14,15 @@ namespace lily::cuda {
 //   renormalised: expert_ids[t, 0..k), expert_weights[t, 0..k);
 //   slot k, the shared expert: expert_ids[t, k] = 0, expert_weights[t, k] = sigmoid(normed[t] . w_sg).
 // h, normed: [T, H] fp32 (H <= 4096);  expert_ids: [T, k+1] int32;  expert_weights: [T, k+1] fp32.
+// scratch: moe_route_scratch_bytes(E, scratch_tokens) bytes for up to scratch_tokens >= T
+// tokens, zero-filled before its first use; the kernel leaves its counters at zero again, so
+// later calls (and graph replays) with the same scratch and scratch_tokens need nothing else.
+size_t moe_route_scratch_bytes(int E, int scratch_tokens);
+void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
+                    float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights, void* scratch,
+                    int scratch_tokens, cudaStream_t stream);
+// The same with a grow-only scratch of its own (one stream at a time; call once before a graph
+// capture so that nothing is allocated while capturing).
 void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
                     float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
                     cudaStream_t stream);

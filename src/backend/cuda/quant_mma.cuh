@@ -116,7 +116,7 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
   const bool feeds = (t4 >> 1) == ((g >> 1) & 1);  // chunk t is in column g's group
 #pragma unroll
   for (int p = 0; p < NPAIR; ++p) {
-    float d[4] = {0.f, 0.f, 0.f, 0.f};
+    float d[2][4] = {};  // one accumulator per block: two independent mma chains of 8
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
@@ -136,14 +136,15 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
         dequant_word(wg8[w], ag8);
         const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
         const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
-        ptx::mma_bf16(d, a0, bw[4 * w], bw[4 * w + 1]);
-        ptx::mma_bf16(d, a1, bw[4 * w + 2], bw[4 * w + 3]);
+        ptx::mma_bf16(d[b], a0, bw[4 * w], bw[4 * w + 1]);
+        ptx::mma_bf16(d[b], a1, bw[4 * w + 2], bw[4 * w + 3]);
       }
     }
     const int grp = 4 * (pair0 + p) + t4;
     const float xs = grp < gpr ? group_sum[grp] : 0.f;
-    y_g = fmaf(t.scale[p][0], d[0] + d[1], fmaf(t.bias[p][0], xs, y_g));
-    y_g8 = fmaf(t.scale[p][1], d[2] + d[3], fmaf(t.bias[p][1], xs, y_g8));
+    const float dg = (d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), dg8 = (d[0][2] + d[0][3]) + (d[1][2] + d[1][3]);
+    y_g = fmaf(t.scale[p][0], dg, fmaf(t.bias[p][0], xs, y_g));
+    y_g8 = fmaf(t.scale[p][1], dg8, fmaf(t.bias[p][1], xs, y_g8));
   }
 }
 
