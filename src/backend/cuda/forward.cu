@@ -64,10 +64,10 @@ int prefill_chunk_tokens() {
 }
 // Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
 constexpr int kLogitRows = 64;
-// Router logits of prefill passes in fp32 (gemv, as decode and the CPU backend), not through
-// gemm_q4's bf16 inputs: with bf16 inputs a near-tie between experts flips more often, and a
-// flipped expert changes a token's output by far more than rounding does. The router is
-// 256 x 2048 (0.5 MB at 8 bits): re-reading it per 8 tokens stays in L2.
+// Router logits of prefill passes at fp32 accuracy (gemm_exact: tensor cores with x in bf16 hi +
+// lo parts; the decode path and the CPU backend are fp32 too), not through gemm_q4's bf16
+// inputs: with bf16 inputs a near-tie between experts flips more often, and a flipped expert
+// changes a token's output by far more than rounding does.
 constexpr bool kPrefillFp32Router = true;
 
 __global__ void advance_position(int32_t* position, int n) {

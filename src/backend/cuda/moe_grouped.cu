@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/gemm_exact.h"
 #include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/route_topk.cuh"
@@ -318,7 +319,7 @@ void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, i
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
-  if (fp32_router) gemv(w.router, x, logits, T, stream);  // fp32 inputs, as the decode path
+  if (fp32_router) gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path
   else gemm_q4(w.router, x, logits, T, stream);         // bf16 inputs, as HF's bf16 matmul
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
   moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
