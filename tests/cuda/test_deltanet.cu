@@ -179,6 +179,19 @@ TEST(CudaDeltaNet, PrefillAcrossChunks) {
   check_blocks(2, 4, {1100}, 7);
 }
 
+// deltanet_conv_kernel's boundaries: a warp per (head, run of 16 tokens), 4 heads per block, so
+// lengths at run edges (one chunk and across the 512-token chunk), and head counts 2 Hk + Hv that
+// are not a multiple of 4 (3 and 9 heads: warps past the last head); gated_norm_kernel's 8 rows
+// per block end inside a block when n * Hv is not a multiple of 8 (Hv = 1, 3, odd n).
+TEST(CudaDeltaNet, PrefillConvRunsAndHeadCounts) {
+  REQUIRE_GPU();
+  for (int T : {3, 15, 16, 17, 31, 33}) check_blocks(2, 4, {T}, 61 + uint32_t(T));
+  check_blocks(2, 4, {527, 16, 17, 1, 529}, 62);
+  check_blocks(1, 1, {17, 1, 40, 3}, 63);
+  check_blocks(3, 3, {15, 1, 70, 2}, 64);
+  check_blocks(3, 3, {600}, 65, Mode::recurrent);
+}
+
 TEST(CudaDeltaNet, PrefillThenDecode) {
   REQUIRE_GPU();
   check_blocks(2, 4, {65, 1, 1, 1, 2, 1}, 11);
@@ -324,6 +337,8 @@ TEST(CudaDeltaNet, RecurrentPrefill) {
 // Not a check: microseconds per gated_deltanet_core call (conv, delta rule, gated norm) at the
 // real size, both prefill forms, per prompt length. Run with
 //   cuda_test_deltanet --gtest_also_run_disabled_tests --gtest_filter='*Timing*'
+// The kernels one by one (deltanet_conv_kernel, gated_norm_kernel: each launch covers <= 512
+// tokens) with  nsys profile --stats=true  on the same command, or ncu -k regex:'conv|gated_norm'.
 TEST(CudaDeltaNet, DISABLED_PrefillTiming) {
   REQUIRE_GPU();
   const int Tmax = 4096;
