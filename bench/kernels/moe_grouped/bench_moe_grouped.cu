@@ -89,7 +89,7 @@ int main() {
   w.gate = random_qmatrix(E, I, H, 4, 2), w.up = random_qmatrix(E, I, H, 4, 3), w.down = random_qmatrix(E, H, I, 4, 4);
   w.shared_gate = random_qmatrix(1, I, H, 4, 5), w.shared_up = random_qmatrix(1, I, H, 4, 6), w.shared_down = random_qmatrix(1, H, I, 4, 7);
   w.shared_expert_gate = random_qmatrix(1, 1, H, 8, 8);
-  const int maxT = 4096;
+  const int maxT = 8192;  // the prefill pass (forward.cu kDefaultChunkTokens)
   float *x, *out, *weights;
   int32_t* ids;
   CUDA_CHECK(cudaMalloc(&x, size_t(maxT) * H * 4));
@@ -102,7 +102,7 @@ int main() {
 
   std::printf("1. tile rows (whole experts block, given routing; ms and TFLOP/s of the expert products)\n");
   std::printf("%6s %8s %6s | %16s %16s %16s | auto\n", "T", "routing", "rows/e", "16", "32", "64");
-  for (int T : {256, 512, 1024, 2048, 4096})
+  for (int T : {256, 512, 1024, 2048, 4096, 8192})
     for (bool skewed : {false, true}) {
       const auto h_ids = make_ids(T, skewed, uint32_t(T));
       CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), h_ids.size() * 4, cudaMemcpyHostToDevice));
@@ -121,7 +121,7 @@ int main() {
     }
 
   std::printf("\n2. the routing plan: on the GPU (moe_plan) vs on the host (ids down, plan, plan up)\n");
-  for (int T : {256, 1024, 4096}) {
+  for (int T : {256, 1024, 4096, 8192}) {
     const auto h_ids = make_ids(T, false, uint32_t(T) + 7);
     CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), h_ids.size() * 4, cudaMemcpyHostToDevice));
     const int P = T * k, tile = cuda::gemm_q4_tile_rows(double(P) / E);
