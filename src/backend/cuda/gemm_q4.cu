@@ -446,7 +446,9 @@ void grouped(const QMatrix& W, const QMatrix* U, const float* x, const GroupedTi
 
 }  // namespace
 
-int gemm_q4_tile_rows(double rows) { return rows <= 16 ? 16 : rows <= 32 ? 32 : 64; }
+// The next tile up from the rows: bench_moe_grouped (H200, docs/perf.md) has the whole expert
+// block fastest with 16-row tiles at 8 rows per expert, 32 at 16 and 64 from 32 rows on.
+int gemm_q4_tile_rows(double rows) { return rows < 12 ? 16 : rows < 24 ? 32 : 64; }
 
 void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
   check_matrix(W, "gemm_q4");

@@ -40,8 +40,9 @@ void gemm_q4_grouped_swiglu(const QMatrix& G, const QMatrix& U, const float* x, 
 // y[p, n] = sum_c W_e[n, c] * x_r[c].  W: stack [E, N, K];  y: [positions, N].
 void gemm_q4_grouped(const QMatrix& W, const float* x, const GroupedTiles& tiles, float* y, cudaStream_t stream);
 
-// The M tile (16, 32 or 64 rows) for a product whose groups have about `rows` rows each: the
-// smallest that covers them (less padding), else 64 (more reuse of each dequantized tile).
+// The M tile (16, 32 or 64 rows) for a product whose groups have about `rows` rows each: one
+// size above the rows (measured: padding costs less than re-dequantizing the weights), 64 from
+// 24 rows on.
 int gemm_q4_tile_rows(double rows);
 
 }  // namespace lily::cuda
