@@ -40,7 +40,6 @@
 #include "backend/cuda/quant_mma.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 
 namespace lily::cuda {
 
@@ -376,10 +375,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
 bool mma_gemv_supports(const QMatrix& W) {
   return W.bits == 4 && W.group_size == 64 && W.cols % 64 == 0 && W.cols <= kNormMaxCols;
 }
-bool mma_gemv_enabled() {
-  const char* v = std::getenv("LILY_MMA_GEMV");
-  return !(v && v[0] == '0');
-}
+bool mma_gemv_enabled() { return quant_mma::decode_mma_enabled(); }
 
 template <int KSPLIT, bool NORM, bool ACC>
 int mma_resident_blocks() {

@@ -38,6 +38,12 @@
 //                                 slots; 4 slots' loads in flight), weights the slots, reduces
 //                                 over the warp and adds into h: one owner per output element,
 //                                 no atomics, deterministic.
+// Variants: 4-bit experts (the model's) go to the tensor-core forms of the last two
+//           (quant_mma.cuh: codes exact in bf16, x as bf16 hi + lo, fp32-level accuracy):
+//           moe_gate_up_mma_kernel grid (I/16, T*(k+1)), 4 warps splitting H, 16 rows of G and U;
+//           moe_down_mma_kernel    grid (H/16, T), one warp per slot, act of every slot staged
+//                                  as fragments, the slots weighted in order by 16 threads.
+//           LILY_MMA_GEMV=0 keeps the FP32 forms above (tests run both).
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
@@ -47,7 +53,6 @@
 #include "backend/cuda/route_topk.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 
 
 namespace lily::cuda {
@@ -587,12 +592,8 @@ size_t down_mma_smem(int slots, int I) {
 }
 constexpr size_t kDownMmaMaxSmem = 200 * 1024;
 
-// The tensor-core expert kernels serve 4-bit experts; LILY_MMA_GEMV=0 sends them to the FP32
-// kernels (as gemv.cu; read at every launch).
-bool moe_mma_enabled(const QMatrix& m) {
-  const char* v = std::getenv("LILY_MMA_GEMV");
-  return m.bits == 4 && !(v && v[0] == '0');
-}
+// The tensor-core expert kernels serve 4-bit experts (unless LILY_MMA_GEMV=0).
+bool moe_mma_enabled(const QMatrix& m) { return m.bits == 4 && quant_mma::decode_mma_enabled(); }
 
 }  // namespace
 
