@@ -5,7 +5,10 @@
 #   PHASES="tests bench sanitize" (default all three, in that order); "backend" runs the runtime
 #   tests that take LILY_TEST_BACKEND=cuda (session reuse through the ChatService, lily-tiny e2e)
 #   BENCH_ARGS="..." (lily bench --synthetic arguments), BENCH_TIMEOUT, TEST_TIMEOUT,
-#   SANITIZE="cuda_test_x ...", SANITIZE_TIMEOUT
+#   SANITIZE="cuda_test_x ...", SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
+#   steps at DEPTH (default 4096) with ncu, one at a time (tools/ncu_summary.py); "timeline"
+#   traces 8 steps as they run in the graph with nsys (tools/nsys_timeline.py: in-graph
+#   durations and the gaps between kernels)
 # Sourcing it with PHASES="" only sets up the environment (LD_LIBRARY_PATH, /work/main).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -50,12 +53,30 @@ run_sanitize() {
   cat "$OUT/sanitizer.txt"
 }
 
+run_kernels() {
+  timeout ${NCU_TIMEOUT:-150} ncu --profile-from-start off --clock-control none --graph-profiling node \
+    --metrics gpu__time_duration.sum --csv .carry/lily bench --synthetic --prefill-lengths "" \
+    --decode-depths "${DEPTH:-4096}" --decode-tokens 2 --repeats 1 > "$OUT/ncu_decode.csv" 2>&1
+  python3 tools/ncu_summary.py "$OUT/ncu_decode.csv" --steps 2 --templates | tee "$OUT/ncu_decode.txt" | head -20
+}
+
+run_timeline() {
+  command -v nsys > /dev/null || { echo "timeline: nsys not found"; return; }
+  timeout ${NSYS_TIMEOUT:-150} nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -f true \
+    -o "$OUT/step" .carry/lily bench --synthetic --prefill-lengths "" --decode-depths "${DEPTH:-4096}" \
+    --decode-tokens 8 --repeats 1 > "$OUT/nsys.log" 2>&1
+  nsys stats --report cuda_gpu_trace --format csv --output "$OUT/step" "$OUT/step.nsys-rep" >> "$OUT/nsys.log" 2>&1
+  python3 tools/nsys_timeline.py "$OUT/step_cuda_gpu_trace.csv" --steps 8 | tee "$OUT/timeline.txt" | head -24
+}
+
 for phase in ${PHASES-tests bench sanitize}; do
   case $phase in
     tests) run_tests ;;
     bench) run_bench ;;
     sanitize) run_sanitize ;;
     backend) run_backend_tests ;;
+    kernels) run_kernels ;;
+    timeline) run_timeline ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
