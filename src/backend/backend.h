@@ -46,6 +46,12 @@ class SequenceState {
 
 enum class LogitsWanted { none, last, all };
 
+// One candidate of the next token: its id and raw logit.
+struct TokenLogit {
+  int32_t token = 0;
+  float logit = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -59,6 +65,18 @@ class Backend {
   // [rows, vocab_size]: no rows, the last token's row, or one row per token.
   virtual void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                        std::vector<float>& logits) = 0;
+
+  // One decode step for samplers that need only the best few logits (Sampler::candidates_needed):
+  // appends `token`, then writes the `count` largest logits of the next token over ids
+  // [0, vocab_limit) into `out`, in descending order, ties to the lower id (NaN logits never
+  // included). A backend that can select them where the logits are (the GPU) returns true and
+  // moves `count` pairs instead of a whole row; the default returns false without touching
+  // the state, and the caller runs forward() instead.
+  virtual bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
+                                  std::vector<TokenLogit>& out) {
+    (void)state, (void)token, (void)count, (void)vocab_limit, (void)out;
+    return false;
+  }
 };
 
 // The CPU backend: the readable reference implementation (backend/cpu/).

@@ -44,16 +44,25 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   result.prefill_seconds = seconds_since(t0);
 
   Sampler sampler(request.sampling, limit);
+  // Decode steps hand the sampler only the best few logits when that decides its draw and the
+  // backend can select them where the logits are (no whole row copied off the GPU).
+  const int candidate_count = request.top_logprobs < 0 ? sampler.candidates_needed() : 0;
+  std::vector<TokenLogit> candidates;
+  bool have_candidates = false;  // this step's input: candidates (true) or logits
   auto t1 = std::chrono::steady_clock::now();
   result.finish = FinishReason::length;
   for (int64_t i = 0; i < request.max_new_tokens; ++i) {
     GeneratedToken token;
-    if (request.top_logprobs >= 0) {  // log-probabilities of the model's distribution, before sampling filters
-      token.top = top_logprobs(logits, request.top_logprobs, limit);
+    if (have_candidates) {
+      token.id = sampler.sample_candidates(candidates);
+    } else {
+      if (request.top_logprobs >= 0) {  // log-probabilities of the model's distribution, before sampling filters
+        token.top = top_logprobs(logits, request.top_logprobs, limit);
+      }
+      std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
+      token.id = sampler.sample(logits, result.tokens);
+      if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
     }
-    std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
-    token.id = sampler.sample(logits, result.tokens);
-    if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
     result.tokens.push_back(token.id);
     const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
                          request.stop_tokens.end();
@@ -66,7 +75,9 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
       break;
     }
     if (i + 1 == request.max_new_tokens) break;
-    backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
+    have_candidates = candidate_count > 0 && backend.forward_candidates(state, token.id, candidate_count, limit, candidates);
+    if (!have_candidates)
+      backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
   }
   result.decode_seconds = seconds_since(t1);
   return result;

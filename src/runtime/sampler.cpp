@@ -98,24 +98,41 @@ int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> histor
   return sample_whole_vocabulary(logits, n);
 }
 
-// top-k on: the k best tokens (a partial sort of k), softmax with temperature over them, then
-// top-p (the smallest prefix whose mass reaches top_p) and min-p (drop tokens below min_p x the
-// first), then a draw.
+// top-k on: the k best tokens (a partial sort of k), then the draw from them.
 int32_t Sampler::sample_top_k(std::span<const float> logits, int32_t n) {
   best_tokens(logits, n, size_t(params_.top_k), max_logit(logits, n), ids_);
-  const size_t keep = ids_.size();
+  candidates_.clear();
+  for (int32_t id : ids_) candidates_.push_back({id, logits[size_t(id)]});
+  return sample_candidates(candidates_);
+}
 
+bool Sampler::has_penalties() const {
+  return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
+}
+
+int Sampler::candidates_needed() const {
+  if (has_penalties()) return 0;
+  if (params_.greedy()) return 1;
+  return params_.top_k > 0 && params_.top_k < vocab_limit_ ? params_.top_k : 0;  // else sample() takes the whole row
+}
+
+// Softmax with temperature over the candidates, then top-p (the smallest prefix whose mass
+// reaches top_p) and min-p (drop tokens below min_p x the first), then a draw. Greedy: the first.
+int32_t Sampler::sample_candidates(std::span<const TokenLogit> candidates) {
+  LILY_CHECK(!candidates.empty(), "sampler: no candidates (every logit NaN?)");
+  if (params_.greedy()) return candidates[0].token;
+  const size_t keep = candidates.size();
   std::vector<double> probs(keep);
-  const double top = logits[size_t(ids_[0])];
+  const double top = candidates[0].logit;
   double total = 0;
   for (size_t i = 0; i < keep; ++i)
-    total += probs[i] = std::exp((double(logits[size_t(ids_[i])]) - top) / params_.temperature);
+    total += probs[i] = std::exp((double(candidates[i].logit) - top) / params_.temperature);
   for (auto& p : probs) p /= total;
 
   size_t cut = filter_cut(probs, params_.top_p, params_.min_p);
   if (cut == 0) cut = probs.size();
   std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + ptrdiff_t(cut));
-  return ids_[draw(rng_)];
+  return candidates[draw(rng_)].token;
 }
 
 // top-k off: the softmax over the whole vocabulary. One pass computes every weight and the

@@ -14,6 +14,8 @@
 #include <span>
 #include <vector>
 
+#include "backend/backend.h"  // TokenLogit
+
 namespace lily {
 
 struct SamplingParams {
@@ -42,8 +44,17 @@ class Sampler {
   // `history` holds the tokens generated so far (penalties count only those).
   int32_t sample(std::span<float> logits, std::span<const int32_t> history);
 
+  // How many of the best logits decide this sampler's draw: 1 when greedy, top_k when top-k is
+  // on; 0 when it needs the whole row (penalties change logits first, or no top-k).
+  int candidates_needed() const;
+  // The same draw as sample() from the row's candidates_needed() best logits, in the order
+  // Backend::forward_candidates gives them (descending, ties to the lower id): same tokens for
+  // the same seed, with a whole row never leaving the backend.
+  int32_t sample_candidates(std::span<const TokenLogit> candidates);
+
  private:
   int32_t sample_top_k(std::span<const float> logits, int32_t n);
+  bool has_penalties() const;
   int32_t sample_whole_vocabulary(std::span<const float> logits, int32_t n);
 
   SamplingParams params_;
@@ -51,6 +62,7 @@ class Sampler {
   std::mt19937_64 rng_;
   std::vector<float> weights_;  // exp((logit - max) / temperature) per token (reused)
   std::vector<int32_t> ids_;    // candidate order (reused)
+  std::vector<TokenLogit> candidates_;  // (reused)
 };
 
 // log softmax of the raw logits for `token`, and the `top` most likely tokens (for the API's logprobs).
