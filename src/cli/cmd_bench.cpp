@@ -5,6 +5,7 @@
 #include <chrono>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <random>
 
 #include <nlohmann/json.hpp>
@@ -14,6 +15,7 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "runtime/cost_model.h"
+#include "runtime/generate.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/gpu_weights.h"
@@ -33,6 +35,7 @@ struct BenchArgs {
   int repeats = 3;
   bool json = false;
   std::string plot;  // PNG path, empty: no plot
+  std::string decode_loop = "graph";  // graph | generate (see the option's help)
 };
 
 double now_seconds() {
@@ -151,6 +154,38 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
   return rows;
 }
 
+// Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
+// thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95), so each step's logits (or
+// the backend's candidates) go to the host and the sampler runs there. `fill` puts D tokens of
+// context into a fresh state. Time per token: the decode loop's time over its n - 1 steps.
+std::vector<Row> bench_decode_generate(Backend& backend, const std::vector<int32_t>& depths, int n, int repeats,
+                                       double peak_bytes_per_second,
+                                       const std::function<void(SequenceState&, int32_t)>& fill) {
+  const ModelConfig& c = backend.config();
+  LILY_CHECK(n >= 2, "--decode-loop generate needs --decode-tokens of at least 2");
+  std::vector<Row> rows;
+  for (int32_t D : depths) {
+    auto state = backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * (n + 1) + 1);
+    fill(*state, D);
+    std::vector<double> times;
+    for (int r = 0; r <= repeats; ++r) {
+      GenerateRequest request;
+      request.prompt = random_tokens(state->length() + 1, c.vocab_size, uint32_t(r));  // the state holds its head
+      request.max_new_tokens = n;
+      request.sampling.temperature = 0.6f, request.sampling.top_k = 20, request.sampling.top_p = 0.95f;
+      request.sampling.seed = 7;
+      const GenerateResult result = generate(backend, *state, request, [](const GeneratedToken&) { return true; });
+      // The last token is not fed back: the state holds the prompt and n - 1 tokens.
+      if (r > 0) times.push_back(result.decode_seconds / double(n - 1));  // the first round is a warm-up
+    }
+    double t = median(times);
+    double gbps = decode_bytes_per_token(c, D) / t / 1e9;
+    rows.push_back({"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
+    std::fprintf(stderr, "decode (generate loop) at depth %7d: %.3f ms/token\n", D, t * 1e3);
+  }
+  return rows;
+}
+
 void print_table(const std::vector<Row>& rows, const std::string& title, double peak_gbps) {
   std::printf("%s\n", title.c_str());
   std::printf("| kind    |  length | tokens/s   | ms/token  | achieved              |\n");
@@ -171,6 +206,7 @@ int run_bench(const BenchArgs& a) {
   for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
+  const bool generate_loop = a.decode_loop == "generate";
   if (!a.plot.empty()) {  // fail before the sweep, not after it
     const auto plot_dir = std::filesystem::absolute(a.plot).parent_path();
     LILY_CHECK(std::filesystem::is_directory(plot_dir), "--plot {}: no directory {}", a.plot, plot_dir.string());
@@ -196,7 +232,9 @@ int run_bench(const BenchArgs& a) {
     title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
                          device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true);
-    auto d = bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
+    auto fake_fill = [&](SequenceState& s, int32_t D) { backend->fake_fill(s, D); };
+    auto d = generate_loop ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
+                           : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   } else
@@ -206,11 +244,18 @@ int run_bench(const BenchArgs& a) {
     auto engine = a.model.load_engine();
     title = a.model.resolved_model_dir() + " on " + engine->backend().name();
     auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
-    auto d = bench_decode_generic(engine->backend(), decode_depths, a.decode_tokens, a.repeats, peak);
+    Backend& b = engine->backend();
+    auto prefill_fill = [&](SequenceState& s, int32_t D) {
+      std::vector<float> unused;
+      b.forward(s, random_tokens(D, b.config().vocab_size, 7), LogitsWanted::none, unused);
+    };
+    auto d = generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
+                           : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
+  if (generate_loop) title += "; decode through the request loop (generate, top-k 20 sampling)";
   if (!a.plot.empty()) {
     std::vector<BenchPoint> points;
     for (const Row& r : rows) points.push_back({r.kind, r.length, r.tokens_per_second, r.percent});
@@ -239,6 +284,11 @@ CommandRegistration bench_command{{
       sub.add_option("--decode-depths", a->decode_depths, "Context depths for decode, comma separated")->capture_default_str();
       sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
       sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
+      sub.add_option("--decode-loop", a->decode_loop,
+                     "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
+                     "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
+          ->check(CLI::IsMember({"graph", "generate"}))
+          ->capture_default_str();
       sub.add_flag("--json", a->json, "Print JSON instead of a table");
       sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
       return [a] { return run_bench(*a); };
