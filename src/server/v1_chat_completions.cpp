@@ -209,13 +209,8 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
                 {"system_fingerprint", "lily"}, {"choices", json::array({choice})}, {"usage", usage_json(r.usage)}};
   };
 
-  // One chunk; `usage: null` on every chunk when the final usage chunk was asked for.
-  auto chunk = [=](json choices) {
-    json c{{"id", id}, {"object", "chat.completion.chunk"}, {"created", created}, {"model", model},
-           {"system_fingerprint", "lily"}, {"choices", std::move(choices)}};
-    if (include_usage) c["usage"] = nullptr;
-    return c;
-  };
+  const ResponseEnvelope envelope{id, "chat.completion.chunk", created, model, include_usage};
+  auto chunk = [envelope](json choices) { return envelope.chunk(std::move(choices)); };
   auto choice = [](json delta, json lp, json finish) {
     return json::array({json{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish)}}});
   };
@@ -242,11 +237,7 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
   };
   job->closing = [=](const CompletionResult& r) {
     std::vector<json> events{chunk(choice(json::object(), nullptr, r.finish_reason))};
-    if (include_usage) {
-      json u = chunk(json::array());
-      u["usage"] = usage_json(r.usage);
-      events.push_back(std::move(u));
-    }
+    if (include_usage) events.push_back(envelope.usage_event(r.usage));
     return events;
   };
   run_job(ctx, req, res, std::move(job));

@@ -126,12 +126,8 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
   const std::time_t created = std::time(nullptr);
   const std::string model = ctx.options.model_name;
   const bool logprobs = params.logprobs >= 0, include_usage = params.include_usage;
-  auto chunk = [=](json choices) {
-    json c{{"id", id}, {"object", "text_completion"}, {"created", created}, {"model", model},
-           {"system_fingerprint", "lily"}, {"choices", std::move(choices)}};
-    if (include_usage) c["usage"] = nullptr;
-    return c;
-  };
+  const ResponseEnvelope envelope{id, "text_completion", created, model, include_usage};
+  auto chunk = [envelope](json choices) { return envelope.chunk(std::move(choices)); };
 
   job->body = [=](const CompletionResult& r) {
     json choice{{"text", r.content}, {"index", 0}, {"logprobs", logprobs ? legacy_logprobs(r.logprobs, 0) : json(nullptr)},
@@ -151,11 +147,7 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
   job->closing = [=](const CompletionResult& r) {
     std::vector<json> events{
         chunk(json::array({json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}}}))};
-    if (include_usage) {
-      json u = chunk(json::array());
-      u["usage"] = usage_json(r.usage);
-      events.push_back(std::move(u));
-    }
+    if (include_usage) events.push_back(envelope.usage_event(r.usage));
     return events;
   };
   run_job(ctx, req, res, std::move(job));

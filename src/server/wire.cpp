@@ -150,6 +150,19 @@ json usage_json(const Usage& u) {
               {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}}};
 }
 
+json ResponseEnvelope::chunk(json choices) const {
+  json c{{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"system_fingerprint", "lily"},
+         {"choices", std::move(choices)}};
+  if (usage_chunk) c["usage"] = nullptr;
+  return c;
+}
+
+json ResponseEnvelope::usage_event(const Usage& usage) const {
+  json u = chunk(json::array());
+  u["usage"] = usage_json(usage);
+  return u;
+}
+
 namespace {
 json bytes_json(const std::string& bytes) {
   json a = json::array();

@@ -8,6 +8,7 @@
 
 #include <nlohmann/json.hpp>
 
+#include <ctime>
 #include <optional>
 #include <string>
 #include <vector>
@@ -49,6 +50,19 @@ std::string dump(const json& j);
 
 std::string new_response_id(const std::string& prefix);  // prefix + 24 hex digits
 json usage_json(const Usage& usage);
+
+// The fields every object of one response carries (id, object, created, model,
+// system_fingerprint) around its choices. usage_chunk: the client asked for a final usage chunk
+// (stream_options.include_usage), so every chunk carries "usage": null and usage_event() is that
+// final chunk (empty choices, the usage).
+struct ResponseEnvelope {
+  std::string id, object;
+  std::time_t created = 0;
+  std::string model;
+  bool usage_chunk = false;
+  json chunk(json choices) const;
+  json usage_event(const Usage& usage) const;
+};
 json chat_logprobs_json(const std::vector<TokenLogprobs>& logprobs);
 
 }  // namespace lily::server
