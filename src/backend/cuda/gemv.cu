@@ -32,7 +32,13 @@
 //           stages x * inv * gain. The grid is capped at the blocks that fit on the device at
 //           once and strides over the row groups, so the staging is paid a few times per SM, not
 //           once per 16 rows. ACC adds into y (gemv_accumulate at T = 1: out_proj, o_proj).
-// Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel).
+//           mma_gemv_kernel<KSPLIT, NORM, ACC> (T = 1, 4 bits, cols <= 4096; the model's
+//           projections and lm_head): the same staging, then 16 rows per warp on the tensor cores
+//           (quant_mma.cuh: codes exact in bf16, x as bf16 hi + lo, fp32-level accuracy), each
+//           tile's columns split over KSPLIT warps of the block and summed in shared memory. It
+//           takes the 4-bit rows staged_gemv_kernel would; LILY_MMA_GEMV=0 keeps the latter.
+// Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel);
+//           both T = 1 paths.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/gemv.h"
