@@ -62,6 +62,9 @@ int prefill_chunk_tokens() {
   LILY_CHECK(n >= 64 && n <= 16384 && n % 64 == 0, "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, 16384]", v);
   return n;
 }
+// Prefill blocks of at least this many tokens run the chunked delta rule, shorter ones the
+// token loop (deltanet_params: the crossover of the measured timings, linearly interpolated).
+constexpr int kChunkedDeltaRuleFrom = 48;
 // Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
 constexpr int kLogitRows = 64;
 // Router logits of prefill passes at fp32 accuracy (gemm_exact: tensor cores with x in bf16 hi +
@@ -505,9 +508,14 @@ class CudaBackendImpl final : public CudaBackend {
     p.head_dim = c_.linear_key_head_dim;
     p.conv_kernel = c_.linear_conv_kernel_dim;
     p.eps = c_.rms_norm_eps;
-    // LILY_DELTANET_PREFILL=recurrent: the token-loop scan instead of the chunked form (A/B runs).
+    // The faster form for the length: cuda_test_deltanet's timing table (docs/perf.md) has the
+    // token loop ahead below ~48 tokens (18.8 vs 41.9 us at 2, 22.1 vs 44.2 at 16) and the chunked
+    // form ahead from 64 (52.6 vs 61.1 us; 2.6x from 512). LILY_DELTANET_PREFILL=recurrent|chunked
+    // forces one (A/B runs).
+    p.prefill = T < kChunkedDeltaRuleFrom ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
     const char* form = std::getenv("LILY_DELTANET_PREFILL");
     if (form && std::string_view(form) == "recurrent") p.prefill = DeltaRulePrefill::recurrent;
+    if (form && std::string_view(form) == "chunked") p.prefill = DeltaRulePrefill::chunked;
     return p;
   }
 
