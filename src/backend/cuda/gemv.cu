@@ -383,14 +383,15 @@ bool mma_gemv_supports(const QMatrix& W) {
 }
 bool mma_gemv_enabled() { return quant_mma::decode_mma_enabled(); }
 
-template <int KSPLIT, bool NORM, bool ACC>
-int mma_resident_blocks() {
+// Blocks of `Kernel` (256 threads, static shared memory) resident at once on the current device
+// (cached per kernel; one device per process): the grid cap of the grid-stride T = 1 kernels.
+template <auto Kernel>
+int resident_blocks() {
   static const int blocks = [] {
     int device = 0, sms = 0, per_sm = 0;
     CUDA_CHECK(cudaGetDevice(&device));
     CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, mma_gemv_kernel<KSPLIT, NORM, ACC>,
-                                                             kNormThreads, 0));
+    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kNormThreads, 0));
     return std::max(1, sms * per_sm);
   }();
   return blocks;
@@ -406,7 +407,7 @@ void launch_mma_gemv(const QMatrix& W, const float* x, const float* gain, float 
   auto go = [&](auto ksplit) {
     constexpr int K = decltype(ksplit)::value;
     const int64_t tasks = (tiles + (8 / K) - 1) / (8 / K);
-    const int64_t blocks = std::min<int64_t>(tasks, mma_resident_blocks<K, NORM, ACC>());
+    const int64_t blocks = std::min<int64_t>(tasks, resident_blocks<mma_gemv_kernel<K, NORM, ACC>>());
     mma_gemv_kernel<K, NORM, ACC><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
   };
   if (ksplit_needed <= 1) go(Int<1>{});
@@ -414,21 +415,6 @@ void launch_mma_gemv(const QMatrix& W, const float* x, const float* gain, float 
   else if (ksplit_needed <= 4) go(Int<4>{});
   else go(Int<8>{});
   CUDA_CHECK_LAUNCH();
-}
-
-// Blocks of staged_gemv_kernel that are resident at once on the current device (cached per
-// kernel instance; one device per process).
-template <int BITS, int LPR, bool NORM, bool ACC>
-int resident_blocks() {
-  static const int blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, staged_gemv_kernel<BITS, LPR, NORM, ACC>,
-                                                             kNormThreads, 0));
-    return std::max(1, sms * per_sm);
-  }();
-  return blocks;
 }
 
 // y (+)= [RMSNorm](x) @ W^T for one row, x staged in shared memory (cols <= kNormMaxCols).
@@ -441,7 +427,7 @@ void launch_staged(const QMatrix& W, const float* x, const float* gain, float ep
   const int64_t needed = (groups * lanes + kNormThreads - 1) / kNormThreads;
   dispatch_bits_lanes(W.bits, lanes, [&](auto bits, auto lpr) {
     constexpr int B = decltype(bits)::value, L = decltype(lpr)::value;
-    const int64_t blocks = std::min<int64_t>(needed, resident_blocks<B, L, NORM, ACC>());
+    const int64_t blocks = std::min<int64_t>(needed, resident_blocks<staged_gemv_kernel<B, L, NORM, ACC>>());
     staged_gemv_kernel<B, L, NORM, ACC><<<unsigned(blocks), kNormThreads, 0, stream>>>(p);
   });
   CUDA_CHECK_LAUNCH();
