@@ -19,6 +19,7 @@
 #include "backend/cuda/gemm_exact.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/quant_dot.cuh"
 
 namespace lily::cuda {
 
@@ -47,14 +48,6 @@ struct __align__(16) Stage {
   float xsum[kRows];                                     // sum of x over the group, per row
   float scale[kCols], bias[kCols];
 };
-
-__device__ __forceinline__ float bf16_bits_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
-
-// Byte k of v as a float (exact): PRMT builds 2^23 + byte, one FADD removes 2^23.
-template <int K>
-__device__ __forceinline__ float byte_to_float(uint32_t v) {
-  return __uint_as_float(__byte_perm(v, 0x4B000000u, 0x7540u + K)) - 8388608.f;
-}
 
 // Stage group g (columns 64 g ..) of the block's x rows and weight rows into st.
 __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, int col0, Stage& st) {
@@ -97,10 +90,10 @@ __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, in
         const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
-          q[16 * i + 4 * j + 0] = byte_to_float<0>(words[j]);
-          q[16 * i + 4 * j + 1] = byte_to_float<1>(words[j]);
-          q[16 * i + 4 * j + 2] = byte_to_float<2>(words[j]);
-          q[16 * i + 4 * j + 3] = byte_to_float<3>(words[j]);
+          q[16 * i + 4 * j + 0] = quant::byte_to_float<0>(words[j]);
+          q[16 * i + 4 * j + 1] = quant::byte_to_float<1>(words[j]);
+          q[16 * i + 4 * j + 2] = quant::byte_to_float<2>(words[j]);
+          q[16 * i + 4 * j + 3] = quant::byte_to_float<3>(words[j]);
         }
       }
     } else {  // 4 bits: column 8 i + j is nibble j of word i
@@ -118,8 +111,8 @@ __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, in
   if (tid < kCols) {
     const int n = min(col0 + tid, p.N - 1);
     const size_t gi = size_t(n) * (p.K / kGroup) + g;
-    st.scale[tid] = bf16_bits_to_float(__ldg(p.scales + gi));
-    st.bias[tid] = bf16_bits_to_float(__ldg(p.biases + gi));
+    st.scale[tid] = quant::load_bf16(p.scales + gi);
+    st.bias[tid] = quant::load_bf16(p.biases + gi);
   }
 }
 
