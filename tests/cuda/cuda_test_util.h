@@ -108,4 +108,17 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
   return ref > 0 ? diff / ref : diff;
 }
 
+// Every output within its bound; reports the worst one (index, values, bound).
+inline void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& bound) {
+  ASSERT_EQ(got.size(), want.size());
+  double worst = 0;
+  size_t at = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double excess = std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) / (bound[i] + 1e-30) : INFINITY;
+    if (excess > worst) worst = excess, at = i;
+  }
+  EXPECT_LE(worst, 1.0) << "output " << at << ": gpu " << got[at] << ", reference " << want[at] << ", bound "
+                        << bound[at];
+}
+
 }  // namespace lily::test

@@ -54,19 +54,6 @@ Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<float>& x, 
   return r;
 }
 
-// Every output within its bound; reports the worst one (index, values, bound).
-void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& bound) {
-  ASSERT_EQ(got.size(), want.size());
-  double worst = 0;
-  size_t at = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    const double excess = std::isfinite(got[i]) ? std::fabs(got[i] - want[i]) / (bound[i] + 1e-30) : INFINITY;
-    if (excess > worst) worst = excess, at = i;
-  }
-  EXPECT_LE(worst, 1.0) << "output " << at << ": gpu " << got[at] << ", reference " << want[at] << ", bound "
-                        << bound[at];
-}
-
 enum class Mode { store, accumulate };
 
 void check_gemm(int N, int K, int T, int bits, Mode mode) {
