@@ -132,6 +132,12 @@ std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32
 }
 #endif
 
+// D tokens of random context, computed (the decode benchmarks' state where no fake fill exists).
+void prefill_random(Backend& backend, SequenceState& state, int32_t D) {
+  std::vector<float> unused;
+  backend.forward(state, random_tokens(D, backend.config().vocab_size, 7), LogitsWanted::none, unused);
+}
+
 std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_t>& depths, int n, int repeats,
                                       double peak_bytes_per_second) {
   const ModelConfig& c = backend.config();
@@ -139,7 +145,7 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
   std::vector<float> logits;
   for (int32_t D : depths) {
     auto state = backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * n + 1);
-    backend.forward(*state, random_tokens(D, c.vocab_size, 7), LogitsWanted::none, logits);
+    prefill_random(backend, *state, D);
     std::vector<double> times;
     for (int r = 0; r <= repeats; ++r) {
       double t0 = now_seconds();
@@ -245,10 +251,7 @@ int run_bench(const BenchArgs& a) {
     title = a.model.resolved_model_dir() + " on " + engine->backend().name();
     auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
     Backend& b = engine->backend();
-    auto prefill_fill = [&](SequenceState& s, int32_t D) {
-      std::vector<float> unused;
-      b.forward(s, random_tokens(D, b.config().vocab_size, 7), LogitsWanted::none, unused);
-    };
+    auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
     auto d = generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
                            : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
