@@ -2,6 +2,8 @@
 #   start_lily_server LOGFILE [extra serve args...]  -> sets LILY_URL and LILY_PID
 #   stop_lily_server
 #   install_node_client WORKDIR  -> the node scripts and the openai client (npm ci, once per lockfile)
+#   serve_for_node_client WORKDIR -> both of the above for the node scripts: the client in
+#     WORKDIR, a server (stopped at exit) whose LILY_URL is exported; leaves the shell in WORKDIR
 # LILY_BINARY: the lily executable; LILY_TEST_MODEL: the model directory.
 
 start_lily_server() {
@@ -47,4 +49,15 @@ install_node_client() {
     (cd "$work" && npm ci --no-audit --no-fund --loglevel=error)
     cp "$node_dir/package-lock.json" "$work/node_modules/.lily-lock"
   fi
+}
+
+# The node scripts' setting: the client installed in WORKDIR, `lily serve` started (its log in
+# WORKDIR/server.log, stopped when the script exits), LILY_URL exported, the shell in WORKDIR.
+serve_for_node_client() {
+  local work="$1"
+  install_node_client "$work"
+  trap stop_lily_server EXIT
+  start_lily_server "$work/server.log"
+  export LILY_URL
+  cd "$work"
 }

@@ -10,9 +10,5 @@ export LILY_BINARY="${LILY_BINARY:-$root/build/lily}"
 export LILY_TEST_MODEL="$root/models/lily-tiny"
 
 source "$here/lib_server.sh"
-install_node_client "$work"
-trap stop_lily_server EXIT
-start_lily_server "$work/server.log"
-export LILY_URL
-cd "$work"
+serve_for_node_client "$work"
 node heldout_eval.mjs "$LILY_TEST_MODEL/heldout.json"

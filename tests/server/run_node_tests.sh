@@ -21,11 +21,7 @@ if [ "$(node -p 'process.versions.node.split(".")[0]')" -lt 20 ]; then
 fi
 
 source "$here/lib_server.sh"
-install_node_client "$work"
-trap stop_lily_server EXIT
-start_lily_server "$work/server.log"
-export LILY_URL
-cd "$work"
+serve_for_node_client "$work"
 status=0
 node --test --test-concurrency=1 ./*.test.mjs || status=$?
 trap - EXIT
