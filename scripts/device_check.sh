@@ -33,7 +33,7 @@ run_bench() {
 }
 
 run_backend_tests() {
-  for t in runtime_test_chat_service e2e_test_lily_tiny; do
+  for t in runtime_test_chat_service runtime_test_generate e2e_test_lily_tiny; do
     echo "-- $t (LILY_TEST_BACKEND=cuda)"; LILY_TEST_BACKEND=cuda timeout ${TEST_TIMEOUT:-120} ".carry/tests/$t" 2>&1 |
       grep -vE "^\[ RUN|^\[       OK" | head -n 200
     echo "exit ${PIPESTATUS[0]}"

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -107,6 +108,40 @@ TEST(Generate, CandidatePathGivesTheWholeRowTokens) {
     } else {
       EXPECT_EQ(wrapped.calls, 0);
     }
+  }
+}
+
+// A backend's own forward_candidates (the GPU's top_candidates under LILY_TEST_BACKEND=cuda)
+// against the same backend with it switched off: the same tokens, greedy and sampled.
+class WholeRowBackend final : public Backend {
+ public:
+  explicit WholeRowBackend(Backend& inner) : inner_(inner) {}
+  std::string name() const override { return "whole-row(" + inner_.name() + ")"; }
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
+  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+               std::vector<float>& logits) override {
+    inner_.forward(state, tokens, wanted, logits);
+  }
+
+ private:
+  Backend& inner_;
+};
+
+TEST(Generate, BackendCandidatesMatchTheWholeRow) {
+  const char* backend = std::getenv("LILY_TEST_BACKEND");
+  auto engine = Engine::load(EngineOptions{kModelDir, backend ? backend : "cpu", 0});
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SamplingParams qwen;
+  qwen.temperature = 0.6f, qwen.top_k = 20, qwen.top_p = 0.95f;
+  SamplingParams wide;
+  wide.temperature = 1.5f, wide.top_k = 256, wide.min_p = 0.01f;
+  for (const SamplingParams& sampling : {greedy, qwen, wide}) {
+    const GenerateRequest request = request_with(sampling);
+    WholeRowBackend whole_row(engine->backend());
+    EXPECT_EQ(run(engine->backend(), request).tokens, run(whole_row, request).tokens)
+        << "temperature " << sampling.temperature << " top_k " << sampling.top_k;
   }
 }
 

@@ -42,6 +42,7 @@
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/norm.h"
+#include "backend/cuda/top_candidates.h"
 #include "model/weights.h"
 
 namespace lily {
@@ -223,6 +224,7 @@ struct Scratch {
   DeviceBuffer logits;       // [kLogitRows, V]
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
   DeviceBuffer route_scratch;      // moe_route_norm's logits and counters (zeroed once; kernels reset them)
+  DeviceBuffer candidates, candidate_scratch;  // sampling candidates of one row (top_candidates)
   DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
 };
 
@@ -262,11 +264,15 @@ class CudaBackendImpl final : public CudaBackend {
     s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(chunk_tokens_)));
     CUDA_CHECK(cudaMallocHost(&host_token_, 4));
     CUDA_CHECK(cudaMallocHost(&host_ring_, kRing * 4));
+    CUDA_CHECK(cudaMallocHost(&host_candidates_, kMaxTopCandidates * sizeof(Candidate)));
+    s_.candidates = DeviceBuffer(kMaxTopCandidates * sizeof(Candidate));
+    s_.candidate_scratch = DeviceBuffer(top_candidates_scratch_bytes(c_.vocab_size));
   }
   ~CudaBackendImpl() override {
     cudaStreamDestroy(stream_);
     cudaFreeHost(host_token_);
     cudaFreeHost(host_ring_);
+    cudaFreeHost(host_candidates_);
   }
 
   std::string name() const override { return "cuda"; }
@@ -313,6 +319,31 @@ class CudaBackendImpl final : public CudaBackend {
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       s.advance_host(n);
     }
+  }
+
+  // One decode step (the captured graph), then the `count` best logits selected on the GPU:
+  // count (value, id) pairs come back instead of the 1 MB row (Backend::forward_candidates).
+  bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
+                          std::vector<TokenLogit>& out) override {
+    if (count < 1 || count > kMaxTopCandidates) return false;
+    auto& s = as_cuda(state);
+    const int32_t V = c_.vocab_size;
+    LILY_CHECK(s.length() + 1 <= s.capacity(), "sequence of {} tokens plus 1 exceeds its capacity of {}", s.length(),
+               s.capacity());
+    LILY_CHECK(token >= 0 && token < V, "token id {} is outside the vocabulary [0, {})", token, V);
+    *host_token_ = token;
+    CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+    launch_step_graph(s);
+    top_candidates(s_.logits.as<float>(), std::min(vocab_limit, V), count, s_.candidate_scratch.p,
+                   s_.candidates.as<Candidate>(), stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_candidates_, s_.candidates.p, size_t(count) * sizeof(Candidate),
+                               cudaMemcpyDeviceToHost, stream_));
+    CUDA_CHECK(cudaStreamSynchronize(stream_));
+    s.advance_host(1);
+    out.clear();
+    for (int i = 0; i < count; ++i)
+      if (host_candidates_[i].id != INT32_MAX) out.push_back({host_candidates_[i].id, host_candidates_[i].value});
+    return true;
   }
 
   std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {
@@ -595,6 +626,7 @@ class CudaBackendImpl final : public CudaBackend {
   Scratch s_;
   int32_t* host_token_ = nullptr;
   int32_t* host_ring_ = nullptr;
+  Candidate* host_candidates_ = nullptr;  // pinned: forward_candidates' result
   bool fp32_prefill_ = false;  // PrefillMath::fp32
 };
 

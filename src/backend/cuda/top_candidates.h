@@ -1,0 +1,27 @@
+// top_candidates.h: the k largest logits of one row on the GPU, for samplers that need only
+// them (Backend::forward_candidates): k (value, id) pairs leave the device instead of the row.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime.h>
+
+namespace lily::cuda {
+
+constexpr int kMaxTopCandidates = 256;
+
+struct Candidate {
+  float value;
+  int32_t id;  // INT32_MAX: no candidate (NaN logits, fewer than k ids)
+};
+
+// Device scratch that top_candidates needs for a row of n logits, in bytes.
+size_t top_candidates_scratch_bytes(int n);
+
+// out[0 .. k) = the k largest of logits[0 .. n) in descending order, ties to the lower id; NaN
+// logits are never candidates (their slots, and any past n, hold id INT32_MAX, value -inf).
+// 1 <= k <= kMaxTopCandidates. out: device memory for k candidates. Several launches, no sync.
+void top_candidates(const float* logits, int n, int k, void* scratch, Candidate* out, cudaStream_t stream);
+
+}  // namespace lily::cuda
