@@ -265,6 +265,7 @@ class CudaBackendImpl final : public CudaBackend {
     CUDA_CHECK(cudaMallocHost(&host_token_, 4));
     CUDA_CHECK(cudaMallocHost(&host_ring_, kRing * 4));
     CUDA_CHECK(cudaMallocHost(&host_candidates_, kMaxTopCandidates * sizeof(Candidate)));
+    CUDA_CHECK(cudaMallocHost(&host_logits_, size_t(c_.vocab_size) * 4));
     s_.candidates = DeviceBuffer(kMaxTopCandidates * sizeof(Candidate));
     s_.candidate_scratch = DeviceBuffer(top_candidates_scratch_bytes(c_.vocab_size));
   }
@@ -273,6 +274,7 @@ class CudaBackendImpl final : public CudaBackend {
     cudaFreeHost(host_token_);
     cudaFreeHost(host_ring_);
     cudaFreeHost(host_candidates_);
+    cudaFreeHost(host_logits_);
   }
 
   std::string name() const override { return "cuda"; }
@@ -299,9 +301,12 @@ class CudaBackendImpl final : public CudaBackend {
       *host_token_ = tokens[0];
       CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
       launch_step_graph(s);
+      // The row through pinned memory: a device-to-pageable copy is staged by the driver at a
+      // fraction of the bandwidth.
       if (wanted != LogitsWanted::none)
-        CUDA_CHECK(cudaMemcpyAsync(logits.data(), s_.logits.p, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaMemcpyAsync(host_logits_, s_.logits.p, size_t(V) * 4, cudaMemcpyDeviceToHost, stream_));
       CUDA_CHECK(cudaStreamSynchronize(stream_));
+      if (wanted != LogitsWanted::none) std::memcpy(logits.data(), host_logits_, size_t(V) * 4);
       s.advance_host(1);
       return;
     }
@@ -627,6 +632,7 @@ class CudaBackendImpl final : public CudaBackend {
   int32_t* host_token_ = nullptr;
   int32_t* host_ring_ = nullptr;
   Candidate* host_candidates_ = nullptr;  // pinned: forward_candidates' result
+  float* host_logits_ = nullptr;          // pinned: one row of logits (decode steps)
   bool fp32_prefill_ = false;  // PrefillMath::fp32
 };
 
