@@ -8,6 +8,7 @@
 // (NaN) or pre-filled (the accumulating kernels) before each launch.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_fused.h"
 
 #include <algorithm>
 #include <numeric>
@@ -345,6 +346,51 @@ TEST(CudaMoe, WholeBlockMatchesCpu) {
     const double err = relative_error(h.download(), expected);
     EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
   }
+}
+
+// The single-launch decode block (moe_fused.cu) against the three launches on the same input:
+// the same arithmetic in the same order, so ids, weights and h agree (to 1e-6 of max |h|); at
+// the model's full size and at small sizes (E and I below one block of work, k = 2 and 8).
+void check_fused(int E, int k, int H, int I, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "E " << E << " k " << k << " H " << H << " I " << I);
+  TestQMatrix router(1, E, H, 8, seed), gate(E, I, H, 4, seed + 1), up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3);
+  TestQMatrix sgate(1, I, H, 4, seed + 4), sup(1, I, H, 4, seed + 5), sdown(1, H, I, 4, seed + 6);
+  TestQMatrix egate(1, 1, H, 8, seed + 7);
+  const NormedInput in = normed_input(1, H, seed + 8);
+  const int slots = k + 1;
+  const cuda::MoeFusedWeights fw{router.gpu(), egate.gpu(), gate.gpu(), up.gpu(), down.gpu(),
+                                 sgate.gpu(),  sup.gpu(),   sdown.gpu()};
+  ASSERT_TRUE(cuda::moe_fused_supports(fw, k));
+
+  DeviceArray<float> h3(in.h), gain(in.gain), x(static_cast<size_t>(H)), w3(static_cast<size_t>(slots)),
+      act(static_cast<size_t>(slots) * I);
+  DeviceArray<int32_t> ids3(static_cast<size_t>(slots));
+  cuda::moe_route_norm(router.gpu(), egate.gpu(), h3.get(), gain.get(), 1e-6f, 1, k, x.get(), ids3.get(), w3.get(),
+                       nullptr);
+  cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids3.get(), 1, k, act.get(), nullptr);
+  cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids3.get(), w3.get(), 1, k, h3.get(), nullptr);
+
+  DeviceArray<float> hf(in.h), wf(static_cast<size_t>(slots));
+  DeviceArray<int32_t> idsf(static_cast<size_t>(slots));
+  DeviceArray<uint8_t> scratch(static_cast<size_t>(cuda::moe_fused_scratch_bytes(E, I, k)));
+  CUDA_OK(cudaMemset(scratch.get(), 0, cuda::moe_fused_scratch_bytes(E, I, k)));
+  wf.poison(), idsf.poison();
+  for (int rep = 0; rep < 3; ++rep) {  // the barrier words must come back to zero between launches
+    CUDA_OK(cudaMemcpy(hf.get(), in.h.data(), size_t(H) * 4, cudaMemcpyHostToDevice));
+    cuda::moe_fused_decode(fw, hf.get(), gain.get(), 1e-6f, k, idsf.get(), wf.get(), scratch.get(), nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_EQ(idsf.download(), ids3.download());
+  EXPECT_LT(relative_error(wf.download(), w3.download()), 1e-6);
+  EXPECT_LT(relative_error(hf.download(), h3.download()), 1e-6);
+}
+
+TEST(CudaMoe, FusedDecodeMatchesThreeLaunches) {
+  REQUIRE_GPU();
+  check_fused(256, 8, 2048, 512, 11);  // the model
+  check_fused(16, 4, 128, 64, 12);
+  check_fused(8, 2, 192, 128, 13);     // H with a partial 256-column pair
+  check_fused(100, 8, 64, 64, 14);     // E not a multiple of the 4-row router quads
 }
 
 }  // namespace

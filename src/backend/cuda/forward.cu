@@ -40,6 +40,7 @@
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_fused.h"
 #include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/top_candidates.h"
@@ -225,6 +226,7 @@ struct Scratch {
   DeviceBuffer attention_scratch;  // split-KV partials and counters (zeroed once; kernels reset them)
   DeviceBuffer route_scratch;      // moe_route_norm's logits and counters (zeroed once; kernels reset them)
   DeviceBuffer candidates, candidate_scratch;  // sampling candidates of one row (top_candidates)
+  DeviceBuffer moe_fused_scratch;  // moe_fused_decode's barrier, logits, act (zeroed once)
   DeviceBuffer deltanet_scratch;   // prefill intermediates of one pass
 };
 
@@ -260,6 +262,9 @@ class CudaBackendImpl final : public CudaBackend {
     s_.attention_scratch = DeviceBuffer(attention_scratch_bytes());
     CUDA_CHECK(cudaMemset(s_.attention_scratch.p, 0, s_.attention_scratch.bytes));
     s_.route_scratch = DeviceBuffer(moe_route_scratch_bytes(c_.num_experts, chunk_tokens_));
+    s_.moe_fused_scratch = DeviceBuffer(moe_fused_scratch_bytes(c_.num_experts, c_.moe_intermediate_size,
+                                                                c_.num_experts_per_tok));
+    CUDA_CHECK(cudaMemset(s_.moe_fused_scratch.p, 0, s_.moe_fused_scratch.bytes));
     CUDA_CHECK(cudaMemset(s_.route_scratch.p, 0, s_.route_scratch.bytes));
     s_.deltanet_scratch = DeviceBuffer(gated_deltanet_scratch_bytes(deltanet_params(chunk_tokens_)));
     CUDA_CHECK(cudaMallocHost(&host_token_, 4));
@@ -616,6 +621,15 @@ class CudaBackendImpl final : public CudaBackend {
     }
     int32_t* ids = s_.expert_ids.as<int32_t>();
     float* weights = s_.expert_weights.as<float>();
+    if (T == 1) {  // decode: the whole block in one launch where the shape allows (moe_fused.cu)
+      const MoeFusedWeights fw{m.router,       m.shared_expert_gate, m.experts_gate, m.experts_up, m.experts_down,
+                               m.shared_gate, m.shared_up,          m.shared_down};
+      if (moe_fused_supports(fw, k)) {
+        moe_fused_decode(fw, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, k, ids, weights,
+                         s_.moe_fused_scratch.p, stream_);
+        return;
+      }
+    }
     moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
                    ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
     moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
