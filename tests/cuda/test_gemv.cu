@@ -6,6 +6,7 @@
 // before each launch.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/gemv_prefetch.h"
 
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"
@@ -163,6 +164,49 @@ TEST(CudaGemv, DecodeFp32PathEdgeSizes) {
     for (int cols : {64, 192, 2048, 4096}) {
       check_gemv(rows, cols, 1, 4, false);
       check_gemv(rows, cols, 1, 4, true);
+      check_rms_norm_gemv(rows, cols, 4);
+    }
+}
+
+// rms_norm_gemv on 4-bit rows of 512-column multiples goes to prefetch_gemv_kernel (weights copied
+// into shared memory before the PDL wait) where a block's rows fit; LILY_PREFETCH_GEMV=0 sends
+// them to mma_gemv_kernel. The model's input projections must take the prefetch path (the tests
+// above then cover it), and both paths must match the CPU at the edges of the block ranges.
+class PrefetchOff {
+ public:
+  PrefetchOff() { setenv("LILY_PREFETCH_GEMV", "0", 1); }
+  ~PrefetchOff() { unsetenv("LILY_PREFETCH_GEMV"); }
+};
+
+TEST(CudaGemv, ModelShapesTakeThePrefetchPath) {
+  REQUIRE_GPU();
+  const float* x = reinterpret_cast<const float*>(uintptr_t(256));  // only its alignment is read
+  for (auto [rows, cols] : {std::pair{12352, 2048}, {9216, 2048}, {2048, 4096}, {2048, 512}}) {  // and others
+    TestQMatrix W(1, rows, cols, 4, 1);
+    EXPECT_TRUE(cuda::prefetch_gemv_supports(W.gpu(), x)) << rows << " x " << cols;
+  }
+  TestQMatrix lm_head_like(1, 65536, 2048, 4, 1);  // too many rows per block: mma_gemv
+  EXPECT_FALSE(cuda::prefetch_gemv_supports(lm_head_like.gpu(), x));
+  TestQMatrix narrow(1, 64, 1088, 4, 1);  // not a multiple of 512 columns
+  EXPECT_FALSE(cuda::prefetch_gemv_supports(narrow.gpu(), x));
+}
+
+TEST(CudaGemv, PrefetchBlockRangeEdges) {
+  REQUIRE_GPU();
+  // 1..3 tiles, tiles around the SM count (one per block, some blocks two), partial last tiles,
+  // 5-6 tiles per block (the DeltaNet input projection), the most rows the blocks hold at 2048
+  // columns on 132 SMs (10 tiles each) and one more (mma_gemv on a 132-SM device).
+  for (int rows : {1, 15, 16, 17, 2111, 2112, 2113, 2127, 12352, 12353, 21120, 21121})
+    check_rms_norm_gemv(rows, 2048, 4);
+  for (int cols : {512, 1024, 1536, 3072, 4096}) check_rms_norm_gemv(1000, cols, 4);
+  check_rms_norm_gemv(2001, 4096, 4, 1e3f);
+}
+
+TEST(CudaGemv, MmaPathWithoutPrefetch) {
+  REQUIRE_GPU();
+  PrefetchOff off;
+  for (int rows : {1, 65, 2048, 12352})
+    for (int cols : {512, 2048, 4096}) {
       check_rms_norm_gemv(rows, cols, 4);
     }
 }

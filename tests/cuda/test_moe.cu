@@ -245,9 +245,9 @@ TEST(CudaMoe, GateUp) {
   check_gate_up(4, 48, 4096, 1, 2, 4);  // the widest H the tensor-core kernel takes
 }
 
-void check_down(int E, int H, int I, int T, int k, int bits) {
+void check_down(int E, int H, int I, int T, int k, int bits, bool ids_before_launch = false) {
   SCOPED_TRACE(testing::Message() << "E " << E << " H " << H << " I " << I << " T " << T << " k " << k << " bits "
-                                  << bits);
+                                  << bits << (ids_before_launch ? " ids before launch" : ""));
   const uint32_t seed = uint32_t(E * 3 + I + H + T * 5 + k * 7 + bits);
   TestQMatrix down(E, H, I, bits, seed), shared_down(1, H, I, bits, seed + 5);
   const int slots = k + 1;
@@ -268,7 +268,7 @@ void check_down(int E, int H, int I, int T, int k, int bits) {
   DeviceArray<float> dact(act), dw(weights), dout(out0);
   DeviceArray<int32_t> dids(ids);
   cuda::moe_down_accumulate(down.gpu(), shared_down.gpu(), dact.get(), dids.get(), dw.get(), T, k, dout.get(),
-                            nullptr);
+                            nullptr, ids_before_launch);
   CUDA_OK(cudaDeviceSynchronize());
   const double err = relative_error(dout.download(), expected);
   EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
@@ -285,6 +285,10 @@ TEST(CudaMoe, DownAccumulate) {
   check_down(8, 130, 3072, 1, 5, 4);
   check_down(8, 2048, 192, 1, 8, 4);  // a partial 256-column pair
   check_down(8, 40, 1088, 2, 3, 4);   // several load steps, then a partial pair
+  // The routed weights loaded before the PDL wait (the decode graph's order); here in stream order.
+  check_down(8, 2048, 512, 1, 8, 4, true);
+  check_down(256, 65, 64, 3, 2, 4, true);
+  check_down(8, 40, 1088, 2, 3, 4, true);
 }
 
 // 4-bit experts go to the tensor-core kernels by default; LILY_MMA_GEMV=0 sends them to the

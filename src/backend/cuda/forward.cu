@@ -75,6 +75,30 @@ constexpr int kLogitRows = 64;
 // changes a token's output by far more than rounding does.
 constexpr bool kPrefillFp32Router = true;
 
+// LILY_DECODE_SKIP=part[,part...] (measurement only: the outputs are WRONG) leaves parts out of
+// the decode step (T = 1 passes), so that `lily bench` differences give each part's cost inside
+// the graph, launch gaps included (no timeline profiler on the GPU machine): in_proj (the fused
+// input projections), mixer (attention / DeltaNet core), out_proj, moe, lm_head.
+struct DecodeSkip {
+  bool in_proj = false, mixer = false, out_proj = false, moe = false, lm_head = false;
+  static DecodeSkip from_env() {
+    DecodeSkip d;
+    const char* v = std::getenv("LILY_DECODE_SKIP");
+    if (!v || !*v) return d;
+    const std::string list = std::string(",") + v + ",";
+    auto has = [&](const char* part) { return list.find(std::string(",") + part + ",") != std::string::npos; };
+    d.in_proj = has("in_proj"), d.mixer = has("mixer"), d.out_proj = has("out_proj"), d.moe = has("moe");
+    d.lm_head = has("lm_head");
+    std::fprintf(stderr, "lily: LILY_DECODE_SKIP=%s: decode steps leave parts out; outputs are wrong\n", v);
+    return d;
+  }
+};
+
+bool env_is(const char* name, const char* value) {
+  const char* v = std::getenv(name);
+  return v && std::string_view(v) == value;
+}
+
 __global__ void advance_position(int32_t* position, int n) {
   pdl_wait();
   pdl_launch_dependents();
@@ -234,6 +258,8 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(std::unique_ptr<GpuWeights> weights) : w_(std::move(weights)), c_(w_->config()) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
+    if (const char* v = std::getenv("LILY_PREFER_SHARED"); v && v[0] == '1')  // experiment: one carveout for all
+      CUDA_CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
     const uint64_t T = chunk_tokens_, H = uint64_t(c_.hidden_size);
     const uint64_t wide = std::max<uint64_t>(uint64_t(c_.linear_conv_dim()), 2ull * c_.num_attention_heads * c_.head_dim);
     const uint64_t value_dim = uint64_t(c_.linear_value_dim());
@@ -418,6 +444,7 @@ class CudaBackendImpl final : public CudaBackend {
   // The captured step, its kernel-to-kernel edges made programmatic (pdl.cuh) unless LILY_PDL=0;
   // if the driver refuses that graph, the plain one.
   static cudaGraphExec_t instantiate_step(cudaGraph_t graph) {
+    if (const char* v = std::getenv("LILY_DECODE_CARVEOUT")) set_carveout(graph, std::atoi(v));  // experiment
     static const bool pdl = [] {
       const char* v = std::getenv("LILY_PDL");
       return !(v && std::string(v) == "0");
@@ -438,6 +465,22 @@ class CudaBackendImpl final : public CudaBackend {
     }
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     return exec;
+  }
+
+  // Every kernel of the graph prefers `percent` of the L1 / shared-memory split for shared memory.
+  static void set_carveout(cudaGraph_t graph, int percent) {
+    size_t n = 0;
+    CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
+    std::vector<cudaGraphNode_t> nodes(n);
+    CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type;
+      CUDA_CHECK(cudaGraphNodeGetType(node, &type));
+      if (type != cudaGraphNodeTypeKernel) continue;
+      cudaKernelNodeParams params{};
+      CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
+      CUDA_CHECK(cudaFuncSetAttribute(params.func, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
+    }
   }
 
   // Every edge between two kernel nodes becomes a programmatic dependency: the downstream
@@ -477,7 +520,7 @@ class CudaBackendImpl final : public CudaBackend {
         attention_layer(layer.attention, layer.input_layernorm, s, attention_index++, T);
       else
         deltanet_layer(layer.deltanet, layer.input_layernorm, s, deltanet_index++, T);
-      moe_block(layer.moe, layer.post_attention_layernorm, T);
+      if (!(T == 1 && skip_.moe)) moe_block(layer.moe, layer.post_attention_layernorm, T);
     }
     advance_position<<<1, 1, 0, stream_>>>(s.position.as<int32_t>(), T);
     CUDA_CHECK_LAUNCH();
@@ -486,6 +529,7 @@ class CudaBackendImpl final : public CudaBackend {
       LILY_CHECK(host_logits || rows <= kLogitRows, "forward_pass: {} rows of logits", rows);
       const size_t V = size_t(c_.vocab_size);
       if (rows == 1 && rms_norm_gemv_supports(w_->lm_head)) {
+        if (T == 1 && skip_.lm_head) return;
         rms_norm_gemv(w_->lm_head, h + size_t(first_row) * H, w_->final_norm, c_.rms_norm_eps, s_.logits.as<float>(),
                       stream_);
         if (host_logits) CUDA_CHECK(cudaMemcpyAsync(host_logits, s_.logits.p, V * 4, cudaMemcpyDeviceToHost, stream_));
@@ -565,7 +609,7 @@ class CudaBackendImpl final : public CudaBackend {
     const float *qg, *k, *v;
     if (T == 1 && rms_norm_gemv_supports(a.qkv_proj)) {  // one launch: [qg | k | v] = RMSNorm(h) @ [Wq; Wk; Wv]^T
       float* out = s_.fused.as<float>();
-      rms_norm_gemv(a.qkv_proj, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
+      if (!skip_.in_proj) rms_norm_gemv(a.qkv_proj, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
       qg = out, k = out + a.q_proj.rows, v = out + a.q_proj.rows + a.k_proj.rows;
     } else {
       const float* x = s_.normed.as<float>();
@@ -579,9 +623,10 @@ class CudaBackendImpl final : public CudaBackend {
     p.q_norm = a.q_norm;
     p.k_norm = a.k_norm;
     p.position = s.position.as<int32_t>();
-    gated_attention_core(p, qg, k, v, s.k_cache[index].as<bf16>(), s.v_cache[index].as<bf16>(),
-                         s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
-    project_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
+    if (!(T == 1 && skip_.mixer))
+      gated_attention_core(p, qg, k, v, s.k_cache[index].as<bf16>(), s.v_cache[index].as<bf16>(),
+                           s_.mixer_out.as<float>(), s_.attention_scratch.p, stream_);
+    if (!(T == 1 && skip_.out_proj)) project_accumulate(a.o_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
   }
 
   // h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
@@ -589,7 +634,7 @@ class CudaBackendImpl final : public CudaBackend {
     const float *mixed, *z, *b, *a;
     if (T == 1 && rms_norm_gemv_supports(d.in_proj_all)) {  // one launch: [qkv | z | b | a] = RMSNorm(h) @ W_all^T
       float* out = s_.fused.as<float>();
-      rms_norm_gemv(d.in_proj_all, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
+      if (!skip_.in_proj) rms_norm_gemv(d.in_proj_all, s_.h.as<float>(), input_norm, c_.rms_norm_eps, out, stream_);
       mixed = out, z = out + d.in_proj_qkv.rows, b = z + d.in_proj_z.rows, a = b + d.in_proj_b.rows;
     } else {
       const float* x = s_.normed.as<float>();
@@ -605,9 +650,10 @@ class CudaBackendImpl final : public CudaBackend {
     p.A_log = d.A_log;
     p.dt_bias = d.dt_bias;
     p.norm_weight = d.norm;
-    gated_deltanet_core(p, mixed, z, b, a, s.conv[index].as<float>(), s.ssm[index].as<float>(),
-                        s_.mixer_out.as<float>(), s_.deltanet_scratch.p, stream_);
-    project_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
+    if (!(T == 1 && skip_.mixer))
+      gated_deltanet_core(p, mixed, z, b, a, s.conv[index].as<float>(), s.ssm[index].as<float>(),
+                          s_.mixer_out.as<float>(), s_.deltanet_scratch.p, stream_);
+    if (!(T == 1 && skip_.out_proj)) project_accumulate(d.out_proj, s_.mixer_out.as<float>(), s_.h.as<float>(), T);
   }
 
   // h += routed experts + gated shared expert, all of x = RMSNorm(h) (the shared expert is slot k)
@@ -621,10 +667,10 @@ class CudaBackendImpl final : public CudaBackend {
     }
     int32_t* ids = s_.expert_ids.as<int32_t>();
     float* weights = s_.expert_weights.as<float>();
-    if (T == 1) {  // decode: the whole block in one launch where the shape allows (moe_fused.cu)
+    if (T == 1) {  // decode: the whole block in one launch with LILY_MOE_FUSED=1 (moe_fused.cu)
       const MoeFusedWeights fw{m.router,       m.shared_expert_gate, m.experts_gate, m.experts_up, m.experts_down,
                                m.shared_gate, m.shared_up,          m.shared_down};
-      if (moe_fused_supports(fw, k)) {
+      if (moe_fused_enabled() && moe_fused_supports(fw, k)) {
         moe_fused_decode(fw, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, k, ids, weights,
                          s_.moe_fused_scratch.p, stream_);
         return;
@@ -633,12 +679,15 @@ class CudaBackendImpl final : public CudaBackend {
     moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
                    ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
     moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
+    // ids come from moe_route_norm, two kernels back: down's routed weights load before its wait.
     moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
-                        stream_);
+                        stream_, down_ids_early_);
   }
 
   static constexpr int kRing = 8;
   const int chunk_tokens_ = prefill_chunk_tokens();  // tokens per prefill pass
+  const DecodeSkip skip_ = DecodeSkip::from_env();   // measurement only (LILY_DECODE_SKIP)
+  const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");  // A/B switch
   std::unique_ptr<GpuWeights> w_;
   const ModelConfig c_;
   cudaStream_t stream_ = nullptr;

@@ -42,6 +42,7 @@
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/gemv.h"
+#include "backend/cuda/gemv_prefetch.h"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
 
@@ -320,40 +321,8 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
   pdl_launch_dependents();
 
   // Stage x (NORM: x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) as rms_norm).
-  const int n4 = p.cols / 4;
-  float4 xv[kNormPerThread], gv[kNormPerThread];
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int j = threadIdx.x + i * kNormThreads;
-    xv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    gv[i] = NORM && j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
-  }
-  float inv = 1.f;
-  if constexpr (NORM) {
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i)
-      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    if (lane == 0) partial[warp][0] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += partial[w][0];
-    inv = 1.f / sqrtf(total / float(p.cols) + p.eps);
-  }
-#pragma unroll
-  for (int i = 0; i < kNormPerThread; ++i) {
-    const int j = threadIdx.x + i * kNormThreads;
-    if (j < n4)
-      reinterpret_cast<float4*>(xs)[j] = NORM ? make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y,
-                                                             xv[i].z * inv * gv[i].z, xv[i].w * inv * gv[i].w)
-                                              : xv[i];
-  }
-  if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  stage_x_fragments(xs, p.cols, frag, group_sum);
+  stage_input_row<NORM, kNormThreads, kNormMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, group_sum, zero,
+                                                    &partial[0][0]);
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -483,7 +452,9 @@ void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float ep
              W.cols, W.bits, W.group_size, kNormMaxCols);
   LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
              "rms_norm_gemv: x and gain must be 16-byte aligned");
-  if (mma_gemv_supports(W) && mma_gemv_enabled())
+  if (mma_gemv_enabled() && prefetch_gemv_supports(W, x))
+    prefetch_rms_norm_gemv(W, x, gain, eps, y, stream);
+  else if (mma_gemv_supports(W) && mma_gemv_enabled())
     launch_mma_gemv<true, false>(W, x, gain, eps, y, stream);
   else
     launch_staged<true, false>(W, x, gain, eps, y, stream);

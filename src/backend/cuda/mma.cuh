@@ -1,7 +1,7 @@
 // mma.cuh: the PTX wrappers the tensor-core kernels share (gemm_q4.cu, attention.cu,
-// attention_decode.cu): cp.async copies into shared memory, ldmatrix, mma.sync m16n8k16 with
-// bf16 inputs and fp32 accumulators, and float -> bf16x2 packing. sm_80 and later. Internal to
-// backend/cuda.
+// attention_decode.cu, gemv_prefetch.cu): cp.async copies into shared memory, ldmatrix, mma.sync
+// m16n8k16 with bf16 inputs and fp32 accumulators, float -> bf16x2 packing (sm_80 and later);
+// bulk copies global -> shared completing on an mbarrier (sm_90). Internal to backend/cuda.
 //
 // Fragment layouts of mma.sync.m16n8k16 (g = lane / 4, t = lane % 4), as the kernels use them:
 //   A (16 x 16, row): a0 = (g, 2t..2t+1)  a1 = (g+8, 2t..)  a2 = (g, 2t+8..)  a3 = (g+8, 2t+8..)
@@ -67,6 +67,36 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v 
 __device__ __forceinline__ void split_bf16(float x0, float x1, uint32_t& hi, uint32_t& lo) {
   hi = pack_bf16(x0, x1);
   lo = pack_bf16(x0 - bf16_lo(hi), x1 - bf16_hi(hi));
+}
+
+// ---- Bulk copies (the copy engine, sm_90) completing on an mbarrier ----
+// One thread: init (count 1), then arrive_expect_tx with the bytes of the copies it issues;
+// every thread waits for phase 0 to complete. The barrier is used once per launch.
+__device__ __forceinline__ void mbarrier_init(uint64_t* bar, uint32_t count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(count));
+  asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");  // visible to the copy engine
+}
+__device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t* bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(smem_addr(bar)), "r"(bytes)
+               : "memory");
+}
+__device__ __forceinline__ void mbarrier_wait(uint64_t* bar, uint32_t phase) {
+  asm volatile(
+      "{\n"
+      ".reg .pred done;\n"
+      "wait_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra wait_%=;\n"
+      "}\n" ::"r"(smem_addr(bar)),
+      "r"(phase)
+      : "memory");
+}
+// bytes (a multiple of 16; both addresses 16-byte aligned) global -> shared; completes on bar.
+__device__ __forceinline__ void bulk_copy_to_shared(void* dst, const void* src, uint32_t bytes, uint64_t* bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];\n" ::"r"(
+                   smem_addr(dst)),
+               "l"(src), "r"(bytes), "r"(smem_addr(bar))
+               : "memory");
 }
 
 }  // namespace lily::cuda::ptx

@@ -53,6 +53,7 @@
 #include "backend/cuda/route_topk.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 
 namespace lily::cuda {
@@ -378,7 +379,10 @@ __global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParam
 constexpr int kGateUpMmaWarps = 4;
 constexpr int kGateUpMmaPairs = 2;  // pairs of 128-column blocks per load step (G and U: 8 uint4 each)
 
-__global__ void __launch_bounds__(32 * kGateUpMmaWarps) moe_gate_up_mma_kernel(GateUpParams p) {
+// MIN_BLOCKS 4 caps the registers at 128 so that moe_down_mma_kernel's blocks fit beside two of
+// these and load their weights while the gate/up blocks run (experiment: LILY_GATEUP_MIN_BLOCKS).
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_mma_kernel(GateUpParams p) {
   using namespace quant_mma;
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
   __shared__ float gsum[kMaxHidden / 64];
@@ -442,6 +446,7 @@ struct DownParams {
   const float* weights;       // [T, k + 1]
   int E, H, I, k;
   float* out;                 // [T, H]
+  bool ids_before_launch;     // ids readable before pdl_wait (moe_down_accumulate)
 };
 
 template <int BITS, int LPR>
@@ -554,11 +559,19 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   auto load = [&](int e, int pair0) {
     load_tile(tile, down.codes, down.scales, down.biases, int64_t(e) * p.H + r_g, int64_t(e) * p.H + r_g8, cpr, pair0);
   };
-  if (shared) load(0, 0);  // depends on nothing: before the wait
+  // Before the wait: the shared expert's weights, and the routed ones when their ids were
+  // written two kernels back (read through L2: this SM's L1 may hold an older step's ids).
+  const int64_t id_index = int64_t(t) * slots + s;
+  const bool early = shared || p.ids_before_launch;
+  int e = 0;
+  if (!shared && p.ids_before_launch) e = min(max(__ldcg(p.ids + id_index), 0), p.E - 1);
+  if (early) load(e, 0);
   pdl_wait();
   pdl_launch_dependents();
-  const int e = shared ? 0 : min(max(p.ids[int64_t(t) * slots + s], 0), p.E - 1);
-  if (!shared) load(e, 0);
+  if (!early) {
+    e = min(max(p.ids[id_index], 0), p.E - 1);
+    load(e, 0);
+  }
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   for (int j = 0; j < slots; ++j)
@@ -671,7 +684,14 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
                        gate.rows, gate.cols, k, act};
   if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {
     const dim3 grid(unsigned((gate.rows + 15) / 16), unsigned(T * (k + 1)));
-    moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    static const bool capped = [] {
+      const char* v = std::getenv("LILY_GATEUP_MIN_BLOCKS");
+      return v && v[0] == '4';
+    }();
+    if (capped)
+      moe_gate_up_mma_kernel<4><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    else
+      moe_gate_up_mma_kernel<1><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -685,14 +705,15 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
 }
 
 void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const float* act, const int32_t* expert_ids,
-                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream) {
+                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream,
+                         bool ids_before_launch) {
   check_matrix(down, "moe_down_accumulate");
   check_shared(down, shared_down, "moe_down_accumulate");
   LILY_CHECK(k >= 1, "moe_down_accumulate: k = {}", k);
   check_aligned(act, "moe_down_accumulate: act");
   if (T <= 0) return;
   const DownParams p{view(down), view(shared_down), act, expert_ids, expert_weights, down.batch, down.rows, down.cols,
-                     k, out};
+                     k, out, ids_before_launch};
   if (moe_mma_enabled(down) && down_mma_smem(k + 1, down.cols) <= kDownMmaMaxSmem) {
     static const bool configured = [] {  // once: allow more than 48 KB
       CUDA_CHECK(cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

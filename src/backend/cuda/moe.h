@@ -36,7 +36,11 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
 
 // out[t, :] += sum_{s <= k} expert_weights[t, s] * (D_s act[t, s, :]);  down: stack [E, H, I],
 // shared_down: [H, I] (slot k).
+// ids_before_launch: expert_ids were written by a kernel that had finished before the kernel
+// ahead of this one passed its PDL wait (moe_route_norm, then moe_gate_up, then this): the
+// routed experts' weights are then loaded before this kernel's PDL wait (tensor-core form).
 void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const float* act, const int32_t* expert_ids,
-                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream);
+                         const float* expert_weights, int T, int k, float* out, cudaStream_t stream,
+                         bool ids_before_launch = false);
 
 }  // namespace lily::cuda

@@ -17,8 +17,8 @@
 // Why: the three launches cost ~33 us per layer in the decode graph for ~16 MB of weights
 //      (~5 us at the bandwidth): the step is bound by launches and their ramps (docs/perf.md).
 // Grid: one block of 256 threads per SM, all resident (the barrier needs it; the launch asks
-//      for no more blocks than fit). Barrier: an arrival counter and a generation word in
-//      scratch, reset by the last arrival (graph replays need nothing else).
+//      for no more blocks than fit). Barrier: one word in scratch whose top bit flips when the
+//      last block arrives (graph replays need nothing else).
 // Limits (else moe.cu's three launches): T = 1, 4-bit experts, I <= 512, H <= 4096, E <= 256,
 //      k <= 8, router rows of at most 128 chunks (8-bit H <= 2048, 4-bit H <= 4096).
 // Tested:   tests/cuda/test_moe.cu (FusedDecode*: against the three launches and the CPU).
@@ -70,24 +70,28 @@ struct FusedParams {
   float* act;          // [k + 1, I] scratch
   int32_t* ids;        // [k + 1] (written for the caller; the blocks use their own copies)
   float* weights;      // [k + 1]
-  unsigned* barrier;   // [2]: arrivals, generation (zero before the first launch)
+  unsigned* barrier;   // [1]: grid_barrier's word (zero before the first launch)
 };
 
 // Every thread of every block calls it; returns when all blocks have arrived. Writes before it
 // are visible after it to every block (fences on both sides; readers use ld.global.cg).
-__device__ __forceinline__ void grid_barrier(unsigned* bar) {
+// One word, never reset: every block adds 1 except block 0, which adds 2^31 - (G - 1), so the
+// word's top bit flips exactly when the last block arrives (the low 31 bits return to zero).
+// A block waits until the top bit differs from the one it saw in its own atomicAdd: no separate
+// read that could race with the flip.
+__device__ __forceinline__ unsigned load_acquire(const unsigned* p) {
+  unsigned v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void grid_barrier(unsigned* word) {
   __threadfence();
   __syncthreads();
   if (threadIdx.x == 0) {
-    volatile unsigned* generation = bar + 1;
-    const unsigned g = *generation;
-    if (atomicAdd(bar, 1u) == gridDim.x - 1) {
-      bar[0] = 0;
-      __threadfence();
-      atomicAdd(bar + 1, 1u);
-    } else {
-      while (*generation == g) __nanosleep(64);
-    }
+    const unsigned add = blockIdx.x == 0 ? 0x80000000u - (gridDim.x - 1) : 1u;
+    const unsigned seen = atomicAdd(word, add);
+    while (((seen ^ load_acquire(word)) & 0x80000000u) == 0) __nanosleep(20);
     __threadfence();
   }
   __syncthreads();
@@ -326,9 +330,12 @@ int resident_sms() {
 
 }  // namespace
 
-bool moe_fused_supports(const MoeFusedWeights& w, int k) {
+bool moe_fused_enabled() {
   const char* v = std::getenv("LILY_MOE_FUSED");
-  if (v && v[0] == '0') return false;
+  return v && v[0] == '1';
+}
+
+bool moe_fused_supports(const MoeFusedWeights& w, int k) {
   const int H = w.router.cols, I = w.gate.rows;
   const bool router_ok = (w.router.bits == 8 && H <= 2048) || (w.router.bits == 4 && H <= 4096);
   const bool gate_ok = w.shared_expert_gate.bits == 8 ? H <= 2048 : H <= 4096;

@@ -17,8 +17,14 @@ struct MoeFusedWeights {
 };
 
 // Whether moe_fused_decode takes this shape (4-bit experts, I <= 512, H <= 4096, E <= 256,
-// k <= 8, router and shared-expert gate rows of at most 128 chunks); LILY_MOE_FUSED=0: never.
+// k <= 8, router and shared-expert gate rows of at most 128 chunks).
 bool moe_fused_supports(const MoeFusedWeights& w, int k);
+
+// Whether the decode step uses it: only with LILY_MOE_FUSED=1. Measured slower than the three
+// launches (H200, 4K decode: 403.9 vs 432.2 tokens/s, docs/perf.md): one block of 255 registers
+// per SM leaves no room for its neighbours' blocks under PDL, and its two grid barriers and the
+// top-k in every block cost more than the two launches they replace.
+bool moe_fused_enabled();
 
 // Device scratch for moe_fused_decode, zero-filled before the first call (its barrier words
 // return to zero at the end of every launch).

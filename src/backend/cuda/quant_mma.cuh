@@ -85,6 +85,51 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
   }
 }
 
+// Block-wide (every thread calls it; the caller syncs after): the input row x [cols] (NORM:
+// x * inv * gain with inv = 1 / sqrt(mean(x^2) + eps), as rms_norm) into xs (fp32, shared), then
+// its fragments and group sums (stage_x_fragments), and zero[] cleared. x is read through L2
+// (__ldcg: it was written by the previous kernel). red: THREADS / 32 floats of shared scratch.
+// cols: a multiple of 64, at most MAXCOLS.
+template <bool NORM, int THREADS, int MAXCOLS>
+__device__ __forceinline__ void stage_input_row(const float* x, const float* gain, float eps, int cols, float* xs,
+                                                uint4* frag, float* group_sum, uint4* zero, float* red) {
+  constexpr int kPer = MAXCOLS / 4 / THREADS, kWarps = THREADS / 32;
+  const int n4 = cols / 4, lane = threadIdx.x % 32;
+  float4 xv[kPer], gv[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = threadIdx.x + i * THREADS;
+    xv[i] = j < n4 ? __ldcg(reinterpret_cast<const float4*>(x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
+    gv[i] = NORM && j < n4 ? __ldg(reinterpret_cast<const float4*>(gain) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
+  }
+  float inv = 1.f;
+  if constexpr (NORM) {
+    float ss = 0.f;
+#pragma unroll
+    for (int i = 0; i < kPer; ++i)
+      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
+#pragma unroll
+    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+    if (lane == 0) red[threadIdx.x / 32] = ss;
+    __syncthreads();
+    float total = 0.f;
+#pragma unroll
+    for (int w = 0; w < kWarps; ++w) total += red[w];
+    inv = 1.f / sqrtf(total / float(cols) + eps);
+  }
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = threadIdx.x + i * THREADS;
+    if (j < n4)
+      reinterpret_cast<float4*>(xs)[j] = NORM ? make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y,
+                                                             xv[i].z * inv * gv[i].z, xv[i].w * inv * gv[i].w)
+                                              : xv[i];
+  }
+  if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  stage_x_fragments(xs, cols, frag, group_sum);
+}
+
 // The codes, scales and biases a lane needs for NPAIR pairs of blocks of rows g and g + 8.
 template <int NPAIR>
 struct TileLoad {

@@ -40,24 +40,26 @@ __device__ __forceinline__ void warp_route_topk(const float* logits, int E, int 
 #pragma unroll
   for (int j = 0; j < kRouteMaxExperts / 32; ++j) v[j] = lane + 32 * j < E ? v[j] / sum : -2.f;  // -2: no expert
 
-  // k rounds of argmax over (p, -index); a chosen expert is set to -1 (below every p >= 0).
+  // k rounds of argmax over (p, -index); a chosen expert is set to -1 (below every p >= 0). A
+  // round: each lane's best of its 8 (ascending index: ties keep the lower), then the warp's
+  // largest value (redux.sync on order-preserving keys) and, among the lanes holding it, the
+  // lowest expert index (redux.sync min): the same choice as a shuffle tree, in two instructions.
   int sel_e[kRouteMaxK];
   float sel_p[kRouteMaxK], chosen = 0.f;
 #pragma unroll
   for (int i = 0; i < kRouteMaxK; ++i) {
     sel_e[i] = 0, sel_p[i] = 0.f;
     if (i >= k) continue;
-    float best = -3.f;
-    int best_e = 0x7FFFFFFF;
+    float local = v[0];
+    int local_j = 0;
 #pragma unroll
-    for (int j = 0; j < kRouteMaxExperts / 32; ++j)
-      if (v[j] > best) best = v[j], best_e = lane + 32 * j;  // ascending index: ties keep the lower
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) {
-      const float ob = __shfl_xor_sync(0xFFFFFFFFu, best, o);
-      const int oe = __shfl_xor_sync(0xFFFFFFFFu, best_e, o);
-      if (ob > best || (ob == best && oe < best_e)) best = ob, best_e = oe;
-    }
+    for (int j = 1; j < kRouteMaxExperts / 32; ++j)
+      if (v[j] > local) local = v[j], local_j = j;
+    const uint32_t bits = __float_as_uint(local);
+    const uint32_t key = (bits & 0x80000000u) ? ~bits : (bits | 0x80000000u);  // unsigned order = float order
+    const uint32_t top = __reduce_max_sync(0xFFFFFFFFu, key);
+    const int best_e = int(__reduce_min_sync(0xFFFFFFFFu, key == top ? uint32_t(lane + 32 * local_j) : 0xFFFFFFFFu));
+    const float best = __shfl_sync(0xFFFFFFFFu, local, best_e % 32);
 #pragma unroll
     for (int j = 0; j < kRouteMaxExperts / 32; ++j)
       if (lane + 32 * j == best_e) v[j] = -1.f;

@@ -1,0 +1,127 @@
+// bench_decode_chain.cu: what a decode kernel costs INSIDE the step graph, where programmatic
+// dependent launch (pdl.cuh) lets its blocks start while the kernel before it still runs.
+//
+// For a kernel K (a GEMV of the model's shape, by path: LILY_PREFETCH_GEMV=0/1), a graph of 20
+// pairs [busy, K] with programmatic edges is replayed; busy is a kernel of 132 x 256 threads that
+// spins for a set time without touching memory (it stands for the predecessor). Printed per
+// pair: the replay time minus the busy-only graph's, i.e. K's exposed cost; "chain" is 20 K back
+// to back. Each K of a graph reads its own copy of the weights (no L2 reuse).
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/random_qmatrix.cuh"
+#include "backend/cuda/gemv.h"
+#include "backend/cuda/pdl.cuh"
+
+#include <algorithm>
+#include <cstdio>
+#include <cstdlib>
+#include <functional>
+#include <vector>
+
+using namespace lily;
+
+namespace {
+
+__global__ void busy_kernel(long long ns) {
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  long long start, now;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+  while (now - start < ns);
+}
+
+void make_edges_programmatic(cudaGraph_t graph) {
+  size_t n = 0;
+  CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
+  std::vector<cudaGraphNode_t> from(n), to(n);
+  std::vector<cudaGraphEdgeData> data(n);
+  CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
+  for (size_t i = 0; i < n; ++i) {
+    cudaGraphEdgeData programmatic{};
+    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
+    programmatic.type = cudaGraphDependencyTypeProgrammatic;
+    CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
+    CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &programmatic, 1));
+  }
+}
+
+// Microseconds per repetition of `body` (captured `reps` times into one graph, replayed).
+double graph_us(cudaStream_t s, int reps, const std::function<void(int)>& body) {
+  cudaGraph_t g;
+  CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
+  for (int i = 0; i < reps; ++i) body(i);
+  CUDA_CHECK(cudaStreamEndCapture(s, &g));
+  make_edges_programmatic(g);
+  cudaGraphExec_t e;
+  CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
+  cudaEvent_t a, b;
+  CUDA_CHECK(cudaEventCreate(&a));
+  CUDA_CHECK(cudaEventCreate(&b));
+  for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(e, s));
+  std::vector<float> ms;
+  for (int i = 0; i < 15; ++i) {
+    CUDA_CHECK(cudaEventRecord(a, s));
+    CUDA_CHECK(cudaGraphLaunch(e, s));
+    CUDA_CHECK(cudaEventRecord(b, s));
+    CUDA_CHECK(cudaEventSynchronize(b));
+    float t;
+    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
+    ms.push_back(t);
+  }
+  std::sort(ms.begin(), ms.end());
+  CUDA_CHECK(cudaGraphExecDestroy(e));
+  CUDA_CHECK(cudaGraphDestroy(g));
+  return ms[ms.size() / 2] * 1000.0 / reps;
+}
+
+}  // namespace
+
+int main() {
+  constexpr int kReps = 20;
+  if (const char* v = std::getenv("BUSY_CARVEOUT"))  // the predecessor's shared-memory carveout (percent)
+    CUDA_CHECK(cudaFuncSetAttribute(busy_kernel, cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
+  cudaStream_t s;
+  CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  float *x, *y, *gain;
+  CUDA_CHECK(cudaMalloc(&x, 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&gain, 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&y, 16384 * 4));
+  CUDA_CHECK(cudaMemset(x, 0, 4096 * 4));
+  CUDA_CHECK(cudaMemset(gain, 0, 4096 * 4));
+  CUDA_CHECK(cudaMemset(y, 0, 16384 * 4));
+
+  struct Shape { const char* name; int rows, cols; bool norm; };
+  std::printf("%-34s %-9s %9s %9s %9s %9s\n", "kernel", "path", "alone", "chain", "after 5us", "after 10us");
+  for (const Shape& sh : {Shape{"in_proj [12352, 2048] + norm", 12352, 2048, true},
+                          Shape{"qkv [9216, 2048] + norm", 9216, 2048, true},
+                          Shape{"out_proj [2048, 4096] += ", 2048, 4096, false}}) {
+    std::vector<cuda::QMatrix> m;
+    for (int i = 0; i < kReps; ++i) m.push_back(bench::random_qmatrix(1, sh.rows, sh.cols, 4, 1000 + i));
+    auto op = [&](int i) {
+      if (sh.norm)
+        cuda::rms_norm_gemv(m[size_t(i)], x, gain, 1e-6f, y, s);
+      else
+        cuda::gemv_accumulate(m[size_t(i)], x, y, 1, s);
+    };
+    for (const char* path : {"1", "0"}) {
+      setenv("LILY_PREFETCH_GEMV", path, 1);
+      const double alone = graph_us(s, 1, op);
+      const double chain = graph_us(s, kReps, op);
+      double after[2];
+      for (int j = 0; j < 2; ++j) {
+        const long long ns = j == 0 ? 5000 : 10000;
+        const double busy = graph_us(s, kReps, [&](int) { busy_kernel<<<132, 256, 0, s>>>(ns); });
+        const double pair = graph_us(s, kReps, [&](int i) {
+          busy_kernel<<<132, 256, 0, s>>>(ns);
+          op(i);
+        });
+        after[j] = pair - busy;
+      }
+      std::printf("%-34s %-9s %9.2f %9.2f %9.2f %9.2f\n", sh.name, path[0] == '1' ? "prefetch" : "mma_gemv", alone,
+                  chain, after[0], after[1]);
+    }
+    for (auto& q : m) bench::free_random_qmatrix(q);
+  }
+  CUDA_CHECK(cudaGetLastError());
+  return 0;
+}

@@ -1,0 +1,215 @@
+// gemv_prefetch.cu: y = RMSNorm(x) @ W^T for ONE row (decode: the fused input projections), with each block's share of
+// the weights copied into its shared memory BEFORE the PDL wait, so the whole read of W overlaps
+// the kernels before it in the decode graph.
+//
+//   y[r] (+)= sum_g scale[r, g] * (sum_{c in g} q[r, c] x[c]) + bias[r, g] * (sum_{c in g} x[c])
+//   x <- x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) (rms_norm, spec §2.2)
+// Shapes:   W [rows, cols] 4-bit, group 64, cols a multiple of 512 up to 4096 · x, gain [cols]
+//           fp32 · y [rows] fp32.
+// Why:      the decode step is a chain of ~250 dependent kernels; a GEMV that starts loading its
+//           weights only when its predecessor ends pays a DRAM round trip and the transfer on
+//           the critical path. In the graph (pdl.cuh) a kernel's blocks are launched while its
+//           predecessor still runs: here they spend that time pulling their rows of W into
+//           shared memory with the copy engine (three bulk copies, one thread, no registers
+//           held), and after the wait only x and the tensor-core math remain.
+//           LILY_DECODE_SKIP=in_proj measured the fused input projection (14 MB) at ~9 us in the
+//           graph against 3.3 us of bandwidth (docs/perf.md).
+// Layout:   grid = min(#SMs, tiles of 16 rows); block b owns tiles [b T / G, (b + 1) T / G):
+//           one contiguous range of rows, so its codes, scales and biases are three contiguous
+//           ranges of global memory, copied as they are (rows of cols / 2 bytes, cols / 64 bf16).
+//           The math is quant_mma.cuh's (16 rows per warp, codes exact in bf16, x as bf16 hi +
+//           lo): a unit is (tile, pair of 128-column blocks); warp w takes units w, w + 8, ...;
+//           the unit sums go to shared memory and each row adds its units in pair order.
+//           Shared-memory banks: rows are a multiple of 128 bytes apart, so lanes g and g + 1
+//           (one quarter-warp of a 16-byte load) would hit the same banks; odd g load the two
+//           blocks of a pair in the opposite order.
+// Limits:   the rows of one block fit in kMaxWeightBytes of shared memory (at 2048 columns 10
+//           tiles, 21,120 rows on 132 SMs; the model's largest, 12,352, takes 6); larger W (lm_head) take gemv.cu's
+//           mma_gemv_kernel. Registers capped for 3 blocks of 256 threads per SM, so the blocks
+//           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs).
+// Tested:   tests/cuda/test_gemv.cu (both paths against cpu::linear / cpu::rms_norm).
+#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/gemv_prefetch.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/cuda/mma.cuh"
+#include "backend/cuda/pdl.cuh"
+#include "backend/cuda/quant_mma.cuh"
+
+namespace lily::cuda {
+
+namespace {
+
+using namespace quant_mma;
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kMaxCols = 4096;
+constexpr int kMaxUnits = 96;                        // (tile, pair) units of one block
+constexpr uint32_t kMaxWeightBytes = 180 * 1024;     // dynamic shared memory (static: ~39 KB)
+
+struct PrefetchGemvParams {
+  const uint8_t* codes;   // [rows, cols / 2]
+  const uint8_t* scales;  // [rows, cols / 64] bf16
+  const uint8_t* biases;  // [rows, cols / 64] bf16
+  const float* x;         // [cols]
+  const float* gain;      // [cols] (NORM)
+  float eps;
+  float* y;               // [rows]
+  int rows, cols;
+};
+
+__device__ __forceinline__ float bf16_bits_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
+
+template <bool NORM, bool ACC>
+__global__ void __launch_bounds__(kThreads, 3) prefetch_gemv_kernel(PrefetchGemvParams p) {
+  extern __shared__ __align__(128) uint4 weights_s[];  // codes | scales | biases of the block's rows
+  __shared__ __align__(16) float xs[kMaxCols];
+  __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxCols)];
+  __shared__ float gsum[kMaxCols / 64];
+  __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
+  __shared__ float unit_sum[kMaxUnits][16];
+  __shared__ float red[kWarps];
+  __shared__ __align__(8) uint64_t copied;
+
+  const int tiles = (p.rows + 15) / 16;
+  const int t_begin = int(int64_t(blockIdx.x) * tiles / gridDim.x);
+  const int t_end = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int r_begin = 16 * t_begin, nrows = min(16 * t_end, p.rows) - r_begin;
+  const int row_bytes = p.cols / 2, gpr = p.cols / 64, cpr = p.cols / 32;
+  const int cap_rows = 16 * (t_end - t_begin);  // rows of shared memory (the last tile may be partial)
+  const uint4* codes_s = weights_s;
+  const uint16_t* scales_s = reinterpret_cast<const uint16_t*>(reinterpret_cast<const uint8_t*>(weights_s) +
+                                                               size_t(cap_rows) * row_bytes);
+  const uint16_t* biases_s = scales_s + size_t(cap_rows) * gpr;
+
+  // ---- Before the wait: the weights depend on nothing in this step ----
+  if (threadIdx.x == 0) {
+    ptx::mbarrier_init(&copied, 1);
+    const uint32_t code_bytes = uint32_t(nrows) * row_bytes, scale_bytes = uint32_t(nrows) * gpr * 2;
+    ptx::mbarrier_arrive_expect_tx(&copied, code_bytes + 2 * scale_bytes);
+    ptx::bulk_copy_to_shared(weights_s, p.codes + int64_t(r_begin) * row_bytes, code_bytes, &copied);
+    ptx::bulk_copy_to_shared(const_cast<uint16_t*>(scales_s), p.scales + int64_t(r_begin) * gpr * 2, scale_bytes,
+                             &copied);
+    ptx::bulk_copy_to_shared(const_cast<uint16_t*>(biases_s), p.biases + int64_t(r_begin) * gpr * 2, scale_bytes,
+                             &copied);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  stage_input_row<NORM, kThreads, kMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, gsum, zero, red);
+  __syncthreads();  // also publishes the barrier's init to every thread
+  ptx::mbarrier_wait(&copied, 0);
+
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int pairs = p.cols / kPairCols, units = (t_end - t_begin) * pairs;
+  const int flip = g & 1;  // odd rows load the pair's blocks in the opposite order (banks)
+  // Unit u's codes, scales and biases from shared memory (u < units).
+  auto load_unit = [&](int u, TileLoad<1>& t) {
+    const int tile = u / pairs, pair = u % pairs;
+    const int row_g = 16 * tile + g, row_g8 = row_g + 8;  // local rows, < cap_rows
+    const int c0 = 4 * (2 * pair + flip) + t4, c1 = 4 * (2 * pair + (flip ^ 1)) + t4;
+    const uint4 a0 = codes_s[row_g * cpr + c0], a1 = codes_s[row_g * cpr + c1];
+    const uint4 b0 = codes_s[row_g8 * cpr + c0], b1 = codes_s[row_g8 * cpr + c1];
+    t.q[0][0][0] = flip ? a1 : a0, t.q[0][1][0] = flip ? a0 : a1;
+    t.q[0][0][1] = flip ? b1 : b0, t.q[0][1][1] = flip ? b0 : b1;
+    const int grp = 4 * pair + t4;
+    t.scale[0][0] = bf16_bits_to_float(scales_s[row_g * gpr + grp]);
+    t.scale[0][1] = bf16_bits_to_float(scales_s[row_g8 * gpr + grp]);
+    t.bias[0][0] = bf16_bits_to_float(biases_s[row_g * gpr + grp]);
+    t.bias[0][1] = bf16_bits_to_float(biases_s[row_g8 * gpr + grp]);
+  };
+  auto finish_unit = [&](int u, float y_g, float y_g8) {
+    y_g = quad_sum(y_g);
+    y_g8 = quad_sum(y_g8);
+    if (t4 == 0) unit_sum[u][g] = y_g, unit_sum[u][g + 8] = y_g8;
+  };
+  // Two units at a time (independent mma chains for the scheduler to interleave).
+  for (int u = warp; u < units; u += 2 * kWarps) {
+    const int v = u + kWarps;
+    const bool two = v < units;
+    TileLoad<1> tu, tv;
+    load_unit(u, tu);
+    load_unit(two ? v : u, tv);
+    float yu_g = 0.f, yu_g8 = 0.f, yv_g = 0.f, yv_g8 = 0.f;
+    dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, yu_g, yu_g8);
+    dot_tile<1>(tv, frag, gsum, zero, cpr, (two ? v : u) % pairs, yv_g, yv_g8);
+    finish_unit(u, yu_g, yu_g8);
+    if (two) finish_unit(v, yv_g, yv_g8);
+  }
+  __syncthreads();
+  for (int r = threadIdx.x; r < nrows; r += kThreads) {
+    const int tile = r / 16;
+    float sum = 0.f;
+    for (int j = 0; j < pairs; ++j) sum += unit_sum[tile * pairs + j][r % 16];
+    float* out = p.y + r_begin + r;
+    *out = ACC ? *out + sum : sum;
+  }
+}
+
+int multiprocessors() {
+  static const int sms = [] {
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
+    return n;
+  }();
+  return sms;
+}
+
+struct Plan {
+  int grid = 0;
+  uint32_t smem = 0;  // dynamic shared memory of one block
+};
+
+Plan plan_for(const QMatrix& W) {
+  const int tiles = (W.rows + 15) / 16;
+  Plan plan;
+  plan.grid = std::min(multiprocessors(), tiles);
+  const int max_tiles = (tiles + plan.grid - 1) / plan.grid;
+  plan.smem = uint32_t(max_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
+  return plan;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
+template <bool NORM, bool ACC>
+void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  static const bool configured = [] {  // once per instantiation: allow more than 48 KB
+    CUDA_CHECK(cudaFuncSetAttribute(prefetch_gemv_kernel<NORM, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kMaxWeightBytes)));
+    if (const char* v = std::getenv("LILY_PREFETCH_CARVEOUT"))  // experiment: percent of shared memory
+      CUDA_CHECK(cudaFuncSetAttribute(prefetch_gemv_kernel<NORM, ACC>,
+                                      cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
+    return true;
+  }();
+  (void)configured;
+  const Plan plan = plan_for(W);
+  const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
+                             reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  prefetch_gemv_kernel<NORM, ACC><<<unsigned(plan.grid), kThreads, plan.smem, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
+bool prefetch_gemv_supports(const QMatrix& W, const float* x) {
+  const char* v = std::getenv("LILY_PREFETCH_GEMV");
+  if (v && v[0] == '0') return false;
+  if (!(W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
+        W.cols <= kMaxCols && aligned16(W.codes) && aligned16(W.scales) && aligned16(W.biases) && aligned16(x)))
+    return false;
+  const Plan plan = plan_for(W);
+  const int max_tiles = ((W.rows + 15) / 16 + plan.grid - 1) / plan.grid;
+  return plan.smem <= kMaxWeightBytes && max_tiles * (W.cols / kPairCols) <= kMaxUnits;
+}
+
+void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
+                            cudaStream_t stream) {
+  LILY_CHECK(prefetch_gemv_supports(W, x) && aligned16(gain), "prefetch_rms_norm_gemv: [{}, {}] q{} is not supported",
+             W.rows, W.cols, W.bits);
+  launch<true, false>(W, x, gain, eps, y, stream);
+}
+
+}  // namespace lily::cuda
