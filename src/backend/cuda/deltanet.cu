@@ -132,8 +132,6 @@ __device__ __forceinline__ float delta_step(float (&s)[kRows], const float* q_s,
 
 template <int K>
 __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
-  pdl_wait();
-  pdl_launch_dependents();
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
   __shared__ float red[2][4][kCols];
@@ -145,31 +143,42 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const int ratio = p.Hv / p.Hk, kh = h / ratio;
   const int col = slice * kCols + lane;  // this thread's dv column
   const int C = p.C, key_dim = p.Hk * kHeadDim;
+  const int cq = kh * kHeadDim + tid, ck = key_dim + kh * kHeadDim + tid, cv = 2 * key_dim + h * kHeadDim + col;
 
-  // The state first: 32 independent coalesced loads per thread, in flight during the conv.
+  // Before the PDL wait: what no kernel of this step writes before this one: the recurrent state
+  // (32 independent coalesced loads per thread), the conv state's K-1 older rows, the weights.
   float* S = p.ssm_state + size_t(h) * kHeadDim * kHeadDim + size_t(warp * kRows) * kHeadDim + col;
   float s[kRows];
 #pragma unroll
   for (int i = 0; i < kRows; ++i) s[i] = S[size_t(i) * kHeadDim];
-  const float zc = p.z[h * kHeadDim + col], wc = p.norm_weight[col];
-
   // Conv + SiLU of channel c: X = [conv_state rows 0..K-2 ; mixed], w[c, K-1] on the current token.
-  auto conv = [&](int c, float (&x)[K]) {
+  float xq[K], xk[K], xv[K], wq[K], wk[K], wv[K];
 #pragma unroll
-    for (int i = 0; i < K - 1; ++i) x[i] = p.conv_state[size_t(i) * C + c];
+  for (int i = 0; i < K; ++i) {
+    if (i < K - 1) {
+      xq[i] = p.conv_state[size_t(i) * C + cq];
+      xk[i] = p.conv_state[size_t(i) * C + ck];
+      xv[i] = warp == 0 ? p.conv_state[size_t(i) * C + cv] : 0.f;
+    }
+    wq[i] = p.conv_weight[size_t(cq) * K + i];
+    wk[i] = p.conv_weight[size_t(ck) * K + i];
+    wv[i] = warp == 0 ? p.conv_weight[size_t(cv) * K + i] : 0.f;
+  }
+  const float wc = p.norm_weight[col], A_log = p.A_log[h], dt_bias = p.dt_bias[h];
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const float zc = p.z[h * kHeadDim + col];
+  auto conv = [&](int c, float (&x)[K], const float (&w)[K]) {
     x[K - 1] = p.mixed[c];
     float acc = 0.f;
 #pragma unroll
-    for (int i = 0; i < K; ++i) acc += p.conv_weight[size_t(c) * K + i] * x[i];
+    for (int i = 0; i < K; ++i) acc += w[i] * x[i];
     return silu(acc);
   };
-  const int cq = kh * kHeadDim + tid, ck = key_dim + kh * kHeadDim + tid;
-  float xq[K], xk[K];
-  const float uq = conv(cq, xq), uk = conv(ck, xk);
+  const float uq = conv(cq, xq, wq), uk = conv(ck, xk, wk);
   if (warp == 0) {  // the v channel of this column: owned by this block alone, so update it now
-    const int cv = 2 * key_dim + h * kHeadDim + col;
-    float xv[K];
-    v_s[lane] = conv(cv, xv);
+    v_s[lane] = conv(cv, xv, wv);
 #pragma unroll
     for (int i = 0; i < K - 1; ++i) p.conv_state[size_t(i) * C + cv] = xv[i + 1];
   }
@@ -182,8 +191,9 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const float inv_k = 1.f / sqrtf(part[1][0] + part[1][1] + part[1][2] + part[1][3] + 1e-6f);
   q_s[tid] = uq * inv_q;
   k_s[tid] = uk * inv_k;
-  float alpha, beta;
-  gates(p, 0, h, alpha, beta);
+  // beta = sigmoid(b), alpha = exp(g), g = -exp(A_log) * softplus(a + dt_bias) (as gates())
+  const float beta = sigmoid(p.b[h]);
+  const float alpha = expf(-expf(A_log) * softplus(p.a[h] + dt_bias));
   __syncthreads();
 
   const float o = delta_step(s, q_s, k_s, v_s[lane], alpha, beta, red);

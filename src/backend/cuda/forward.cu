@@ -78,9 +78,11 @@ constexpr bool kPrefillFp32Router = true;
 // LILY_DECODE_SKIP=part[,part...] (measurement only: the outputs are WRONG) leaves parts out of
 // the decode step (T = 1 passes), so that `lily bench` differences give each part's cost inside
 // the graph, launch gaps included (no timeline profiler on the GPU machine): in_proj (the fused
-// input projections), mixer (attention / DeltaNet core), out_proj, moe, lm_head.
+// input projections), mixer (attention / DeltaNet core), out_proj, moe (or one of its three
+// launches: route, gate_up, down), lm_head.
 struct DecodeSkip {
   bool in_proj = false, mixer = false, out_proj = false, moe = false, lm_head = false;
+  bool route = false, gate_up = false, down = false;
   static DecodeSkip from_env() {
     DecodeSkip d;
     const char* v = std::getenv("LILY_DECODE_SKIP");
@@ -88,7 +90,7 @@ struct DecodeSkip {
     const std::string list = std::string(",") + v + ",";
     auto has = [&](const char* part) { return list.find(std::string(",") + part + ",") != std::string::npos; };
     d.in_proj = has("in_proj"), d.mixer = has("mixer"), d.out_proj = has("out_proj"), d.moe = has("moe");
-    d.lm_head = has("lm_head");
+    d.lm_head = has("lm_head"), d.route = has("route"), d.gate_up = has("gate_up"), d.down = has("down");
     std::fprintf(stderr, "lily: LILY_DECODE_SKIP=%s: decode steps leave parts out; outputs are wrong\n", v);
     return d;
   }
@@ -258,8 +260,6 @@ class CudaBackendImpl final : public CudaBackend {
  public:
   explicit CudaBackendImpl(std::unique_ptr<GpuWeights> weights) : w_(std::move(weights)), c_(w_->config()) {
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
-    if (const char* v = std::getenv("LILY_PREFER_SHARED"); v && v[0] == '1')  // experiment: one carveout for all
-      CUDA_CHECK(cudaDeviceSetCacheConfig(cudaFuncCachePreferShared));
     const uint64_t T = chunk_tokens_, H = uint64_t(c_.hidden_size);
     const uint64_t wide = std::max<uint64_t>(uint64_t(c_.linear_conv_dim()), 2ull * c_.num_attention_heads * c_.head_dim);
     const uint64_t value_dim = uint64_t(c_.linear_value_dim());
@@ -676,18 +676,22 @@ class CudaBackendImpl final : public CudaBackend {
         return;
       }
     }
-    moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
-                   ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
-    moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
+    const bool decode = T == 1;
+    if (!(decode && skip_.route))
+      moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
+                     ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
+    if (!(decode && skip_.gate_up))
+      moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
     // ids come from moe_route_norm, two kernels back: down's routed weights load before its wait.
-    moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
-                        stream_, down_ids_early_);
+    if (!(decode && skip_.down))
+      moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
+                          stream_, down_ids_early_);
   }
 
   static constexpr int kRing = 8;
   const int chunk_tokens_ = prefill_chunk_tokens();  // tokens per prefill pass
   const DecodeSkip skip_ = DecodeSkip::from_env();   // measurement only (LILY_DECODE_SKIP)
-  const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");  // A/B switch
+  const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");      // A/B switch
   std::unique_ptr<GpuWeights> w_;
   const ModelConfig c_;
   cudaStream_t stream_ = nullptr;

@@ -179,9 +179,6 @@ void launch(const QMatrix& W, const float* x, const float* gain, float eps, floa
   static const bool configured = [] {  // once per instantiation: allow more than 48 KB
     CUDA_CHECK(cudaFuncSetAttribute(prefetch_gemv_kernel<NORM, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kMaxWeightBytes)));
-    if (const char* v = std::getenv("LILY_PREFETCH_CARVEOUT"))  // experiment: percent of shared memory
-      CUDA_CHECK(cudaFuncSetAttribute(prefetch_gemv_kernel<NORM, ACC>,
-                                      cudaFuncAttributePreferredSharedMemoryCarveout, std::atoi(v)));
     return true;
   }();
   (void)configured;

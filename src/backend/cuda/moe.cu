@@ -53,7 +53,6 @@
 #include "backend/cuda/route_topk.cuh"
 
 #include <algorithm>
-#include <cstdlib>
 
 
 namespace lily::cuda {
@@ -379,10 +378,9 @@ __global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParam
 constexpr int kGateUpMmaWarps = 4;
 constexpr int kGateUpMmaPairs = 2;  // pairs of 128-column blocks per load step (G and U: 8 uint4 each)
 
-// MIN_BLOCKS 4 caps the registers at 128 so that moe_down_mma_kernel's blocks fit beside two of
-// these and load their weights while the gate/up blocks run (experiment: LILY_GATEUP_MIN_BLOCKS).
-template <int MIN_BLOCKS>
-__global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_mma_kernel(GateUpParams p) {
+// Registers are not capped: at 128 (four blocks per SM, room for moe_down_mma_kernel's blocks
+// beside two) it spilled and the 4K decode step lost 7% (docs/perf.md).
+__global__ void __launch_bounds__(32 * kGateUpMmaWarps) moe_gate_up_mma_kernel(GateUpParams p) {
   using namespace quant_mma;
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
   __shared__ float gsum[kMaxHidden / 64];
@@ -684,14 +682,7 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
                        gate.rows, gate.cols, k, act};
   if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {
     const dim3 grid(unsigned((gate.rows + 15) / 16), unsigned(T * (k + 1)));
-    static const bool capped = [] {
-      const char* v = std::getenv("LILY_GATEUP_MIN_BLOCKS");
-      return v && v[0] == '4';
-    }();
-    if (capped)
-      moe_gate_up_mma_kernel<4><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
-    else
-      moe_gate_up_mma_kernel<1><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
     return;
   }
