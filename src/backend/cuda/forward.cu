@@ -13,10 +13,12 @@
 //                                                                T > 1: rms_norm, moe_grouped_accumulate
 //   logits = lm_head(RMSNorm(h))                                 rms_norm_gemv | rms_norm, project
 //                                                                (argmax for greedy)
-// project = gemv (T = 1: decode, CUDA cores, fp32) or gemm_q4 (T > 1: prefill, tensor cores,
-// bf16 inputs, fp32 sums).
-// Launches of a decode step (T = 1): 1 + 3 per layer + 3 (advance, lm_head, argmax): 244 for
-// the 40-layer model (515 before the fused kernels).
+// project = gemv (T = 1: decode; gemv.cu picks the kernel, tensor cores with fp32-level sums) or
+// gemm_q4 (T > 1: prefill, tensor cores, bf16 inputs, fp32 sums).
+// Launches of a decode step (T = 1): 254 for the 40-layer model: embed; per DeltaNet layer the
+// input projection, the core, out_proj, and the MoE's route, gate/up, down (6); per attention
+// layer 7 (the core is a split and a combine launch); advance, lm_head, argmax (515 before the
+// fused kernels).
 // Shapes: activations fp32 [T, width], T <= chunk_tokens_ per pass (longer prompts are
 // processed in chunks; the caches carry the context). KV cache bf16, DeltaNet state fp32.
 // The sequence position lives in device memory and is advanced by a kernel, so the T = 1

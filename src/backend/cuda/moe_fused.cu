@@ -19,6 +19,10 @@
 // Grid: one block of 256 threads per SM, all resident (the barrier needs it; the launch asks
 //      for no more blocks than fit). Barrier: one word in scratch whose top bit flips when the
 //      last block arrives (graph replays need nothing else).
+// Measured (H200, docs/perf.md session 4): correct, and slower than the three launches (4K
+//      decode 2.476 vs 2.314 ms): one block of 255 registers per SM keeps PDL from overlapping
+//      anything with it, and the barriers and per-block top-k outweigh two launches. The decode
+//      step uses it only with LILY_MOE_FUSED=1 (moe_fused_enabled).
 // Limits (else moe.cu's three launches): T = 1, 4-bit experts, I <= 512, H <= 4096, E <= 256,
 //      k <= 8, router rows of at most 128 chunks (8-bit H <= 2048, 4-bit H <= 4096).
 // Tested:   tests/cuda/test_moe.cu (FusedDecode*: against the three launches and the CPU).
