@@ -168,7 +168,7 @@ TEST(CudaGemv, DecodeFp32PathEdgeSizes) {
     }
 }
 
-// rms_norm_gemv on 4-bit rows of 512-column multiples goes to prefetch_gemv_kernel (weights copied
+// rms_norm_gemv on 4-bit rows of 512-column multiples goes to prefetch_rms_norm_gemv_kernel (weights copied
 // into shared memory before the PDL wait) where a block's rows fit; LILY_PREFETCH_GEMV=0 sends
 // them to mma_gemv_kernel. The model's input projections must take the prefetch path (the tests
 // above then cover it), and both paths must match the CPU at the edges of the block ranges.

@@ -1,7 +1,8 @@
 // bench_decode_chain.cu: what a decode kernel costs INSIDE the step graph, where programmatic
 // dependent launch (pdl.cuh) lets its blocks start while the kernel before it still runs.
 //
-// For a kernel K (a GEMV of the model's shape, by path: LILY_PREFETCH_GEMV=0/1), a graph of 20
+// For a kernel K (a GEMV of the model's shape; the input projections by path, LILY_PREFETCH_GEMV
+// = 1 / 0: prefetch_rms_norm_gemv_kernel / mma_gemv_kernel), a graph of 20
 // pairs [busy, K] with programmatic edges is replayed; busy is a kernel of 132 x 256 threads that
 // spins for a set time without touching memory (it stands for the predecessor). Printed per
 // pair: the replay time minus the busy-only graph's, i.e. K's exposed cost; "chain" is 20 K back
@@ -104,6 +105,7 @@ int main() {
         cuda::gemv_accumulate(m[size_t(i)], x, y, 1, s);
     };
     for (const char* path : {"1", "0"}) {
+      if (!sh.norm && path[0] == '1') continue;  // y += x @ W^T has one path (mma_gemv)
       setenv("LILY_PREFETCH_GEMV", path, 1);
       const double alone = graph_us(s, 1, op);
       const double chain = graph_us(s, kReps, op);

@@ -600,9 +600,8 @@ class CudaBackendImpl final : public CudaBackend {
     // form ahead from 64 (52.6 vs 61.1 us; 2.6x from 512). LILY_DELTANET_PREFILL=recurrent|chunked
     // forces one (A/B runs).
     p.prefill = T < kChunkedDeltaRuleFrom ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
-    const char* form = std::getenv("LILY_DELTANET_PREFILL");
-    if (form && std::string_view(form) == "recurrent") p.prefill = DeltaRulePrefill::recurrent;
-    if (form && std::string_view(form) == "chunked") p.prefill = DeltaRulePrefill::chunked;
+    if (deltanet_prefill_form_ == "recurrent") p.prefill = DeltaRulePrefill::recurrent;
+    if (deltanet_prefill_form_ == "chunked") p.prefill = DeltaRulePrefill::chunked;
     return p;
   }
 
@@ -692,6 +691,10 @@ class CudaBackendImpl final : public CudaBackend {
 
   static constexpr int kRing = 8;
   const int chunk_tokens_ = prefill_chunk_tokens();  // tokens per prefill pass
+  const std::string deltanet_prefill_form_ = [] {   // LILY_DELTANET_PREFILL (A/B runs), read once
+    const char* v = std::getenv("LILY_DELTANET_PREFILL");
+    return std::string(v ? v : "");
+  }();
   const DecodeSkip skip_ = DecodeSkip::from_env();   // measurement only (LILY_DECODE_SKIP)
   const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");      // A/B switch
   std::unique_ptr<GpuWeights> w_;

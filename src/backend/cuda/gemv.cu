@@ -37,6 +37,8 @@
 //           (quant_mma.cuh: codes exact in bf16, x as bf16 hi + lo, fp32-level accuracy), each
 //           tile's columns split over KSPLIT warps of the block and summed in shared memory. It
 //           takes the 4-bit rows staged_gemv_kernel would; LILY_MMA_GEMV=0 keeps the latter.
+//           rms_norm_gemv of the model's input projections goes to gemv_prefetch.cu's kernel
+//           (each block's rows copied into shared memory before the PDL wait) where it fits.
 // Tested:   tests/cuda/test_gemv.cu against cpu::linear (and cpu::rms_norm for the fused kernel);
 //           both T = 1 paths.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc

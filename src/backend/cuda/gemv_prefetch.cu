@@ -54,7 +54,7 @@ struct PrefetchGemvParams {
   const uint8_t* scales;  // [rows, cols / 64] bf16
   const uint8_t* biases;  // [rows, cols / 64] bf16
   const float* x;         // [cols]
-  const float* gain;      // [cols] (NORM)
+  const float* gain;      // [cols] the norm's effective gain
   float eps;
   float* y;               // [rows]
   int rows, cols;
@@ -62,8 +62,7 @@ struct PrefetchGemvParams {
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 
-template <bool NORM, bool ACC>
-__global__ void __launch_bounds__(kThreads, 3) prefetch_gemv_kernel(PrefetchGemvParams p) {
+__global__ void __launch_bounds__(kThreads, 3) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
   extern __shared__ __align__(128) uint4 weights_s[];  // codes | scales | biases of the block's rows
   __shared__ __align__(16) float xs[kMaxCols];
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxCols)];
@@ -98,7 +97,7 @@ __global__ void __launch_bounds__(kThreads, 3) prefetch_gemv_kernel(PrefetchGemv
   pdl_wait();
   pdl_launch_dependents();
 
-  stage_input_row<NORM, kThreads, kMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, gsum, zero, red);
+  stage_input_row<true, kThreads, kMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, gsum, zero, red);
   __syncthreads();  // also publishes the barrier's init to every thread
   ptx::mbarrier_wait(&copied, 0);
 
@@ -144,7 +143,7 @@ __global__ void __launch_bounds__(kThreads, 3) prefetch_gemv_kernel(PrefetchGemv
     float sum = 0.f;
     for (int j = 0; j < pairs; ++j) sum += unit_sum[tile * pairs + j][r % 16];
     float* out = p.y + r_begin + r;
-    *out = ACC ? *out + sum : sum;
+    *out = sum;
   }
 }
 
@@ -174,10 +173,9 @@ Plan plan_for(const QMatrix& W) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-template <bool NORM, bool ACC>
 void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
-  static const bool configured = [] {  // once per instantiation: allow more than 48 KB
-    CUDA_CHECK(cudaFuncSetAttribute(prefetch_gemv_kernel<NORM, ACC>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+  static const bool configured = [] {  // once: allow more than 48 KB
+    CUDA_CHECK(cudaFuncSetAttribute(prefetch_rms_norm_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kMaxWeightBytes)));
     return true;
   }();
@@ -185,7 +183,7 @@ void launch(const QMatrix& W, const float* x, const float* gain, float eps, floa
   const Plan plan = plan_for(W);
   const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
                              reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
-  prefetch_gemv_kernel<NORM, ACC><<<unsigned(plan.grid), kThreads, plan.smem, stream>>>(p);
+  prefetch_rms_norm_gemv_kernel<<<unsigned(plan.grid), kThreads, plan.smem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
@@ -206,7 +204,7 @@ void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain,
                             cudaStream_t stream) {
   LILY_CHECK(prefetch_gemv_supports(W, x) && aligned16(gain), "prefetch_rms_norm_gemv: [{}, {}] q{} is not supported",
              W.rows, W.cols, W.bits);
-  launch<true, false>(W, x, gain, eps, y, stream);
+  launch(W, x, gain, eps, y, stream);
 }
 
 }  // namespace lily::cuda
