@@ -11,6 +11,7 @@
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/pdl_graph.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -31,28 +32,13 @@ __global__ void busy_kernel(long long ns) {
   while (now - start < ns);
 }
 
-void make_edges_programmatic(cudaGraph_t graph) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
-  std::vector<cudaGraphNode_t> from(n), to(n);
-  std::vector<cudaGraphEdgeData> data(n);
-  CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
-  for (size_t i = 0; i < n; ++i) {
-    cudaGraphEdgeData programmatic{};
-    programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
-    programmatic.type = cudaGraphDependencyTypeProgrammatic;
-    CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
-    CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &programmatic, 1));
-  }
-}
-
 // Microseconds per repetition of `body` (captured `reps` times into one graph, replayed).
 double graph_us(cudaStream_t s, int reps, const std::function<void(int)>& body) {
   cudaGraph_t g;
   CUDA_CHECK(cudaStreamBeginCapture(s, cudaStreamCaptureModeRelaxed));
   for (int i = 0; i < reps; ++i) body(i);
   CUDA_CHECK(cudaStreamEndCapture(s, &g));
-  make_edges_programmatic(g);
+  cuda::make_edges_programmatic(g);
   cudaGraphExec_t e;
   CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
   cudaEvent_t a, b;

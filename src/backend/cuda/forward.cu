@@ -37,6 +37,7 @@
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_check.h"
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/pdl_graph.h"
 #include "backend/cuda/deltanet.h"
 #include "backend/cuda/gemm_q4.h"
 #include "backend/cuda/gemv.h"
@@ -446,7 +447,7 @@ class CudaBackendImpl final : public CudaBackend {
   // The captured step, its kernel-to-kernel edges made programmatic (pdl.cuh) unless LILY_PDL=0;
   // if the driver refuses that graph, the plain one.
   static cudaGraphExec_t instantiate_step(cudaGraph_t graph) {
-    if (const char* v = std::getenv("LILY_DECODE_CARVEOUT")) set_carveout(graph, std::atoi(v));  // experiment
+    if (const char* v = std::getenv("LILY_DECODE_CARVEOUT")) prefer_shared_carveout(graph, std::atoi(v));  // experiment
     static const bool pdl = [] {
       const char* v = std::getenv("LILY_PDL");
       return !(v && std::string(v) == "0");
@@ -455,7 +456,7 @@ class CudaBackendImpl final : public CudaBackend {
     if (pdl) {
       cudaGraph_t programmatic = nullptr;
       CUDA_CHECK(cudaGraphClone(&programmatic, graph));
-      make_edges_programmatic(programmatic);
+      make_edges_programmatic(programmatic);  // pdl_graph.h
       const cudaError_t e = cudaGraphInstantiate(&exec, programmatic, 0);
       CUDA_CHECK(cudaGraphDestroy(programmatic));
       if (e == cudaSuccess) return exec;
@@ -467,44 +468,6 @@ class CudaBackendImpl final : public CudaBackend {
     }
     CUDA_CHECK(cudaGraphInstantiate(&exec, graph, 0));
     return exec;
-  }
-
-  // Every kernel of the graph prefers `percent` of the L1 / shared-memory split for shared memory.
-  static void set_carveout(cudaGraph_t graph, int percent) {
-    size_t n = 0;
-    CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-    std::vector<cudaGraphNode_t> nodes(n);
-    CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type;
-      CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-      if (type != cudaGraphNodeTypeKernel) continue;
-      cudaKernelNodeParams params{};
-      CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
-      CUDA_CHECK(cudaFuncSetAttribute(params.func, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
-    }
-  }
-
-  // Every edge between two kernel nodes becomes a programmatic dependency: the downstream
-  // kernel is launched once all upstream blocks have called pdl_launch_dependents (or exited),
-  // and its pdl_wait() returns when the upstream kernel has finished, its writes visible.
-  static void make_edges_programmatic(cudaGraph_t graph) {
-    size_t n = 0;
-    CUDA_CHECK(cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &n));
-    std::vector<cudaGraphNode_t> from(n), to(n);
-    std::vector<cudaGraphEdgeData> data(n);
-    CUDA_CHECK(cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &n));
-    for (size_t i = 0; i < n; ++i) {
-      cudaGraphNodeType a, b;
-      CUDA_CHECK(cudaGraphNodeGetType(from[i], &a));
-      CUDA_CHECK(cudaGraphNodeGetType(to[i], &b));
-      if (a != cudaGraphNodeTypeKernel || b != cudaGraphNodeTypeKernel) continue;
-      cudaGraphEdgeData programmatic{};
-      programmatic.from_port = cudaGraphKernelNodePortProgrammatic;
-      programmatic.type = cudaGraphDependencyTypeProgrammatic;
-      CUDA_CHECK(cudaGraphRemoveDependencies(graph, &from[i], &to[i], &data[i], 1));
-      CUDA_CHECK(cudaGraphAddDependencies(graph, &from[i], &to[i], &programmatic, 1));
-    }
   }
 
   // One pass of T <= chunk_tokens_ tokens (already in s_.tokens) through the model; logits of
