@@ -19,6 +19,7 @@
 // Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/grow_only_scratch.h"
 
 #include <cuda_runtime.h>
 
@@ -359,19 +360,8 @@ void check_params(const AttentionParams& p) {
 
 // The grow-only scratch of the overload without one, zero-filled when (re)allocated.
 void* own_scratch(size_t bytes, cudaStream_t stream) {
-  static void* buffer = nullptr;
-  static size_t size = 0;
-  if (bytes > size) {
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    if (capturing != cudaStreamCaptureStatusNone)
-      ::lily::fail(fmt::runtime("gated_attention_core: run once before graph capture (scratch of {} bytes)"), bytes);
-    if (buffer) CUDA_CHECK(cudaFreeAsync(buffer, stream));
-    CUDA_CHECK(cudaMallocAsync(&buffer, bytes, stream));
-    CUDA_CHECK(cudaMemsetAsync(buffer, 0, bytes, stream));
-    size = bytes;
-  }
-  return buffer;
+  static GrowOnlyScratch scratch("gated_attention_core", true);
+  return scratch.get(bytes, stream);
 }
 
 }  // namespace

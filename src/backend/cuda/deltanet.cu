@@ -36,6 +36,7 @@
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/grow_only_scratch.h"
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -376,14 +377,8 @@ void check_params(const DeltaNetParams& p) {
 
 // The grow-only scratch of the overload without one (stream-ordered allocation).
 void* own_scratch(size_t bytes, cudaStream_t stream) {
-  static void* buffer = nullptr;
-  static size_t size = 0;
-  if (bytes > size) {
-    if (buffer) CUDA_CHECK(cudaFreeAsync(buffer, stream));
-    CUDA_CHECK(cudaMallocAsync(&buffer, bytes, stream));
-    size = bytes;
-  }
-  return buffer;
+  static GrowOnlyScratch scratch("gated_deltanet_core", false);
+  return scratch.get(bytes, stream);
 }
 
 }  // namespace

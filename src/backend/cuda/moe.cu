@@ -47,6 +47,7 @@
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/grow_only_scratch.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
@@ -648,20 +649,13 @@ void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, co
 void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
                     float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights,
                     cudaStream_t stream) {
-  // A grow-only scratch of its own, zeroed when (re)allocated (the counters must start at 0).
-  static void* buffer = nullptr;
+  // A grow-only scratch of its own, zeroed when (re)allocated (the counters must start at 0). Its
+  // layout depends on the token capacity, which only grows too: a new capacity means more bytes,
+  // so a new, zeroed buffer.
+  static GrowOnlyScratch scratch("moe_route_norm", true);
   static int capacity = 0, experts = 0;
-  if (T > capacity || router.rows > experts) {
-    capacity = std::max(capacity, T), experts = std::max(experts, router.rows);
-    const size_t bytes = moe_route_scratch_bytes(experts, capacity);
-    cudaStreamCaptureStatus capturing = cudaStreamCaptureStatusNone;
-    CUDA_CHECK(cudaStreamIsCapturing(stream, &capturing));
-    LILY_CHECK(capturing == cudaStreamCaptureStatusNone,
-               "moe_route_norm: run once before graph capture (scratch of {} bytes)", bytes);
-    if (buffer) CUDA_CHECK(cudaFreeAsync(buffer, stream));
-    CUDA_CHECK(cudaMallocAsync(&buffer, bytes, stream));
-    CUDA_CHECK(cudaMemsetAsync(buffer, 0, bytes, stream));
-  }
+  capacity = std::max(capacity, T), experts = std::max(experts, router.rows);
+  void* buffer = scratch.get(moe_route_scratch_bytes(experts, capacity), stream);
   moe_route_norm(router, shared_expert_gate, h, gain, eps, T, k, normed, expert_ids, expert_weights, buffer, capacity,
                  stream);
 }
