@@ -35,6 +35,7 @@
 //           many steps, small capacities, 69K keys, the caller's scratch).
 #include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/device_info.h"
 
 #include "backend/cuda/attention_common.cuh"
 #include "backend/cuda/mma.cuh"
@@ -325,16 +326,14 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
 }  // namespace
 
 void launch_attention_decode(const AttnArgs& args, int S, cudaStream_t stream) {
-  // Once: the SMs of the device (the splits that run at once) and the shared memory opt-in.
-  static const int sm_count = [] {
-    int device = 0, sms = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  static const bool configured = [] {  // once: the shared memory opt-in
     CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSplitSmem)));
-    return sms;
+    return true;
   }();
-  const int max_splits = std::min(S, std::max(1, sm_count / args.nkv));
+  (void)configured;
+  // The splits that run at once: one per SM of a KV head's share.
+  const int max_splits = std::min(S, std::max(1, multiprocessor_count() / args.nkv));
   attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
                                                                                                    max_splits);
   CUDA_CHECK_LAUNCH();

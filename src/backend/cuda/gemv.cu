@@ -43,6 +43,7 @@
 //           both T = 1 paths.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gemv_prefetch.h"
 #include "backend/cuda/quant_dot.cuh"
@@ -359,11 +360,9 @@ bool mma_gemv_enabled() { return quant_mma::decode_mma_enabled(); }
 template <auto Kernel>
 int resident_blocks() {
   static const int blocks = [] {
-    int device = 0, sms = 0, per_sm = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    int per_sm = 0;
     CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, Kernel, kNormThreads, 0));
-    return std::max(1, sms * per_sm);
+    return std::max(1, multiprocessor_count() * per_sm);
   }();
   return blocks;
 }

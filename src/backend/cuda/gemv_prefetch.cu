@@ -30,6 +30,7 @@
 // Tested:   tests/cuda/test_gemv.cu (both paths against cpu::linear / cpu::rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv_prefetch.h"
+#include "backend/cuda/device_info.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -147,16 +148,6 @@ __global__ void __launch_bounds__(kThreads, 3) prefetch_rms_norm_gemv_kernel(Pre
   }
 }
 
-int multiprocessors() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 struct Plan {
   int grid = 0;
   uint32_t smem = 0;  // dynamic shared memory of one block
@@ -165,7 +156,7 @@ struct Plan {
 Plan plan_for(const QMatrix& W) {
   const int tiles = (W.rows + 15) / 16;
   Plan plan;
-  plan.grid = std::min(multiprocessors(), tiles);
+  plan.grid = std::min(multiprocessor_count(), tiles);
   const int max_tiles = (tiles + plan.grid - 1) / plan.grid;
   plan.smem = uint32_t(max_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
   return plan;
