@@ -28,6 +28,7 @@
 // Tested:   tests/cuda/test_moe.cu (FusedDecode*: against the three launches and the CPU).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe_fused.h"
+#include "backend/cuda/device_info.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -185,28 +186,9 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
   pdl_wait();
   pdl_launch_dependents();
 
-  // ---- Phase A: norm, router logits, the shared expert's gate ----
-  {
-    float ss = 0.f;
-    for (int j = threadIdx.x; j < p.H / 4; j += kThreads) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.h) + j);
-      ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
-    }
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, o);
-    if (lane == 0) norm_part[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += norm_part[w];
-    const float inv = 1.f / sqrtf(total / float(p.H) + p.eps);  // as rms_norm
-    for (int j = threadIdx.x; j < p.H / 4; j += kThreads) {
-      const float4 v = __ldcg(reinterpret_cast<const float4*>(p.h) + j), gn = __ldg(reinterpret_cast<const float4*>(p.gain) + j);
-      reinterpret_cast<float4*>(xs)[j] = make_float4(v.x * inv * gn.x, v.y * inv * gn.y, v.z * inv * gn.z, v.w * inv * gn.w);
-    }
-    if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-    __syncthreads();
-  }
+  // ---- Phase A: norm (x and its fragments for phase B), router logits, the shared expert's gate ----
+  stage_input_row<true, kThreads, kMaxH>(p.h, p.gain, p.eps, p.H, xs, frag, gsum, zero, norm_part);
+  __syncthreads();
   if (quad < quads) {
     float d[kQuadRows];
     rq.dots(xs, router_cpr, d);
@@ -230,7 +212,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
     }
     if (lane == 0) p.weights[p.k] = 1.f / (1.f + expf(-d[0])), p.ids[p.k] = 0;
   }
-  stage_x_fragments(xs, p.H, frag, gsum);  // for phase B (x is this block's own)
   grid_barrier(p.barrier);
 
   // ---- Phase B: top-k in every block, gate/up items ----
@@ -322,16 +303,6 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
   }
 }
 
-int resident_sms() {
-  static const int sms = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  return sms;
-}
-
 }  // namespace
 
 bool moe_fused_enabled() {
@@ -366,7 +337,7 @@ void moe_fused_decode(const MoeFusedWeights& w, float* h, const float* gain, flo
   p.logits = reinterpret_cast<float*>(static_cast<char*>(scratch) + 16);
   p.act = p.logits + p.E;
   p.ids = expert_ids, p.weights = expert_weights;
-  const int grid = resident_sms();  // one block per SM: all resident (the barriers need it)
+  const int grid = multiprocessor_count();  // one block per SM: all resident (the barriers need it)
   if (w.router.bits == 8)
     moe_fused_kernel<8><<<grid, kThreads, 0, stream>>>(p);
   else
