@@ -151,15 +151,9 @@ TEST(CudaGemv, RmsNormGemvInputScale) {
 
 // 4-bit rows at T = 1 go to the tensor-core kernel (mma_gemv_kernel) by default;
 // LILY_MMA_GEMV=0 sends them to the FP32 staged kernel: both must match the CPU.
-class Fp32DecodePath {
- public:
-  Fp32DecodePath() { setenv("LILY_MMA_GEMV", "0", 1); }
-  ~Fp32DecodePath() { unsetenv("LILY_MMA_GEMV"); }
-};
-
 TEST(CudaGemv, DecodeFp32PathEdgeSizes) {
   REQUIRE_GPU();
-  Fp32DecodePath fp32;
+  ScopedEnv fp32("LILY_MMA_GEMV", "0");
   for (int rows : {1, 63, 65, 2048})
     for (int cols : {64, 192, 2048, 4096}) {
       check_gemv(rows, cols, 1, 4, false);
@@ -172,12 +166,6 @@ TEST(CudaGemv, DecodeFp32PathEdgeSizes) {
 // into shared memory before the PDL wait) where a block's rows fit; LILY_PREFETCH_GEMV=0 sends
 // them to mma_gemv_kernel. The model's input projections must take the prefetch path (the tests
 // above then cover it), and both paths must match the CPU at the edges of the block ranges.
-class PrefetchOff {
- public:
-  PrefetchOff() { setenv("LILY_PREFETCH_GEMV", "0", 1); }
-  ~PrefetchOff() { unsetenv("LILY_PREFETCH_GEMV"); }
-};
-
 TEST(CudaGemv, ModelShapesTakeThePrefetchPath) {
   REQUIRE_GPU();
   const float* x = reinterpret_cast<const float*>(uintptr_t(256));  // only its alignment is read
@@ -204,7 +192,7 @@ TEST(CudaGemv, PrefetchBlockRangeEdges) {
 
 TEST(CudaGemv, MmaPathWithoutPrefetch) {
   REQUIRE_GPU();
-  PrefetchOff off;
+  ScopedEnv off("LILY_PREFETCH_GEMV", "0");
   for (int rows : {1, 65, 2048, 12352})
     for (int cols : {512, 2048, 4096}) {
       check_rms_norm_gemv(rows, cols, 4);

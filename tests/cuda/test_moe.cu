@@ -295,13 +295,12 @@ TEST(CudaMoe, DownAccumulate) {
 // FP32 kernels: both must match the CPU.
 TEST(CudaMoe, Fp32ExpertKernels) {
   REQUIRE_GPU();
-  setenv("LILY_MMA_GEMV", "0", 1);
+  ScopedEnv fp32("LILY_MMA_GEMV", "0");
   check_gate_up(8, 512, 2048, 1, 8, 4);
   check_gate_up(256, 64, 128, 3, 2, 4);
   check_down(8, 2048, 512, 1, 8, 4);
   check_down(256, 65, 64, 3, 2, 4);
   check_down(8, 130, 3072, 1, 5, 4);
-  unsetenv("LILY_MMA_GEMV");
 }
 
 // The three launches together against h + cpu::sparse_moe(cpu::rms_norm(h)) (small sizes; ids

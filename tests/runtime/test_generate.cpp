@@ -7,6 +7,8 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdlib>
+#include <string>
+#include <utility>
 
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -16,18 +18,31 @@ namespace {
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
 
-// Wraps a backend; forward_candidates runs the wrapped forward() and selects on the host (what
-// a GPU backend does on the device): descending logits, ties to the lower id, NaN excluded.
-class CandidateBackend final : public Backend {
+// Passes everything to a wrapped backend except forward_candidates, which stays the base's
+// "not offered": the whole-row path of the same backend.
+class WholeRowBackend : public Backend {
  public:
-  explicit CandidateBackend(Backend& inner) : inner_(inner) {}
-  std::string name() const override { return "candidates(" + inner_.name() + ")"; }
+  explicit WholeRowBackend(Backend& inner, std::string label = "whole-row") : inner_(inner), label_(std::move(label)) {}
+  std::string name() const override { return label_ + "(" + inner_.name() + ")"; }
   const ModelConfig& config() const override { return inner_.config(); }
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
   void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                std::vector<float>& logits) override {
     inner_.forward(state, tokens, wanted, logits);
   }
+
+ protected:
+  Backend& inner_;
+
+ private:
+  std::string label_;
+};
+
+// Wraps a backend; forward_candidates runs the wrapped forward() and selects on the host (what
+// a GPU backend does on the device): descending logits, ties to the lower id, NaN excluded.
+class CandidateBackend final : public WholeRowBackend {
+ public:
+  explicit CandidateBackend(Backend& inner) : WholeRowBackend(inner, "candidates") {}
   bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
                           std::vector<TokenLogit>& out) override {
     ++calls;
@@ -46,9 +61,6 @@ class CandidateBackend final : public Backend {
     return true;
   }
   int calls = 0, last_count = 0;
-
- private:
-  Backend& inner_;
 };
 
 GenerateResult run(Backend& backend, const GenerateRequest& request) {
@@ -112,22 +124,8 @@ TEST(Generate, CandidatePathGivesTheWholeRowTokens) {
 }
 
 // A backend's own forward_candidates (the GPU's top_candidates under LILY_TEST_BACKEND=cuda)
-// against the same backend with it switched off: the same tokens, greedy and sampled.
-class WholeRowBackend final : public Backend {
- public:
-  explicit WholeRowBackend(Backend& inner) : inner_(inner) {}
-  std::string name() const override { return "whole-row(" + inner_.name() + ")"; }
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
-  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
-               std::vector<float>& logits) override {
-    inner_.forward(state, tokens, wanted, logits);
-  }
-
- private:
-  Backend& inner_;
-};
-
+// against the same backend with it switched off (WholeRowBackend): the same tokens, greedy and
+// sampled.
 TEST(Generate, BackendCandidatesMatchTheWholeRow) {
   const char* backend = std::getenv("LILY_TEST_BACKEND");
   auto engine = Engine::load(EngineOptions{kModelDir, backend ? backend : "cpu", 0});
