@@ -332,8 +332,7 @@ class CudaBackendImpl final : public CudaBackend {
     logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
 
     if (T == 1) {  // decode: replay the captured step
-      *host_token_ = tokens[0];
-      CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+      write_step_token(tokens[0]);
       launch_step_graph(s);
       // The row through pinned memory: a device-to-pageable copy is staged by the driver at a
       // fraction of the bandwidth.
@@ -370,8 +369,7 @@ class CudaBackendImpl final : public CudaBackend {
     LILY_CHECK(s.length() + 1 <= s.capacity(), "sequence of {} tokens plus 1 exceeds its capacity of {}", s.length(),
                s.capacity());
     LILY_CHECK(token >= 0 && token < V, "token id {} is outside the vocabulary [0, {})", token, V);
-    *host_token_ = token;
-    CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+    write_step_token(token);
     launch_step_graph(s);
     top_candidates(s_.logits.as<float>(), std::min(vocab_limit, V), count, s_.candidate_scratch.p,
                    s_.candidates.as<Candidate>(), stream_);
@@ -388,8 +386,7 @@ class CudaBackendImpl final : public CudaBackend {
   std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {
     auto& s = as_cuda(state);
     LILY_CHECK(s.length() + count <= s.capacity(), "decode of {} tokens exceeds the capacity", count);
-    *host_token_ = first_token;
-    CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+    write_step_token(first_token);
     std::vector<int32_t> out;
     std::vector<cudaEvent_t> events(kRing);
     for (auto& e : events) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
@@ -430,6 +427,12 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
   // The T = 1 step as a graph, captured the first time per sequence.
+  // `token` into the decode step's input slot, through pinned memory, in stream order.
+  void write_step_token(int32_t token) {
+    *host_token_ = token;
+    CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
+  }
+
   void launch_step_graph(CudaSequenceState& s) {
     if (!s.graph_exec) {
       cudaGraph_t graph;
