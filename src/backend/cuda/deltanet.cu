@@ -93,10 +93,13 @@ __device__ __forceinline__ float warp_sum(float v) {
 }
 
 // beta = sigmoid(b), alpha = exp(g), g = -exp(A_log) * softplus(a + dt_bias)  (spec §2.6, fp32)
-__device__ __forceinline__ void gates(const CoreArgs& p, int t, int h, float& alpha, float& beta) {
-  beta = sigmoid(p.b[size_t(t) * p.Hv + h]);
-  const float g = -expf(p.A_log[h]) * softplus(p.a[size_t(t) * p.Hv + h] + p.dt_bias[h]);
+__device__ __forceinline__ void gate_values(float b, float a, float A_log, float dt_bias, float& alpha, float& beta) {
+  beta = sigmoid(b);
+  const float g = -expf(A_log) * softplus(a + dt_bias);
   alpha = expf(g);
+}
+__device__ __forceinline__ void gates(const CoreArgs& p, int t, int h, float& alpha, float& beta) {
+  gate_values(p.b[size_t(t) * p.Hv + h], p.a[size_t(t) * p.Hv + h], p.A_log[h], p.dt_bias[h], alpha, beta);
 }
 
 __device__ __forceinline__ float4 ld4(const float* p) { return *reinterpret_cast<const float4*>(p); }
@@ -192,9 +195,8 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const float inv_k = 1.f / sqrtf(part[1][0] + part[1][1] + part[1][2] + part[1][3] + 1e-6f);
   q_s[tid] = uq * inv_q;
   k_s[tid] = uk * inv_k;
-  // beta = sigmoid(b), alpha = exp(g), g = -exp(A_log) * softplus(a + dt_bias) (as gates())
-  const float beta = sigmoid(p.b[h]);
-  const float alpha = expf(-expf(A_log) * softplus(p.a[h] + dt_bias));
+  float alpha, beta;
+  gate_values(p.b[h], p.a[h], A_log, dt_bias, alpha, beta);  // A_log, dt_bias loaded before the wait
   __syncthreads();
 
   const float o = delta_step(s, q_s, k_s, v_s[lane], alpha, beta, red);
