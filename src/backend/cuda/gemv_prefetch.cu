@@ -150,6 +150,7 @@ __global__ void __launch_bounds__(kThreads, 3) prefetch_rms_norm_gemv_kernel(Pre
 
 struct Plan {
   int grid = 0;
+  int max_tiles = 0;  // tiles of 16 rows of the largest block
   uint32_t smem = 0;  // dynamic shared memory of one block
 };
 
@@ -157,8 +158,8 @@ Plan plan_for(const QMatrix& W) {
   const int tiles = (W.rows + 15) / 16;
   Plan plan;
   plan.grid = std::min(multiprocessor_count(), tiles);
-  const int max_tiles = (tiles + plan.grid - 1) / plan.grid;
-  plan.smem = uint32_t(max_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
+  plan.max_tiles = (tiles + plan.grid - 1) / plan.grid;
+  plan.smem = uint32_t(plan.max_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
   return plan;
 }
 
@@ -187,8 +188,7 @@ bool prefetch_gemv_supports(const QMatrix& W, const float* x) {
         W.cols <= kMaxCols && aligned16(W.codes) && aligned16(W.scales) && aligned16(W.biases) && aligned16(x)))
     return false;
   const Plan plan = plan_for(W);
-  const int max_tiles = ((W.rows + 15) / 16 + plan.grid - 1) / plan.grid;
-  return plan.smem <= kMaxWeightBytes && max_tiles * (W.cols / kPairCols) <= kMaxUnits;
+  return plan.smem <= kMaxWeightBytes && plan.max_tiles * (W.cols / kPairCols) <= kMaxUnits;
 }
 
 void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
