@@ -388,6 +388,51 @@ void check_fused(int E, int k, int H, int I, uint32_t seed) {
   EXPECT_LT(relative_error(hf.download(), h3.download()), 1e-6);
 }
 
+// Decode with the choice in the expert launches (moe_route_norm choose = false; gate/up and down
+// choose from the logits) against the choice in moe_route_norm: the same h, bit for bit.
+void check_experts_choose(int E, int k, int H, int I, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "experts choose: E " << E << " k " << k << " H " << H << " I " << I);
+  TestQMatrix router(1, E, H, 8, seed), gate(E, I, H, 4, seed + 1), up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3);
+  TestQMatrix sgate(1, I, H, 4, seed + 4), sup(1, I, H, 4, seed + 5), sdown(1, H, I, 4, seed + 6);
+  TestQMatrix egate(1, 1, H, 8, seed + 7);
+  const NormedInput in = normed_input(1, H, seed + 8);
+  const int slots = k + 1;
+  ASSERT_TRUE(cuda::moe_experts_can_choose(gate.gpu(), down.gpu(), E, k));
+  const size_t scratch_bytes = cuda::moe_route_scratch_bytes(E, 1);
+  std::vector<std::vector<float>> h_out, w_out;
+  std::vector<std::vector<int32_t>> ids_out;
+  for (bool experts_choose : {false, true}) {
+    DeviceArray<float> h(in.h), gain(in.gain), x(static_cast<size_t>(H)), w(static_cast<size_t>(slots)),
+        act(static_cast<size_t>(slots) * I);
+    DeviceArray<int32_t> ids(static_cast<size_t>(slots));
+    DeviceArray<uint8_t> scratch(scratch_bytes);
+    CUDA_OK(cudaMemset(scratch.get(), 0, scratch_bytes));
+    w.poison(), ids.poison(), act.poison();
+    const float* logits = experts_choose ? cuda::moe_route_logits(scratch.get(), 1) : nullptr;
+    cuda::moe_route_norm(router.gpu(), egate.gpu(), h.get(), gain.get(), 1e-6f, 1, k, x.get(), ids.get(), w.get(),
+                         scratch.get(), 1, nullptr, !experts_choose);
+    cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids.get(), 1, k, act.get(), nullptr,
+                      logits);
+    cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids.get(), w.get(), 1, k, h.get(), nullptr, true,
+                              logits);
+    CUDA_OK(cudaDeviceSynchronize());
+    h_out.push_back(h.download()), w_out.push_back(w.download()), ids_out.push_back(ids.download());
+  }
+  // The routed slots are not written when the experts choose; the shared expert's slot is.
+  EXPECT_EQ(ids_out[1][size_t(k)], 0);
+  EXPECT_EQ(w_out[1][size_t(k)], w_out[0][size_t(k)]);
+  // The same kernels' arithmetic on the same experts: bit-equal (another expert would not be).
+  EXPECT_EQ(h_out[1], h_out[0]);
+}
+
+TEST(CudaMoe, ExpertsChooseLikeTheRouter) {
+  REQUIRE_GPU();
+  check_experts_choose(256, 8, 2048, 512, 21);  // the model
+  check_experts_choose(16, 4, 128, 64, 22);
+  check_experts_choose(100, 8, 64, 64, 23);
+  check_experts_choose(8, 2, 192, 128, 24);
+}
+
 TEST(CudaMoe, FusedDecodeMatchesThreeLaunches) {
   REQUIRE_GPU();
   check_fused(256, 8, 2048, 512, 11);  // the model

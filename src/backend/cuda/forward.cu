@@ -644,15 +644,23 @@ class CudaBackendImpl final : public CudaBackend {
       }
     }
     const bool decode = T == 1;
+    // Decode: the top-k is chosen by the expert launches from the router logits (each block; down
+    // before its PDL wait) rather than by the last block of moe_route_norm: a fence, an atomic
+    // ticket and a serial tail fewer on the critical path (LILY_EXPERTS_CHOOSE=0: the router).
+    const bool experts_choose =
+        decode && experts_choose_ && moe_experts_can_choose(m.experts_gate, m.experts_down, c_.num_experts, k);
+    const float* logits = experts_choose ? moe_route_logits(s_.route_scratch.p, chunk_tokens_) : nullptr;
     if (!(decode && skip_.route))
       moe_route_norm(m.router, m.shared_expert_gate, s_.h.as<float>(), post_attention_norm, c_.rms_norm_eps, T, k, x,
-                     ids, weights, s_.route_scratch.p, chunk_tokens_, stream_);
+                     ids, weights, s_.route_scratch.p, chunk_tokens_, stream_, !experts_choose);
     if (!(decode && skip_.gate_up))
-      moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_);
-    // ids come from moe_route_norm, two kernels back: down's routed weights load before its wait.
+      moe_gate_up(m.experts_gate, m.experts_up, m.shared_gate, m.shared_up, x, ids, T, k, s_.act.as<float>(), stream_,
+                  logits);
+    // ids (or the logits) come from moe_route_norm, two kernels back: down's routed weights load
+    // before its wait.
     if (!(decode && skip_.down))
       moe_down_accumulate(m.experts_down, m.shared_down, s_.act.as<float>(), ids, weights, T, k, s_.h.as<float>(),
-                          stream_, down_ids_early_);
+                          stream_, down_ids_early_, logits);
   }
 
   static constexpr int kRing = 8;
@@ -663,6 +671,7 @@ class CudaBackendImpl final : public CudaBackend {
   }();
   const DecodeSkip skip_ = DecodeSkip::from_env();   // measurement only (LILY_DECODE_SKIP)
   const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");      // A/B switch
+  const bool experts_choose_ = !env_is("LILY_EXPERTS_CHOOSE", "0");  // A/B switch
   std::unique_ptr<GpuWeights> w_;
   const ModelConfig c_;
   cudaStream_t stream_ = nullptr;

@@ -54,6 +54,7 @@
 #include "backend/cuda/route_topk.cuh"
 
 #include <algorithm>
+#include <cstdlib>
 
 
 namespace lily::cuda {
@@ -185,6 +186,7 @@ struct RouteParams {
   unsigned* counters;  // [T] scratch, zero between launches (the last block resets)
   int32_t* ids;        // [T, k + 1]
   float* weights;      // [T, k + 1]
+  bool choose;         // top-k here (else the expert kernels choose from the logits)
 };
 
 template <int BITS, int LPR>
@@ -225,6 +227,14 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
         sc[u][r] = load_bf16(w.scales + c / kChunksPerGroup);
         bi[u][r] = load_bf16(w.biases + c / kChunksPerGroup);
       }
+  }
+  const bool gate_warp = rank == kRouteBlocks - 1 && warp == kRouteThreads / 32 - 1;
+  if (gate_warp) {  // the shared expert's gate row into L2 (read after the wait, below)
+    const int bytes = p.H * p.expert_gate_bits / 8;
+    for (int off = lane * 128; off < bytes; off += 32 * 128)
+      prefetch_l2(reinterpret_cast<const uint8_t*>(p.expert_gate.codes) + off);
+    if (lane < 2) prefetch_l2(lane == 0 ? static_cast<const void*>(p.expert_gate.scales)
+                                        : static_cast<const void*>(p.expert_gate.biases));
   }
   pdl_wait();
   pdl_launch_dependents();
@@ -300,13 +310,14 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   }
   // The shared expert's slot: its gate, by the last block's last warp (free: the router rows
   // of a block need at most two warps at E = 256).
-  if (rank == kRouteBlocks - 1 && warp == kRouteThreads / 32 - 1) {
+  if (gate_warp) {
     const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, xs);
     if (lane == 0) {
       p.ids[int64_t(t) * slots + p.k] = 0;
       p.weights[int64_t(t) * slots + p.k] = 1.f / (1.f + expf(-d));
     }
   }
+  if (!p.choose) return;  // the expert kernels choose from the logits
   // The last block of token t to finish does the top-k (threadFenceReduction pattern: publish,
   // count, and the block that takes the last ticket reads everyone's logits from L2).
   __threadfence();  // this thread's logits visible device-wide before the ticket
@@ -335,6 +346,7 @@ struct GateUpParams {
   const int32_t* ids;          // [T, k + 1]
   int E, I, H, k;
   float* act;                  // [T, k + 1, I]
+  const float* logits;         // [E] router logits of the one token: choose here (else ids)
 };
 
 template <int BITS, int LPR>
@@ -379,14 +391,19 @@ __global__ void __launch_bounds__(kGateUpThreads) moe_gate_up_kernel(GateUpParam
 constexpr int kGateUpMmaWarps = 4;
 constexpr int kGateUpMmaPairs = 2;  // pairs of 128-column blocks per load step (G and U: 8 uint4 each)
 
-// Registers are not capped: at 128 (four blocks per SM, room for moe_down_mma_kernel's blocks
-// beside two) it spilled and the 4K decode step lost 7% (docs/perf.md).
-__global__ void __launch_bounds__(32 * kGateUpMmaWarps) moe_gate_up_mma_kernel(GateUpParams p) {
+// (A cap at 128, four blocks per SM, spilled and the 4K decode step lost 7%: docs/perf.md.)
+// MIN_BLOCKS 3 caps the registers at 170 so that the 288 blocks of a token run in one wave on 132
+// SMs; uncapped, the choice from the logits takes it to 178 (two blocks per SM). Capped, ptxas
+// spills 168 bytes (LILY_GATEUP_MIN_BLOCKS=1: uncapped, for the A/B run).
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_mma_kernel(GateUpParams p) {
   using namespace quant_mma;
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
   __shared__ float gsum[kMaxHidden / 64];
   __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
   __shared__ float partial[kGateUpMmaWarps][32];  // [warp][G rows 0..15 | U rows 0..15]
+  __shared__ float choice_logits[kMaxExperts];
+  __shared__ int choice_id;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
   const int ts = blockIdx.y, t = ts / (p.k + 1), s = ts % (p.k + 1);
   const bool shared = s == p.k;
@@ -403,11 +420,31 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps) moe_gate_up_mma_kernel(G
     load_tile(tg, gate.codes, gate.scales, gate.biases, rg, rg8, cpr, pair0);
     load_tile(tu, up.codes, up.scales, up.biases, rg, rg8, cpr, pair0);
   };
-  if (shared && pair_begin < pair_end) load(0, pair_begin);  // depends on nothing: before the wait
+  // The shared expert's weights depend on nothing: into L2 before the wait. (Not into registers:
+  // held across the wait they would raise the kernel's registers where a routed block chooses
+  // its expert, and at 186 registers the 288 blocks no longer fit on 132 SMs in one wave.)
+  if (shared && pair_begin < pair_end)
+    for (int pair0 = pair_begin; pair0 < pair_end; pair0 += kGateUpMmaPairs) {
+      const int64_t rg = i_g, rg8 = i_g8;
+      prefetch_tile_l2<kGateUpMmaPairs>(gate.codes, gate.scales, gate.biases, rg, rg8, cpr, pair0);
+      prefetch_tile_l2<kGateUpMmaPairs>(up.codes, up.scales, up.biases, rg, rg8, cpr, pair0);
+    }
   pdl_wait();
   pdl_launch_dependents();
-  const int e = shared ? 0 : min(max(p.ids[ts], 0), p.E - 1);
-  if (!shared && pair_begin < pair_end) load(e, pair_begin);
+  int e = 0;
+  if (!shared && p.logits) {  // this block's expert: rank s of the logits' top-k (as moe_route_norm)
+    if (warp == 0) {
+      for (int j = lane; j < p.E; j += 32) choice_logits[j] = __ldcg(p.logits + j);
+      __syncwarp();
+      const int chosen = warp_route_rank(choice_logits, p.E, s);
+      if (lane == 0) choice_id = chosen;
+    }
+    __syncthreads();
+    e = min(max(choice_id, 0), p.E - 1);
+  } else if (!shared) {
+    e = min(max(p.ids[ts], 0), p.E - 1);
+  }
+  if (pair_begin < pair_end) load(e, pair_begin);
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   stage_x_fragments(p.x + int64_t(t) * p.H, p.H, frag, gsum);
@@ -446,6 +483,7 @@ struct DownParams {
   int E, H, I, k;
   float* out;                 // [T, H]
   bool ids_before_launch;     // ids readable before pdl_wait (moe_down_accumulate)
+  const float* logits;        // [E] router logits of the one token: choose here (else ids, weights)
 };
 
 template <int BITS, int LPR>
@@ -559,11 +597,25 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
     load_tile(tile, down.codes, down.scales, down.biases, int64_t(e) * p.H + r_g, int64_t(e) * p.H + r_g8, cpr, pair0);
   };
   // Before the wait: the shared expert's weights, and the routed ones when their ids were
-  // written two kernels back (read through L2: this SM's L1 may hold an older step's ids).
+  // written two kernels back (read through L2: this SM's L1 may hold an older step's ids), or
+  // when this block chooses them from the logits (also two kernels back).
+  __shared__ float choice_logits[kMaxExperts];
+  __shared__ int32_t choice_ids[kMaxK + 1];
+  __shared__ float choice_weights[kMaxK + 1];
+  if (p.logits) {
+    if (warp == 0) {
+      for (int j = lane; j < p.E; j += 32) choice_logits[j] = __ldcg(p.logits + j);
+      __syncwarp();
+      warp_route_topk(choice_logits, p.E, p.k, choice_ids, choice_weights);
+      if (lane == 0) choice_ids[p.k] = 0, choice_weights[p.k] = __ldcg(p.weights + p.k);  // the shared gate
+    }
+    __syncthreads();
+  }
   const int64_t id_index = int64_t(t) * slots + s;
-  const bool early = shared || p.ids_before_launch;
+  const bool early = shared || p.ids_before_launch || p.logits;
   int e = 0;
-  if (!shared && p.ids_before_launch) e = min(max(__ldcg(p.ids + id_index), 0), p.E - 1);
+  if (!shared && p.logits) e = min(max(choice_ids[s], 0), p.E - 1);
+  else if (!shared && p.ids_before_launch) e = min(max(__ldcg(p.ids + id_index), 0), p.E - 1);
   if (early) load(e, 0);
   pdl_wait();
   pdl_launch_dependents();
@@ -592,7 +644,8 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   if (threadIdx.x < 16) {
     const int row = blockIdx.x * 16 + threadIdx.x;
     float sum = 0.f;
-    for (int j = 0; j < slots; ++j) sum = fmaf(p.weights[int64_t(t) * slots + j], partial[j][threadIdx.x], sum);
+    for (int j = 0; j < slots; ++j)
+      sum = fmaf(p.logits ? choice_weights[j] : p.weights[int64_t(t) * slots + j], partial[j][threadIdx.x], sum);
     if (row < p.H) p.out[int64_t(t) * p.H + row] += sum;
   }
 }
@@ -618,9 +671,13 @@ size_t moe_route_scratch_bytes(int E, int capacity) {
   return route_counter_bytes(capacity) + size_t(capacity) * size_t(E) * sizeof(float);
 }
 
+const float* moe_route_logits(const void* scratch, int scratch_tokens) {
+  return reinterpret_cast<const float*>(static_cast<const char*>(scratch) + route_counter_bytes(scratch_tokens));
+}
+
 void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, const float* h, const float* gain,
                     float eps, int T, int k, float* normed, int32_t* expert_ids, float* expert_weights, void* scratch,
-                    int scratch_tokens, cudaStream_t stream) {
+                    int scratch_tokens, cudaStream_t stream, bool choose) {
   check_matrix(router, "moe_route_norm");
   LILY_CHECK(router.rows <= kMaxExperts, "moe_route_norm: {} experts (at most {})", router.rows, kMaxExperts);
   LILY_CHECK(router.cols <= kMaxHidden, "moe_route_norm: hidden {} (at most {})", router.cols, kMaxHidden);
@@ -637,8 +694,9 @@ void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, co
              scratch_tokens, T);
   unsigned* counters = static_cast<unsigned*>(scratch);
   float* logits = reinterpret_cast<float*>(static_cast<char*>(scratch) + route_counter_bytes(scratch_tokens));
+  LILY_CHECK(choose || T == 1, "moe_route_norm: the experts choose only for one token, {} given", T);
   const RouteParams p{view(router), view(shared_expert_gate), shared_expert_gate.bits, h, gain, eps, router.rows,
-                      router.cols, k, normed, logits, counters, expert_ids, expert_weights};
+                      router.cols, k, normed, logits, counters, expert_ids, expert_weights, choose};
   const dim3 grid(kRouteBlocks, unsigned(T));
   dispatch_bits_lanes(router.bits, lanes_per_row(router.cols * router.bits / 128), [&](auto bits, auto lpr) {
     moe_route_norm_kernel<decltype(bits)::value, decltype(lpr)::value><<<grid, kRouteThreads, 0, stream>>>(p);
@@ -657,11 +715,17 @@ void moe_route_norm(const QMatrix& router, const QMatrix& shared_expert_gate, co
   capacity = std::max(capacity, T), experts = std::max(experts, router.rows);
   void* buffer = scratch.get(moe_route_scratch_bytes(experts, capacity), stream);
   moe_route_norm(router, shared_expert_gate, h, gain, eps, T, k, normed, expert_ids, expert_weights, buffer, capacity,
-                 stream);
+                 stream, true);
+}
+
+bool moe_experts_can_choose(const QMatrix& gate, const QMatrix& down, int E, int k) {
+  return moe_mma_enabled(gate) && moe_mma_enabled(down) && gate.cols <= kMaxHidden &&
+         down_mma_smem(k + 1, down.cols) <= kDownMmaMaxSmem && E <= kMaxExperts && k <= kMaxK;
 }
 
 void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
-                 const float* x, const int32_t* expert_ids, int T, int k, float* act, cudaStream_t stream) {
+                 const float* x, const int32_t* expert_ids, int T, int k, float* act, cudaStream_t stream,
+                 const float* router_logits) {
   check_matrix(gate, "moe_gate_up");
   LILY_CHECK(gate.batch == up.batch && gate.rows == up.rows && gate.cols == up.cols && gate.bits == up.bits &&
                  up.group_size == 64,
@@ -672,11 +736,21 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
   LILY_CHECK(k >= 1, "moe_gate_up: k = {}", k);
   check_aligned(x, "moe_gate_up: x");
   if (T <= 0) return;
+  LILY_CHECK(!router_logits || (T == 1 && k <= kMaxK && gate.batch <= kMaxExperts && moe_mma_enabled(gate) &&
+                                 gate.cols <= kMaxHidden),
+             "moe_gate_up: choosing from the logits needs one token and the tensor-core kernel");
   const GateUpParams p{view(gate), view(up), view(shared_gate), view(shared_up), x, expert_ids, gate.batch,
-                       gate.rows, gate.cols, k, act};
+                       gate.rows, gate.cols, k, act, router_logits};
   if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {
     const dim3 grid(unsigned((gate.rows + 15) / 16), unsigned(T * (k + 1)));
-    moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    static const bool uncapped = [] {
+      const char* v = std::getenv("LILY_GATEUP_MIN_BLOCKS");
+      return v && v[0] == '1';
+    }();
+    if (uncapped)
+      moe_gate_up_mma_kernel<1><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+    else
+      moe_gate_up_mma_kernel<3><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -691,14 +765,17 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
 
 void moe_down_accumulate(const QMatrix& down, const QMatrix& shared_down, const float* act, const int32_t* expert_ids,
                          const float* expert_weights, int T, int k, float* out, cudaStream_t stream,
-                         bool ids_before_launch) {
+                         bool ids_before_launch, const float* router_logits) {
   check_matrix(down, "moe_down_accumulate");
   check_shared(down, shared_down, "moe_down_accumulate");
   LILY_CHECK(k >= 1, "moe_down_accumulate: k = {}", k);
   check_aligned(act, "moe_down_accumulate: act");
   if (T <= 0) return;
+  LILY_CHECK(!router_logits || (T == 1 && k <= kMaxK && down.batch <= kMaxExperts && moe_mma_enabled(down) &&
+                                 down_mma_smem(k + 1, down.cols) <= kDownMmaMaxSmem),
+             "moe_down_accumulate: choosing from the logits needs one token and the tensor-core kernel");
   const DownParams p{view(down), view(shared_down), act, expert_ids, expert_weights, down.batch, down.rows, down.cols,
-                     k, out, ids_before_launch};
+                     k, out, ids_before_launch, router_logits};
   if (moe_mma_enabled(down) && down_mma_smem(k + 1, down.cols) <= kDownMmaMaxSmem) {
     static const bool configured = [] {  // once: allow more than 48 KB
       CUDA_CHECK(cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,

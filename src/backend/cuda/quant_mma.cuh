@@ -161,6 +161,28 @@ __device__ __forceinline__ void load_tile(TileLoad<NPAIR>& t, const uint4* codes
   }
 }
 
+// The lines load_tile would read for this lane, into L2 only (prefetch.global.L2): a block that
+// may not hold the registers of its weights across the PDL wait starts their read before it.
+template <int NPAIR>
+__device__ __forceinline__ void prefetch_tile_l2(const uint4* codes, const uint16_t* scales, const uint16_t* biases,
+                                                 int64_t row_g, int64_t row_g8, int cpr, int pair0) {
+  const int t4 = threadIdx.x % 4, gpr = cpr / 2;
+  auto prefetch = [](const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); };
+#pragma unroll
+  for (int p = 0; p < NPAIR; ++p) {
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
+      if (chunk < cpr) prefetch(codes + row_g * cpr + chunk), prefetch(codes + row_g8 * cpr + chunk);
+    }
+    const int grp = 4 * (pair0 + p) + t4;
+    if (grp < gpr) {
+      prefetch(scales + row_g * gpr + grp), prefetch(scales + row_g8 * gpr + grp);
+      prefetch(biases + row_g * gpr + grp), prefetch(biases + row_g8 * gpr + grp);
+    }
+  }
+}
+
 // y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
 // sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
 template <int NPAIR>
