@@ -190,6 +190,14 @@ TEST(CudaGemv, PrefetchBlockRangeEdges) {
   check_rms_norm_gemv(2001, 4096, 4, 1e3f);
 }
 
+// The 16-warp form of the prefetch kernel (LILY_PREFETCH_WARPS=16) at the same edges.
+TEST(CudaGemv, PrefetchSixteenWarps) {
+  REQUIRE_GPU();
+  ScopedEnv sixteen("LILY_PREFETCH_WARPS", "16");
+  for (int rows : {1, 17, 2113, 12352, 21120}) check_rms_norm_gemv(rows, 2048, 4);
+  for (int cols : {512, 4096}) check_rms_norm_gemv(1000, cols, 4);
+}
+
 TEST(CudaGemv, MmaPathWithoutPrefetch) {
   REQUIRE_GPU();
   ScopedEnv off("LILY_PREFETCH_GEMV", "0");

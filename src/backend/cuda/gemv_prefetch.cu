@@ -26,7 +26,8 @@
 // Limits:   the rows of one block fit in kMaxWeightBytes of shared memory (at 2048 columns 10
 //           tiles, 21,120 rows on 132 SMs; the model's largest, 12,352, takes 6); larger W (lm_head) take gemv.cu's
 //           mma_gemv_kernel. Registers capped for 3 blocks of 256 threads per SM, so the blocks
-//           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs).
+//           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs);
+//           LILY_PREFETCH_WARPS=16 runs blocks of 16 warps (63 registers, one unit per step).
 // Tested:   tests/cuda/test_gemv.cu (both paths against cpu::linear / cpu::rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv_prefetch.h"
@@ -34,6 +35,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string_view>
 
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -45,7 +47,6 @@ namespace {
 
 using namespace quant_mma;
 
-constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kMaxCols = 4096;
 constexpr int kMaxUnits = 96;                        // (tile, pair) units of one block
 constexpr uint32_t kMaxWeightBytes = 180 * 1024;     // dynamic shared memory (static: ~39 KB)
@@ -63,7 +64,11 @@ struct PrefetchGemvParams {
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
 
-__global__ void __launch_bounds__(kThreads, 3) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
+// THREADS 256 (3 blocks' registers per SM, the measured form) or 512 (LILY_PREFETCH_WARPS=16: the
+// units of a block over 16 warps, half the serial math per warp after the wait).
+template <int THREADS>
+__global__ void __launch_bounds__(THREADS, THREADS == 256 ? 3 : 2) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
+  constexpr int kThreads = THREADS, kWarps = THREADS / 32;
   extern __shared__ __align__(128) uint4 weights_s[];  // codes | scales | biases of the block's rows
   __shared__ __align__(16) float xs[kMaxCols];
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxCols)];
@@ -125,18 +130,28 @@ __global__ void __launch_bounds__(kThreads, 3) prefetch_rms_norm_gemv_kernel(Pre
     y_g8 = quad_sum(y_g8);
     if (t4 == 0) unit_sum[u][g] = y_g, unit_sum[u][g + 8] = y_g8;
   };
-  // Two units at a time (independent mma chains for the scheduler to interleave).
-  for (int u = warp; u < units; u += 2 * kWarps) {
-    const int v = u + kWarps;
-    const bool two = v < units;
-    TileLoad<1> tu, tv;
-    load_unit(u, tu);
-    load_unit(two ? v : u, tv);
-    float yu_g = 0.f, yu_g8 = 0.f, yv_g = 0.f, yv_g8 = 0.f;
-    dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, yu_g, yu_g8);
-    dot_tile<1>(tv, frag, gsum, zero, cpr, (two ? v : u) % pairs, yv_g, yv_g8);
-    finish_unit(u, yu_g, yu_g8);
-    if (two) finish_unit(v, yv_g, yv_g8);
+  if constexpr (kWarps == 8) {
+    // Two units at a time (independent mma chains for the scheduler to interleave).
+    for (int u = warp; u < units; u += 2 * kWarps) {
+      const int v = u + kWarps;
+      const bool two = v < units;
+      TileLoad<1> tu, tv;
+      load_unit(u, tu);
+      load_unit(two ? v : u, tv);
+      float yu_g = 0.f, yu_g8 = 0.f, yv_g = 0.f, yv_g8 = 0.f;
+      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, yu_g, yu_g8);
+      dot_tile<1>(tv, frag, gsum, zero, cpr, (two ? v : u) % pairs, yv_g, yv_g8);
+      finish_unit(u, yu_g, yu_g8);
+      if (two) finish_unit(v, yv_g, yv_g8);
+    }
+  } else {  // 16 warps: one unit at a time (64 registers)
+    for (int u = warp; u < units; u += kWarps) {
+      TileLoad<1> tu;
+      load_unit(u, tu);
+      float y_g = 0.f, y_g8 = 0.f;
+      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, y_g, y_g8);
+      finish_unit(u, y_g, y_g8);
+    }
   }
   __syncthreads();
   for (int r = threadIdx.x; r < nrows; r += kThreads) {
@@ -165,18 +180,27 @@ Plan plan_for(const QMatrix& W) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
-void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
-  static const bool configured = [] {  // once: allow more than 48 KB
-    CUDA_CHECK(cudaFuncSetAttribute(prefetch_rms_norm_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kMaxWeightBytes)));
+template <int THREADS>
+void launch_with(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  static const bool configured = [] {  // once per form: allow more than 48 KB
+    CUDA_CHECK(cudaFuncSetAttribute(prefetch_rms_norm_gemv_kernel<THREADS>,
+                                    cudaFuncAttributeMaxDynamicSharedMemorySize, int(kMaxWeightBytes)));
     return true;
   }();
   (void)configured;
   const Plan plan = plan_for(W);
   const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
                              reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
-  prefetch_rms_norm_gemv_kernel<<<unsigned(plan.grid), kThreads, plan.smem, stream>>>(p);
+  prefetch_rms_norm_gemv_kernel<THREADS><<<unsigned(plan.grid), THREADS, plan.smem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
+}
+
+void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
+  const char* v = std::getenv("LILY_PREFETCH_WARPS");  // read at every launch (tests compare both)
+  if (v && std::string_view(v) == "16")
+    launch_with<512>(W, x, gain, eps, y, stream);
+  else
+    launch_with<256>(W, x, gain, eps, y, stream);
 }
 
 }  // namespace
