@@ -173,8 +173,9 @@ TEST(CudaGemv, ModelShapesTakeThePrefetchPath) {
     TestQMatrix W(1, rows, cols, 4, 1);
     EXPECT_TRUE(cuda::prefetch_gemv_supports(W.gpu(), x)) << rows << " x " << cols;
   }
-  TestQMatrix lm_head_like(1, 65536, 2048, 4, 1);  // too many rows per block: mma_gemv
+  TestQMatrix lm_head_like(1, 65536, 2048, 4, 1);  // too many rows per block: the streaming kernel
   EXPECT_FALSE(cuda::prefetch_gemv_supports(lm_head_like.gpu(), x));
+  EXPECT_TRUE(cuda::stream_gemv_supports(lm_head_like.gpu(), x));
   TestQMatrix narrow(1, 64, 1088, 4, 1);  // not a multiple of 512 columns
   EXPECT_FALSE(cuda::prefetch_gemv_supports(narrow.gpu(), x));
 }
@@ -188,6 +189,16 @@ TEST(CudaGemv, PrefetchBlockRangeEdges) {
     check_rms_norm_gemv(rows, 2048, 4);
   for (int cols : {512, 1024, 1536, 3072, 4096}) check_rms_norm_gemv(1000, cols, 4);
   check_rms_norm_gemv(2001, 4096, 4, 1e3f);
+}
+
+// The streaming kernel (rows that do not fit at once): a ring of 3 stages of 3 tiles per block,
+// so chunk counts around the ring size, partial last chunks and tiles, and lm_head's shape.
+TEST(CudaGemv, StreamingLargeMatrices) {
+  REQUIRE_GPU();
+  for (int rows : {21121, 25344, 31681, 63377, 100003}) check_rms_norm_gemv(rows, 2048, 4);
+  check_rms_norm_gemv(40000, 4096, 4);  // one tile per stage at 4096 columns
+  check_rms_norm_gemv(30001, 512, 4);
+  check_rms_norm_gemv(248320, 2048, 4);  // lm_head
 }
 
 // The 16-warp form of the prefetch kernel (LILY_PREFETCH_WARPS=16) at the same edges.

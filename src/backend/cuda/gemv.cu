@@ -455,6 +455,8 @@ void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float ep
              "rms_norm_gemv: x and gain must be 16-byte aligned");
   if (mma_gemv_enabled() && prefetch_gemv_supports(W, x))
     prefetch_rms_norm_gemv(W, x, gain, eps, y, stream);
+  else if (mma_gemv_enabled() && stream_gemv_supports(W, x))
+    stream_rms_norm_gemv(W, x, gain, eps, y, stream);
   else if (mma_gemv_supports(W) && mma_gemv_enabled())
     launch_mma_gemv<true, false>(W, x, gain, eps, y, stream);
   else

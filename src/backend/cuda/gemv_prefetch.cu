@@ -28,6 +28,10 @@
 //           mma_gemv_kernel. Registers capped for 3 blocks of 256 threads per SM, so the blocks
 //           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs);
 //           LILY_PREFETCH_WARPS=16 runs blocks of 16 warps (63 registers, one unit per step).
+// Streaming: stream_rms_norm_gemv_kernel (lm_head, 248,320 rows: too many to hold) passes each
+//           block's rows through a ring of 3 shared-memory stages of up to 3 tiles, the first
+//           three issued before the wait, each refilled once read. (mma_gemv ran lm_head at 2.5
+//           TB/s, 114 us of the 4K step: its loads and math alternate within a block.)
 // Tested:   tests/cuda/test_gemv.cu (both paths against cpu::linear / cpu::rms_norm).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/gemv_prefetch.h"
@@ -63,6 +67,75 @@ struct PrefetchGemvParams {
 };
 
 __device__ __forceinline__ float bf16_bits_to_float(uint16_t v) { return __uint_as_float(uint32_t(v) << 16); }
+
+// Block-wide (every thread calls it; the caller syncs after): the (tile, pair) units of `tiles`
+// tiles of rows held in shared memory (codes_s: rows of cpr chunks; scales_s, biases_s: rows of
+// gpr bf16), each unit's 16 row sums into unit_sum[u] (u = tile * pairs + pair). frag, gsum,
+// zero: the staged input row (stage_input_row). Shared-memory banks: rows are a multiple of 128
+// bytes apart, so lanes g and g + 1 (one quarter-warp of a 16-byte load) would hit the same
+// banks; odd g load the two blocks of a pair in the opposite order.
+template <int WARPS>
+__device__ __forceinline__ void shared_rows_dot(const uint4* codes_s, const uint16_t* scales_s,
+                                                const uint16_t* biases_s, int tiles, int cpr, int gpr, int pairs,
+                                                const uint4* frag, const float* gsum, const uint4* zero,
+                                                float (*unit_sum)[16]) {
+  constexpr int kWarps = WARPS;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int units = tiles * pairs;
+  const int flip = g & 1;  // odd rows load the pair's blocks in the opposite order (banks)
+  // Unit u's codes, scales and biases from shared memory (u < units).
+  auto load_unit = [&](int u, TileLoad<1>& t) {
+    const int tile = u / pairs, pair = u % pairs;
+    const int row_g = 16 * tile + g, row_g8 = row_g + 8;  // local rows, < 16 * tiles
+    const int c0 = 4 * (2 * pair + flip) + t4, c1 = 4 * (2 * pair + (flip ^ 1)) + t4;
+    const uint4 a0 = codes_s[row_g * cpr + c0], a1 = codes_s[row_g * cpr + c1];
+    const uint4 b0 = codes_s[row_g8 * cpr + c0], b1 = codes_s[row_g8 * cpr + c1];
+    t.q[0][0][0] = flip ? a1 : a0, t.q[0][1][0] = flip ? a0 : a1;
+    t.q[0][0][1] = flip ? b1 : b0, t.q[0][1][1] = flip ? b0 : b1;
+    const int grp = 4 * pair + t4;
+    t.scale[0][0] = bf16_bits_to_float(scales_s[row_g * gpr + grp]);
+    t.scale[0][1] = bf16_bits_to_float(scales_s[row_g8 * gpr + grp]);
+    t.bias[0][0] = bf16_bits_to_float(biases_s[row_g * gpr + grp]);
+    t.bias[0][1] = bf16_bits_to_float(biases_s[row_g8 * gpr + grp]);
+  };
+  auto finish_unit = [&](int u, float y_g, float y_g8) {
+    y_g = quad_sum(y_g);
+    y_g8 = quad_sum(y_g8);
+    if (t4 == 0) unit_sum[u][g] = y_g, unit_sum[u][g + 8] = y_g8;
+  };
+  if constexpr (kWarps == 8) {
+    // Two units at a time (independent mma chains for the scheduler to interleave).
+    for (int u = warp; u < units; u += 2 * kWarps) {
+      const int v = u + kWarps;
+      const bool two = v < units;
+      TileLoad<1> tu, tv;
+      load_unit(u, tu);
+      load_unit(two ? v : u, tv);
+      float yu_g = 0.f, yu_g8 = 0.f, yv_g = 0.f, yv_g8 = 0.f;
+      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, yu_g, yu_g8);
+      dot_tile<1>(tv, frag, gsum, zero, cpr, (two ? v : u) % pairs, yv_g, yv_g8);
+      finish_unit(u, yu_g, yu_g8);
+      if (two) finish_unit(v, yv_g, yv_g8);
+    }
+  } else {  // 16 warps: one unit at a time (64 registers)
+    for (int u = warp; u < units; u += kWarps) {
+      TileLoad<1> tu;
+      load_unit(u, tu);
+      float y_g = 0.f, y_g8 = 0.f;
+      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, y_g, y_g8);
+      finish_unit(u, y_g, y_g8);
+    }
+  }
+}
+
+// Block-wide: y[r] = the sum of row r's units, in pair order, for rows [0, rows).
+__device__ __forceinline__ void write_row_sums(const float (*unit_sum)[16], int pairs, int rows, float* y) {
+  for (int r = threadIdx.x; r < rows; r += blockDim.x) {
+    float sum = 0.f;
+    for (int j = 0; j < pairs; ++j) sum += unit_sum[(r / 16) * pairs + j][r % 16];
+    y[r] = sum;
+  }
+}
 
 // THREADS 256 (3 blocks' registers per SM, the measured form) or 512 (LILY_PREFETCH_WARPS=16: the
 // units of a block over 16 warps, half the serial math per warp after the wait).
@@ -107,59 +180,74 @@ __global__ void __launch_bounds__(THREADS, THREADS == 256 ? 3 : 2) prefetch_rms_
   __syncthreads();  // also publishes the barrier's init to every thread
   ptx::mbarrier_wait(&copied, 0);
 
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int pairs = p.cols / kPairCols, units = (t_end - t_begin) * pairs;
-  const int flip = g & 1;  // odd rows load the pair's blocks in the opposite order (banks)
-  // Unit u's codes, scales and biases from shared memory (u < units).
-  auto load_unit = [&](int u, TileLoad<1>& t) {
-    const int tile = u / pairs, pair = u % pairs;
-    const int row_g = 16 * tile + g, row_g8 = row_g + 8;  // local rows, < cap_rows
-    const int c0 = 4 * (2 * pair + flip) + t4, c1 = 4 * (2 * pair + (flip ^ 1)) + t4;
-    const uint4 a0 = codes_s[row_g * cpr + c0], a1 = codes_s[row_g * cpr + c1];
-    const uint4 b0 = codes_s[row_g8 * cpr + c0], b1 = codes_s[row_g8 * cpr + c1];
-    t.q[0][0][0] = flip ? a1 : a0, t.q[0][1][0] = flip ? a0 : a1;
-    t.q[0][0][1] = flip ? b1 : b0, t.q[0][1][1] = flip ? b0 : b1;
-    const int grp = 4 * pair + t4;
-    t.scale[0][0] = bf16_bits_to_float(scales_s[row_g * gpr + grp]);
-    t.scale[0][1] = bf16_bits_to_float(scales_s[row_g8 * gpr + grp]);
-    t.bias[0][0] = bf16_bits_to_float(biases_s[row_g * gpr + grp]);
-    t.bias[0][1] = bf16_bits_to_float(biases_s[row_g8 * gpr + grp]);
-  };
-  auto finish_unit = [&](int u, float y_g, float y_g8) {
-    y_g = quad_sum(y_g);
-    y_g8 = quad_sum(y_g8);
-    if (t4 == 0) unit_sum[u][g] = y_g, unit_sum[u][g + 8] = y_g8;
-  };
-  if constexpr (kWarps == 8) {
-    // Two units at a time (independent mma chains for the scheduler to interleave).
-    for (int u = warp; u < units; u += 2 * kWarps) {
-      const int v = u + kWarps;
-      const bool two = v < units;
-      TileLoad<1> tu, tv;
-      load_unit(u, tu);
-      load_unit(two ? v : u, tv);
-      float yu_g = 0.f, yu_g8 = 0.f, yv_g = 0.f, yv_g8 = 0.f;
-      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, yu_g, yu_g8);
-      dot_tile<1>(tv, frag, gsum, zero, cpr, (two ? v : u) % pairs, yv_g, yv_g8);
-      finish_unit(u, yu_g, yu_g8);
-      if (two) finish_unit(v, yv_g, yv_g8);
-    }
-  } else {  // 16 warps: one unit at a time (64 registers)
-    for (int u = warp; u < units; u += kWarps) {
-      TileLoad<1> tu;
-      load_unit(u, tu);
-      float y_g = 0.f, y_g8 = 0.f;
-      dot_tile<1>(tu, frag, gsum, zero, cpr, u % pairs, y_g, y_g8);
-      finish_unit(u, y_g, y_g8);
-    }
-  }
+  shared_rows_dot<kWarps>(codes_s, scales_s, biases_s, t_end - t_begin, cpr, gpr, p.cols / kPairCols, frag, gsum,
+                          zero, unit_sum);
   __syncthreads();
-  for (int r = threadIdx.x; r < nrows; r += kThreads) {
-    const int tile = r / 16;
-    float sum = 0.f;
-    for (int j = 0; j < pairs; ++j) sum += unit_sum[tile * pairs + j][r % 16];
-    float* out = p.y + r_begin + r;
-    *out = sum;
+  write_row_sums(unit_sum, p.cols / kPairCols, nrows, p.y + r_begin);
+}
+
+// ---- Streaming: matrices too large for one share (lm_head) --------------------------------
+//
+// The block's rows pass through a ring of kStreamStages stages of stage_tiles tiles each (bulk
+// copies completing on one mbarrier per stage): the first stages are issued before the PDL
+// wait; a stage is refilled with the chunk kStreamStages ahead as soon as the block has read it.
+constexpr int kStreamStages = 3, kStreamMaxTiles = 3;
+constexpr uint32_t kStreamSmem = 162 * 1024;  // the ring (static: ~39 KB)
+
+__global__ void __launch_bounds__(256, 1) stream_rms_norm_gemv_kernel(PrefetchGemvParams p, int stage_tiles) {
+  constexpr int kThreads = 256, kWarps = kThreads / 32;
+  extern __shared__ __align__(128) uint4 ring[];  // kStreamStages x [codes | scales | biases] of stage_tiles tiles
+  __shared__ __align__(16) float xs[kMaxCols];
+  __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxCols)];
+  __shared__ float gsum[kMaxCols / 64];
+  __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
+  __shared__ float unit_sum[kStreamMaxTiles * (kMaxCols / kPairCols)][16];
+  __shared__ float red[kWarps];
+  __shared__ __align__(8) uint64_t full[kStreamStages];
+
+  const int tiles = (p.rows + 15) / 16;
+  const int t_begin = int(int64_t(blockIdx.x) * tiles / gridDim.x);
+  const int t_end = int(int64_t(blockIdx.x + 1) * tiles / gridDim.x);
+  const int r_begin = 16 * t_begin, nrows = min(16 * t_end, p.rows) - r_begin;
+  const int row_bytes = p.cols / 2, gpr = p.cols / 64, cpr = p.cols / 32, pairs = p.cols / kPairCols;
+  const int chunk_rows = 16 * stage_tiles, chunks = (nrows + chunk_rows - 1) / chunk_rows;
+  const size_t stage_bytes = size_t(chunk_rows) * (row_bytes + gpr * 4);
+  auto stage_codes = [&](int s) { return reinterpret_cast<uint8_t*>(ring) + size_t(s) * stage_bytes; };
+  auto stage_scales = [&](int s) { return stage_codes(s) + size_t(chunk_rows) * row_bytes; };
+  auto stage_biases = [&](int s) { return stage_scales(s) + size_t(chunk_rows) * gpr * 2; };
+  auto issue = [&](int c) {  // one thread: chunk c into stage c % kStreamStages
+    const int s = c % kStreamStages, row0 = r_begin + c * chunk_rows, rows = min(chunk_rows, nrows - c * chunk_rows);
+    const uint32_t code_bytes = uint32_t(rows) * row_bytes, scale_bytes = uint32_t(rows) * gpr * 2;
+    ptx::mbarrier_arrive_expect_tx(&full[s], code_bytes + 2 * scale_bytes);
+    ptx::bulk_copy_to_shared(stage_codes(s), p.codes + int64_t(row0) * row_bytes, code_bytes, &full[s]);
+    ptx::bulk_copy_to_shared(stage_scales(s), p.scales + int64_t(row0) * gpr * 2, scale_bytes, &full[s]);
+    ptx::bulk_copy_to_shared(stage_biases(s), p.biases + int64_t(row0) * gpr * 2, scale_bytes, &full[s]);
+  };
+
+  // ---- Before the wait: the first stages (the weights depend on nothing in this step) ----
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < kStreamStages; ++s) ptx::mbarrier_init(&full[s], 1);
+    for (int c = 0; c < min(kStreamStages, chunks); ++c) issue(c);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  stage_input_row<true, kThreads, kMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, gsum, zero, red);
+  __syncthreads();  // also publishes the barriers' init to every thread
+  for (int c = 0; c < chunks; ++c) {
+    const int s = c % kStreamStages, rows = min(chunk_rows, nrows - c * chunk_rows);
+    ptx::mbarrier_wait(&full[s], uint32_t(c / kStreamStages) & 1u);
+    shared_rows_dot<kWarps>(reinterpret_cast<const uint4*>(stage_codes(s)),
+                            reinterpret_cast<const uint16_t*>(stage_scales(s)),
+                            reinterpret_cast<const uint16_t*>(stage_biases(s)), (rows + 15) / 16, cpr, gpr, pairs,
+                            frag, gsum, zero, unit_sum);
+    __syncthreads();  // stage s is read: refill it
+    if (threadIdx.x == 0 && c + kStreamStages < chunks) {
+      ptx::fence_proxy_async_shared();
+      issue(c + kStreamStages);
+    }
+    write_row_sums(unit_sum, pairs, rows, p.y + r_begin + c * chunk_rows);
+    __syncthreads();  // unit_sum is read
   }
 }
 
@@ -213,6 +301,39 @@ bool prefetch_gemv_supports(const QMatrix& W, const float* x) {
     return false;
   const Plan plan = plan_for(W);
   return plan.smem <= kMaxWeightBytes && plan.max_tiles * (W.cols / kPairCols) <= kMaxUnits;
+}
+
+// Tiles per stage of the streaming kernel at this width (0: none fits).
+int stream_stage_tiles(int cols) {
+  const uint32_t tile_bytes = 16u * uint32_t(cols / 2 + cols / 64 * 4);
+  return std::min<int>(kStreamMaxTiles, int(kStreamSmem / (kStreamStages * tile_bytes)));
+}
+
+bool stream_gemv_supports(const QMatrix& W, const float* x) {
+  const char* v = std::getenv("LILY_STREAM_GEMV");
+  if (v && v[0] == '0') return false;
+  return W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
+         W.cols <= kMaxCols && stream_stage_tiles(W.cols) >= 1 && aligned16(W.codes) && aligned16(W.scales) &&
+         aligned16(W.biases) && aligned16(x);
+}
+
+void stream_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
+                          cudaStream_t stream) {
+  LILY_CHECK(stream_gemv_supports(W, x) && aligned16(gain), "stream_rms_norm_gemv: [{}, {}] q{} is not supported",
+             W.rows, W.cols, W.bits);
+  static const bool configured = [] {  // once: allow more than 48 KB
+    CUDA_CHECK(cudaFuncSetAttribute(stream_rms_norm_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                    int(kStreamSmem)));
+    return true;
+  }();
+  (void)configured;
+  const int stage_tiles = stream_stage_tiles(W.cols);
+  const int grid = std::min(multiprocessor_count(), (W.rows + 15) / 16);
+  const uint32_t smem = uint32_t(kStreamStages) * uint32_t(stage_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
+  const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
+                             reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  stream_rms_norm_gemv_kernel<<<unsigned(grid), 256, smem, stream>>>(p, stage_tiles);
+  CUDA_CHECK_LAUNCH();
 }
 
 void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
