@@ -195,16 +195,26 @@ TEST(CudaGemv, PrefetchBlockRangeEdges) {
 // so chunk counts around the ring size, partial last chunks and tiles, and lm_head's shape.
 TEST(CudaGemv, StreamingLargeMatrices) {
   REQUIRE_GPU();
+  ScopedEnv streaming("LILY_STREAM_GEMV", "1");
   for (int rows : {21121, 25344, 31681, 63377, 100003}) check_rms_norm_gemv(rows, 2048, 4);
   check_rms_norm_gemv(40000, 4096, 4);  // one tile per stage at 4096 columns
   check_rms_norm_gemv(30001, 512, 4);
   check_rms_norm_gemv(248320, 2048, 4);  // lm_head
 }
 
-// The 16-warp form of the prefetch kernel (LILY_PREFETCH_WARPS=16) at the same edges.
-TEST(CudaGemv, PrefetchSixteenWarps) {
+// The same large shapes on mma_gemv (the default for rows beyond the prefetch kernel's).
+TEST(CudaGemv, LargeMatricesOnMmaGemv) {
   REQUIRE_GPU();
-  ScopedEnv sixteen("LILY_PREFETCH_WARPS", "16");
+  for (int rows : {21121, 25344, 31681, 63377, 100003}) check_rms_norm_gemv(rows, 2048, 4);
+  check_rms_norm_gemv(40000, 4096, 4);
+  check_rms_norm_gemv(30001, 512, 4);
+  check_rms_norm_gemv(248320, 2048, 4);  // lm_head
+}
+
+// The 8-warp form of the prefetch kernel (LILY_PREFETCH_WARPS=8) at the same edges.
+TEST(CudaGemv, PrefetchEightWarps) {
+  REQUIRE_GPU();
+  ScopedEnv eight("LILY_PREFETCH_WARPS", "8");
   for (int rows : {1, 17, 2113, 12352, 21120}) check_rms_norm_gemv(rows, 2048, 4);
   for (int cols : {512, 4096}) check_rms_norm_gemv(1000, cols, 4);
 }

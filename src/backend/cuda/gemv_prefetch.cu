@@ -27,8 +27,10 @@
 //           tiles, 21,120 rows on 132 SMs; the model's largest, 12,352, takes 6); larger W (lm_head) take gemv.cu's
 //           mma_gemv_kernel. Registers capped for 3 blocks of 256 threads per SM, so the blocks
 //           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs);
-//           LILY_PREFETCH_WARPS=16 runs blocks of 16 warps (63 registers, one unit per step).
-// Streaming: stream_rms_norm_gemv_kernel (lm_head, 248,320 rows: too many to hold) passes each
+//           Blocks of 16 warps (63 registers, one unit per step); LILY_PREFETCH_WARPS=8 runs the
+//           8-warp form (A/B).
+// Streaming: opt-in, LILY_STREAM_GEMV=1 (measured slower than mma_gemv at lm_head, session 5):
+//           stream_rms_norm_gemv_kernel (lm_head, 248,320 rows: too many to hold) passes each
 //           block's rows through a ring of 3 shared-memory stages of up to 3 tiles, the first
 //           three issued before the wait, each refilled once read. (mma_gemv ran lm_head at 2.5
 //           TB/s, 114 us of the 4K step: its loads and math alternate within a block.)
@@ -137,8 +139,8 @@ __device__ __forceinline__ void write_row_sums(const float (*unit_sum)[16], int 
   }
 }
 
-// THREADS 256 (3 blocks' registers per SM, the measured form) or 512 (LILY_PREFETCH_WARPS=16: the
-// units of a block over 16 warps, half the serial math per warp after the wait).
+// THREADS 512 (the default: the units of a block over 16 warps, half the serial math per warp
+// after the wait) or 256 (LILY_PREFETCH_WARPS=8: 3 blocks' registers per SM).
 template <int THREADS>
 __global__ void __launch_bounds__(THREADS, THREADS == 256 ? 3 : 2) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
   constexpr int kThreads = THREADS, kWarps = THREADS / 32;
@@ -284,11 +286,13 @@ void launch_with(const QMatrix& W, const float* x, const float* gain, float eps,
 }
 
 void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
-  const char* v = std::getenv("LILY_PREFETCH_WARPS");  // read at every launch (tests compare both)
-  if (v && std::string_view(v) == "16")
-    launch_with<512>(W, x, gain, eps, y, stream);
-  else
+  // 16 warps by default (measured 2.156 -> 2.128 ms per 4K step, docs/perf.md session 5);
+  // LILY_PREFETCH_WARPS=8 runs the 256-thread form (read at every launch: tests compare both).
+  const char* v = std::getenv("LILY_PREFETCH_WARPS");
+  if (v && std::string_view(v) == "8")
     launch_with<256>(W, x, gain, eps, y, stream);
+  else
+    launch_with<512>(W, x, gain, eps, y, stream);
 }
 
 }  // namespace
@@ -310,8 +314,9 @@ int stream_stage_tiles(int cols) {
 }
 
 bool stream_gemv_supports(const QMatrix& W, const float* x) {
+  // Opt-in (LILY_STREAM_GEMV=1): measured 0.017 ms slower than mma_gemv on lm_head (session 5).
   const char* v = std::getenv("LILY_STREAM_GEMV");
-  if (v && v[0] == '0') return false;
+  if (!(v && v[0] == '1')) return false;
   return W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
          W.cols <= kMaxCols && stream_stage_tiles(W.cols) >= 1 && aligned16(W.codes) && aligned16(W.scales) &&
          aligned16(W.biases) && aligned16(x);
