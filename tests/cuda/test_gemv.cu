@@ -173,9 +173,13 @@ TEST(CudaGemv, ModelShapesTakeThePrefetchPath) {
     TestQMatrix W(1, rows, cols, 4, 1);
     EXPECT_TRUE(cuda::prefetch_gemv_supports(W.gpu(), x)) << rows << " x " << cols;
   }
-  TestQMatrix lm_head_like(1, 65536, 2048, 4, 1);  // too many rows per block: the streaming kernel
+  TestQMatrix lm_head_like(1, 65536, 2048, 4, 1);  // too many rows per block: mma_gemv, or streaming (opt-in)
   EXPECT_FALSE(cuda::prefetch_gemv_supports(lm_head_like.gpu(), x));
-  EXPECT_TRUE(cuda::stream_gemv_supports(lm_head_like.gpu(), x));
+  EXPECT_FALSE(cuda::stream_gemv_supports(lm_head_like.gpu(), x));
+  {
+    ScopedEnv streaming("LILY_STREAM_GEMV", "1");
+    EXPECT_TRUE(cuda::stream_gemv_supports(lm_head_like.gpu(), x));
+  }
   TestQMatrix narrow(1, 64, 1088, 4, 1);  // not a multiple of 512 columns
   EXPECT_FALSE(cuda::prefetch_gemv_supports(narrow.gpu(), x));
 }

@@ -7,8 +7,12 @@
 // spins for a set time without touching memory (it stands for the predecessor). Printed per
 // pair: the replay time minus the busy-only graph's, i.e. K's exposed cost; "chain" is 20 K back
 // to back. Each K of a graph reads its own copy of the weights (no L2 reuse).
+// Boundaries: the exposed cost of an empty kernel (wait, trigger, one store per block), of two
+// empty kernels, and of one kernel with a grid barrier (atomic arrival counter, acquire spin) in
+// place of the second launch: what fusing two dependent launches through a barrier would save.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
+#include "backend/cuda/device_info.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/pdl_graph.h"
@@ -30,6 +34,35 @@ __global__ void busy_kernel(long long ns) {
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(start));
   do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
   while (now - start < ns);
+}
+
+__global__ void empty_kernel(float* y) {
+  cuda::pdl_wait();
+  cuda::pdl_launch_dependents();
+  if (threadIdx.x == 0) y[blockIdx.x] += 1.f;
+}
+
+// Every block arrives on a 64-bit counter that only grows (no reset: graph replays keep counting)
+// and waits until the grid's arrivals of this barrier are all in.
+__device__ void grid_barrier(unsigned long long* counter) {
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    __threadfence();
+    const unsigned long long old = atomicAdd(counter, 1ull);
+    const unsigned long long target = (old / gridDim.x + 1) * gridDim.x;
+    unsigned long long now;
+    do asm volatile("ld.acquire.gpu.global.u64 %0, [%1];" : "=l"(now) : "l"(counter) : "memory");
+    while (now < target);
+  }
+  __syncthreads();
+}
+
+__global__ void barrier_kernel(float* y, unsigned long long* counter) {
+  cuda::pdl_wait();
+  if (threadIdx.x == 0) y[blockIdx.x] += 1.f;
+  grid_barrier(counter);
+  cuda::pdl_launch_dependents();
+  if (threadIdx.x == 0) y[(blockIdx.x + 1) % gridDim.x] += 1.f;
 }
 
 // Microseconds per repetition of `body` (captured `reps` times into one graph, replayed).
@@ -110,6 +143,31 @@ int main() {
     }
     for (auto& q : m) bench::free_random_qmatrix(q);
   }
+  unsigned long long* counter;
+  CUDA_CHECK(cudaMalloc(&counter, sizeof(unsigned long long)));
+  CUDA_CHECK(cudaMemset(counter, 0, sizeof(unsigned long long)));
+  const int blocks = cuda::multiprocessor_count();
+  std::printf("\n%-34s %9s %9s %9s\n", "boundary (grid = SMs x 256)", "chain", "after 5us", "after 10us");
+  auto boundary = [&](const char* name, const std::function<void()>& op) {
+    const double chain = graph_us(s, kReps, [&](int) { op(); });
+    double after[2];
+    for (int j = 0; j < 2; ++j) {
+      const long long ns = j == 0 ? 5000 : 10000;
+      const double busy = graph_us(s, kReps, [&](int) { busy_kernel<<<132, 256, 0, s>>>(ns); });
+      const double pair = graph_us(s, kReps, [&](int) {
+        busy_kernel<<<132, 256, 0, s>>>(ns);
+        op();
+      });
+      after[j] = pair - busy;
+    }
+    std::printf("%-34s %9.2f %9.2f %9.2f\n", name, chain, after[0], after[1]);
+  };
+  boundary("empty kernel", [&] { empty_kernel<<<blocks, 256, 0, s>>>(y); });
+  boundary("two empty kernels", [&] {
+    empty_kernel<<<blocks, 256, 0, s>>>(y);
+    empty_kernel<<<blocks, 256, 0, s>>>(y);
+  });
+  boundary("one kernel with a grid barrier", [&] { barrier_kernel<<<blocks, 256, 0, s>>>(y, counter); });
   CUDA_CHECK(cudaGetLastError());
   return 0;
 }
