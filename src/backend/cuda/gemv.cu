@@ -292,9 +292,8 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
 // memory (quant_mma.cuh), then tasks of 8 warps: a task is 8 / KSPLIT tiles of 16 rows, each
 // tile's columns split over KSPLIT warps (kMmaPairs pairs of 128-column blocks, 512 columns,
 // per warp: 8 uint4 loads in flight per lane), the KSPLIT partial rows summed in shared memory
-// in a fixed order. The first task's weights are loaded before the PDL wait, and each next
-// task's while the current one computes (two tiles of registers). The grid is capped at the
-// resident blocks and strides over the tasks.
+// in a fixed order. The first task's weights are loaded before the PDL wait. The grid is
+// capped at the resident blocks and strides over the tasks.
 
 constexpr int kMmaPairs = 2;  // pairs of blocks (256 columns each) per warp
 
@@ -330,10 +329,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
-    // The next task's weights are in flight while this one's math runs (lm_head: ~30 tasks per
-    // block; loads and math alternated before, 2.5 TB/s).
-    TileLoad<kMmaPairs> next;
-    if (task + gridDim.x < tasks) load(next, task + gridDim.x);
+    if (task != blockIdx.x) load(t, task);
     float y_g = 0.f, y_g8 = 0.f;
     dot_tile<kMmaPairs>(t, frag, group_sum, zero, cpr, kpart * kMmaPairs, y_g, y_g8);
     y_g = quad_sum(y_g);
@@ -349,7 +345,6 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
       if (row < p.rows) p.y[row] = ACC ? p.y[row] + sum : sum;
     }
     __syncthreads();  // partial is rewritten by the next task
-    t = next;
   }
 }
 
