@@ -243,6 +243,19 @@ TEST(CudaMoe, GateUp) {
   check_gate_up(8, 192, 192, 1, 8, 8);
   check_gate_up(8, 80, 192, 2, 3, 4);   // rows not a multiple of 16, a partial 256-column pair
   check_gate_up(4, 48, 4096, 1, 2, 4);  // the widest H the tensor-core kernel takes
+  // One token at H a multiple of 512 and I of 16: moe_gate_up_staged.cu's kernel.
+  check_gate_up(256, 16, 512, 1, 1, 4);  // one block of rows per slot, k = 1
+  check_gate_up(256, 1024, 1024, 1, 8, 4);
+  check_gate_up(9, 32, 1536, 1, 8, 4);   // k + 1 = E + 1 slots, 6 pairs (not a multiple of 4 warps)
+}
+
+// The same one-token shapes on moe_gate_up_mma_kernel (LILY_GATEUP_STAGED=0, the A/B switch).
+TEST(CudaMoe, GateUpWithoutStaging) {
+  REQUIRE_GPU();
+  ScopedEnv off("LILY_GATEUP_STAGED", "0");
+  check_gate_up(8, 512, 2048, 1, 8, 4);
+  check_gate_up(4, 48, 4096, 1, 2, 4);
+  check_gate_up(256, 16, 512, 1, 1, 4);
 }
 
 void check_down(int E, int H, int I, int T, int k, int bits, bool ids_before_launch = false) {

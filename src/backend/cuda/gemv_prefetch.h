@@ -18,7 +18,8 @@ void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain,
 
 // The same for matrices whose rows per block do not fit at once (lm_head): each block streams
 // its rows through a ring of shared-memory stages, the first ones issued before the PDL wait.
-// 4-bit, group 64, cols a multiple of 512 up to 4096; false also when LILY_STREAM_GEMV=0.
+// 4-bit, group 64, cols a multiple of 512 up to 4096; opt-in: false unless LILY_STREAM_GEMV=1
+// (measured slower than gemv.cu's mma_gemv on lm_head).
 bool stream_gemv_supports(const QMatrix& W, const float* x);
 void stream_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
                           cudaStream_t stream);

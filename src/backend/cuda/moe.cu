@@ -41,14 +41,19 @@
 // Variants: 4-bit experts (the model's) go to the tensor-core forms of the last two
 //           (quant_mma.cuh: codes exact in bf16, x as bf16 hi + lo, fp32-level accuracy):
 //           moe_gate_up_mma_kernel grid (I/16, T*(k+1)), 4 warps splitting H, 16 rows of G and U;
-//           moe_down_mma_kernel    grid (H/16, T), one warp per slot, act of every slot staged
+//           moe_down_mma_kernel    grid (H/16, T), one warp per slot, act of every slot loaded
+//                                  into shared memory in one round, then staged
 //                                  as fragments, the slots weighted in order by 16 threads.
 //           LILY_MMA_GEMV=0 keeps the FP32 forms above (tests run both).
+//           One token (decode) at the model's shapes: moe_gate_up_staged.cu's kernel instead of
+//           moe_gate_up_mma_kernel (the rows in shared memory through bulk copies, not in
+//           registers, so that down's blocks fit beside it; LILY_GATEUP_STAGED=0: the mma kernel).
 // Tested:   tests/cuda/test_moe.cu against backend/cpu (rms_norm, linear, sparse_moe's routing).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/grow_only_scratch.h"
 #include "backend/cuda/moe.h"
+#include "backend/cuda/moe_gate_up_staged.h"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
@@ -410,7 +415,10 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_
   const QView gate = shared ? p.shared_gate : p.gate;
   const QView up = shared ? p.shared_up : p.up;
   const int cpr = p.H / 32, pairs = (p.H + kPairCols - 1) / kPairCols;
-  const int per_warp = (pairs + kGateUpMmaWarps - 1) / kGateUpMmaWarps;
+  // Pairs per warp: a multiple of the pairs one load step takes (a warp's last step would otherwise
+  // run into the next warp's pairs and count them twice: H = 512, 768, ...).
+  const int per_warp = ((pairs + kGateUpMmaWarps - 1) / kGateUpMmaWarps + kGateUpMmaPairs - 1) / kGateUpMmaPairs *
+                       kGateUpMmaPairs;
   const int pair_begin = warp * per_warp, pair_end = min(pairs, pair_begin + per_warp);
   const int i_g = min(int(blockIdx.x) * 16 + g, p.I - 1), i_g8 = min(int(blockIdx.x) * 16 + g + 8, p.I - 1);
 
@@ -582,7 +590,8 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   extern __shared__ uint4 down_smem[];
   const int slots = p.k + 1;
   uint4* frag = down_smem;                                               // [slots][fragment_uint4s(I)]
-  float* gsum = reinterpret_cast<float*>(frag + size_t(slots) * fragment_uint4s(p.I));  // [slots][I / 64]
+  float* act_s = reinterpret_cast<float*>(frag + size_t(slots) * fragment_uint4s(p.I));  // [slots][I]
+  float* gsum = act_s + size_t(slots) * p.I;                             // [slots][I / 64]
   __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
   __shared__ float partial[kMaxK + 1][16];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
@@ -625,9 +634,29 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   }
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  // act[t] of every slot into shared memory in one round of loads (staging each slot's
+  // fragments straight from global memory cost a memory latency per slot: 9 in a row), then
+  // the fragments from there.
+  {
+    const float4* act4 = reinterpret_cast<const float4*>(p.act + int64_t(t) * slots * p.I);
+    float4* act_s4 = reinterpret_cast<float4*>(act_s);
+    const int n4 = slots * p.I / 4;
+    constexpr int kBatch = 4;  // float4s per thread per round: one round at k = 8, I = 512
+    for (int i0 = threadIdx.x; i0 < n4; i0 += kBatch * blockDim.x) {
+      float4 v[kBatch];
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r) {
+        const int i = i0 + r * blockDim.x;
+        v[r] = i < n4 ? __ldcg(act4 + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+      }
+#pragma unroll
+      for (int r = 0; r < kBatch; ++r)
+        if (i0 + r * int(blockDim.x) < n4) act_s4[i0 + r * blockDim.x] = v[r];
+    }
+  }
+  __syncthreads();
   for (int j = 0; j < slots; ++j)
-    stage_x_fragments(p.act + (int64_t(t) * slots + j) * p.I, p.I, frag + size_t(j) * fragment_uint4s(p.I),
-                      gsum + j * (p.I / 64));
+    stage_x_fragments<1>(act_s + j * p.I, p.I, frag + size_t(j) * fragment_uint4s(p.I), gsum + j * (p.I / 64));
   __syncthreads();
 
   const uint4* my_frag = frag + size_t(s) * fragment_uint4s(p.I);
@@ -650,10 +679,11 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   }
 }
 
-// Dynamic shared memory of moe_down_mma_kernel: the fragments (4 bytes per activation) and the
-// group sums of every slot.
+// Dynamic shared memory of moe_down_mma_kernel: the fragments (4 bytes per activation), the
+// activations (fp32) and the group sums of every slot.
 size_t down_mma_smem(int slots, int I) {
-  return size_t(slots) * (size_t(quant_mma::fragment_uint4s(I)) * sizeof(uint4) + size_t(I / 64) * sizeof(float));
+  return size_t(slots) * (size_t(quant_mma::fragment_uint4s(I)) * sizeof(uint4) + size_t(I) * sizeof(float) +
+                          size_t(I / 64) * sizeof(float));
 }
 constexpr size_t kDownMmaMaxSmem = 200 * 1024;
 
@@ -739,6 +769,10 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
   LILY_CHECK(!router_logits || (T == 1 && k <= kMaxK && gate.batch <= kMaxExperts && moe_mma_enabled(gate) &&
                                  gate.cols <= kMaxHidden),
              "moe_gate_up: choosing from the logits needs one token and the tensor-core kernel");
+  if (T == 1 && moe_mma_enabled(gate) && moe_gate_up_staged_supports(gate, up, shared_gate, shared_up, x, k)) {
+    moe_gate_up_staged(gate, up, shared_gate, shared_up, x, expert_ids, router_logits, k, act, stream);
+    return;
+  }
   const GateUpParams p{view(gate), view(up), view(shared_gate), view(shared_up), x, expert_ids, gate.batch,
                        gate.rows, gate.cols, k, act, router_logits};
   if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {

@@ -268,7 +268,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
     for (int j = threadIdx.x; j < slots * p.I; j += kThreads) xs[j] = __ldcg(p.act + j);
     __syncthreads();
     for (int j = 0; j < slots; ++j)
-      stage_x_fragments(xs + j * p.I, p.I, frag + j * fragment_uint4s(p.I), gsum + j * (p.I / 64));
+      stage_x_fragments<1>(xs + j * p.I, p.I, frag + j * fragment_uint4s(p.I), gsum + j * (p.I / 64));
     __syncthreads();
     float y[2][2] = {};  // [slot pass][row g, g + 8]
     for (int pass = 0; pass < 2; ++pass) {

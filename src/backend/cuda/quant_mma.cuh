@@ -64,24 +64,50 @@ __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
 }
 
 // Block-wide (every thread calls it; the caller syncs before and after): x [cols] fp32 in
-// shared memory -> frag [cols / 32][2 parts][4 uint4] in mma order, and group_sum [cols / 64].
+// shared or global memory -> frag [cols / 32][2 parts][4 uint4] in mma order, and group_sum
+// [cols / 64]. Each thread loads BATCH pairs of x (or a warp BATCH groups) before it stores
+// anything: stores into shared memory between the loads would otherwise serialize them (the
+// compiler cannot tell that they do not alias x), one memory latency per pair a thread handles
+// when x comes from global memory. From shared memory BATCH = 1 saves the registers.
+template <int BATCH = 8>
 __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint4* frag, float* group_sum) {
-  const int tid = threadIdx.x, nthreads = blockDim.x;
+  constexpr int kStageBatch = BATCH;
+  const int tid = threadIdx.x, nthreads = blockDim.x, npairs = cols / 2;
   uint32_t* f = reinterpret_cast<uint32_t*>(frag);
-  for (int i = tid; i < cols / 2; i += nthreads) {
-    const int chunk = i / 16, k = i % 16;                      // pair k of the chunk
-    const int c0 = 32 * chunk + 8 * (k / 4) + (k % 4);         // columns c0 and c0 + 4
-    uint32_t hi, lo;
-    ptx::split_bf16(x[c0], x[c0 + 4], hi, lo);
-    f[(chunk * 2 + 0) * 16 + k] = hi;
-    f[(chunk * 2 + 1) * 16 + k] = lo;
-  }
-  const int warp = tid / 32, lane = tid % 32;
-  for (int grp = warp; grp < cols / 64; grp += nthreads / 32) {
-    float v = x[64 * grp + lane] + x[64 * grp + 32 + lane];
+  for (int i0 = tid; i0 < npairs; i0 += kStageBatch * nthreads) {
+    float a[kStageBatch], b[kStageBatch];
 #pragma unroll
-    for (int o = 16; o > 0; o /= 2) v += __shfl_xor_sync(0xffffffffu, v, o);
-    if (lane == 0) group_sum[grp] = v;
+    for (int r = 0; r < kStageBatch; ++r) {
+      const int i = i0 + r * nthreads, chunk = i / 16, k = i % 16;  // pair k of the chunk
+      const int c0 = 32 * chunk + 8 * (k / 4) + (k % 4);            // columns c0 and c0 + 4
+      a[r] = i < npairs ? x[c0] : 0.f;
+      b[r] = i < npairs ? x[c0 + 4] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < kStageBatch; ++r) {
+      const int i = i0 + r * nthreads, chunk = i / 16, k = i % 16;
+      if (i >= npairs) break;
+      uint32_t hi, lo;
+      ptx::split_bf16(a[r], b[r], hi, lo);
+      f[(chunk * 2 + 0) * 16 + k] = hi;
+      f[(chunk * 2 + 1) * 16 + k] = lo;
+    }
+  }
+  const int warp = tid / 32, lane = tid % 32, nwarps = nthreads / 32, ngroups = cols / 64;
+  for (int g0 = warp; g0 < ngroups; g0 += kStageBatch * nwarps) {
+    float v[kStageBatch];
+#pragma unroll
+    for (int r = 0; r < kStageBatch; ++r) {
+      const int grp = g0 + r * nwarps;
+      v[r] = grp < ngroups ? x[64 * grp + lane] + x[64 * grp + 32 + lane] : 0.f;
+    }
+#pragma unroll
+    for (int r = 0; r < kStageBatch; ++r) {
+#pragma unroll
+      for (int o = 16; o > 0; o /= 2) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+      const int grp = g0 + r * nwarps;
+      if (lane == 0 && grp < ngroups) group_sum[grp] = v[r];
+    }
   }
 }
 
@@ -127,7 +153,7 @@ __device__ __forceinline__ void stage_input_row(const float* x, const float* gai
   }
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
-  stage_x_fragments(xs, cols, frag, group_sum);
+  stage_x_fragments<1>(xs, cols, frag, group_sum);
 }
 
 // The codes, scales and biases a lane needs for NPAIR pairs of blocks of rows g and g + 8.
