@@ -173,6 +173,8 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   pdl_launch_dependents();
 
   const float zc = p.z[h * kHeadDim + col];
+  float alpha, beta;  // loaded here with z and mixed: one round of loads after the wait, not two
+  gate_values(p.b[h], p.a[h], A_log, dt_bias, alpha, beta);  // A_log, dt_bias loaded before the wait
   auto conv = [&](int c, float (&x)[K], const float (&w)[K]) {
     x[K - 1] = p.mixed[c];
     float acc = 0.f;
@@ -195,8 +197,6 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const float inv_k = 1.f / sqrtf(part[1][0] + part[1][1] + part[1][2] + part[1][3] + 1e-6f);
   q_s[tid] = uq * inv_q;
   k_s[tid] = uk * inv_k;
-  float alpha, beta;
-  gate_values(p.b[h], p.a[h], A_log, dt_bias, alpha, beta);  // A_log, dt_bias loaded before the wait
   __syncthreads();
 
   const float o = delta_step(s, q_s, k_s, v_s[lane], alpha, beta, red);
