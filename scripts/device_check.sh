@@ -5,7 +5,8 @@
 #   PHASES="tests bench sanitize" (default all three, in that order); "backend" runs the runtime
 #   tests that take LILY_TEST_BACKEND=cuda (session reuse through the ChatService, lily-tiny e2e)
 #   BENCH_ARGS="..." (lily bench --synthetic arguments), BENCH_TIMEOUT, TEST_TIMEOUT,
-#   SANITIZE="cuda_test_x ...", SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
+#   SANITIZE="cuda_test_x[:gtest-filter] ...", SANITIZE_TOOLS (default "memcheck racecheck"),
+#   SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
 #   steps at DEPTH (default 4096) with ncu, one at a time (tools/ncu_summary.py); "timeline"
 #   traces 8 steps as they run in the graph with nsys (tools/nsys_timeline.py: in-graph
 #   durations and the gaps between kernels)
@@ -42,10 +43,13 @@ run_backend_tests() {
 }
 
 run_sanitize() {
-  for t in ${SANITIZE:-cuda_test_norm cuda_test_deltanet cuda_test_attention cuda_test_gemv cuda_test_moe cuda_test_gemm_q4 cuda_test_moe_grouped}; do
-    for tool in memcheck racecheck; do
-      echo "-- $tool $t"
-      timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 9 ".carry/tests/$t" 2>&1 |
+  # Each entry: a test program, optionally ":gtest-filter" (e.g. cuda_test_deltanet:*Prefill*).
+  for entry in ${SANITIZE:-cuda_test_norm cuda_test_deltanet cuda_test_attention cuda_test_gemv cuda_test_moe cuda_test_gemm_q4 cuda_test_moe_grouped}; do
+    local t=${entry%%:*} filter=""
+    [ "$t" != "$entry" ] && filter="--gtest_filter=${entry#*:}"
+    for tool in ${SANITIZE_TOOLS:-memcheck racecheck}; do
+      echo "-- $tool $entry"
+      timeout ${SANITIZE_TIMEOUT:-60} compute-sanitizer --tool $tool --error-exitcode 9 ".carry/tests/$t" $filter 2>&1 |
         grep -E "ERROR SUMMARY|RACECHECK SUMMARY|PASSED|FAILED" | tail -n 4
       echo "exit ${PIPESTATUS[0]}"
     done
