@@ -451,6 +451,7 @@ TEST(CudaMoe, FusedDecodeMatchesThreeLaunches) {
   check_fused(256, 8, 2048, 512, 11);  // the model
   check_fused(16, 4, 128, 64, 12);
   check_fused(8, 2, 192, 128, 13);     // H with a partial 256-column pair
+  check_fused(8, 2, 512, 64, 15);      // 2 pairs over 4 warps: one warp takes both
   check_fused(100, 8, 64, 64, 14);     // E not a multiple of the 4-row router quads
 }
 

@@ -140,10 +140,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_
   const QView gate = shared ? p.shared_gate : p.gate;
   const QView up = shared ? p.shared_up : p.up;
   const int cpr = p.H / 32, pairs = (p.H + kPairCols - 1) / kPairCols;
-  // Pairs per warp: a multiple of the pairs one load step takes (a warp's last step would otherwise
-  // run into the next warp's pairs and count them twice: H = 512, 768, ...).
-  const int per_warp = ((pairs + kGateUpMmaWarps - 1) / kGateUpMmaWarps + kGateUpMmaPairs - 1) / kGateUpMmaPairs *
-                       kGateUpMmaPairs;
+  const int per_warp = pairs_per_warp(pairs, kGateUpMmaWarps, kGateUpMmaPairs);
   const int pair_begin = warp * per_warp, pair_end = min(pairs, pair_begin + per_warp);
   const int i_g = min(int(blockIdx.x) * 16 + g, p.I - 1), i_g8 = min(int(blockIdx.x) * 16 + g + 8, p.I - 1);
 

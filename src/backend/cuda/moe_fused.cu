@@ -33,6 +33,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
@@ -168,7 +169,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
   if (quad < quads) rq.load(p.router, quad * kQuadRows, min(kQuadRows, p.E - quad * kQuadRows), router_cpr);
   // Phase B items: item = round * 2G + 2 * block + warp / 4; warp % 4 is its quarter of H.
   const int rows_i = (p.I + 15) / 16, items = slots * rows_i, kpart = warp % 4;
-  const int pairs_h = (p.H + kPairCols - 1) / kPairCols, per_warp = (pairs_h + 3) / 4;
+  const int pairs_h = (p.H + kPairCols - 1) / kPairCols, per_warp = pairs_per_warp(pairs_h, 4, kGateUpPairs);
   TileLoad<kGateUpPairs> tg, tu;
   auto gate_up_load = [&](int item, int e, int pair0) {
     const int s = item / rows_i, tile = item % rows_i;
@@ -254,7 +255,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
         float gs = 0.f, us = 0.f;
 #pragma unroll
         for (int w = 0; w < 4; ++w) gs += partial[half * 4 + w][r], us += partial[half * 4 + w][16 + r];
-        p.act[int64_t(it / rows_i) * p.I + row] = gs / (1.f + expf(-gs)) * us;
+        p.act[int64_t(it / rows_i) * p.I + row] = moe_detail::silu(gs) * us;
       }
     }
     __syncthreads();

@@ -50,6 +50,13 @@ constexpr int kBlockCols = 128;        // 4 chunks, 2 groups
 constexpr int kPairCols = 256;         // 2 blocks, 4 groups: one mma chain
 constexpr int kFragU4PerChunk = 4;     // 16 bf16x2 of one part (hi or lo) of a chunk of x
 
+// Pairs per warp when `warps` warps split `pairs` pairs of a row and each load step takes `step`
+// pairs: a multiple of step (a warp's last step would otherwise run into the next warp's pairs
+// and count them twice, e.g. 2 pairs at H = 512 over 4 warps, 2 pairs per step).
+__host__ __device__ constexpr int pairs_per_warp(int pairs, int warps, int step) {
+  return ((pairs + warps - 1) / warps + step - 1) / step * step;
+}
+
 // Shared-memory size of the x fragments for `cols` columns: [chunk][part][4 uint4].
 __host__ __device__ constexpr int fragment_uint4s(int cols) { return cols / 32 * 2 * kFragU4PerChunk; }
 
