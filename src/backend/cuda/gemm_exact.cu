@@ -178,7 +178,7 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
                  W.rows > 0,
              "gemm_exact: [{}, {}, {}] q{} group {} (one matrix, 4/8 bits, group 64, cols a multiple of 64)", W.batch,
              W.rows, W.cols, W.bits, W.group_size);
-  LILY_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0, "gemm_exact: x must be 16-byte aligned");
+  LILY_CHECK(aligned16(x), "gemm_exact: x must be 16-byte aligned");
   LILY_CHECK(T >= 0 && (int64_t(T) + kRows - 1) / kRows < 65536, "gemm_exact: T = {}", T);
   if (T == 0) return;
   static const bool configured = [] {

@@ -395,7 +395,7 @@ void check_pair(const QMatrix& G, const QMatrix& U, const char* what) {
 }
 
 Params make_params(const QMatrix& A, const QMatrix* B, const float* x, float* y, int ldy) {
-  LILY_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0, "gemm_q4: x must be 16-byte aligned");
+  LILY_CHECK(aligned16(x), "gemm_q4: x must be 16-byte aligned");
   Params p{};
   const QMatrix& second = B ? *B : A;
   p.codes[0] = reinterpret_cast<const uint8_t*>(A.codes);

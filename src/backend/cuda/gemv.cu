@@ -409,7 +409,7 @@ void launch_gemv(const QMatrix& W, const float* x, float* y, int T, cudaStream_t
   LILY_CHECK(W.group_size == 64, "gemv: group size {} is not supported (64)", W.group_size);
   LILY_CHECK(W.cols > 0 && W.cols % 64 == 0, "gemv: cols {} is not a positive multiple of 64", W.cols);
   LILY_CHECK(W.rows > 0 && T >= 0, "gemv: bad shape rows {} T {}", W.rows, T);
-  LILY_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0, "gemv: x must be 16-byte aligned");
+  LILY_CHECK(aligned16(x), "gemv: x must be 16-byte aligned");
   if (T == 0) return;
   const GemvParams p{W.codes, reinterpret_cast<const uint16_t*>(W.scales), reinterpret_cast<const uint16_t*>(W.biases),
                      x, y, W.rows, W.cols, T};
@@ -451,7 +451,7 @@ void rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float ep
   LILY_CHECK(rms_norm_gemv_supports(W),
              "rms_norm_gemv: [{}, {}] q{} group {} (4/8 bits, group 64, cols a multiple of 64 up to {})", W.rows,
              W.cols, W.bits, W.group_size, kNormMaxCols);
-  LILY_CHECK(((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(gain)) & 15) == 0,
+  LILY_CHECK(aligned16(x) && aligned16(gain),
              "rms_norm_gemv: x and gain must be 16-byte aligned");
   if (mma_gemv_enabled() && prefetch_gemv_supports(W, x))
     prefetch_rms_norm_gemv(W, x, gain, eps, y, stream);

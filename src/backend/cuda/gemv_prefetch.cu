@@ -198,7 +198,6 @@ Plan plan_for(const QMatrix& W) {
   return plan;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
 
 template <int THREADS>
 void launch_with(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {

@@ -16,6 +16,9 @@ typedef struct CUstream_st* cudaStream_t;
 
 namespace lily::cuda {
 
+// Whether p is 16-byte aligned (16-byte vector loads, bulk copies).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15) == 0; }
+
 // An affine-quantized matrix on the GPU in the mlx layout (spec §5b), possibly a stack of
 // `batch` matrices of the same shape (the routed experts of one layer):
 //   codes  uint32 [batch, rows, cols * bits / 32]   code j of word i = column i*(32/bits)+j, low bits first

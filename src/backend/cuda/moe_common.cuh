@@ -122,7 +122,7 @@ inline void check_matrix(const QMatrix& m, const char* what) {
 }
 
 inline void check_aligned(const float* p, const char* what) {
-  LILY_CHECK((reinterpret_cast<uintptr_t>(p) & 15) == 0, "{} must be 16-byte aligned", what);
+  LILY_CHECK(aligned16(p), "{} must be 16-byte aligned", what);
 }
 
 }  // namespace lily::cuda::moe_detail

@@ -25,6 +25,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/mma.cuh"
+#include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/pdl.cuh"
 #include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
@@ -59,8 +60,6 @@ struct StagedGateUpParams {
 
 // Dynamic shared memory: G then U, each codes | scales | biases of kRows rows.
 __host__ __device__ constexpr uint32_t matrix_bytes(int H) { return uint32_t(kRows) * uint32_t(H / 2 + H / 64 * 4); }
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGateUpParams p) {
   extern __shared__ __align__(128) uint4 weights_s[];
@@ -136,11 +135,9 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   if (threadIdx.x < kRows) {
     float g = 0.f, up = 0.f;
     for (int j = 0; j < pairs; ++j) g += unit_sum[0][j][threadIdx.x], up += unit_sum[1][j][threadIdx.x];
-    p.act[int64_t(s) * p.I + row0 + threadIdx.x] = silu(g) * up;
+    p.act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
   }
 }
-
-bool aligned16(const void* ptr) { return (reinterpret_cast<uintptr_t>(ptr) & 15) == 0; }
 
 StagedMatrix bytes_of(const QMatrix& m) {
   return {reinterpret_cast<const uint8_t*>(m.codes), reinterpret_cast<const uint8_t*>(m.scales),

@@ -305,7 +305,7 @@ void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, 
   gemm_q4(w.shared_down, shared_act, shared_y, T, stream);
   gemm_q4(w.shared_expert_gate, x, sg, T, stream);
 
-  LILY_CHECK((reinterpret_cast<uintptr_t>(out) & 15) == 0, "moe_grouped: out must be 16-byte aligned");
+  LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
   const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
   moe_combine_kernel<<<unsigned(T), kCombineThreads, 0, stream>>>(c);
   CUDA_CHECK_LAUNCH();

@@ -184,7 +184,7 @@ void embed_tokens(const QMatrix& table, const int32_t* tokens, int T, float* h, 
   LILY_CHECK(table.group_size == 64 && table.cols > 0 && table.cols % 64 == 0,
              "embed_tokens: table [{}, {}] group {} (cols must be a multiple of 64, group 64)", table.rows, table.cols,
              table.group_size);
-  LILY_CHECK((reinterpret_cast<uintptr_t>(h) & 15) == 0, "embed_tokens: h must be 16-byte aligned");
+  LILY_CHECK(aligned16(h), "embed_tokens: h must be 16-byte aligned");
   if (T <= 0) return;
   const EmbedParams p{reinterpret_cast<const uint4*>(table.codes), reinterpret_cast<const uint16_t*>(table.scales),
                       reinterpret_cast<const uint16_t*>(table.biases), tokens, table.rows, table.cols, h};
