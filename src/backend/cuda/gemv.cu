@@ -43,6 +43,7 @@
 //           both T = 1 paths.
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/block_rms.cuh"
 #include "backend/cuda/device_info.h"
 #include "backend/cuda/gemv.h"
 #include "backend/cuda/gemv_prefetch.h"
@@ -203,20 +204,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
       gv[i] = make_float4(1.f, 1.f, 1.f, 1.f);
   }
   float inv = 1.f;
-  if constexpr (NORM) {
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kNormPerThread; ++i)
-      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    if (lane == 0) partial[warp] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
-    inv = 1.f / sqrtf(total / float(p.cols) + p.eps);  // as rms_norm: 1 / sqrt(mean + eps)
-  }
+  if constexpr (NORM) inv = block_inv_rms<kNormPerThread, kNormThreads>(xv, p.cols, p.eps, partial);
 #pragma unroll
   for (int i = 0; i < kNormPerThread; ++i) {
     const int j = threadIdx.x + i * kNormThreads;

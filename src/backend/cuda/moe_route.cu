@@ -22,6 +22,7 @@
 // Tested:   tests/cuda/test_moe.cu (Route, RouteTiesToLowerIndex, WholeBlockMatchesCpu).
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/pdl.cuh"
+#include "backend/cuda/block_rms.cuh"
 #include "backend/cuda/grow_only_scratch.h"
 #include "backend/cuda/moe.h"
 #include "backend/cuda/moe_common.cuh"
@@ -111,23 +112,13 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   const float4* h4 = reinterpret_cast<const float4*>(p.h + int64_t(t) * p.H);
   const float4* g4 = reinterpret_cast<const float4*>(p.gain);
   float4 hv[kPerThread], gv[kPerThread];
-  float ss = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int j = threadIdx.x + i * kRouteThreads;
     hv[i] = j < p.H / 4 ? __ldg(h4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
     gv[i] = j < p.H / 4 ? __ldg(g4 + j) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-#pragma unroll
-  for (int i = 0; i < kPerThread; ++i)
-    ss = fmaf(hv[i].x, hv[i].x, fmaf(hv[i].y, hv[i].y, fmaf(hv[i].z, hv[i].z, fmaf(hv[i].w, hv[i].w, ss))));
-  ss = group_sum<32>(ss);
-  if (lane == 0) partial[warp] = ss;
-  __syncthreads();
-  float total = 0.f;
-#pragma unroll
-  for (int w = 0; w < kRouteThreads / 32; ++w) total += partial[w];
-  const float inv = 1.f / sqrtf(total / float(p.H) + p.eps);
+  const float inv = block_inv_rms<kPerThread, kRouteThreads>(hv, p.H, p.eps, partial);
 #pragma unroll
   for (int i = 0; i < kPerThread; ++i) {
     const int j = threadIdx.x + i * kRouteThreads;

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/cuda/block_rms.cuh"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_dot.cuh"
 
@@ -126,8 +127,8 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
 template <bool NORM, int THREADS, int MAXCOLS>
 __device__ __forceinline__ void stage_input_row(const float* x, const float* gain, float eps, int cols, float* xs,
                                                 uint4* frag, float* group_sum, uint4* zero, float* red) {
-  constexpr int kPer = MAXCOLS / 4 / THREADS, kWarps = THREADS / 32;
-  const int n4 = cols / 4, lane = threadIdx.x % 32;
+  constexpr int kPer = MAXCOLS / 4 / THREADS;
+  const int n4 = cols / 4;
   float4 xv[kPer], gv[kPer];
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
@@ -136,20 +137,7 @@ __device__ __forceinline__ void stage_input_row(const float* x, const float* gai
     gv[i] = NORM && j < n4 ? __ldg(reinterpret_cast<const float4*>(gain) + j) : make_float4(1.f, 1.f, 1.f, 1.f);
   }
   float inv = 1.f;
-  if constexpr (NORM) {
-    float ss = 0.f;
-#pragma unroll
-    for (int i = 0; i < kPer; ++i)
-      ss = fmaf(xv[i].x, xv[i].x, fmaf(xv[i].y, xv[i].y, fmaf(xv[i].z, xv[i].z, fmaf(xv[i].w, xv[i].w, ss))));
-#pragma unroll
-    for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
-    if (lane == 0) red[threadIdx.x / 32] = ss;
-    __syncthreads();
-    float total = 0.f;
-#pragma unroll
-    for (int w = 0; w < kWarps; ++w) total += red[w];
-    inv = 1.f / sqrtf(total / float(cols) + eps);
-  }
+  if constexpr (NORM) inv = block_inv_rms<kPer, THREADS>(xv, cols, eps, red);
 #pragma unroll
   for (int i = 0; i < kPer; ++i) {
     const int j = threadIdx.x + i * THREADS;
