@@ -15,6 +15,7 @@
 
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"
+#include "moe_test_weights.h"
 
 #include <cstdlib>
 
@@ -323,19 +324,10 @@ TEST(CudaMoe, WholeBlockMatchesCpu) {
   for (int T : {1, 5}) {
     SCOPED_TRACE(testing::Message() << "T " << T);
     const int E = 16, k = 4, H = 128, I = 64;
-    TestQMatrix router(1, E, H, 8, 1), gate(E, I, H, 4, 2), up(E, I, H, 4, 3), down(E, H, I, 4, 4);
-    TestQMatrix sgate(1, I, H, 4, 5), sup(1, I, H, 4, 6), sdown(1, H, I, 4, 7), egate(1, 1, H, 8, 8);
+    const TestMoe m(E, H, I, I, 1);
     const NormedInput in = normed_input(T, H, 9);
 
-    MoeWeights w;
-    w.router = router.cpu();
-    for (int e = 0; e < E; ++e) {
-      w.experts.gate_proj.push_back(gate.cpu(e));
-      w.experts.up_proj.push_back(up.cpu(e));
-      w.experts.down_proj.push_back(down.cpu(e));
-    }
-    w.shared_gate_proj = sgate.cpu(), w.shared_up_proj = sup.cpu(), w.shared_down_proj = sdown.cpu();
-    w.shared_expert_gate = egate.cpu();
+    const MoeWeights w = m.cpu();
     ModelConfig c;
     c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
     c.shared_expert_intermediate_size = I;
@@ -347,13 +339,14 @@ TEST(CudaMoe, WholeBlockMatchesCpu) {
     DeviceArray<float> h(in.h), gain(in.gain), x(size_t(T) * H), dw(size_t(T) * slots), act(size_t(T) * slots * I);
     DeviceArray<int32_t> ids(size_t(T) * slots);
     x.poison(), act.poison(), dw.poison(), ids.poison();
-    cuda::moe_route_norm(router.gpu(), egate.gpu(), h.get(), gain.get(), 1e-6f, T, k, x.get(), ids.get(), dw.get(),
+    cuda::moe_route_norm(m.router.gpu(), m.egate.gpu(), h.get(), gain.get(), 1e-6f, T, k, x.get(), ids.get(), dw.get(),
                          nullptr);
-    cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids.get(), T, k, act.get(), nullptr);
-    cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids.get(), dw.get(), T, k, h.get(), nullptr);
+    cuda::moe_gate_up(m.gate.gpu(), m.up.gpu(), m.sgate.gpu(), m.sup.gpu(), x.get(), ids.get(), T, k, act.get(),
+                      nullptr);
+    cuda::moe_down_accumulate(m.down.gpu(), m.sdown.gpu(), act.get(), ids.get(), dw.get(), T, k, h.get(), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
 
-    const HostRouting want = host_route(router.cpu(), in.x, T, k);
+    const HostRouting want = host_route(m.router.cpu(), in.x, T, k);
     const auto got_ids = ids.download();
     for (int t = 0; t < T; ++t)
       for (int i = 0; i < k; ++i)
@@ -369,22 +362,21 @@ TEST(CudaMoe, WholeBlockMatchesCpu) {
 // the model's full size and at small sizes (E and I below one block of work, k = 2 and 8).
 void check_fused(int E, int k, int H, int I, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "E " << E << " k " << k << " H " << H << " I " << I);
-  TestQMatrix router(1, E, H, 8, seed), gate(E, I, H, 4, seed + 1), up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3);
-  TestQMatrix sgate(1, I, H, 4, seed + 4), sup(1, I, H, 4, seed + 5), sdown(1, H, I, 4, seed + 6);
-  TestQMatrix egate(1, 1, H, 8, seed + 7);
+  const TestMoe m(E, H, I, I, seed);
   const NormedInput in = normed_input(1, H, seed + 8);
   const int slots = k + 1;
-  const cuda::MoeFusedWeights fw{router.gpu(), egate.gpu(), gate.gpu(), up.gpu(), down.gpu(),
-                                 sgate.gpu(),  sup.gpu(),   sdown.gpu()};
+  const cuda::MoeFusedWeights fw{m.router.gpu(), m.egate.gpu(), m.gate.gpu(), m.up.gpu(), m.down.gpu(),
+                                 m.sgate.gpu(),  m.sup.gpu(),   m.sdown.gpu()};
   ASSERT_TRUE(cuda::moe_fused_supports(fw, k));
 
   DeviceArray<float> h3(in.h), gain(in.gain), x(static_cast<size_t>(H)), w3(static_cast<size_t>(slots)),
       act(static_cast<size_t>(slots) * I);
   DeviceArray<int32_t> ids3(static_cast<size_t>(slots));
-  cuda::moe_route_norm(router.gpu(), egate.gpu(), h3.get(), gain.get(), 1e-6f, 1, k, x.get(), ids3.get(), w3.get(),
+  cuda::moe_route_norm(m.router.gpu(), m.egate.gpu(), h3.get(), gain.get(), 1e-6f, 1, k, x.get(), ids3.get(), w3.get(),
                        nullptr);
-  cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids3.get(), 1, k, act.get(), nullptr);
-  cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids3.get(), w3.get(), 1, k, h3.get(), nullptr);
+  cuda::moe_gate_up(m.gate.gpu(), m.up.gpu(), m.sgate.gpu(), m.sup.gpu(), x.get(), ids3.get(), 1, k, act.get(),
+                    nullptr);
+  cuda::moe_down_accumulate(m.down.gpu(), m.sdown.gpu(), act.get(), ids3.get(), w3.get(), 1, k, h3.get(), nullptr);
 
   DeviceArray<float> hf(in.h), wf(static_cast<size_t>(slots));
   DeviceArray<int32_t> idsf(static_cast<size_t>(slots));
@@ -405,12 +397,10 @@ void check_fused(int E, int k, int H, int I, uint32_t seed) {
 // choose from the logits) against the choice in moe_route_norm: the same h, bit for bit.
 void check_experts_choose(int E, int k, int H, int I, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "experts choose: E " << E << " k " << k << " H " << H << " I " << I);
-  TestQMatrix router(1, E, H, 8, seed), gate(E, I, H, 4, seed + 1), up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3);
-  TestQMatrix sgate(1, I, H, 4, seed + 4), sup(1, I, H, 4, seed + 5), sdown(1, H, I, 4, seed + 6);
-  TestQMatrix egate(1, 1, H, 8, seed + 7);
+  const TestMoe m(E, H, I, I, seed);
   const NormedInput in = normed_input(1, H, seed + 8);
   const int slots = k + 1;
-  ASSERT_TRUE(cuda::moe_experts_can_choose(gate.gpu(), down.gpu(), E, k));
+  ASSERT_TRUE(cuda::moe_experts_can_choose(m.gate.gpu(), m.down.gpu(), E, k));
   const size_t scratch_bytes = cuda::moe_route_scratch_bytes(E, 1);
   std::vector<std::vector<float>> h_out, w_out;
   std::vector<std::vector<int32_t>> ids_out;
@@ -422,11 +412,11 @@ void check_experts_choose(int E, int k, int H, int I, uint32_t seed) {
     CUDA_OK(cudaMemset(scratch.get(), 0, scratch_bytes));
     w.poison(), ids.poison(), act.poison();
     const float* logits = experts_choose ? cuda::moe_route_logits(scratch.get(), 1) : nullptr;
-    cuda::moe_route_norm(router.gpu(), egate.gpu(), h.get(), gain.get(), 1e-6f, 1, k, x.get(), ids.get(), w.get(),
+    cuda::moe_route_norm(m.router.gpu(), m.egate.gpu(), h.get(), gain.get(), 1e-6f, 1, k, x.get(), ids.get(), w.get(),
                          scratch.get(), 1, nullptr, !experts_choose);
-    cuda::moe_gate_up(gate.gpu(), up.gpu(), sgate.gpu(), sup.gpu(), x.get(), ids.get(), 1, k, act.get(), nullptr,
-                      logits);
-    cuda::moe_down_accumulate(down.gpu(), sdown.gpu(), act.get(), ids.get(), w.get(), 1, k, h.get(), nullptr, true,
+    cuda::moe_gate_up(m.gate.gpu(), m.up.gpu(), m.sgate.gpu(), m.sup.gpu(), x.get(), ids.get(), 1, k, act.get(),
+                      nullptr, logits);
+    cuda::moe_down_accumulate(m.down.gpu(), m.sdown.gpu(), act.get(), ids.get(), w.get(), 1, k, h.get(), nullptr, true,
                               logits);
     CUDA_OK(cudaDeviceSynchronize());
     h_out.push_back(h.download()), w_out.push_back(w.download()), ids_out.push_back(ids.download());
