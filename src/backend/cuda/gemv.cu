@@ -312,7 +312,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
   pdl_launch_dependents();
 
   // Stage x (NORM: x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) as rms_norm).
-  stage_input_row<NORM, kNormThreads, kNormMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, group_sum, zero,
+  stage_input_row<NORM, kNormThreads, kNormMaxCols, 4>(p.x, p.gain, p.eps, p.cols, xs, frag, group_sum, zero,
                                                     &partial[0][0]);
   __syncthreads();
 

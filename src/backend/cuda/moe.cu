@@ -366,8 +366,10 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
     }
   }
   __syncthreads();
-  for (int j = 0; j < slots; ++j)
-    stage_x_fragments<1>(act_s + j * p.I, p.I, frag + size_t(j) * fragment_uint4s(p.I), gsum + j * (p.I / 64));
+  // The slots are consecutive in act_s, frag and gsum alike (I is a multiple of 64): one row of
+  // slots x I columns, staged in one call whose batches overlap the slots' shuffle sums (a call
+  // per slot ran their group sums one slot after another).
+  stage_x_fragments<4>(act_s, slots * p.I, frag, gsum);
   __syncthreads();
 
   const uint4* my_frag = frag + size_t(s) * fragment_uint4s(p.I);

@@ -124,7 +124,7 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
 // its fragments and group sums (stage_x_fragments), and zero[] cleared. x is read through L2
 // (__ldcg: it was written by the previous kernel). red: THREADS / 32 floats of shared scratch.
 // cols: a multiple of 64, at most MAXCOLS.
-template <bool NORM, int THREADS, int MAXCOLS>
+template <bool NORM, int THREADS, int MAXCOLS, int BATCH = 1>
 __device__ __forceinline__ void stage_input_row(const float* x, const float* gain, float eps, int cols, float* xs,
                                                 uint4* frag, float* group_sum, uint4* zero, float* red) {
   constexpr int kPer = MAXCOLS / 4 / THREADS;
@@ -148,7 +148,7 @@ __device__ __forceinline__ void stage_input_row(const float* x, const float* gai
   }
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
-  stage_x_fragments<1>(xs, cols, frag, group_sum);
+  stage_x_fragments<BATCH>(xs, cols, frag, group_sum);
 }
 
 // The codes, scales and biases a lane needs for NPAIR pairs of blocks of rows g and g + 8.
