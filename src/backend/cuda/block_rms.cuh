@@ -6,6 +6,8 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/cuda/quant_dot.cuh"
+
 namespace lily::cuda {
 
 // Block-wide (all THREADS threads call it): v = this thread's PER float4s of the row (zeros past
@@ -18,8 +20,7 @@ __device__ __forceinline__ float block_inv_rms(const float4 (&v)[PER], int cols,
 #pragma unroll
   for (int i = 0; i < PER; ++i)
     ss = fmaf(v[i].x, v[i].x, fmaf(v[i].y, v[i].y, fmaf(v[i].z, v[i].z, fmaf(v[i].w, v[i].w, ss))));
-#pragma unroll
-  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  ss = quant::group_sum<32>(ss);
   if (threadIdx.x % 32 == 0) red[threadIdx.x / 32] = ss;
   __syncthreads();
   float total = 0.f;

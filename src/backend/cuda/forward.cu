@@ -47,6 +47,7 @@
 #include "backend/cuda/moe_grouped.h"
 #include "backend/cuda/norm.h"
 #include "backend/cuda/top_candidates.h"
+#include "base/env.h"
 #include "model/weights.h"
 
 namespace lily {
@@ -98,11 +99,6 @@ struct DecodeSkip {
     return d;
   }
 };
-
-bool env_is(const char* name, const char* value) {
-  const char* v = std::getenv(name);
-  return v && std::string_view(v) == value;
-}
 
 __global__ void advance_position(int32_t* position, int n) {
   pdl_wait();
@@ -426,13 +422,13 @@ class CudaBackendImpl final : public CudaBackend {
     return *s;
   }
 
-  // The T = 1 step as a graph, captured the first time per sequence.
   // `token` into the decode step's input slot, through pinned memory, in stream order.
   void write_step_token(int32_t token) {
     *host_token_ = token;
     CUDA_CHECK(cudaMemcpyAsync(s_.tokens.p, host_token_, 4, cudaMemcpyHostToDevice, stream_));
   }
 
+  // The T = 1 step as a graph, captured the first time per sequence.
   void launch_step_graph(CudaSequenceState& s) {
     if (!s.graph_exec) {
       cudaGraph_t graph;
@@ -451,10 +447,7 @@ class CudaBackendImpl final : public CudaBackend {
   // if the driver refuses that graph, the plain one.
   static cudaGraphExec_t instantiate_step(cudaGraph_t graph) {
     if (const char* v = std::getenv("LILY_DECODE_CARVEOUT")) prefer_shared_carveout(graph, std::atoi(v));  // experiment
-    static const bool pdl = [] {
-      const char* v = std::getenv("LILY_PDL");
-      return !(v && std::string(v) == "0");
-    }();
+    static const bool pdl = env_value("LILY_PDL") != "0";
     cudaGraphExec_t exec = nullptr;
     if (pdl) {
       cudaGraph_t programmatic = nullptr;
@@ -665,13 +658,10 @@ class CudaBackendImpl final : public CudaBackend {
 
   static constexpr int kRing = 8;
   const int chunk_tokens_ = prefill_chunk_tokens();  // tokens per prefill pass
-  const std::string deltanet_prefill_form_ = [] {   // LILY_DELTANET_PREFILL (A/B runs), read once
-    const char* v = std::getenv("LILY_DELTANET_PREFILL");
-    return std::string(v ? v : "");
-  }();
+  const std::string deltanet_prefill_form_{env_value("LILY_DELTANET_PREFILL")};  // A/B runs, read once
   const DecodeSkip skip_ = DecodeSkip::from_env();   // measurement only (LILY_DECODE_SKIP)
-  const bool down_ids_early_ = !env_is("LILY_DOWN_EARLY", "0");      // A/B switch
-  const bool experts_choose_ = !env_is("LILY_EXPERTS_CHOOSE", "0");  // A/B switch
+  const bool down_ids_early_ = env_value("LILY_DOWN_EARLY") != "0";      // A/B switch
+  const bool experts_choose_ = env_value("LILY_EXPERTS_CHOOSE") != "0";  // A/B switch
   std::unique_ptr<GpuWeights> w_;
   const ModelConfig c_;
   cudaStream_t stream_ = nullptr;

@@ -131,10 +131,7 @@ __global__ void __launch_bounds__(128) gemv_kernel(GemvParams p) {
 #pragma unroll
     for (int i = 0; i < TP; ++i) {
 #pragma unroll
-      for (int r = 0; r < ROWS; ++r) {
-#pragma unroll
-        for (int o = LPR / 2; o > 0; o /= 2) acc[i][r] += __shfl_xor_sync(0xFFFFFFFFu, acc[i][r], o, LPR);
-      }
+      for (int r = 0; r < ROWS; ++r) acc[i][r] = group_sum<LPR>(acc[i][r]);
     }
     if (sub == 0) {
 #pragma unroll
@@ -262,10 +259,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
       }
     }
 #pragma unroll
-    for (int r = 0; r < kRows; ++r) {
-#pragma unroll
-      for (int o = LPR / 2; o > 0; o /= 2) acc[r] += __shfl_xor_sync(0xFFFFFFFFu, acc[r], o, LPR);
-    }
+    for (int r = 0; r < kRows; ++r) acc[r] = group_sum<LPR>(acc[r]);
     if (sub == 0) {
 #pragma unroll
       for (int r = 0; r < kRows; ++r)

@@ -26,7 +26,7 @@
 // Limits:   the rows of one block fit in kMaxWeightBytes of shared memory (at 2048 columns 10
 //           tiles, 21,120 rows on 132 SMs; the model's largest, 12,352, takes 6); larger W (lm_head) take gemv.cu's
 //           mma_gemv_kernel. Registers capped for 3 blocks of 256 threads per SM, so the blocks
-//           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs);
+//           fit beside the predecessor's. LILY_PREFETCH_GEMV=0 turns the kernel off (A/B runs).
 //           Blocks of 16 warps (63 registers, one unit per step); LILY_PREFETCH_WARPS=8 runs the
 //           8-warp form (A/B).
 // Streaming: opt-in, LILY_STREAM_GEMV=1 (measured slower than mma_gemv at lm_head, session 5):
@@ -40,8 +40,8 @@
 #include "backend/cuda/device_info.h"
 
 #include <algorithm>
-#include <cstdlib>
-#include <string_view>
+
+#include "base/env.h"
 
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -183,6 +183,16 @@ __global__ void __launch_bounds__(256, 1) stream_rms_norm_gemv_kernel(PrefetchGe
   }
 }
 
+// Shared-memory bytes of one tile of 16 rows: codes, then scales and biases (bf16).
+uint32_t tile_bytes(int cols) { return 16u * uint32_t(cols / 2 + cols / 64 * 4); }
+
+// What both kernels take: one 4-bit matrix, group 64, cols a multiple of 512 up to kMaxCols, all
+// four arrays 16-byte aligned (bulk copies, vector loads of x).
+bool row_kernels_take(const QMatrix& W, const float* x) {
+  return W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
+         W.cols <= kMaxCols && aligned16(W.codes) && aligned16(W.scales) && aligned16(W.biases) && aligned16(x);
+}
+
 struct Plan {
   int grid = 0;
   int max_tiles = 0;  // tiles of 16 rows of the largest block
@@ -194,7 +204,7 @@ Plan plan_for(const QMatrix& W) {
   Plan plan;
   plan.grid = std::min(multiprocessor_count(), tiles);
   plan.max_tiles = (tiles + plan.grid - 1) / plan.grid;
-  plan.smem = uint32_t(plan.max_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
+  plan.smem = uint32_t(plan.max_tiles) * tile_bytes(W.cols);
   return plan;
 }
 
@@ -217,8 +227,7 @@ void launch_with(const QMatrix& W, const float* x, const float* gain, float eps,
 void launch(const QMatrix& W, const float* x, const float* gain, float eps, float* y, cudaStream_t stream) {
   // 16 warps by default (measured 2.156 -> 2.128 ms per 4K step, docs/perf.md session 5);
   // LILY_PREFETCH_WARPS=8 runs the 256-thread form (read at every launch: tests compare both).
-  const char* v = std::getenv("LILY_PREFETCH_WARPS");
-  if (v && std::string_view(v) == "8")
+  if (env_value("LILY_PREFETCH_WARPS") == "8")
     launch_with<256>(W, x, gain, eps, y, stream);
   else
     launch_with<512>(W, x, gain, eps, y, stream);
@@ -227,28 +236,21 @@ void launch(const QMatrix& W, const float* x, const float* gain, float eps, floa
 }  // namespace
 
 bool prefetch_gemv_supports(const QMatrix& W, const float* x) {
-  const char* v = std::getenv("LILY_PREFETCH_GEMV");
-  if (v && v[0] == '0') return false;
-  if (!(W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
-        W.cols <= kMaxCols && aligned16(W.codes) && aligned16(W.scales) && aligned16(W.biases) && aligned16(x)))
-    return false;
+  if (env_value("LILY_PREFETCH_GEMV").starts_with('0')) return false;
+  if (!row_kernels_take(W, x)) return false;
   const Plan plan = plan_for(W);
   return plan.smem <= kMaxWeightBytes && plan.max_tiles * (W.cols / kPairCols) <= kMaxUnits;
 }
 
 // Tiles per stage of the streaming kernel at this width (0: none fits).
 int stream_stage_tiles(int cols) {
-  const uint32_t tile_bytes = 16u * uint32_t(cols / 2 + cols / 64 * 4);
-  return std::min<int>(kStreamMaxTiles, int(kStreamSmem / (kStreamStages * tile_bytes)));
+  return std::min<int>(kStreamMaxTiles, int(kStreamSmem / (kStreamStages * tile_bytes(cols))));
 }
 
 bool stream_gemv_supports(const QMatrix& W, const float* x) {
   // Opt-in (LILY_STREAM_GEMV=1): measured 0.017 ms slower than mma_gemv on lm_head (session 5).
-  const char* v = std::getenv("LILY_STREAM_GEMV");
-  if (!(v && v[0] == '1')) return false;
-  return W.bits == 4 && W.group_size == 64 && W.batch == 1 && W.rows > 0 && W.cols % 512 == 0 && W.cols > 0 &&
-         W.cols <= kMaxCols && stream_stage_tiles(W.cols) >= 1 && aligned16(W.codes) && aligned16(W.scales) &&
-         aligned16(W.biases) && aligned16(x);
+  if (!env_value("LILY_STREAM_GEMV").starts_with('1')) return false;
+  return row_kernels_take(W, x) && stream_stage_tiles(W.cols) >= 1;
 }
 
 void stream_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, float eps, float* y,
@@ -263,7 +265,7 @@ void stream_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain, f
   (void)configured;
   const int stage_tiles = stream_stage_tiles(W.cols);
   const int grid = std::min(multiprocessor_count(), (W.rows + 15) / 16);
-  const uint32_t smem = uint32_t(kStreamStages) * uint32_t(stage_tiles) * 16u * uint32_t(W.cols / 2 + W.cols / 64 * 4);
+  const uint32_t smem = uint32_t(kStreamStages) * uint32_t(stage_tiles) * tile_bytes(W.cols);
   const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
                              reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
   stream_rms_norm_gemv_kernel<<<unsigned(grid), 256, smem, stream>>>(p, stage_tiles);

@@ -47,6 +47,7 @@
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
+#include "base/env.h"
 
 #include <algorithm>
 #include <cstdlib>
@@ -434,10 +435,7 @@ void moe_gate_up(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_g
                        gate.rows, gate.cols, k, act, router_logits};
   if (moe_mma_enabled(gate) && gate.cols <= kMaxHidden) {
     const dim3 grid(unsigned((gate.rows + 15) / 16), unsigned(T * (k + 1)));
-    static const bool uncapped = [] {
-      const char* v = std::getenv("LILY_GATEUP_MIN_BLOCKS");
-      return v && v[0] == '1';
-    }();
+    static const bool uncapped = env_value("LILY_GATEUP_MIN_BLOCKS").starts_with('1');
     if (uncapped)
       moe_gate_up_mma_kernel<1><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
     else

@@ -72,14 +72,6 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
   }
 }
 
-// Sum over aligned groups of W lanes; every lane of the warp must call it.
-template <int W>
-__device__ __forceinline__ float group_sum(float v) {
-#pragma unroll
-  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o, W);
-  return v;
-}
-
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 // x . w for a one-row quantized vector [1, H] (4 or 8 bits), by one warp. Every lane's chunks

@@ -38,6 +38,7 @@
 #include "backend/cuda/quant_dot.cuh"
 #include "backend/cuda/quant_mma.cuh"
 #include "backend/cuda/route_topk.cuh"
+#include "base/env.h"
 
 namespace lily::cuda {
 
@@ -139,9 +140,7 @@ struct RouterQuad {
       for (int r = 0; r < kQuadRows; ++r) out[r] += fmaf(sc[u][r], chunk_dot<BITS>(q[u][r], xr), bi[u][r] * sx);
     }
 #pragma unroll
-    for (int r = 0; r < kQuadRows; ++r)
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) out[r] += __shfl_xor_sync(0xffffffffu, out[r], o);
+    for (int r = 0; r < kQuadRows; ++r) out[r] = group_sum<32>(out[r]);
   }
 };
 
@@ -307,8 +306,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
 }  // namespace
 
 bool moe_fused_enabled() {
-  const char* v = std::getenv("LILY_MOE_FUSED");
-  return v && v[0] == '1';
+  return env_value("LILY_MOE_FUSED").starts_with('1');
 }
 
 bool moe_fused_supports(const MoeFusedWeights& w, int k) {

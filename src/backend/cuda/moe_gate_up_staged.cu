@@ -22,8 +22,7 @@
 #include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/moe_gate_up_staged.h"
 
-#include <cstdlib>
-
+#include "base/env.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/moe_common.cuh"
 #include "backend/cuda/pdl.cuh"
@@ -153,8 +152,7 @@ bool staged_shape(const QMatrix& m, int H, int I) {
 
 bool moe_gate_up_staged_supports(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate,
                                  const QMatrix& shared_up, const float* x, int k) {
-  const char* v = std::getenv("LILY_GATEUP_STAGED");
-  if (v && v[0] == '0') return false;
+  if (env_value("LILY_GATEUP_STAGED").starts_with('0')) return false;
   const int H = gate.cols, I = gate.rows;
   return H > 0 && H % 512 == 0 && H <= kMaxHidden && I > 0 && I % kRows == 0 && gate.batch >= 1 &&
          gate.batch <= kRouteMaxExperts && up.batch == gate.batch && k >= 1 && k <= kRouteMaxK && k <= gate.batch &&

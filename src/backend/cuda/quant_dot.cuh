@@ -1,7 +1,7 @@
 // quant_dot.cuh: the pieces gemv.cu and moe.cu share for dot products of affine-quantized rows
 // (mlx layout, spec §5b) with fp32 vectors: streaming loads of 16-byte code chunks, codes to
 // floats, one chunk's dot product, the matching x values, the shared-memory swizzle of a staged
-// x, and the host-side dispatch over bits and lanes per row. Internal to backend/cuda.
+// x, the sum over a lane group, and the host-side dispatch over bits and lanes per row. Internal to backend/cuda.
 //
 // A "chunk" is 16 bytes of codes (one uint4): 32 columns at 4 bits, 16 at 8 bits; per 64-column
 // group the dot is scale * (sum q x) + bias * (sum x), so every x loader also returns sum x.
@@ -96,6 +96,14 @@ __device__ __forceinline__ float load_x_staged(const float4* row, int c, float (
     s1 += v.z + v.w;
   }
   return s0 + s1;
+}
+
+// Sum over aligned groups of W lanes; every lane of the warp must call it.
+template <int W>
+__device__ __forceinline__ float group_sum(float v) {
+#pragma unroll
+  for (int o = W / 2; o > 0; o /= 2) v += __shfl_xor_sync(0xFFFFFFFFu, v, o, W);
+  return v;
 }
 
 // Lanes per row group: the largest of 32, 16, 8 that is at most the chunks per row.

@@ -34,6 +34,7 @@
 #include <cstdlib>
 
 #include "backend/cuda/block_rms.cuh"
+#include "base/env.h"
 #include "backend/cuda/mma.cuh"
 #include "backend/cuda/quant_dot.cuh"
 
@@ -43,8 +44,7 @@ namespace lily::cuda::quant_mma {
 // unless LILY_MMA_GEMV=0, which keeps the FP32 kernels (quant_dot.cuh); read at every launch,
 // so tests and benchmarks can compare the two in one process.
 inline bool decode_mma_enabled() {
-  const char* v = std::getenv("LILY_MMA_GEMV");
-  return !(v && v[0] == '0');
+  return !env_value("LILY_MMA_GEMV").starts_with('0');
 }
 
 constexpr int kBlockCols = 128;        // 4 chunks, 2 groups
@@ -111,8 +111,7 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
     }
 #pragma unroll
     for (int r = 0; r < kStageBatch; ++r) {
-#pragma unroll
-      for (int o = 16; o > 0; o /= 2) v[r] += __shfl_xor_sync(0xffffffffu, v[r], o);
+      v[r] = quant::group_sum<32>(v[r]);
       const int grp = g0 + r * nwarps;
       if (lane == 0 && grp < ngroups) group_sum[grp] = v[r];
     }
