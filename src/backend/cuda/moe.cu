@@ -165,8 +165,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, MIN_BLOCKS) moe_gate_up_
   int e = 0;
   if (!shared && p.logits) {  // this block's expert: rank s of the logits' top-k (as moe_route_norm)
     if (warp == 0) {
-      for (int j = lane; j < p.E; j += 32) choice_logits[j] = __ldcg(p.logits + j);
-      __syncwarp();
+      warp_load_logits(p.logits, p.E, choice_logits);
       const int chosen = warp_route_rank(choice_logits, p.E, s);
       if (lane == 0) choice_id = chosen;
     }
@@ -325,8 +324,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   __shared__ float choice_weights[kMaxK + 1];
   if (p.logits) {
     if (warp == 0) {
-      for (int j = lane; j < p.E; j += 32) choice_logits[j] = __ldcg(p.logits + j);
-      __syncwarp();
+      warp_load_logits(p.logits, p.E, choice_logits);
       warp_route_topk(choice_logits, p.E, p.k, choice_ids, choice_weights);
       if (lane == 0) choice_ids[p.k] = 0, choice_weights[p.k] = __ldcg(p.weights + p.k);  // the shared gate
     }

@@ -216,8 +216,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fused_kernel(FusedParams p) {
 
   // ---- Phase B: top-k in every block, gate/up items ----
   if (warp == 0) {
-    for (int e = lane; e < p.E; e += 32) all[e] = __ldcg(p.logits + e);
-    __syncwarp();
+    warp_load_logits(p.logits, p.E, all);
     warp_route_topk(all, p.E, p.k, ids_s, weights_s);
     if (lane == 0) {
       weights_s[p.k] = __ldcg(p.weights + p.k), ids_s[p.k] = 0;

@@ -98,8 +98,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   if (!shared && warp == 0) {
     int e;
     if (p.logits) {
-      for (int j = lane; j < p.E; j += 32) choice_logits[j] = __ldcg(p.logits + j);
-      __syncwarp();
+      warp_load_logits(p.logits, p.E, choice_logits);
       e = warp_route_rank(choice_logits, p.E, s);
     } else {
       e = __ldcg(p.ids + s);

@@ -63,6 +63,13 @@ __device__ __forceinline__ int warp_route_next(float (&v)[kRouteMaxExperts / 32]
   return best_e;
 }
 
+// Every lane of the warp calls it: the router logits [E] into logits_s (shared memory), read
+// through L2 (an earlier kernel of the step wrote them; this SM's L1 may hold an older step's).
+__device__ __forceinline__ void warp_load_logits(const float* logits, int E, float* logits_s) {
+  for (int j = threadIdx.x % 32; j < E; j += 32) logits_s[j] = __ldcg(logits + j);
+  __syncwarp();
+}
+
 // Every lane calls it. Lane 0 writes ids[0..k) and weights[0..k) (k <= 8): k rounds of
 // warp_route_next; weights p / sum of the chosen p, summed in rank order as the CPU reference.
 __device__ __forceinline__ void warp_route_topk(const float* logits, int E, int k, int32_t* ids, float* weights) {
