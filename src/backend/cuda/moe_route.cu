@@ -190,8 +190,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   }
   __syncthreads();
   if (!is_last || warp != 0) return;
-  for (int e = lane; e < p.E; e += 32) all[e] = __ldcg(logits + e);
-  __syncwarp();
+  warp_load_logits(logits, p.E, all);
   warp_route_topk(all, p.E, p.k, p.ids + int64_t(t) * slots, p.weights + int64_t(t) * slots);
 }
 
