@@ -12,7 +12,7 @@
 #include <random>
 #include <vector>
 
-#include "backend/cuda/gpu_types.h"
+#include "backend/cuda/common/gpu_types.h"
 #include "model/quant.h"
 #include "model/weights.h"
 

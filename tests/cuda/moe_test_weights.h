@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/moe_grouped.h"
+#include "backend/cuda/prefill/moe_grouped.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/attention.h"
+#include "backend/cuda/common/attention.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {

@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/common/deltanet.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {

@@ -8,8 +8,8 @@
 // magnitude. Edge sizes: T around the 64-row tiles (1, 15, 63, 64, 65, 200), N around the
 // 64-row tiles (1, 8, 63, 64, 65, 256), K of 1, 2 and 32 groups, 4 and 8 bits; outputs
 // poisoned (NaN) before each launch.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/gemm_exact.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/gemm_exact.h"
 
 #include "base/bf16.h"
 #include "cuda_test_util.h"

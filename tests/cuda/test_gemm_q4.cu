@@ -10,8 +10,8 @@
 // Edge sizes: T around the 16/32/64-row tiles (1, 15, 16, 17, 64, 65, 300), N around the 64/128
 // weight-row tiles and below one tile (1, 31, 64, 65, 200), K of 1, 2, 9 and 32 K tiles (the
 // pipeline's prologue and ring wrap), 4 and 8 bits; outputs poisoned (NaN) before each launch.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/gemm_q4.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/gemm_q4.h"
 
 #include "base/bf16.h"
 #include "cuda_test_util.h"

@@ -4,9 +4,9 @@
 // with one lane group partly idle (64, 128, 192) or several load steps (2048, 3072), T = 1
 // (decode) and T > 1 in and across the 8-token passes, 4 and 8 bits; outputs poisoned (NaN)
 // before each launch.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/gemv.h"
-#include "backend/cuda/gemv_prefetch.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/decode/gemv_prefetch.h"
 
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"

@@ -6,9 +6,9 @@
 // Experts: random expert ids (repeats included; slot k, the shared expert, holds a garbage id
 // the kernels must ignore), T 1 and 3, I/H small and full size, 4 and 8 bits; outputs poisoned
 // (NaN) or pre-filled (the accumulating kernels) before each launch.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/moe.h"
-#include "backend/cuda/moe_fused.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/decode/moe.h"
+#include "backend/cuda/decode/moe_fused.h"
 
 #include <algorithm>
 #include <numeric>

@@ -6,8 +6,8 @@
 // expert in every token's first slot (it takes T of the T*k rows). T in {1, 15, 16, 17, 64, 65,
 // 300} crosses the 16/32/64-row tiles. Tolerance for the expert products: max |gpu - cpu| <=
 // 1e-2 * max |cpu| (bf16 inputs to the tensor cores, fp32 sums; see gemm_q4.h).
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/moe_grouped.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/moe_grouped.h"
 
 #include <algorithm>
 #include <numeric>

@@ -1,7 +1,7 @@
 // test_norm.cu: embed_tokens, rms_norm and argmax (backend/cuda/norm.cu) against host
 // references (Matrix::dequantize_row, cpu::rms_norm, a plain loop).
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/norm.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/norm.h"
 
 #include <algorithm>
 #include <limits>

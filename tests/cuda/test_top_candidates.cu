@@ -3,8 +3,8 @@
 // NaN excluded). Rows with many ties (values rounded to a few levels), NaN and -inf logits; n
 // at the 2048-entry block edges and the real vocabulary (248,320); k from 1 to 256 (one and
 // several merge rounds); outputs poisoned before each launch.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/top_candidates.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/decode/top_candidates.h"
 
 #include "cuda_test_util.h"
 

@@ -4,8 +4,8 @@
 // free_random_qmatrix.
 #pragma once
 
-#include "backend/cuda/cuda_check.h"
-#include "backend/cuda/gpu_types.h"
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/gpu_types.h"
 
 namespace lily::bench {
 

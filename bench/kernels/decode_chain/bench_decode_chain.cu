@@ -10,12 +10,12 @@
 // Boundaries: the exposed cost of an empty kernel (wait, trigger, one store per block), of two
 // empty kernels, and of one kernel with a grid barrier (atomic arrival counter, acquire spin) in
 // place of the second launch: what fusing two dependent launches through a barrier would save.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/device_info.h"
-#include "backend/cuda/gemv.h"
-#include "backend/cuda/pdl.cuh"
-#include "backend/cuda/pdl_graph.h"
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_graph.h"
 
 #include <algorithm>
 #include <cstdio>

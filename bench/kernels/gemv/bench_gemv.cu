@@ -2,10 +2,10 @@
 // reports achieved bandwidth against 4.3 TB/s (bytes = codes + scales + biases actually read;
 // x, y and act are ignored). Random codes, scales around 0.01; median of 200 launches after 20
 // warm-ups, each launch timed with events; weights rotate over enough copies to exceed the L2.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/gemv.h"
-#include "backend/cuda/moe.h"
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/decode/moe.h"
 
 #include <algorithm>
 #include <cstdio>

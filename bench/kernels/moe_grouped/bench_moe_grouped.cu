@@ -11,10 +11,10 @@
 //
 // Median of 20 timed calls after 3 warm-ups, events around each; random weights (speed does
 // not depend on the values). TFLOP/s counts the routed and shared expert products only.
-#include "backend/cuda/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/gemm_q4.h"
-#include "backend/cuda/moe_grouped.h"
+#include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/moe_grouped.h"
 
 #include <algorithm>
 #include <cstdio>

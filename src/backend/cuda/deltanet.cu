@@ -34,9 +34,9 @@
 //             (token, head), a barrier reduction) ran at a third of the bandwidth: 41 and 22 us per 512
 //             tokens at the real size, where the bytes allow about 10 and 7.
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm).
-#include "backend/cuda/cuda_check.h"  // first: it configures fmt for nvcc
-#include "backend/cuda/pdl.cuh"
-#include "backend/cuda/grow_only_scratch.h"
+#include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/grow_only_scratch.h"
 
 #include <cooperative_groups.h>
 #include <cuda_runtime.h>
@@ -46,7 +46,7 @@
 #include <cstdint>
 #include <initializer_list>
 
-#include "backend/cuda/deltanet.h"
+#include "backend/cuda/common/deltanet.h"
 
 namespace lily::cuda {
 

@@ -7,7 +7,7 @@
 #include <cstdio>
 #include <cstring>
 
-#include "backend/cuda/cuda_check.h"
+#include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/gpu_weights.h"
 #include "base/thread_pool.h"
 #include "model/quant.h"

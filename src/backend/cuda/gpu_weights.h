@@ -11,7 +11,7 @@
 #include <memory>
 #include <vector>
 
-#include "backend/cuda/gpu_types.h"
+#include "backend/cuda/common/gpu_types.h"
 #include "model/config.h"
 
 namespace lily {

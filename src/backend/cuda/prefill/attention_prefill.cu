@@ -1,0 +1,403 @@
+// attention.cu: the core of a gated full-attention layer (spec §2.4, §2.5), for any T >= 1.
+//
+//   q_h = RoPE(RMSNorm_zc(qg[h, 0:256]; q_norm)),  gate_h = qg[h, 256:512]
+//   k_j = RoPE(RMSNorm_zc(k_j; k_norm)) -> k_cache[pos + t],  v_j -> v_cache[pos + t]  (bf16)
+//   o_h = softmax(q_h K_g^T / 16) V_g over keys [0, pos + t],  g = h / (nq / nkv)
+//   out_h = o_h * sigmoid(gate_h)
+// RoPE: NEOX rotate-half on dims [0, 64), pairs (j, j + 32), angle (pos + t) * theta^(-2j/64) in fp32.
+// Shapes:   qg [T, nq, 2, 256] · k, v [T, nkv, 256] · caches [capacity, nkv, 256] bf16 · out [T, nq, 256]
+// Layout:   the group's <= 8 query heads are handled together, so each K/V row is read once
+//           for all of them; the query heads are normalised and rotated by the blocks
+//           themselves. Shared pieces (argument struct, preparation, reductions):
+//           attention_common.cuh.
+// Variants: decode (T = 1): attention_decode.cu, flash decoding on the tensor cores: a split
+//             kernel (as many splits as SMs per KV head, each >= 64 keys) and a combine kernel.
+//           prefill (T > 1): kv_prep_kernel writes the T new K/V rows, then
+//             flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles) where the
+//             group divides 64, else attention_prefill_simple_kernel: one block per (token, KV
+//             head) walks keys [0, pos + t].
+// Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope).
+#include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/grow_only_scratch.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cuda/common/attention.h"
+#include "backend/cuda/common/attention_common.cuh"
+#include "backend/cuda/common/mma.cuh"
+
+namespace lily::cuda {
+
+namespace {
+
+using namespace attention_detail;
+using namespace ptx;
+
+// Prefill, the simple form (groups that do not divide flash_prefill_kernel's 64 rows): block
+// (token t, KV head kv) walks keys [0, pos] in tiles of 64 with the group's heads together:
+// (1) warp w scores rows 8w..8w+7, (2) warp h does the online softmax of head h, (3) thread d
+// accumulates dim d of the 8 heads from the V rows.
+__global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ __align__(16) float q_s[kGroup][kHeadDim];  // prepared queries
+  __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
+  __shared__ __align__(16) float p_s[kTile][kGroup];     // probabilities
+  __shared__ float alpha_s[kGroup], l_s[kGroup];
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = blockIdx.x, kv = blockIdx.y;
+  const int pos = *p.position + t;         // this token's position
+  const int L = min(pos + 1, p.capacity);  // visible keys [0, L)
+
+  if (warp < p.group) {
+    const int h = kv * p.group + warp;
+    norm_rope_head(p, p.qg + (size_t(t) * p.nq + h) * 2 * kHeadDim, p.q_norm, pos, q_s[warp]);
+  } else {
+    for (int i = lane; i < kHeadDim; i += 32) q_s[warp][i] = 0.f;
+  }
+  __syncthreads();
+
+  // This lane's slice of the queries, pre-scaled by log2(e)/sqrt(256) for exp2.
+  float q[kGroup][8];
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h)
+#pragma unroll
+    for (int i = 0; i < 8; ++i) q[h][i] = q_s[h][8 * lane + i] * (kLog2e / 16.f);
+
+  float m_run = -INFINITY, l_run = 0.f;  // warp h: head slot h's running max and sum
+  float acc[kGroup] = {};                 // thread d: dim d of each head slot
+  const uint16_t* kbase = p.k_cache + size_t(kv) * kHeadDim;
+  const uint16_t* vbase = p.v_cache + size_t(kv) * kHeadDim;
+  const size_t row_stride = size_t(p.nkv) * kHeadDim;
+
+  for (int base = 0; base < L; base += kTile) {
+    const int n = min(kTile, L - base);
+    uint4 kr[kRowsPerWarp];
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int j = warp * kRowsPerWarp + i;
+      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + size_t(base + j) * row_stride)[lane] : make_uint4(0, 0, 0, 0);
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) {
+      const int j = warp * kRowsPerWarp + i;
+      float dot[kGroup];
+      key_dots(kr[i], q, dot);
+      const float s = reduce8(dot);
+      if ((lane & 3) == 0) s_s[lane >> 2][j] = j < n ? s : -INFINITY;
+    }
+    __syncthreads();
+    {
+      const float s0 = s_s[warp][lane], s1 = s_s[warp][lane + 32];
+      const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: the tile has a row
+      const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
+      const float alpha = exp2f(m_run - m_new);
+      l_run = l_run * alpha + warp_sum(p0 + p1);
+      m_run = m_new;
+      p_s[lane][warp] = p0;
+      p_s[lane + 32][warp] = p1;
+      if (lane == 0) alpha_s[warp] = alpha;
+    }
+    __syncthreads();
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) acc[h] *= alpha_s[h];
+#pragma unroll 8
+    for (int j = 0; j < n; ++j) {
+      const float vj = bf16_to_float(vbase[size_t(base + j) * row_stride + tid]);
+      const float4 pa = *reinterpret_cast<const float4*>(&p_s[j][0]);
+      const float4 pb = *reinterpret_cast<const float4*>(&p_s[j][4]);
+      acc[0] += pa.x * vj, acc[1] += pa.y * vj, acc[2] += pa.z * vj, acc[3] += pa.w * vj;
+      acc[4] += pb.x * vj, acc[5] += pb.y * vj, acc[6] += pb.z * vj, acc[7] += pb.w * vj;
+    }
+    __syncthreads();  // s_s and p_s are rewritten by the next tile
+  }
+  if (lane == 0) l_s[warp] = l_run;
+  __syncthreads();
+
+  const float* gate = p.qg + size_t(t) * p.nq * 2 * kHeadDim + kHeadDim;  // + h * 512
+  float* out = p.out + size_t(t) * p.nq * kHeadDim;
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) {
+    if (h >= p.group) break;
+    const int head = kv * p.group + h;
+    out[head * kHeadDim + tid] = acc[h] / l_s[h] * sigmoid(gate[head * 2 * kHeadDim + tid]);
+  }
+}
+
+// Prefill: the T new K/V rows into the caches; block t, warp w prepares KV heads w, w+8, ...
+__global__ void __launch_bounds__(kThreads) kv_prep_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ __align__(16) float k_s[kThreads / 32][kHeadDim];
+  const int t = blockIdx.x, warp = threadIdx.x / 32;
+  const int pos = *p.position + t;
+  if (pos >= p.capacity) return;
+  for (int kv = warp; kv < p.nkv; kv += kThreads / 32) {
+    const size_t off = (size_t(t) * p.nkv + kv) * kHeadDim;
+    norm_rope_head(p, p.k + off, p.k_norm, pos, k_s[warp]);
+    store_kv_row(p, k_s[warp], p.v + off, pos, kv);
+  }
+}
+
+
+// ---- Prefill: flash attention on the tensor cores ----------------------------------------
+//
+// Block (64 query rows, KV head kv). The rows are (token, head slot) pairs of the KV head's
+// group: row r of block b is token (64 b + r) / group, head kv * group + (64 b + r) % group, so
+// every K/V tile read serves all the group's heads (group divides 64). 4 warps x 16 rows.
+//   Q: normalised, rotated and scaled by log2(e)/16 by the block itself, bf16 in shared memory.
+//   K, V: tiles of 64 keys from the caches (bf16) through a double buffer (cp.async).
+//   S = Q K^T and O += P V on mma.sync m16n8k16 (bf16 in, fp32 accumulate); online softmax in
+//   fp32 (exp2); P rounded to bf16 for the P V product (its fragments come straight from the S
+//   accumulators: the m16n8 accumulator layout of two adjacent key tiles is the m16k16 operand
+//   layout). Causal: a row at position P + t sees keys [0, P + t].
+//   Epilogue: O / l * sigmoid(gate) -> out (fp32).
+// Shared memory: Q, K[2], V[2] tiles of 64 rows x (256 + 8) bf16 (528-byte rows: ldmatrix
+// without bank conflicts) and 4 KB of fp32 rows for the Q preparation: 173,056 bytes, one
+// block per SM.
+
+constexpr int kFlashRows = 64, kFlashKeys = 64, kFlashWarps = 4, kFlashThreads = 32 * kFlashWarps;
+constexpr int kFlashStride = kHeadDim + 8;
+constexpr int kFlashTile = kFlashRows * kFlashStride;  // bf16 elements of one tile
+constexpr size_t kFlashSmem = size_t(5) * kFlashTile * 2 + size_t(kFlashWarps) * kHeadDim * 4;
+
+__global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  extern __shared__ uint4 flash_smem[];
+  uint16_t* Qs = reinterpret_cast<uint16_t*>(flash_smem);
+  uint16_t* Ks = Qs + kFlashTile;      // [2][64][stride]
+  uint16_t* Vs = Ks + 2 * kFlashTile;  // [2][64][stride]
+  float* prep = reinterpret_cast<float*>(Vs + 2 * kFlashTile);  // [4][256] fp32
+
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
+  const int kv = blockIdx.y, group = p.group;
+  const int row0 = blockIdx.x * kFlashRows;  // first (token, head slot) pair of the block
+  const int P = *p.position;
+  const int t_last = min(p.T - 1, (row0 + kFlashRows - 1) / group);
+  const int L = min(P + t_last + 1, p.capacity);  // keys any row of the block can see
+  const size_t row_stride = size_t(p.nkv) * kHeadDim;
+
+  // K/V tile j into buffer b: 64 keys x 512 bytes each, 16 chunks of 16 bytes per thread per
+  // matrix; keys past L read the last visible row (masked below).
+  auto issue_tile = [&](int j, int b) {
+#pragma unroll 4
+    for (int c = tid; c < kFlashKeys * (kHeadDim / 8); c += kFlashThreads) {
+      const int key = c / (kHeadDim / 8), part = c % (kHeadDim / 8);
+      const size_t src = size_t(min(j * kFlashKeys + key, L - 1)) * row_stride + size_t(kv) * kHeadDim + part * 8;
+      const int dst = b * kFlashTile + key * kFlashStride + part * 8;
+      cp_async16(Ks + dst, p.k_cache + src);
+      cp_async16(Vs + dst, p.v_cache + src);
+    }
+    cp_async_commit();
+  };
+  const int ntiles = (L + kFlashKeys - 1) / kFlashKeys;
+  issue_tile(0, 0);
+
+  // Q: warp w prepares rows w, w + 4, ...: RMSNorm + RoPE in fp32, then bf16 x log2(e)/16.
+  for (int r = warp; r < kFlashRows; r += kFlashWarps) {
+    const int pair = row0 + r, t = pair / group;
+    uint4* dst = reinterpret_cast<uint4*>(Qs + r * kFlashStride) + lane;  // dims 8 lane .. 8 lane + 7
+    if (t < p.T) {
+      const int h = kv * group + pair % group;
+      norm_rope_head(p, p.qg + (size_t(t) * p.nq + h) * 2 * kHeadDim, p.q_norm, P + t, prep + warp * kHeadDim);
+      const float* q = prep + warp * kHeadDim + 8 * lane;
+      const float sc = kLog2e / 16.f;
+      *dst = make_uint4(pack_bf16(q[0] * sc, q[1] * sc), pack_bf16(q[2] * sc, q[3] * sc),
+                        pack_bf16(q[4] * sc, q[5] * sc), pack_bf16(q[6] * sc, q[7] * sc));
+      __syncwarp();  // prep is reused by this warp's next row
+    } else {
+      *dst = make_uint4(0, 0, 0, 0);
+    }
+  }
+
+  // Rows g and g + 8 of this warp's 16: their positions (rows past T see key 0 only).
+  int pos_r[2];
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    const int t = (row0 + warp * 16 + g + 8 * hr) / group;
+    pos_r[hr] = t < p.T ? P + t : 0;
+  }
+  float o[kHeadDim / 8][4];
+#pragma unroll
+  for (int n = 0; n < kHeadDim / 8; ++n) o[n][0] = o[n][1] = o[n][2] = o[n][3] = 0.f;
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+
+  for (int j = 0; j < ntiles; ++j) {
+    const int b = j & 1;
+    if (j + 1 < ntiles) issue_tile(j + 1, b ^ 1);
+    else cp_async_commit();  // empty group: keeps the wait count uniform
+    cp_async_wait<1>();
+    __syncthreads();  // tile j (and, at j = 0, Q) visible to every warp
+
+    // S = Q K^T: 16 rows x 64 keys per warp.
+    float s[kFlashKeys / 8][4];
+#pragma unroll
+    for (int n = 0; n < kFlashKeys / 8; ++n) s[n][0] = s[n][1] = s[n][2] = s[n][3] = 0.f;
+    const uint16_t* Kb = Ks + b * kFlashTile;
+#pragma unroll
+    for (int ks = 0; ks < kHeadDim / 16; ++ks) {
+      uint32_t a[4];
+      ldmatrix_x4(a, Qs + (warp * 16 + (lane & 15)) * kFlashStride + ks * 16 + (lane >> 4) * 8);
+#pragma unroll
+      for (int jp = 0; jp < kFlashKeys / 16; ++jp) {
+        uint32_t r[4];
+        ldmatrix_x4(r, Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
+        mma_bf16(s[2 * jp], a, r[0], r[1]);
+        mma_bf16(s[2 * jp + 1], a, r[2], r[3]);
+      }
+    }
+
+    // Causal mask and online softmax (log2 units); each row is spread over a quad of lanes.
+#pragma unroll
+    for (int hr = 0; hr < 2; ++hr) {
+      float mx = -INFINITY;
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          const int key = j * kFlashKeys + n * 8 + 2 * t4 + e;
+          float& v = s[n][2 * hr + e];
+          v = key <= pos_r[hr] ? v : -INFINITY;
+          mx = fmaxf(mx, v);
+        }
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      const float m_new = fmaxf(m_run[hr], mx);
+      const float m_use = m_new == -INFINITY ? 0.f : m_new;  // a row with no visible key yet
+      const float alpha = exp2f(m_run[hr] - m_use);
+      float sum = 0.f;
+#pragma unroll
+      for (int n = 0; n < kFlashKeys / 8; ++n)
+#pragma unroll
+        for (int e = 0; e < 2; ++e) {
+          float& v = s[n][2 * hr + e];
+          v = exp2f(v - m_use);
+          sum += v;
+        }
+      l_run[hr] = l_run[hr] * alpha + sum;  // this lane's part; summed over the quad at the end
+      m_run[hr] = m_new;
+#pragma unroll
+      for (int n = 0; n < kHeadDim / 8; ++n) o[n][2 * hr] *= alpha, o[n][2 * hr + 1] *= alpha;
+    }
+
+    // O += P V: P from the S accumulators (bf16), V through ldmatrix.trans.
+    const uint16_t* Vb = Vs + b * kFlashTile;
+#pragma unroll
+    for (int kk = 0; kk < kFlashKeys / 16; ++kk) {
+      const uint32_t a[4] = {pack_bf16(s[2 * kk][0], s[2 * kk][1]), pack_bf16(s[2 * kk][2], s[2 * kk][3]),
+                             pack_bf16(s[2 * kk + 1][0], s[2 * kk + 1][1]),
+                             pack_bf16(s[2 * kk + 1][2], s[2 * kk + 1][3])};
+#pragma unroll
+      for (int np = 0; np < kHeadDim / 16; ++np) {
+        uint32_t r[4];
+        ldmatrix_x4_trans(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
+        mma_bf16(o[2 * np], a, r[0], r[1]);
+        mma_bf16(o[2 * np + 1], a, r[2], r[3]);
+      }
+    }
+    __syncthreads();  // buffer b is refilled by the issue of iteration j + 1
+  }
+  cp_async_wait<0>();
+
+  // out = O / l * sigmoid(gate)
+#pragma unroll
+  for (int hr = 0; hr < 2; ++hr) {
+    float l = l_run[hr];
+    l += __shfl_xor_sync(0xffffffffu, l, 1);
+    l += __shfl_xor_sync(0xffffffffu, l, 2);
+    const int pair = row0 + warp * 16 + g + 8 * hr, t = pair / group;
+    if (t >= p.T) continue;
+    const int head = kv * group + pair % group;
+    const float* gate = p.qg + (size_t(t) * p.nq + head) * 2 * kHeadDim + kHeadDim;
+    float* out = p.out + (size_t(t) * p.nq + head) * kHeadDim;
+    const float inv = 1.f / l;
+#pragma unroll
+    for (int n = 0; n < kHeadDim / 8; ++n) {
+      const int d = n * 8 + 2 * t4;
+      const float2 gv = *reinterpret_cast<const float2*>(gate + d);
+      *reinterpret_cast<float2*>(out + d) =
+          make_float2(o[n][2 * hr] * inv * sigmoid(gv.x), o[n][2 * hr + 1] * inv * sigmoid(gv.y));
+    }
+  }
+}
+
+bool flash_prefill_supported(const AttnArgs& a) { return kFlashRows % a.group == 0; }
+
+void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
+  static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
+    CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
+    return true;
+  }();
+  (void)configured;
+  const int pairs = args.T * args.group;
+  const dim3 grid(unsigned((pairs + kFlashRows - 1) / kFlashRows), unsigned(args.nkv));
+  flash_prefill_kernel<<<grid, kFlashThreads, kFlashSmem, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
+int num_splits(const AttentionParams& p) {
+  return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
+}
+
+// (fmt's compile-time format check does not build under nvcc: fmt::runtime.)
+void check_params(const AttentionParams& p) {
+  const auto check = [](bool ok, const char* what, int value) {
+    if (!ok) ::lily::fail(fmt::runtime("gated_attention_core: {} = {} is not implemented"), what, value);
+  };
+  check(p.T >= 1, "T", p.T);
+  check(p.head_dim == kHeadDim, "head_dim (only 256)", p.head_dim);
+  check(p.num_kv_heads >= 1 && p.num_heads % p.num_kv_heads == 0, "num_heads (a multiple of nkv)", p.num_heads);
+  check(p.num_heads / p.num_kv_heads <= kGroup, "query heads per KV head (at most 8)", p.num_heads / p.num_kv_heads);
+  check(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= kHeadDim, "rotary_dim", p.rotary_dim);
+  check(p.capacity >= 1, "capacity", p.capacity);
+}
+
+// The grow-only scratch of the overload without one, zero-filled when (re)allocated.
+void* own_scratch(size_t bytes, cudaStream_t stream) {
+  static GrowOnlyScratch scratch("gated_attention_core", true);
+  return scratch.get(bytes, stream);
+}
+
+}  // namespace
+
+size_t gated_attention_scratch_bytes(const AttentionParams& p) {
+  return size_t(p.num_kv_heads) * num_splits(p) * kGroup * (kHeadDim + 2) * sizeof(float);
+}
+
+void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
+                          bf16* v_cache, float* out, void* scratch, cudaStream_t stream) {
+  check_params(p);
+  AttnArgs args{p.T, p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads, p.rotary_dim, p.capacity, p.eps,
+                p.rope_theta, p.q_norm, p.k_norm, p.position, qg, k, v, reinterpret_cast<uint16_t*>(k_cache),
+                reinterpret_cast<uint16_t*>(v_cache), out, nullptr, nullptr};
+  if (p.T == 1) {
+    if (!scratch) ::lily::fail(fmt::runtime("gated_attention_core: decode needs scratch"));
+    const int S = num_splits(p);
+    args.part_acc = static_cast<float*>(scratch);
+    args.part_ml = args.part_acc + size_t(p.num_kv_heads) * S * kGroup * kHeadDim;
+    launch_attention_decode(args, S, stream);
+    return;
+  }
+  kv_prep_kernel<<<unsigned(p.T), kThreads, 0, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+  if (flash_prefill_supported(args)) {
+    launch_flash_prefill(args, stream);
+    return;
+  }
+  attention_prefill_simple_kernel<<<dim3(unsigned(p.T), unsigned(p.num_kv_heads)), kThreads, 0, stream>>>(args);
+  CUDA_CHECK_LAUNCH();
+}
+
+void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
+                          bf16* v_cache, float* out, cudaStream_t stream) {
+  void* scratch = p.T == 1 ? own_scratch(gated_attention_scratch_bytes(p), stream) : nullptr;
+  gated_attention_core(p, qg, k, v, k_cache, v_cache, out, scratch, stream);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,15 @@
+// gemm_exact.h: y = x @ W^T for affine-quantized W (4 or 8 bits, group 64) and many input rows,
+// on the tensor cores but to fp32-level accuracy, for the products whose small errors matter:
+// the prefill router (a near-tie between two experts flips with bf16 inputs; issue 7).
+// See gemm_exact.cu for the method.
+#pragma once
+
+#include "backend/cuda/common/gpu_types.h"
+
+namespace lily::cuda {
+
+// y[t, n] = sum_g scale[n, g] * (sum_{k in g} q[n, k] x[t, k]) + bias[n, g] * (sum_{k in g} x[t, k])
+// x: [T, W.cols] fp32 (16-byte aligned, W.cols a multiple of 64), y: [T, W.rows] fp32.
+void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+
+}  // namespace lily::cuda

@@ -1,0 +1,328 @@
+// moe_grouped.cu: the sparse MoE block (spec §2.7) for a prefill chunk of T tokens, on the
+// GPU end to end with no host synchronisation: every size the host needs is a bound.
+//
+//   logits = x @ Wr^T                                   gemm_q4 (8-bit router)   [T, E]
+//   ids, w = top-k(softmax(logits)), renormalised       moe_topk_kernel          [T, k]
+//   plan: histogram of pairs per expert, exclusive scan -> offsets, stable scatter of the
+//         T*k (token, slot) pairs into expert order, tile map   moe_plan_kernel (one block)
+//   act[p]   = silu(G_e x_t) * (U_e x_t)                gemm_q4_grouped_swiglu   [T*k, I]
+//   y[p]     = D_e act[p]                               gemm_q4_grouped          [T*k, H]
+//   sh       = D_s(silu(G_s x) * U_s x)                 gemm_q4_swiglu, gemm_q4  [T, H]
+//   sg       = x @ w_sg^T                               gemm_q4 (8-bit, 1 row)   [T]
+//   out[t]  += sum_s w[t, s] * y[position(t, s)] + sigmoid(sg[t]) * sh[t]      moe_combine_kernel
+// (p: a position in expert-sorted order; pair t*k + s sits at position(t, s).)
+// Determinism: the scatter is stable (pairs keep their order inside an expert: per-chunk warp
+//           match + per-warp counts, no atomics decide positions), every output element of
+//           the GEMMs has one owner, and the combine sums the k slots in slot order and then
+//           adds the shared expert. Same input, same bits.
+// Bounds:   the tile map has at most moe_max_tiles(T*k, E, BM) entries; the grouped GEMMs are
+//           launched with that many blocks in x and the extra ones exit on the device count.
+// Tile rows: BM = gemm_q4_tile_rows(T*k / E): the expected rows per expert (16, 32 or 64).
+// Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
+//           against cpu::sparse_moe).
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/moe_grouped.h"
+
+#include <algorithm>
+
+#include "backend/cuda/prefill/gemm_exact.h"
+#include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/common/route_topk.cuh"
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kMaxExperts = kRouteMaxExperts;  // warp_route_topk's bounds (route_topk.cuh)
+constexpr int kMaxK = kRouteMaxK;
+constexpr int kTopkWarps = 4;        // tokens per block in moe_topk_kernel
+constexpr int kPlanThreads = 1024;   // moe_plan_kernel: one block, 32 warps
+constexpr int kCombineThreads = 256;
+
+// ---- Top-k ------------------------------------------------------------------------------
+
+// One warp per token: warp_route_topk (route_topk.cuh), the rule moe.cu's decode routing uses.
+__global__ void __launch_bounds__(kTopkWarps * 32)
+    moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
+  const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
+  if (t >= T) return;
+  warp_route_topk(logits + int64_t(t) * E, E, k, ids + int64_t(t) * k, weights + int64_t(t) * k);
+}
+
+// ---- Plan: histogram, scan, stable scatter, tile map --------------------------------------
+
+struct PlanParams {
+  const int32_t* ids;  // [P]
+  int P, E, tile_rows;
+  int32_t *offsets, *sorted, *position, *tiles, *num_tiles;
+};
+
+// Exclusive prefix sum of v over the block (kPlanThreads threads); *total gets the sum.
+__device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int inc = v;
+#pragma unroll
+  for (int o = 1; o < 32; o *= 2) {
+    const int u = __shfl_up_sync(0xFFFFFFFFu, inc, o);
+    if (lane >= o) inc += u;
+  }
+  if (lane == 31) warp_sums[warp] = inc;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane], wi = w;  // kPlanThreads / 32 == 32 warps
+#pragma unroll
+    for (int o = 1; o < 32; o *= 2) {
+      const int u = __shfl_up_sync(0xFFFFFFFFu, wi, o);
+      if (lane >= o) wi += u;
+    }
+    warp_sums[lane] = wi - w;  // exclusive
+    if (lane == 31) *total = wi;
+  }
+  __syncthreads();
+  const int result = warp_sums[warp] + inc - v;
+  __syncthreads();  // warp_sums is reused by the next scan
+  return result;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
+  static_assert(kPlanThreads == 32 * 32 && kMaxExperts <= kPlanThreads);
+  __shared__ int count[kMaxExperts], base[kMaxExperts];
+  __shared__ int warp_count[32][kMaxExperts];  // per chunk: first position of each (warp, expert)
+  __shared__ int warp_sums[32];
+  __shared__ int total, total_tiles;
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
+
+  for (int e = tid; e < p.E; e += kPlanThreads) count[e] = 0;
+  __syncthreads();
+  for (int i = tid; i < p.P; i += kPlanThreads) atomicAdd(&count[min(max(p.ids[i], 0), p.E - 1)], 1);
+  __syncthreads();
+
+  // offsets = exclusive scan of the counts; tiles of tile_rows positions per expert.
+  const int c = tid < p.E ? count[tid] : 0;
+  const int off = block_exclusive_scan(c, warp_sums, &total);
+  const int nt = (c + p.tile_rows - 1) / p.tile_rows;
+  const int toff = block_exclusive_scan(nt, warp_sums, &total_tiles);
+  if (tid < p.E) {
+    base[tid] = off;
+    p.offsets[tid] = off;
+    for (int j = 0; j < nt; ++j) {
+      int4 tile{tid, off + j * p.tile_rows, min(off + c, off + (j + 1) * p.tile_rows), 0};
+      reinterpret_cast<int4*>(p.tiles)[toff + j] = tile;
+    }
+  }
+  if (tid == 0) {
+    p.offsets[p.E] = p.P;
+    *p.num_tiles = total_tiles;
+  }
+  __syncthreads();
+
+  // Stable scatter, kPlanThreads pairs at a time: a pair's position is its expert's base, plus
+  // the pairs of that expert in earlier warps of the chunk, plus those in earlier lanes.
+  const uint32_t lanes_below = (1u << lane) - 1u;
+  for (int c0 = 0; c0 < p.P; c0 += kPlanThreads) {
+    for (int j = tid; j < 32 * p.E; j += kPlanThreads) warp_count[j / p.E][j % p.E] = 0;
+    __syncthreads();
+    const int i = c0 + tid;
+    const bool valid = i < p.P;
+    const int e = valid ? min(max(p.ids[i], 0), p.E - 1) : -1;
+    const uint32_t peers = __match_any_sync(0xFFFFFFFFu, e);
+    const int rank = __popc(peers & lanes_below);
+    if (valid && rank == 0) warp_count[warp][e] = __popc(peers);
+    __syncthreads();
+    if (tid < p.E) {
+      int run = base[tid];
+      for (int w = 0; w < 32; ++w) {
+        const int n = warp_count[w][tid];
+        warp_count[w][tid] = run;
+        run += n;
+      }
+      base[tid] = run;
+    }
+    __syncthreads();
+    if (valid) {
+      const int pos = warp_count[warp][e] + rank;
+      p.sorted[pos] = i;
+      p.position[i] = pos;
+    }
+    __syncthreads();
+  }
+}
+
+// ---- Combine ----------------------------------------------------------------------------
+
+struct CombineParams {
+  const float* y;          // [P, H] routed expert outputs in expert order
+  const int32_t* position; // [T, k]
+  const float* weights;    // [T, k]
+  const float* shared;     // [T, H] shared expert output (ungated)
+  const float* shared_gate_logit;  // [T]
+  int H, k;
+  float* out;              // [T, H]
+};
+
+__global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) {
+  const int t = blockIdx.x;
+  const float sg = 1.f / (1.f + expf(-p.shared_gate_logit[t]));
+  for (int h = threadIdx.x * 4; h < p.H; h += kCombineThreads * 4) {
+    float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+    for (int s = 0; s < p.k; ++s) {  // slot order: deterministic
+      const float w = p.weights[int64_t(t) * p.k + s];
+      const float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(p.position[int64_t(t) * p.k + s]) * p.H + h);
+      acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y), acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+    }
+    const float4 sh = *reinterpret_cast<const float4*>(p.shared + int64_t(t) * p.H + h);
+    float4* o = reinterpret_cast<float4*>(p.out + int64_t(t) * p.H + h);
+    float4 r = *o;
+    r.x += acc.x + sg * sh.x, r.y += acc.y + sg * sh.y, r.z += acc.z + sg * sh.z, r.w += acc.w + sg * sh.w;
+    *o = r;
+  }
+}
+
+// ---- Scratch layout ---------------------------------------------------------------------
+
+struct Layout {
+  size_t logits, ids, weights, offsets, sorted, position, tiles, num_tiles, act, y, shared_act, shared_y, sg, bytes;
+  int max_tiles, tile_rows;
+};
+
+Layout layout(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
+  const size_t E = size_t(w.gate.batch), I = size_t(w.gate.rows), H = size_t(w.gate.cols);
+  const size_t Is = size_t(w.shared_gate.rows), P = size_t(T) * size_t(k);
+  Layout l{};
+  LILY_CHECK(tile_rows == 0 || tile_rows == 16 || tile_rows == 32 || tile_rows == 64,
+             "moe_grouped: tile rows {} (0: from the load, or 16, 32, 64)", tile_rows);
+  l.tile_rows = tile_rows > 0 ? tile_rows : gemm_q4_tile_rows(double(P) / double(E));
+  l.max_tiles = moe_max_tiles(int(P), int(E), l.tile_rows);
+  size_t at = 0;
+  auto take = [&](size_t bytes) {
+    const size_t here = at;
+    at += (bytes + 255) / 256 * 256;
+    return here;
+  };
+  l.logits = take(size_t(T) * E * 4);
+  l.ids = take(P * 4);
+  l.weights = take(P * 4);
+  l.offsets = take((E + 1) * 4);
+  l.sorted = take(P * 4);
+  l.position = take(P * 4);
+  l.tiles = take(size_t(l.max_tiles) * 16);
+  l.num_tiles = take(4);
+  l.act = take(P * I * 4);
+  l.y = take(P * H * 4);
+  l.shared_act = take(size_t(T) * Is * 4);
+  l.shared_y = take(size_t(T) * H * 4);
+  l.sg = take(size_t(T) * 4);
+  l.bytes = at;
+  return l;
+}
+
+template <typename T>
+T* at(void* base, size_t offset) {
+  return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
+}
+
+void check_weights(const MoeGroupedWeights& w, int k) {
+  const QMatrix &g = w.gate, &u = w.up, &d = w.down;
+  LILY_CHECK(g.batch >= 1 && g.batch <= kMaxExperts, "moe_grouped: {} experts (1..{})", g.batch, kMaxExperts);
+  LILY_CHECK(k >= 1 && k <= kMaxK && k <= g.batch, "moe_grouped: top-{} of {} experts", k, g.batch);
+  LILY_CHECK(u.batch == g.batch && d.batch == g.batch && d.rows == g.cols && d.cols == g.rows,
+             "moe_grouped: gate [{}, {}, {}] up [{}, {}, {}] down [{}, {}, {}] do not fit", g.batch, g.rows, g.cols,
+             u.batch, u.rows, u.cols, d.batch, d.rows, d.cols);
+  LILY_CHECK(w.router.rows == g.batch && w.router.cols == g.cols, "moe_grouped: router [{}, {}] for {} experts of {}",
+             w.router.rows, w.router.cols, g.batch, g.cols);
+  LILY_CHECK(w.shared_gate.cols == g.cols && w.shared_down.rows == g.cols && w.shared_down.cols == w.shared_gate.rows &&
+                 w.shared_expert_gate.rows == 1 && w.shared_expert_gate.cols == g.cols,
+             "moe_grouped: shared expert gate [{}, {}] down [{}, {}] expert gate [{}, {}] for hidden {}",
+             w.shared_gate.rows, w.shared_gate.cols, w.shared_down.rows, w.shared_down.cols,
+             w.shared_expert_gate.rows, w.shared_expert_gate.cols, g.cols);
+}
+
+}  // namespace
+
+int moe_max_tiles(int pairs, int E, int tile_rows) {
+  // sum_e ceil(c_e / BM) <= (P + n * (BM - 1)) / BM with n <= min(E, P) experts used.
+  const int64_t n = std::min(E, pairs);
+  return int((int64_t(pairs) + n * (tile_rows - 1)) / tile_rows);
+}
+
+size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
+  return layout(w, T, k, tile_rows).bytes;
+}
+
+void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
+  LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E, "moe_topk: top-{} of {} experts", k, E);
+  if (T <= 0) return;
+  moe_topk_kernel<<<unsigned((T + kTopkWarps - 1) / kTopkWarps), kTopkWarps * 32, 0, stream>>>(logits, T, E, k, ids,
+                                                                                               weights);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream) {
+  LILY_CHECK(E >= 1 && E <= kMaxExperts, "moe_plan: {} experts (1..{})", E, kMaxExperts);
+  LILY_CHECK(plan.tile_rows >= 1 && plan.max_tiles >= moe_max_tiles(T * k, E, plan.tile_rows),
+             "moe_plan: room for {} tiles, {} pairs may need {}", plan.max_tiles, T * k,
+             moe_max_tiles(T * k, E, plan.tile_rows));
+  const PlanParams p{ids, T * k, E, plan.tile_rows, plan.offsets, plan.sorted, plan.position, plan.tiles, plan.num_tiles};
+  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, const int32_t* ids,
+                                    const float* weights, int T, int k, void* scratch, float* out,
+                                    cudaStream_t stream, int tile_rows) {
+  check_weights(w, k);
+  LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
+  if (T <= 0) return;
+  const Layout l = layout(w, T, k, tile_rows);
+  const int E = w.gate.batch, H = w.gate.cols;
+
+  MoePlan plan;
+  plan.offsets = at<int32_t>(scratch, l.offsets);
+  plan.sorted = at<int32_t>(scratch, l.sorted);
+  plan.position = at<int32_t>(scratch, l.position);
+  plan.tiles = at<int32_t>(scratch, l.tiles);
+  plan.num_tiles = at<int32_t>(scratch, l.num_tiles);
+  plan.max_tiles = l.max_tiles;
+  plan.tile_rows = l.tile_rows;
+  moe_plan(ids, T, k, E, plan, stream);
+
+  // Routed experts: gate/up over gathered token rows, then down over the act rows in place.
+  GroupedTiles g;
+  g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
+  g.gather = plan.sorted, g.gather_div = k;
+  float* act = at<float>(scratch, l.act);
+  float* y = at<float>(scratch, l.y);
+  gemm_q4_grouped_swiglu(w.gate, w.up, x, g, act, stream);
+  g.gather = nullptr, g.gather_div = 1;
+  gemm_q4_grouped(w.down, act, g, y, stream);
+
+  // Shared expert and its per-token gate logit.
+  float* shared_act = at<float>(scratch, l.shared_act);
+  float* shared_y = at<float>(scratch, l.shared_y);
+  float* sg = at<float>(scratch, l.sg);
+  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream);
+  gemm_q4(w.shared_down, shared_act, shared_y, T, stream);
+  gemm_q4(w.shared_expert_gate, x, sg, T, stream);
+
+  LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
+  const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
+  moe_combine_kernel<<<unsigned(T), kCombineThreads, 0, stream>>>(c);
+  CUDA_CHECK_LAUNCH();
+}
+
+void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
+                            float* out, cudaStream_t stream, int tile_rows) {
+  check_weights(w, k);
+  if (T <= 0) return;
+  const Layout l = layout(w, T, k, tile_rows);
+  int32_t* ids = at<int32_t>(scratch, l.ids);
+  float* weights = at<float>(scratch, l.weights);
+  float* logits = at<float>(scratch, l.logits);
+  if (fp32_router) gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path
+  else gemm_q4(w.router, x, logits, T, stream);         // bf16 inputs, as HF's bf16 matmul
+  moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
+  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,62 @@
+// moe_grouped.h: the sparse MoE block (spec §2.7) for prefill chunks: routing on the GPU, the
+// routed experts as grouped tensor-core GEMMs (gemm_q4.h), a deterministic combine. One stream,
+// no host synchronisation. See moe_grouped.cu for the design.
+#pragma once
+
+#include <cstddef>
+
+#include "backend/cuda/common/gpu_types.h"
+
+namespace lily::cuda {
+
+struct MoeGroupedWeights {
+  QMatrix router;              // [E, H] (8-bit in mlx)
+  QMatrix gate, up;            // stacks [E, I, H]
+  QMatrix down;                // stack [E, H, I]
+  QMatrix shared_gate, shared_up;  // [Is, H]
+  QMatrix shared_down;         // [H, Is]
+  QMatrix shared_expert_gate;  // [1, H]
+};
+
+// Device scratch for T tokens (the caller keeps it; contents are per call). tile_rows: 0 picks
+// the grouped GEMMs' tile from the load (gemm_q4_tile_rows of the mean rows per expert); 16, 32
+// or 64 force it (bench/kernels/moe_grouped measures the choice). Pass the same value to the
+// call that uses the scratch.
+size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k, int tile_rows = 0);
+
+// out[t] += sum_s w[t, s] * D_e(silu(G_e x_t) * U_e x_t) + sigmoid(x_t . w_sg) * D_s(silu(G_s x_t) * U_s x_t)
+// Router logits through gemm_q4 (bf16 inputs, like HF's bf16 matmul), or with fp32_router
+// through the fp32 gemv (the CPU backend's router arithmetic).
+//   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
+void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
+                            float* out, cudaStream_t stream, int tile_rows = 0);
+
+// ---- The pieces (tests use them one by one) ---------------------------------------------
+
+// Softmax over E logits (fp32), top-k (ties to the lower index), renormalised: spec §2.7.
+//   logits: [T, E] -> ids: [T, k] int32, weights: [T, k] fp32.  E <= 256, k <= 8.
+void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream);
+
+// The expert-sorted order of the T*k (token, slot) pairs and the tile map over it.
+struct MoePlan {
+  int32_t* offsets = nullptr;    // [E + 1]: first position of each expert; offsets[E] = T*k
+  int32_t* sorted = nullptr;     // [T*k]: pair index (t*k + s) at each position; stable (pairs in order)
+  int32_t* position = nullptr;   // [T*k]: position of each pair
+  int32_t* tiles = nullptr;      // [max_tiles, 4]: expert, first position, end position, 0
+  int32_t* num_tiles = nullptr;  // [1]
+  int max_tiles = 0;
+  int tile_rows = 0;             // positions per tile
+};
+
+// The most tiles T*k pairs over E experts can need with tiles of tile_rows positions.
+int moe_max_tiles(int pairs, int E, int tile_rows);
+
+// Builds plan (whose device arrays the caller sized with moe_max_tiles) from ids: [T, k].
+void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream);
+
+// The routed experts and the shared expert for given ids / weights ([T, k] on the device).
+void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, const int32_t* ids,
+                                    const float* weights, int T, int k, void* scratch, float* out,
+                                    cudaStream_t stream, int tile_rows = 0);
+
+}  // namespace lily::cuda
