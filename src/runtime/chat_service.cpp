@@ -47,8 +47,8 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
       context_size_(options.context_size > 0 ? options.context_size : engine.config().max_position_embeddings),
       cache_(engine.backend(), context_size_, options.cache_bytes),
       think_end_(tokenizer_.token_id("</think>")) {
-  LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size,
-             "the tokenizer has {} ids but the model only {}", tokenizer_.vocab_size(), engine.config().vocab_size);
+  LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size, "the tokenizer has {} ids but the model only {}",
+             tokenizer_.vocab_size(), engine.config().vocab_size);
   stats_ = cache_.stats();
 }
 
@@ -96,14 +96,15 @@ void fit_context(PreparedCompletion& p, int64_t context_size, const char* param)
   if (n == 0) throw RequestError("the prompt is empty", param);
   if (n >= context_size) {
     throw RequestError(fmt::format("the prompt has {} tokens, but the context size is {} (leaving no room for "
-                                   "a reply)", n, context_size),
+                                   "a reply)",
+                                   n, context_size),
                        param, "context_length_exceeded");
   }
   if (p.options.max_tokens) {
     if (n + *p.options.max_tokens > context_size) {
       throw RequestError(fmt::format("the prompt has {} tokens and max_tokens is {}: {} in all, more than the "
-                                     "context size of {}", n, *p.options.max_tokens, n + *p.options.max_tokens,
-                                     context_size),
+                                     "context size of {}",
+                                     n, *p.options.max_tokens, n + *p.options.max_tokens, context_size),
                          "max_tokens", "context_length_exceeded");
     }
     p.max_tokens = *p.options.max_tokens;
@@ -194,7 +195,8 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   // Snapshot at the template boundary on the way through the prompt.
   if (options.use_cache && p.reuse_boundary > seq.state->length() && p.reuse_boundary < prompt_len) {
     std::vector<float> unused;
-    std::span<const int32_t> part(p.prompt.data() + seq.state->length(), size_t(p.reuse_boundary - seq.state->length()));
+    std::span<const int32_t> part(p.prompt.data() + seq.state->length(),
+                                  size_t(p.reuse_boundary - seq.state->length()));
     backend.forward(*seq.state, part, LogitsWanted::none, unused);
     seq.tokens.assign(p.prompt.begin(), p.prompt.begin() + p.reuse_boundary);
     seq.snapshot_here();
@@ -220,7 +222,8 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
       }
       d.reasoning = std::move(out.reasoning);
       d.content = std::move(out.content);
-      for (auto& c : out.tool_calls) d.tool_calls.push_back({new_tool_call_id(), std::move(c.name), std::move(c.arguments_json)});
+      for (auto& c : out.tool_calls)
+        d.tool_calls.push_back({new_tool_call_id(), std::move(c.name), std::move(c.arguments_json)});
     } else {
       d.content = std::string(text);
     }

@@ -54,9 +54,9 @@ struct CompletionOptions {
   SamplingParams sampling;
   std::optional<int64_t> max_tokens;  // none: what the context leaves
   std::vector<std::string> stop;
-  int top_logprobs = -1;              // -1: no logprobs; 0: the chosen token's; n: and the n best
-  bool use_cache = true;              // false: a cold run on a fresh state, not kept afterwards
-  bool ignore_eos = false;            // true: the stop tokens do not end the reply (benchmarks, tests)
+  int top_logprobs = -1;    // -1: no logprobs; 0: the chosen token's; n: and the n best
+  bool use_cache = true;    // false: a cold run on a fresh state, not kept afterwards
+  bool ignore_eos = false;  // true: the stop tokens do not end the reply (benchmarks, tests)
 };
 
 struct ChatRequest {
@@ -68,7 +68,7 @@ struct ChatRequest {
 };
 
 struct TextRequest {
-  std::string prompt;                 // used when prompt_tokens is empty
+  std::string prompt;  // used when prompt_tokens is empty
   std::vector<int32_t> prompt_tokens;
   CompletionOptions options;
 };
@@ -103,7 +103,7 @@ struct Usage {
 };
 
 struct Timings {
-  int64_t prefilled_tokens = 0;     // prompt tokens computed (prompt - cached)
+  int64_t prefilled_tokens = 0;  // prompt tokens computed (prompt - cached)
   int64_t decoded_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   double first_token_seconds = 0;  // from the start of the completion to the first token
@@ -114,8 +114,8 @@ struct CompletionResult {
   std::vector<ToolCall> tool_calls;
   std::vector<TokenLogprobs> logprobs;
   std::vector<int32_t> tokens;  // the reply's token ids: generated and forced, stop token included
-  std::string finish_reason;  // "stop", "length", "tool_calls"
-  bool cancelled = false;     // the callback asked to stop (client gone)
+  std::string finish_reason;    // "stop", "length", "tool_calls"
+  bool cancelled = false;       // the callback asked to stop (client gone)
   Usage usage;
   Timings timings;
 };
@@ -127,7 +127,7 @@ using DeltaCallback = std::function<bool(const ChatDelta&)>;
 struct PreparedCompletion {
   std::vector<int32_t> prompt;
   int64_t max_tokens = 0;
-  int64_t reuse_boundary = 0;       // snapshot point before the generation prompt (0: none)
+  int64_t reuse_boundary = 0;  // snapshot point before the generation prompt (0: none)
   bool chat = false;
   bool starts_in_reasoning = false;  // the prompt opened <think>
   std::string forced_text;           // tool_choice required/named: the start of the call
