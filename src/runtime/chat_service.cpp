@@ -4,9 +4,8 @@
 #include <chrono>
 #include <random>
 
-#include "chat/output_parser.h"
-#include "runtime/completion_text.h"
-#include "runtime/generate.h"
+#include "runtime/reply_stream.h"
+#include "runtime/sequence_tokens.h"
 
 namespace lily {
 
@@ -25,7 +24,7 @@ bool is_nonempty_array(const json& j) { return j.is_array() && !j.empty(); }
 bool has_tool_named(const json& tools, const std::string& name) {
   if (!tools.is_array()) return false;
   for (const json& t : tools) {
-    const json& f = t.contains("function") ? t["function"] : t;
+    const json& f = tool_function(t);
     if (f.is_object() && f.contains("name") && f["name"] == name) return true;
   }
   return false;
@@ -135,18 +134,7 @@ PreparedCompletion ChatService::prepare_chat(const ChatRequest& request) const {
   p.starts_in_reasoning = ends_with(text, "<think>\n");
   p.tools = request.tools;
   p.parse_tool_calls = have_tools && choice.mode != ToolChoice::Mode::none;
-  if (choice.mode == ToolChoice::Mode::function) {
-    p.forced_text = "<tool_call>\n<function=" + choice.function + ">\n";
-  } else if (choice.mode == ToolChoice::Mode::required) {
-    p.forced_text = "<tool_call>\n<function=";
-    if (request.tools.size() == 1) {
-      const json& t = request.tools[0];
-      const json& f = t.contains("function") ? t["function"] : t;
-      if (f.is_object() && f.contains("name") && f["name"].is_string()) {
-        p.forced_text += f["name"].get<std::string>() + ">\n";
-      }
-    }
-  }
+  p.forced_text = forced_call_opening(choice, request.tools);
   // The template boundary: the generation prompt's <|im_start|> (see prefix_cache.h).
   if (auto im_start = tokenizer_.token_id("<|im_start|>")) {
     auto it = std::find(p.prompt.rbegin(), p.prompt.rend(), *im_start);
@@ -172,160 +160,139 @@ PreparedCompletion ChatService::prepare_text(const TextRequest& request) const {
   return p;
 }
 
-LogprobAlternative ChatService::alternative(int32_t token, float logprob) const {
-  LogprobAlternative a;
-  a.token = tokenizer_.decode(std::span<const int32_t>(&token, 1));
-  a.bytes = tokenizer_.token_bytes(token);
-  a.logprob = logprob;
-  return a;
+namespace {
+
+// The template boundary (prefix_cache.h): the prompt up to it is computed on its own and
+// snapshotted there, because the next turn renders this one differently from that point on.
+void snapshot_boundary(Backend& backend, SequenceTokens& seq, int64_t boundary) {
+  if (boundary <= seq.in_state() || boundary >= seq.prompt_length()) return;
+  seq.prefill_to(backend, boundary);
+  seq.snapshot_here();
 }
+
+std::optional<OutputParserOptions> parser_options(const PreparedCompletion& p) {
+  if (!p.chat) return std::nullopt;
+  return OutputParserOptions{p.starts_in_reasoning, p.tools, p.parse_tool_calls};
+}
+
+// "stop" when a stop token or a stop string ended the reply ("tool_calls" when it made calls);
+// else "length", a cancelled generation included.
+std::string finish_reason(FinishReason finish, bool stop_string, const std::vector<ToolCall>& calls) {
+  if (!stop_string && finish != FinishReason::stop) return "length";
+  return calls.empty() ? "stop" : "tool_calls";
+}
+
+}  // namespace
+
+// What the roles of one complete() call share.
+struct ChatService::Completion {
+  const PreparedCompletion& p;
+  Clock::time_point start;
+  SequenceTokens seq;
+  ReplyStream reply;
+  ToolCallForcing forcing;
+  std::vector<int32_t> stop_ids;  // end the reply, outside its text (none with ignore_eos)
+  Usage usage;                    // prompt and cached tokens; the completion's are counted at the end
+  Timings timings;
+  bool first_token = true;
+
+  int64_t remaining() const { return p.max_tokens - seq.produced(); }
+  bool is_stop_id(int32_t id) const { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); }
+};
 
 CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaCallback& on_delta) {
   const CompletionOptions& options = p.options;
-  const auto t_start = Clock::now();
+  const Clock::time_point start = Clock::now();
+  Completion c{
+      .p = p,
+      .start = start,
+      .seq = SequenceTokens(options.use_cache ? cache_.acquire(p.prompt) : cache_.fresh(), p.prompt),
+      .reply = ReplyStream(tokenizer_, parser_options(p), options.stop, on_delta),
+      .forcing = ToolCallForcing(p.forced_text, p.starts_in_reasoning, think_end_),
+      .stop_ids = options.ignore_eos ? std::vector<int32_t>{} : stop_tokens(),
+      .usage = {},
+      .timings = {},
+  };
+  c.usage.prompt_tokens = c.seq.prompt_length();
+  c.usage.cached_tokens = c.seq.in_state();
+  c.timings.prefilled_tokens = c.usage.prompt_tokens - c.usage.cached_tokens;
+  if (options.use_cache) snapshot_boundary(engine_.backend(), c.seq, p.reuse_boundary);
+  c.timings.prefill_seconds = seconds_since(start);
+  const FinishReason reason = generate_reply(c);
+  return finish(c, reason);
+}
+
+// Rounds of generation until the reply ends. A round ends at a stop token; while the tool-call
+// opening waits for the end of the reasoning it ends at </think> too, and the next round goes
+// on from the forced opening.
+FinishReason ChatService::generate_reply(Completion& c) {
+  if (const std::string opening = c.forcing.at_start(); !opening.empty()) force(c, opening);
+  FinishReason reason = FinishReason::length;
+  while (c.reply.open() && c.remaining() > 0) {
+    const GenerateResult round = generate_round(c);
+    reason = round.finish;
+    if (reason != FinishReason::stop || !c.reply.open() || round.tokens.empty()) break;
+    if (!c.forcing.waits_for() || c.remaining() <= 0) break;
+    const ToolCallForcing::Step step = c.forcing.after_round(round.tokens.back());
+    if (step.replaces_last) c.seq.drop_last();
+    if (!force(c, step.text)) break;
+    // The opening took what max_tokens left: the reply is cut short, not finished.
+    if (c.remaining() <= 0) reason = FinishReason::length;
+  }
+  return reason;
+}
+
+GenerateResult ChatService::generate_round(Completion& c) {
+  GenerateRequest g;
+  g.max_new_tokens = c.remaining();
+  g.sampling = c.p.options.sampling;
+  g.stop_tokens = c.stop_ids;
+  if (const auto think_end = c.forcing.waits_for()) g.stop_tokens.push_back(*think_end);
+  g.vocab_limit = tokenizer_.vocab_size();
+  g.top_logprobs = c.p.options.top_logprobs;
+  GenerateResult round = c.seq.generate(engine_.backend(), std::move(g),
+                                        [&](const GeneratedToken& t) { return on_token(c, t); });
+  c.timings.prefill_seconds += round.prefill_seconds;
+  c.timings.decode_seconds += round.decode_seconds;
+  c.timings.decoded_tokens += int64_t(round.tokens.size());
+  return round;
+}
+
+bool ChatService::on_token(Completion& c, const GeneratedToken& token) {
+  if (c.first_token) {
+    c.first_token = false;
+    c.timings.first_token_seconds = seconds_since(c.start);
+    // The end of the prompt, where a tool result or a regenerated answer resumes. Not taken
+    // when forced text went in first: the state is past the prompt by then.
+    if (c.p.options.use_cache && c.seq.in_state() == c.seq.prompt_length()) c.seq.snapshot_here();
+  }
+  if (c.is_stop_id(token.id)) return true;  // ends the reply; never part of its text
+  return c.reply.push_token(token);
+}
+
+// Puts text in the model's mouth: its tokens join the sequence (the next round computes them)
+// and its text the reply.
+bool ChatService::force(Completion& c, const std::string& text) {
+  c.seq.append(tokenizer_.encode(text));
+  return c.reply.push_text(text);
+}
+
+CompletionResult ChatService::finish(Completion& c, FinishReason reason) {
+  c.reply.finish();
   CompletionResult r;
-  Backend& backend = engine_.backend();
+  ChatDelta whole = c.reply.take_whole();
+  r.reasoning = std::move(whole.reasoning);
+  r.content = std::move(whole.content);
+  r.tool_calls = std::move(whole.tool_calls);
+  r.logprobs = std::move(whole.logprobs);
+  r.tokens.assign(c.seq.reply().begin(), c.seq.reply().end());
+  r.finish_reason = finish_reason(reason, c.reply.stopped(), r.tool_calls);
+  r.cancelled = c.reply.cancelled();
+  r.usage = c.usage;
+  r.usage.completion_tokens = int64_t(r.tokens.size());
+  r.timings = c.timings;
 
-  CachedSequence seq = options.use_cache ? cache_.acquire(p.prompt) : cache_.fresh();
-  const int64_t prompt_len = int64_t(p.prompt.size());
-  r.usage.prompt_tokens = prompt_len;
-  r.usage.cached_tokens = seq.state->length();
-  r.timings.prefilled_tokens = prompt_len - seq.state->length();
-
-  // Snapshot at the template boundary on the way through the prompt.
-  if (options.use_cache && p.reuse_boundary > seq.state->length() && p.reuse_boundary < prompt_len) {
-    std::vector<float> unused;
-    std::span<const int32_t> part(p.prompt.data() + seq.state->length(),
-                                  size_t(p.reuse_boundary - seq.state->length()));
-    backend.forward(*seq.state, part, LogitsWanted::none, unused);
-    seq.tokens.assign(p.prompt.begin(), p.prompt.begin() + p.reuse_boundary);
-    seq.snapshot_here();
-  }
-  r.timings.prefill_seconds = seconds_since(t_start);
-
-  StreamingDecoder decoder(tokenizer_);
-  StopStrings stops(options.stop);
-  std::optional<OutputParser> parser;
-  if (p.chat) parser.emplace(OutputParserOptions{p.starts_in_reasoning, p.tools, p.parse_tool_calls});
-  std::vector<TokenLogprobs> pending_logprobs;
-
-  // Sends released model text (through the parser for chats) to the caller.
-  auto emit = [&](std::string_view text, bool at_end) -> bool {
-    ChatDelta d;
-    if (parser) {
-      ParserOutput out = parser->push(text);
-      if (at_end) {
-        ParserOutput tail = parser->finish();
-        out.reasoning += tail.reasoning;
-        out.content += tail.content;
-        for (auto& c : tail.tool_calls) out.tool_calls.push_back(std::move(c));
-      }
-      d.reasoning = std::move(out.reasoning);
-      d.content = std::move(out.content);
-      for (auto& c : out.tool_calls)
-        d.tool_calls.push_back({new_tool_call_id(), std::move(c.name), std::move(c.arguments_json)});
-    } else {
-      d.content = std::string(text);
-    }
-    d.logprobs = std::move(pending_logprobs);
-    pending_logprobs.clear();
-    r.reasoning += d.reasoning;
-    r.content += d.content;
-    r.tool_calls.insert(r.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
-    r.logprobs.insert(r.logprobs.end(), d.logprobs.begin(), d.logprobs.end());
-    if (d.empty()) return true;
-    return on_delta(d);
-  };
-
-  const std::vector<int32_t> stop_ids = options.ignore_eos ? std::vector<int32_t>{} : stop_tokens();
-  auto is_stop_id = [&](int32_t id) { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); };
-  std::vector<int32_t> context = p.prompt;  // the prompt, then every token generated or forced
-  bool forced_done = p.forced_text.empty();
-  bool stop_string_hit = false, first_token = true;
-  int64_t remaining = p.max_tokens;
-  FinishReason finish = FinishReason::length;
-
-  // Puts text in the model's mouth: appended to its context and to the output.
-  auto force = [&](const std::string& text) -> bool {
-    std::vector<int32_t> ids = tokenizer_.encode(text);
-    context.insert(context.end(), ids.begin(), ids.end());
-    r.usage.completion_tokens += int64_t(ids.size());
-    remaining -= int64_t(ids.size());
-    forced_done = true;
-    const bool ok = emit(stops.push(text), false);
-    if (stops.stopped()) stop_string_hit = true;
-    else if (!ok) r.cancelled = true;
-    return ok && !stop_string_hit;
-  };
-  if (!forced_done && !p.starts_in_reasoning) force(p.forced_text);
-
-  while (!r.cancelled && !stop_string_hit && remaining > 0) {
-    GenerateRequest g;
-    g.prompt = context;
-    g.max_new_tokens = remaining;
-    g.sampling = options.sampling;
-    g.stop_tokens = stop_ids;
-    const bool stop_at_think_end = !forced_done && think_end_;
-    if (stop_at_think_end) g.stop_tokens.push_back(*think_end_);
-    g.vocab_limit = tokenizer_.vocab_size();
-    g.top_logprobs = options.top_logprobs;
-
-    GenerateResult gr = generate(backend, *seq.state, g, [&](const GeneratedToken& t) {
-      if (first_token) {
-        first_token = false;
-        r.timings.first_token_seconds = seconds_since(t_start);
-        if (options.use_cache && seq.state->length() == prompt_len) seq.snapshot_here();  // end of the prompt
-      }
-      if (is_stop_id(t.id)) return true;  // ends the reply; never part of the text
-      if (t.logprob) {
-        TokenLogprobs lp{alternative(t.id, t.logprob->logprob), {}};
-        for (const TokenLogprob& alt : t.top) lp.top.push_back(alternative(alt.token, alt.logprob));
-        pending_logprobs.push_back(std::move(lp));
-      }
-      const bool ok = emit(stops.push(decoder.push(t.id)), false);
-      if (stops.stopped()) {
-        stop_string_hit = true;
-        return false;
-      }
-      if (!ok) r.cancelled = true;
-      return ok;
-    });
-
-    r.timings.prefill_seconds += gr.prefill_seconds;
-    r.timings.decode_seconds += gr.decode_seconds;
-    r.timings.decoded_tokens += int64_t(gr.tokens.size());
-    r.usage.completion_tokens += int64_t(gr.tokens.size());
-    remaining -= int64_t(gr.tokens.size());
-    context.insert(context.end(), gr.tokens.begin(), gr.tokens.end());
-    seq.tokens.assign(context.begin(), context.begin() + seq.state->length());
-    finish = gr.finish;
-    if (finish != FinishReason::stop || stop_string_hit || r.cancelled || gr.tokens.empty()) break;
-
-    const int32_t last = gr.tokens.back();
-    if (!stop_at_think_end || remaining <= 0) break;
-    // tool_choice required / named: the model reached its answer; start the call for it.
-    if (last == *think_end_) {
-      if (!force("\n\n" + p.forced_text)) break;
-    } else {  // it ended without closing its reasoning: close it, then start the call
-      context.pop_back();
-      --r.usage.completion_tokens;
-      if (!force("\n</think>\n\n" + p.forced_text)) break;
-    }
-    if (remaining <= 0) finish = FinishReason::length;
-  }
-  if (!stop_string_hit && stops.stopped()) stop_string_hit = true;
-  r.tokens.assign(context.begin() + prompt_len, context.end());
-
-  if (!r.cancelled) {
-    std::string tail = stop_string_hit ? std::string() : stops.push(decoder.flush());
-    tail += stops.flush();
-    if (!emit(tail, true)) r.cancelled = true;
-  }
-  if (stop_string_hit || finish == FinishReason::stop) r.finish_reason = "stop";
-  else r.finish_reason = "length";
-  if (r.finish_reason == "stop" && !r.tool_calls.empty()) r.finish_reason = "tool_calls";
-
-  if (options.use_cache) cache_.release(std::move(seq));
+  if (c.p.options.use_cache) cache_.release(std::move(c.seq).take());
   std::lock_guard lock(stats_mutex_);
   stats_ = cache_.stats();
   return r;

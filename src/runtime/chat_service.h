@@ -9,16 +9,10 @@
 // Not thread safe: one completion at a time (the server's request queue makes sure). The
 // prepare_*() functions are const and may run on any thread.
 //
-// tool_choice:
-//   auto      tool calls are parsed when tools are given;
-//   none      the template still lists the tools, but tool-call tags stay plain text;
-//   required  the reply is made to start a call: when the model reaches the answer (after
-//             </think>, or at once with thinking off) the text "<tool_call>\n<function=" is
-//             put in its mouth (appended to its context as if it had written it), so it must
-//             pick a function and write the call;
-//   function  the same with "<tool_call>\n<function=NAME>\n", so the call is to NAME.
-//   If the model still produces no parseable call (a tiny model may not), the reply is
-//   returned as it is, with finish_reason "stop".
+// How complete() is put together: SequenceTokens (sequence_tokens.h) owns which tokens the
+// sequence state holds; ReplyStream (reply_stream.h) turns tokens into deltas; ToolCallForcing
+// (tool_call_forcing.h, which also says what tool_choice does) decides when a call is started
+// for the model.
 #pragma once
 
 #include <cstdint>
@@ -30,8 +24,10 @@
 
 #include "chat/chat_template.h"
 #include "runtime/engine.h"
+#include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
+#include "runtime/tool_call_forcing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lily {
@@ -42,12 +38,6 @@ class RequestError : public Error {
   RequestError(std::string message, std::string param, std::string code = "")
       : Error(std::move(message)), param(std::move(param)), code(std::move(code)) {}
   std::string param, code;
-};
-
-struct ToolChoice {
-  enum class Mode { automatic, none, required, function };
-  Mode mode = Mode::automatic;
-  std::string function;  // Mode::function
 };
 
 struct CompletionOptions {
@@ -130,7 +120,7 @@ struct PreparedCompletion {
   int64_t reuse_boundary = 0;  // snapshot point before the generation prompt (0: none)
   bool chat = false;
   bool starts_in_reasoning = false;  // the prompt opened <think>
-  std::string forced_text;           // tool_choice required/named: the start of the call
+  std::string forced_text;           // tool_choice required/named: the start of the call (forced_call_opening)
   json tools = nullptr;
   bool parse_tool_calls = false;
   CompletionOptions options;
@@ -163,8 +153,16 @@ class ChatService {
   }
 
  private:
+  struct Completion;  // one complete() call's sequence, reply and forcing (chat_service.cpp)
+
   std::vector<int32_t> stop_tokens() const;
-  LogprobAlternative alternative(int32_t token, float logprob) const;
+  // complete(), by role: the rounds of generation with the forced call between them, one
+  // round, one generated token, forced text, and the result (what goes back into the cache).
+  FinishReason generate_reply(Completion& c);
+  GenerateResult generate_round(Completion& c);
+  bool on_token(Completion& c, const GeneratedToken& token);
+  bool force(Completion& c, const std::string& text);
+  CompletionResult finish(Completion& c, FinishReason reason);
 
   Engine& engine_;
   Tokenizer tokenizer_;
