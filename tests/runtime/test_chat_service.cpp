@@ -1,8 +1,10 @@
 // The chat service on the random-weight test model (tests/server/fixtures/tiny-chat): session
 // reuse computes only the new tokens of later turns and gives exactly the tokens of a cold
-// run (greedy); tool_choice forcing; stop strings; context checks.
+// run (greedy); tool_choice forcing; stop strings; context checks. Forcing after </think> runs
+// on models/lily-tiny, which closes its reasoning and its calls (a random model does neither).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 
 #include "runtime/chat_service.h"
@@ -11,15 +13,16 @@ namespace lily {
 namespace {
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
+const std::string kLilyTiny = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
 // LILY_TEST_BACKEND=cuda runs these on the GPU (greedy warm == cold must hold there too).
 const std::string kBackend = std::getenv("LILY_TEST_BACKEND") ? std::getenv("LILY_TEST_BACKEND") : "cpu";
 
 struct Fixture {
   std::unique_ptr<Engine> engine;
   std::unique_ptr<ChatService> service;
-  Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30) {
-    engine = Engine::load(EngineOptions{kModelDir, kBackend, 0});
-    service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(kModelDir),
+  Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30, const std::string& model = kModelDir) {
+    engine = Engine::load(EngineOptions{model, kBackend, 0});
+    service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(model),
                                             ChatServiceOptions{context, cache_bytes});
   }
 };
@@ -38,6 +41,20 @@ CompletionResult run(ChatService& s, const ChatRequest& r) {
 
 json assistant_turn(const CompletionResult& r) {
   return json{{"role", "assistant"}, {"content", r.content}, {"reasoning_content", r.reasoning}};
+}
+
+// The tools lily-tiny was trained with (models/lily-tiny/heldout.json).
+json weather_tools() {
+  return json::parse(R"([
+    {"type": "function", "function": {"name": "get_weather", "description": "Get the current weather in a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}},
+    {"type": "function", "function": {"name": "get_time", "description": "Get the local time in a city",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}])");
+}
+
+std::vector<int32_t> slice(const std::vector<int32_t>& v, size_t begin, size_t n) {
+  begin = std::min(begin, v.size());
+  return std::vector<int32_t>(v.begin() + begin, v.begin() + std::min(v.size(), begin + n));
 }
 
 TEST(ChatService, LaterTurnsPrefillOnlyTheirNewTokensAndMatchColdRuns) {
@@ -125,6 +142,88 @@ TEST(ChatService, NamedToolChoiceStartsTheCall) {
     EXPECT_EQ(res.finish_reason, "tool_calls");
   }
   EXPECT_EQ(streamed, res.content);
+}
+
+TEST(ChatService, AForcedOpeningStartsTheReplyAndARegenerationResumesAtTheBoundary) {
+  Fixture f;
+  const std::vector<int32_t> opening = f.service->tokenizer().encode("<tool_call>\n<function=get_weather>\n");
+  ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", "Weather in Oslo?"}}}),
+                                 int64_t(opening.size()) + 8);
+  r.tools = weather_tools();
+  r.tool_choice = {ToolChoice::Mode::function, "get_weather"};
+  r.template_options.enable_thinking = false;
+  const PreparedCompletion p = f.service->prepare_chat(r);
+  CompletionResult first = f.service->complete(p, [](const ChatDelta&) { return true; });
+  // The opening is the reply's first tokens: forced, so computed by the prefill, not decoded.
+  EXPECT_EQ(slice(first.tokens, 0, opening.size()), opening);
+  EXPECT_EQ(first.usage.completion_tokens, int64_t(first.tokens.size()));
+  EXPECT_EQ(first.timings.decoded_tokens, int64_t(first.tokens.size() - opening.size()));
+  EXPECT_EQ(first.usage.cached_tokens, 0);
+
+  // The cached sequence runs past the prompt into the forced opening; a prompt's last token is
+  // always computed, so the same request resumes at the template boundary, and matches a cold run.
+  CompletionResult again = f.service->complete(p, [](const ChatDelta&) { return true; });
+  EXPECT_EQ(again.usage.cached_tokens, p.reuse_boundary);
+  ChatRequest cold_request = r;
+  cold_request.options.use_cache = false;
+  CompletionResult cold = run(*f.service, cold_request);
+  EXPECT_EQ(first.tokens, cold.tokens);
+  EXPECT_EQ(again.tokens, cold.tokens);
+  EXPECT_EQ(again.content, cold.content);
+}
+
+TEST(ChatService, WithThinkingTheNamedCallFollowsTheModelsThinkEnd) {
+  Fixture f(4096, uint64_t(256) << 20, kLilyTiny);
+  const Tokenizer& tokenizer = f.service->tokenizer();
+  json messages = json::array({json{{"role", "user"}, {"content", "What's the weather in Reykjavik?"}}});
+  ChatRequest r = greedy_request(messages, 200);
+  r.tools = weather_tools();
+  r.tool_choice = {ToolChoice::Mode::function, "get_time"};  // not what the question asks: the choice decides
+  const PreparedCompletion p = f.service->prepare_chat(r);
+  ChatDelta streamed;
+  CompletionResult res = f.service->complete(p, [&](const ChatDelta& d) {
+    streamed.reasoning += d.reasoning;
+    streamed.content += d.content;
+    streamed.tool_calls.insert(streamed.tool_calls.end(), d.tool_calls.begin(), d.tool_calls.end());
+    return true;
+  });
+
+  const int32_t think_end = *tokenizer.token_id("</think>");
+  const auto at = std::find(res.tokens.begin(), res.tokens.end(), think_end);
+  ASSERT_NE(at, res.tokens.end()) << "lily-tiny did not close its reasoning";
+  EXPECT_EQ(std::count(res.tokens.begin(), res.tokens.end(), think_end), 1);
+  const std::vector<int32_t> forced = tokenizer.encode("\n\n<tool_call>\n<function=get_time>\n");
+  EXPECT_EQ(slice(res.tokens, size_t(at - res.tokens.begin()) + 1, forced.size()), forced);
+  EXPECT_EQ(res.timings.decoded_tokens, int64_t(res.tokens.size() - forced.size()));
+  EXPECT_EQ(res.usage.completion_tokens, int64_t(res.tokens.size()));
+  ASSERT_EQ(res.tool_calls.size(), 1u) << res.reasoning << "|" << res.content;
+  EXPECT_EQ(res.tool_calls[0].name, "get_time");
+  EXPECT_EQ(res.finish_reason, "tool_calls");
+  EXPECT_FALSE(res.reasoning.empty());
+  EXPECT_EQ(res.content, "");
+  EXPECT_EQ(streamed.reasoning, res.reasoning);
+  EXPECT_EQ(streamed.content, res.content);
+  ASSERT_EQ(streamed.tool_calls.size(), 1u);
+  EXPECT_EQ(streamed.tool_calls[0].arguments, res.tool_calls[0].arguments);
+
+  // The tool result resumes from the end of the first prompt (the snapshot taken at the first
+  // token, before anything was forced) and gives the tokens of a cold run.
+  const ToolCall& call = res.tool_calls[0];
+  messages.push_back(
+      json{{"role", "assistant"},
+           {"content", res.content},
+           {"reasoning_content", res.reasoning},
+           {"tool_calls", json::array({json{{"type", "function"},
+                                            {"id", call.id},
+                                            {"function", {{"name", call.name}, {"arguments", call.arguments}}}}})}});
+  messages.push_back(json{{"role", "tool"}, {"content", "{\"time\": \"10:00\"}"}});
+  ChatRequest next = greedy_request(messages, 60);
+  next.tools = weather_tools();
+  CompletionResult warm = run(*f.service, next);
+  EXPECT_GE(warm.usage.cached_tokens, int64_t(p.prompt.size()));
+  next.options.use_cache = false;
+  CompletionResult cold = run(*f.service, next);
+  EXPECT_EQ(warm.tokens, cold.tokens);
 }
 
 TEST(ChatService, UnknownNamedToolIsARequestError) {
