@@ -17,8 +17,8 @@
 #include "runtime/cost_model.h"
 #include "runtime/generate.h"
 #ifdef LILY_HAVE_CUDA
+#include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/gpu_weights.h"
 #endif
 
 namespace lily::cli {
@@ -36,6 +36,7 @@ struct BenchArgs {
   bool json = false;
   std::string plot;  // PNG path, empty: no plot
   std::string decode_loop = "graph";  // graph | generate (see the option's help)
+  std::string decode_skip;            // parts left out of the decode step (measurement only)
 };
 
 double now_seconds() {
@@ -64,17 +65,17 @@ struct Row {
   double percent;     // of the ceiling
 };
 
-// Marks the first measurement of each point for a profiler (CUDA only; see cuda_profiler_start).
+// Marks the first measurement of each point for a profiler (CUDA only; see cuda_bench.h).
 struct ProfiledRegion {
   bool on;
   explicit ProfiledRegion(bool enabled) : on(enabled) {
 #ifdef LILY_HAVE_CUDA
-    if (on) cuda_profiler_start();
+    if (on) cuda::bench::profiler_start();
 #endif
   }
   ~ProfiledRegion() {
 #ifdef LILY_HAVE_CUDA
-    if (on) cuda_profiler_stop();
+    if (on) cuda::bench::profiler_stop();
 #endif
   }
 };
@@ -114,7 +115,7 @@ std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32
   std::vector<Row> rows;
   for (int32_t D : depths) {
     auto state = backend.new_sequence(int64_t(D) + 16 + int64_t(repeats) * n + 1);
-    backend.fake_fill(*state, D);
+    cuda::bench::fake_fill(*state, D);
     backend.decode_greedy(*state, 1, 16);  // warm-up, captures the step graph
     std::vector<double> times;
     for (int r = 0; r < repeats; ++r) {
@@ -224,11 +225,11 @@ int run_bench(const BenchArgs& a) {
 #ifdef LILY_HAVE_CUDA
   if (a.synthetic || a.model.backend == "cuda" || (a.model.backend == "auto" && cuda_backend_available())) {
     LILY_CHECK(cuda_backend_available(), "lily bench --synthetic needs a CUDA GPU");
-    peak = measure_device_copy_bandwidth();
+    peak = cuda::bench::measure_device_copy_bandwidth();
     std::unique_ptr<CudaBackend> backend;
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
-      backend = make_cuda_backend(cuda::GpuWeights::synthetic(qwen36_35b_a3b_config(), 42));
+      backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42));
       title = "Qwen3.6-35B-A3B geometry, random 4-bit weights (--synthetic)";
     } else {
       auto engine = a.model.load_engine();
@@ -236,9 +237,16 @@ int run_bench(const BenchArgs& a) {
       title = a.model.resolved_model_dir();
     }
     title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
-                         device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
+                         cuda::bench::device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
+    std::fprintf(stderr, "%s", backend->describe_kernels().c_str());
+    std::unique_ptr<cuda::DecodeStepObserver> skip;
+    if (!a.decode_skip.empty()) {
+      skip = cuda::bench::decode_skip(a.decode_skip);
+      backend->observe_decode_step(skip.get());
+      title += " (--decode-skip " + a.decode_skip + ": WRONG outputs, measurement only)";
+    }
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true);
-    auto fake_fill = [&](SequenceState& s, int32_t D) { backend->fake_fill(s, D); };
+    auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
     auto d = generate_loop ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
                            : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
@@ -247,6 +255,7 @@ int run_bench(const BenchArgs& a) {
 #endif
   {
     LILY_CHECK(!a.synthetic, "--synthetic needs the CUDA backend (this build or machine has none)");
+    LILY_CHECK(a.decode_skip.empty(), "--decode-skip needs the CUDA backend");
     auto engine = a.model.load_engine();
     title = a.model.resolved_model_dir() + " on " + engine->backend().name();
     auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
@@ -292,6 +301,10 @@ CommandRegistration bench_command{{
                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
           ->check(CLI::IsMember({"graph", "generate"}))
           ->capture_default_str();
+      sub.add_option("--decode-skip", a->decode_skip,
+                     "Measurement only, WRONG outputs: leave these parts out of every CUDA decode step (comma "
+                     "separated: embed, in_proj, mixer, out_proj, moe or route, gate_up, down, advance, lm_head); the "
+                     "difference in time is their cost inside the graph");
       sub.add_flag("--json", a->json, "Print JSON instead of a table");
       sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
       return [a] { return run_bench(*a); };

@@ -24,18 +24,6 @@ namespace lily::test {
     ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);         \
   } while (0)
 
-// Sets an environment variable for a scope (the kernels' A/B switches, read at each launch).
-class ScopedEnv {
- public:
-  ScopedEnv(const char* name, const char* value) : name_(name) { setenv(name, value, 1); }
-  ~ScopedEnv() { unsetenv(name_); }
-  ScopedEnv(const ScopedEnv&) = delete;
-  ScopedEnv& operator=(const ScopedEnv&) = delete;
-
- private:
-  const char* name_;
-};
-
 inline bool gpu_present() {
   int n = 0;
   return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;

@@ -7,7 +7,7 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/prefill/moe_grouped.h"
+#include "backend/cuda/common/gpu_types.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {
@@ -21,9 +21,9 @@ struct TestMoe {
       : E(E_), H(H_), I(I_), Is(Is_), router(1, E, H, 8, seed, router_scale), gate(E, I, H, 4, seed + 1),
         up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3), sgate(1, Is, H, 4, seed + 4), sup(1, Is, H, 4, seed + 5),
         sdown(1, H, Is, 4, seed + 6), egate(1, 1, H, 8, seed + 7) {}
-  cuda::MoeGroupedWeights gpu() const {
-    cuda::MoeGroupedWeights w;
-    w.router = router.gpu(), w.gate = gate.gpu(), w.up = up.gpu(), w.down = down.gpu();
+  cuda::GpuMoe gpu() const {
+    cuda::GpuMoe w;
+    w.router = router.gpu(), w.experts_gate = gate.gpu(), w.experts_up = up.gpu(), w.experts_down = down.gpu();
     w.shared_gate = sgate.gpu(), w.shared_up = sup.gpu(), w.shared_down = sdown.gpu();
     w.shared_expert_gate = egate.gpu();
     return w;

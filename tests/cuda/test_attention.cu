@@ -1,15 +1,19 @@
-// test_attention.cu: cuda::gated_attention_core against a host reference built from backend/cpu
-// (rms_norm, apply_rope) with the cache rounded to bf16 as the GPU stores it: decode at lengths
-// on both sides of the split-KV threshold, prefill at several positions, and prefill then decode
-// with the cache carried. Outputs are poisoned before each launch; the written cache rows are
-// compared too.
+// test_attention.cu: the gated attention cores (decode/attention_decode.h,
+// prefill/attention_prefill.h: both prefill kernels by name) against a host reference built from
+// backend/cpu (rms_norm, apply_rope) with the cache rounded to bf16 as the GPU stores it: decode at
+// lengths on both sides of the split-KV threshold, prefill at several positions, and prefill then
+// decode with the cache carried. Outputs are poisoned before each launch; the written cache rows
+// are compared too.
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/common/attention.h"
+#include "backend/cuda/decode/attention_decode.h"
+#include "backend/cuda/prefill/attention_prefill.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {
@@ -113,25 +117,47 @@ struct GpuAttn {
   explicit GpuAttn(Attn& attn)
       : a(attn), q_norm(attn.q_norm), k_norm(attn.k_norm), kc(to_bf16_vector(attn.kc)), vc(to_bf16_vector(attn.vc)) {}
 
-  std::vector<float> run(int P, int T, const Inputs& in, void* scratch = nullptr) {
-    position.upload({P});
-    DeviceArray<float> qg(in.qg), k(in.k), v(in.v), out(size_t(T) * a.nq * kD);
-    out.poison();
+  cuda::AttentionParams params(int T) const {
     cuda::AttentionParams p;
     p.T = T, p.num_heads = a.nq, p.num_kv_heads = a.nkv, p.head_dim = kD, p.rotary_dim = kRot;
     p.rope_theta = kTheta, p.eps = kEps, p.q_norm = q_norm.get(), p.k_norm = k_norm.get();
     p.position = position.get(), p.capacity = a.capacity;
-    if (scratch)
-      cuda::gated_attention_core(p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), scratch, nullptr);
-    else
-      cuda::gated_attention_core(p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), nullptr);
+    return p;
+  }
+
+  // T = 1: the decode path (with its own scratch, zeroed once, unless one is given); T > 1: the
+  // prefill kernel given, else the one the kernel plan would pick (flash where the group divides 64).
+  std::vector<float> run(int P, int T, const Inputs& in, void* scratch = nullptr,
+                         std::optional<cuda::AttentionPrefillKernel> kernel = std::nullopt) {
+    position.upload({P});
+    DeviceArray<float> qg(in.qg), k(in.k), v(in.v), out(size_t(T) * a.nq * kD);
+    out.poison();
+    const cuda::AttentionParams p = params(T);
+    if (T == 1) {
+      if (!scratch) {
+        if (!own_scratch) {
+          own_scratch = std::make_unique<DeviceArray<char>>(cuda::attention_decode_scratch_bytes(p));
+          EXPECT_EQ(cudaMemset(own_scratch->get(), 0, own_scratch->size()), cudaSuccess);
+        }
+        scratch = own_scratch->get();
+      }
+      cuda::gated_attention_decode(p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), scratch, nullptr);
+    } else {
+      const auto pick = kernel ? *kernel
+                        : cuda::attention_prefill_supports(cuda::AttentionPrefillKernel::flash, p)
+                            ? cuda::AttentionPrefillKernel::flash
+                            : cuda::AttentionPrefillKernel::simple;
+      cuda::gated_attention_prefill(pick, p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), nullptr);
+    }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return out.download();
   }
+  std::unique_ptr<DeviceArray<char>> own_scratch;
 };
 
 // Blocks of lengths Ts at positions P0, P0 + T0, ...: compares each output and the new cache rows.
-void check_blocks(int nq, int nkv, int capacity, int P0, const std::vector<int>& Ts, uint32_t seed) {
+void check_blocks(int nq, int nkv, int capacity, int P0, const std::vector<int>& Ts, uint32_t seed,
+                  std::optional<cuda::AttentionPrefillKernel> kernel = std::nullopt) {
   Attn attn(nq, nkv, capacity, seed);
   attn.fill(P0, seed + 1);
   GpuAttn gpu(attn);
@@ -140,7 +166,7 @@ void check_blocks(int nq, int nkv, int capacity, int P0, const std::vector<int>&
     const int T = Ts[i];
     Inputs in(attn, T, seed + 10 + uint32_t(i) * 3);
     const auto want = reference(attn, P, T, in);
-    const auto got = gpu.run(P, T, in);
+    const auto got = gpu.run(P, T, in, nullptr, kernel);
     SCOPED_TRACE(testing::Message() << "nq " << nq << " nkv " << nkv << " position " << P << " T " << T);
     EXPECT_LT(relative_error(got, want), T == 1 ? kOutTolerance : kPrefillOutTolerance) << "out";
     const size_t begin = size_t(P) * nkv * kD, end = size_t(P + T) * nkv * kD;
@@ -200,6 +226,13 @@ TEST(CudaAttention, PrefillLongAndGroups) {
   check_blocks(16, 2, 1100, 1000, {64, 36}, 24);  // up to the capacity, two passes
 }
 
+// The simple kernel where the flash one would run: group 8 (the model's) and 1.
+TEST(CudaAttention, PrefillSimpleKernel) {
+  REQUIRE_GPU();
+  check_blocks(16, 2, 2048, 37, {65, 200}, 25, cuda::AttentionPrefillKernel::simple);
+  check_blocks(2, 2, 1024, 100, {130}, 26, cuda::AttentionPrefillKernel::simple);
+}
+
 TEST(CudaAttention, PrefillThenDecode) {
   REQUIRE_GPU();
   check_blocks(2, 1, 512, 0, {63, 1, 1, 1}, 9);
@@ -207,14 +240,16 @@ TEST(CudaAttention, PrefillThenDecode) {
   check_blocks(16, 2, 4096, 0, {1, 1, 2, 1}, 11);  // decode from an empty cache
 }
 
-TEST(CudaAttention, ScratchOverload) {
+// One scratch for the decode steps of several caches (the backend's, sized for any capacity): its
+// counters come back to zero after every step.
+TEST(CudaAttention, DecodeScratchSharedAcrossCaches) {
   REQUIRE_GPU();
   Attn attn(16, 2, 3000, 12);
   attn.fill(2500, 13);
   GpuAttn gpu(attn);
   cuda::AttentionParams p;
-  p.num_heads = 16, p.num_kv_heads = 2, p.capacity = 3000;
-  DeviceArray<char> scratch(cuda::gated_attention_scratch_bytes(p));
+  p.num_heads = 16, p.num_kv_heads = 2, p.capacity = 1 << 22;
+  DeviceArray<char> scratch(cuda::attention_decode_scratch_bytes(p));
   CUDA_OK(cudaMemset(scratch.get(), 0, scratch.size()));
   for (int step = 0; step < 2; ++step) {
     Inputs in(attn, 1, 14 + uint32_t(step));

@@ -1,9 +1,10 @@
-// test_deltanet.cu: cuda::gated_deltanet_core against a host reference built from backend/cpu
-// (delta_rule_recurrent, gated_rms_norm; conv and l2norm written out below as in deltanet.cpp),
-// for decode (T = 1), prefill of odd and chunk-crossing lengths, and prefill then decode, with
-// random initial conv and SSM states. Prefill runs the chunked delta rule (the default,
-// deltanet_chunked.cu) and the recurrent scan (DeltaRulePrefill::recurrent); both are checked
-// against the CPU token loop. Outputs (and the caller's scratch) are poisoned before each launch.
+// test_deltanet.cu: the Gated DeltaNet cores (decode/deltanet_decode.h, prefill/deltanet_prefill.h)
+// against a host reference built from backend/cpu (delta_rule_recurrent, gated_rms_norm; conv and
+// l2norm written out below as in deltanet.cpp), for decode (T = 1), prefill of odd and
+// chunk-crossing lengths (a prefill of one token too), and prefill then decode, with random initial
+// conv and SSM states. Prefill runs the chunked delta rule (deltanet_chunked.cu) and the recurrent
+// scan, each by name; both are checked against the CPU token loop. Outputs (and the scratch) are
+// poisoned before each launch.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -11,7 +12,8 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/common/deltanet.h"
+#include "backend/cuda/decode/deltanet_decode.h"
+#include "backend/cuda/prefill/deltanet_prefill.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {
@@ -108,17 +110,25 @@ struct GpuLayer {
   GpuLayer(const Layer& layer, const State& st)
       : conv_w(layer.conv_w), A_log(layer.A_log), dt_bias(layer.dt_bias), norm_w(layer.norm_w), conv(st.conv),
         ssm(st.ssm), l(layer) {}
-  std::vector<float> run(const Inputs& in, int T, Mode mode) {
-    DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * l.Hv * kD);
-    y.poison();
+  cuda::DeltaNetParams params(int T) const {
     cuda::DeltaNetParams p;
     p.T = T, p.num_key_heads = l.Hk, p.num_value_heads = l.Hv, p.head_dim = kD, p.conv_kernel = kK, p.eps = 1e-6f;
     p.conv_weight = conv_w.get(), p.A_log = A_log.get(), p.dt_bias = dt_bias.get(), p.norm_weight = norm_w.get();
-    p.prefill = mode;
-    DeviceArray<char> scratch(cuda::gated_deltanet_scratch_bytes(p));
-    scratch.poison();
-    cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(),
-                              scratch.size() ? scratch.get() : nullptr, nullptr);
+    return p;
+  }
+  // One token: the decode kernel (unless prefill_one); more: the prefill in `mode`.
+  std::vector<float> run(const Inputs& in, int T, Mode mode, bool prefill_one = false) {
+    DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * l.Hv * kD);
+    y.poison();
+    const cuda::DeltaNetParams p = params(T);
+    if (T == 1 && !prefill_one) {
+      cuda::gated_deltanet_decode(p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(), nullptr);
+    } else {
+      DeviceArray<char> scratch(cuda::deltanet_prefill_scratch_bytes(mode, p));
+      scratch.poison();
+      cuda::gated_deltanet_prefill(mode, p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(),
+                                   scratch.get(), nullptr);
+    }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return y.download();
   }
@@ -128,10 +138,10 @@ State random_state(const Layer& l, uint32_t seed) {
   return {random_floats(size_t(kK - 1) * l.C(), seed), random_floats(size_t(l.Hv) * kD * kD, seed + 1, 0.1f)};
 }
 
-// Runs blocks of the given lengths one after another (calls of gated_deltanet_core, each its own
-// prefill or decode), state carried, comparing each block's y and the states after it.
+// Runs blocks of the given lengths one after another (each a decode step or a prefill of its own,
+// state carried, comparing each block's y and the states after it.
 void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed, Mode mode = Mode::chunked,
-                  float decay_shift = 0.f) {
+                  float decay_shift = 0.f, bool prefill_one = false) {
   Layer layer(Hk, Hv, seed, decay_shift);
   State host = random_state(layer, seed + 10);
   GpuLayer gpu(layer, host);
@@ -139,7 +149,7 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
     const int T = lengths[i];
     Inputs in(layer, T, seed + 100 + uint32_t(i) * 7);
     const auto want = reference(layer, host, in, T);
-    const auto got = gpu.run(in, T, mode);
+    const auto got = gpu.run(in, T, mode, prefill_one);
     SCOPED_TRACE(testing::Message() << (mode == Mode::chunked ? "chunked" : "recurrent") << " Hk " << Hk << " Hv "
                                     << Hv << " block " << i << " T " << T << " decay shift " << decay_shift);
     const double ey = relative_error(got, want), ec = relative_error(gpu.conv.download(), host.conv),
@@ -198,27 +208,13 @@ TEST(CudaDeltaNet, PrefillThenDecode) {
   check_blocks(16, 32, {63, 1, 1, 1}, 13);
 }
 
-// The overload without scratch (its own grow-only buffer), both prefill forms.
-TEST(CudaDeltaNet, OwnScratch) {
+// A prefill pass of one token (the last pass of a prompt one longer than a multiple of the pass
+// size), both forms, alone and between longer blocks.
+TEST(CudaDeltaNet, PrefillOfOneToken) {
   REQUIRE_GPU();
   for (Mode mode : {Mode::chunked, Mode::recurrent}) {
-    Layer layer(2, 4, 17);
-    State host = random_state(layer, 18);
-    GpuLayer gpu(layer, host);
-    const int T = 70;
-    Inputs in(layer, T, 19);
-    const auto want = reference(layer, host, in, T);
-    cuda::DeltaNetParams p;
-    p.T = T, p.num_key_heads = 2, p.num_value_heads = 4, p.prefill = mode;
-    p.conv_weight = gpu.conv_w.get(), p.A_log = gpu.A_log.get(), p.dt_bias = gpu.dt_bias.get();
-    p.norm_weight = gpu.norm_w.get();
-    DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * 4 * kD);
-    y.poison();
-    cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(), y.get(),
-                              nullptr);
-    CUDA_OK(cudaDeviceSynchronize());
-    EXPECT_LT(relative_error(y.download(), want), kTolerance);
-    EXPECT_LT(relative_error(gpu.ssm.download(), host.ssm), kTolerance);
+    check_blocks(2, 4, {1}, 17, mode, 0.f, true);
+    check_blocks(16, 32, {70, 1, 1}, 18, mode, 0.f, true);
   }
 }
 
@@ -228,14 +224,14 @@ TEST(CudaDeltaNet, ScratchBytes) {
   cuda::DeltaNetParams p;  // Hk 16, Hv 32
   const size_t u512 = size_t(512) * p.conv_dim() * sizeof(float);
   p.T = 1;
-  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), 0u);
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), size_t(p.conv_dim()) * 4);
   p.T = 1000;
-  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), u512 + size_t(8) * 32 * 36928 * sizeof(float));
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p), u512 + size_t(8) * 32 * 36928 * sizeof(float));
   p.T = 65;
-  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), size_t(65) * p.conv_dim() * 4 + size_t(2) * 32 * 36928 * 4);
-  p.prefill = Mode::recurrent;
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
+            size_t(65) * p.conv_dim() * 4 + size_t(2) * 32 * 36928 * 4);
   p.T = 1000;
-  EXPECT_EQ(cuda::gated_deltanet_scratch_bytes(p), u512);
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), u512);
 }
 
 // ---- The chunked delta rule (deltanet_chunked.cu) vs the CPU token loop ------------------------
@@ -332,52 +328,6 @@ TEST(CudaDeltaNet, RecurrentPrefill) {
   for (int T : {2, 63, 64, 65, 513}) check_blocks(2, 4, {T}, 35 + uint32_t(T), Mode::recurrent);
   for (int T : {2, 65, 200}) check_blocks(16, 32, {T}, 37 + uint32_t(T), Mode::recurrent);
   check_blocks(2, 4, {65, 1, 100, 1}, 39, Mode::recurrent);
-}
-
-// Not a check: microseconds per gated_deltanet_core call (conv, delta rule, gated norm) at the
-// real size, both prefill forms, per prompt length. Run with
-//   cuda_test_deltanet --gtest_also_run_disabled_tests --gtest_filter='*Timing*'
-// The kernels one by one (deltanet_conv_kernel, gated_norm_kernel: each launch covers <= 512
-// tokens) with  nsys profile --stats=true  on the same command, or ncu -k regex:'conv|gated_norm'.
-TEST(CudaDeltaNet, DISABLED_PrefillTiming) {
-  REQUIRE_GPU();
-  const int Tmax = 4096;
-  Layer layer(16, 32, 51);
-  State st = random_state(layer, 52);
-  GpuLayer gpu(layer, st);
-  Inputs in(layer, Tmax, 53);
-  DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(Tmax) * 32 * kD);
-  cuda::DeltaNetParams p;
-  p.conv_weight = gpu.conv_w.get(), p.A_log = gpu.A_log.get(), p.dt_bias = gpu.dt_bias.get();
-  p.norm_weight = gpu.norm_w.get();
-  p.T = Tmax;
-  DeviceArray<char> scratch(cuda::gated_deltanet_scratch_bytes(p));  // the chunked form's is the larger
-  cudaEvent_t start, stop;
-  CUDA_OK(cudaEventCreate(&start));
-  CUDA_OK(cudaEventCreate(&stop));
-  std::printf("%6s %14s %14s %8s\n", "T", "recurrent us", "chunked us", "ratio");
-  for (int T : {2, 16, 64, 128, 256, 512, 1024, 2048, 4096}) {
-    float us[2];
-    for (Mode mode : {Mode::recurrent, Mode::chunked}) {
-      p.T = T, p.prefill = mode;
-      auto call = [&] {
-        cuda::gated_deltanet_core(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(), y.get(),
-                                  scratch.get(), nullptr);
-      };
-      for (int i = 0; i < 3; ++i) call();
-      const int reps = T <= 512 ? 20 : 5;
-      CUDA_OK(cudaEventRecord(start));
-      for (int i = 0; i < reps; ++i) call();
-      CUDA_OK(cudaEventRecord(stop));
-      CUDA_OK(cudaEventSynchronize(stop));
-      float ms = 0;
-      CUDA_OK(cudaEventElapsedTime(&ms, start, stop));
-      us[mode == Mode::chunked] = 1000.f * ms / float(reps);
-    }
-    std::printf("%6d %14.1f %14.1f %8.2f\n", T, us[0], us[1], us[0] / us[1]);
-  }
-  CUDA_OK(cudaEventDestroy(start));
-  CUDA_OK(cudaEventDestroy(stop));
 }
 
 }  // namespace

@@ -4,7 +4,7 @@
 // at the 2048-entry block edges and the real vocabulary (248,320); k from 1 to 256 (one and
 // several merge rounds); outputs poisoned before each launch.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/top_candidates.h"
+#include "backend/cuda/decode/next_token.h"
 
 #include "cuda_test_util.h"
 

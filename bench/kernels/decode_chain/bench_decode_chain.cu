@@ -1,8 +1,8 @@
 // bench_decode_chain.cu: what a decode kernel costs INSIDE the step graph, where programmatic
 // dependent launch (pdl.cuh) lets its blocks start while the kernel before it still runs.
 //
-// For a kernel K (a GEMV of the model's shape; the input projections by path, LILY_PREFETCH_GEMV
-// = 1 / 0: prefetch_rms_norm_gemv_kernel / mma_gemv_kernel), a graph of 20
+// For a kernel K (a GEMV of the model's shape, by name: the input projections on the prefetch
+// and the mma kernel, out_proj on mma), a graph of 20
 // pairs [busy, K] with programmatic edges is replayed; busy is a kernel of 132 x 256 threads that
 // spins for a set time without touching memory (it stands for the predecessor). Printed per
 // pair: the replay time minus the busy-only graph's, i.e. K's exposed cost; "chain" is 20 K back
@@ -117,15 +117,14 @@ int main() {
                           Shape{"out_proj [2048, 4096] += ", 2048, 4096, false}}) {
     std::vector<cuda::QMatrix> m;
     for (int i = 0; i < kReps; ++i) m.push_back(bench::random_qmatrix(1, sh.rows, sh.cols, 4, 1000 + i));
-    auto op = [&](int i) {
-      if (sh.norm)
-        cuda::rms_norm_gemv(m[size_t(i)], x, gain, 1e-6f, y, s);
-      else
-        cuda::gemv_accumulate(m[size_t(i)], x, y, 1, s);
-    };
-    for (const char* path : {"1", "0"}) {
-      if (!sh.norm && path[0] == '1') continue;  // y += x @ W^T has one path (mma_gemv)
-      setenv("LILY_PREFETCH_GEMV", path, 1);
+    for (cuda::GemvKernel kernel : {cuda::GemvKernel::prefetch, cuda::GemvKernel::mma}) {
+      if (!sh.norm && kernel == cuda::GemvKernel::prefetch) continue;  // y += x @ W^T: mma only
+      auto op = [&](int i) {
+        if (sh.norm)
+          cuda::rms_norm_gemv(kernel, m[size_t(i)], x, gain, 1e-6f, y, s);
+        else
+          cuda::gemv_accumulate(kernel, m[size_t(i)], x, y, s);
+      };
       const double alone = graph_us(s, 1, op);
       const double chain = graph_us(s, kReps, op);
       double after[2];
@@ -138,7 +137,7 @@ int main() {
         });
         after[j] = pair - busy;
       }
-      std::printf("%-34s %-9s %9.2f %9.2f %9.2f %9.2f\n", sh.name, path[0] == '1' ? "prefetch" : "mma_gemv", alone,
+      std::printf("%-34s %-9s %9.2f %9.2f %9.2f %9.2f\n", sh.name, kernel == cuda::GemvKernel::prefetch ? "prefetch" : "mma_gemv", alone,
                   chain, after[0], after[1]);
     }
     for (auto& q : m) bench::free_random_qmatrix(q);

@@ -1,11 +1,13 @@
-// bench_gemv.cu: times the decode kernels of gemv.cu and moe.cu at the model's full sizes and
-// reports achieved bandwidth against 4.3 TB/s (bytes = codes + scales + biases actually read;
-// x, y and act are ignored). Random codes, scales around 0.01; median of 200 launches after 20
-// warm-ups, each launch timed with events; weights rotate over enough copies to exceed the L2.
+// bench_gemv.cu: times the decode GEMVs (decode/gemv.h, every kernel by name where it takes the
+// shape) and the decode MoE's three launches (decode/moe_decode.h) at the model's full sizes, each
+// launch alone, and reports achieved bandwidth against 4.3 TB/s (bytes = codes + scales + biases
+// actually read; x, y and act are ignored). Random codes, scales around 0.01; median of 200
+// launches after 20 warm-ups, each launch timed with events; weights rotate over enough copies to
+// exceed the L2.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/decode/gemv.h"
-#include "backend/cuda/decode/moe.h"
+#include "backend/cuda/decode/moe_decode.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -48,62 +50,69 @@ void report(const char* name, double bytes, double us) {
 }  // namespace
 
 int main() {
-  float *x, *y, *act, *w;
-  int32_t* ids;
-  CUDA_CHECK(cudaMalloc(&x, 64 * 4096 * 4));
-  CUDA_CHECK(cudaMalloc(&y, 64 * 248320 * 4));
-  float *gain, *normed;
-  CUDA_CHECK(cudaMalloc(&act, 64 * 9 * 512 * 4));  // 8 routed slots + the shared expert
-  CUDA_CHECK(cudaMalloc(&w, 64 * 9 * 4));
-  CUDA_CHECK(cudaMalloc(&ids, 64 * 9 * 4));
+  float *x, *y, *act, *logits, *shared_weight, *gain, *normed;
+  CUDA_CHECK(cudaMalloc(&x, 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&y, 248320 * 4));
+  CUDA_CHECK(cudaMalloc(&act, 9 * 512 * 4));  // 8 routed slots + the shared expert
+  CUDA_CHECK(cudaMalloc(&logits, 256 * 4));
+  CUDA_CHECK(cudaMalloc(&shared_weight, 16));
   CUDA_CHECK(cudaMalloc(&gain, 4096 * 4));
-  CUDA_CHECK(cudaMalloc(&normed, 64 * 4096 * 4));
-  CUDA_CHECK(cudaMemset(x, 0, 64 * 4096 * 4));
+  CUDA_CHECK(cudaMalloc(&normed, 4096 * 4));
+  CUDA_CHECK(cudaMemset(x, 0, 4096 * 4));
   CUDA_CHECK(cudaMemset(gain, 0, 4096 * 4));
-  CUDA_CHECK(cudaMemset(act, 0, 64 * 9 * 512 * 4));
-  CUDA_CHECK(cudaMemset(w, 0, 64 * 9 * 4));
-  std::vector<int32_t> h_ids = {3, 17, 60, 99, 128, 200, 201, 255, 0};
-  CUDA_CHECK(cudaMemcpy(ids, h_ids.data(), 36, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(act, 0, 9 * 512 * 4));
+  CUDA_CHECK(cudaMemset(shared_weight, 0, 16));
+  std::vector<float> h_logits(256);
+  for (int e = 0; e < 256; ++e) h_logits[size_t(e)] = float((e * 37) % 256) / 64.f;  // a spread of experts
+  CUDA_CHECK(cudaMemcpy(logits, h_logits.data(), 256 * 4, cudaMemcpyHostToDevice));
 
   struct Shape { const char* name; int rows, cols, bits; };
-  for (const Shape& s : {Shape{"gemv [8192, 2048] q4", 8192, 2048, 4}, Shape{"gemv [2048, 4096] q4", 2048, 4096, 4},
-                         Shape{"gemv [12288, 2048] q4", 12288, 2048, 4}, Shape{"gemv [248320, 2048] q4 (lm_head)", 248320, 2048, 4},
-                         Shape{"gemv [2048, 512] q4 (shared down)", 2048, 512, 4}, Shape{"gemv [256, 2048] q8 (router)", 256, 2048, 8}}) {
+  const cuda::DeviceLimits device = cuda::current_device_limits();
+  for (const Shape& s : {Shape{"[8192, 2048] q4", 8192, 2048, 4}, Shape{"[2048, 4096] q4", 2048, 4096, 4},
+                         Shape{"[12352, 2048] q4 (DeltaNet in_proj)", 12352, 2048, 4},
+                         Shape{"[248320, 2048] q4 (lm_head)", 248320, 2048, 4},
+                         Shape{"[2048, 512] q4 (shared down)", 2048, 512, 4}, Shape{"[256, 2048] q8", 256, 2048, 8}}) {
     const double bytes = bytes_of(s.rows, s.cols, s.bits);
     const int copies = std::max(1, int(240e6 / bytes));
     std::vector<cuda::QMatrix> m;
     for (int i = 0; i < copies; ++i) m.push_back(random_qmatrix(1, s.rows, s.cols, s.bits));
-    report(s.name, bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 1, nullptr); }));
-    if (s.cols <= 4096)
-      report((std::string(s.name) + ", rms_norm_gemv").c_str(), bytes,
-             time_us(copies, [&](int i) { cuda::rms_norm_gemv(m[size_t(i)], x, gain, 1e-6f, y, nullptr); }));
-    if (s.rows == 8192) {
-      report("gemv [8192, 2048] q4, T = 8", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 8, nullptr); }));
-      report("gemv [8192, 2048] q4, T = 64", bytes, time_us(copies, [&](int i) { cuda::gemv(m[size_t(i)], x, y, 64, nullptr); }));
+    for (cuda::GemvKernel k : {cuda::GemvKernel::prefetch, cuda::GemvKernel::mma, cuda::GemvKernel::fp32}) {
+      const std::string name = std::string(cuda::kernel_name(k)) + " " + s.name;
+      if (cuda::gemv_supports(k, m[0], false, device))
+        report((name + ", RMSNorm").c_str(), bytes, time_us(copies, [&](int i) {
+                 cuda::rms_norm_gemv(k, m[size_t(i)], x, gain, 1e-6f, y, nullptr);
+               }));
+      if (cuda::gemv_supports(k, m[0], true, device))
+        report((name + ", +=").c_str(), bytes,
+               time_us(copies, [&](int i) { cuda::gemv_accumulate(k, m[size_t(i)], x, y, nullptr); }));
     }
     for (auto& q : m) bench::free_random_qmatrix(q);
   }
 
   // One layer's experts: 256 x [512, 2048] gate and up, 256 x [2048, 512] down, 8 selected.
   const int layers = 4;  // 4 layers' stacks (~1.1 GB) so the 8 selected experts are not in L2
-  std::vector<cuda::QMatrix> gate, up, down;
-  for (int l = 0; l < layers; ++l) {
-    gate.push_back(random_qmatrix(256, 512, 2048, 4));
-    up.push_back(random_qmatrix(256, 512, 2048, 4));
-    down.push_back(random_qmatrix(256, 2048, 512, 4));
+  std::vector<cuda::GpuMoe> moe(layers);
+  for (cuda::GpuMoe& w : moe) {
+    w.router = random_qmatrix(1, 256, 2048, 8);
+    w.experts_gate = random_qmatrix(256, 512, 2048, 4);
+    w.experts_up = random_qmatrix(256, 512, 2048, 4);
+    w.experts_down = random_qmatrix(256, 2048, 512, 4);
+    w.shared_gate = random_qmatrix(1, 512, 2048, 4), w.shared_up = random_qmatrix(1, 512, 2048, 4);
+    w.shared_down = random_qmatrix(1, 2048, 512, 4), w.shared_expert_gate = random_qmatrix(1, 1, 2048, 8);
   }
-  cuda::QMatrix sg = random_qmatrix(1, 512, 2048, 4), su = random_qmatrix(1, 512, 2048, 4);
-  cuda::QMatrix sd = random_qmatrix(1, 2048, 512, 4), eg = random_qmatrix(1, 1, 2048, 8);
+  auto args = [&](int l) {
+    cuda::MoeDecodeArgs a;
+    a.w = &moe[size_t(l)], a.gain = gain, a.k = 8;
+    a.buffers = {y, normed, logits, shared_weight, act};
+    return a;
+  };
   const double gu_bytes = 9 * 2 * bytes_of(512, 2048, 4), d_bytes = 9 * bytes_of(2048, 512, 4);
-  report("moe_gate_up (8 experts + shared, SwiGLU)", gu_bytes, time_us(layers, [&](int l) {
-           cuda::moe_gate_up(gate[size_t(l)], up[size_t(l)], sg, su, x, ids, 1, 8, act, nullptr);
-         }));
-  report("moe_down_accumulate (8 experts + shared)", d_bytes, time_us(layers, [&](int l) {
-           cuda::moe_down_accumulate(down[size_t(l)], sd, act, ids, w, 1, 8, y, nullptr);
-         }));
-  cuda::QMatrix router = random_qmatrix(1, 256, 2048, 8);
-  report("moe_route_norm (norm + router q8 + top-8 + shared gate)", bytes_of(256, 2048, 8), time_us(1, [&](int) {
-           cuda::moe_route_norm(router, eg, x, gain, 1e-6f, 1, 8, normed, ids, w, nullptr);
-         }));
+  for (cuda::GateUpKernel k : {cuda::GateUpKernel::staged, cuda::GateUpKernel::mma})
+    report((std::string(cuda::kernel_name(k)) + " (8 experts + shared)").c_str(), gu_bytes,
+           time_us(layers, [&](int l) { cuda::moe_gate_up(k, args(l), nullptr); }));
+  report("moe_down (8 experts + shared)", d_bytes, time_us(layers, [&](int l) { cuda::moe_down(args(l), nullptr); }));
+  // The route writes the logits the others read: last.
+  report("moe_route (norm + router q8 + shared gate)", bytes_of(256, 2048, 8),
+         time_us(layers, [&](int l) { cuda::moe_route(args(l), nullptr); }));
   return 0;
 }

@@ -84,12 +84,13 @@ void host_plan(const std::vector<int32_t>& ids, int E, int tile_rows, std::vecto
 
 int main() {
   const int E = 256, k = 8, H = 2048, I = 512;
-  cuda::MoeGroupedWeights w;
+  cuda::GpuMoe w;
   w.router = random_qmatrix(1, E, H, 8, 1);
-  w.gate = random_qmatrix(E, I, H, 4, 2), w.up = random_qmatrix(E, I, H, 4, 3), w.down = random_qmatrix(E, H, I, 4, 4);
+  w.experts_gate = random_qmatrix(E, I, H, 4, 2), w.experts_up = random_qmatrix(E, I, H, 4, 3);
+  w.experts_down = random_qmatrix(E, H, I, 4, 4);
   w.shared_gate = random_qmatrix(1, I, H, 4, 5), w.shared_up = random_qmatrix(1, I, H, 4, 6), w.shared_down = random_qmatrix(1, H, I, 4, 7);
   w.shared_expert_gate = random_qmatrix(1, 1, H, 8, 8);
-  const int maxT = 8192;  // the prefill pass (forward.cu kDefaultChunkTokens)
+  const int maxT = 8192;  // the prefill pass (the default chunk_tokens of kernel_plan.h)
   float *x, *out, *weights;
   int32_t* ids;
   CUDA_CHECK(cudaMalloc(&x, size_t(maxT) * H * 4));

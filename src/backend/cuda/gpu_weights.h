@@ -39,13 +39,6 @@ struct GpuDeltaNet {
   const float* norm = nullptr;    // [128]
 };
 
-struct GpuMoe {
-  QMatrix router;                           // [E, H] (8-bit)
-  QMatrix experts_gate, experts_up;         // stacks [E, I, H]
-  QMatrix experts_down;                     // stack [E, H, I]
-  QMatrix shared_gate, shared_up, shared_down, shared_expert_gate;
-};
-
 struct GpuLayer {
   LayerKind kind = LayerKind::linear_attention;
   const float* input_layernorm = nullptr;
@@ -59,9 +52,13 @@ class GpuWeights {
  public:
   // Uploads (and quantizes where needed) a loaded model. Prints progress on stderr.
   static std::unique_ptr<GpuWeights> upload(const ModelWeights& weights);
-  // Random weights of the given geometry, generated on the GPU (for `lily bench --synthetic`).
-  static std::unique_ptr<GpuWeights> synthetic(const ModelConfig& config, uint64_t seed);
+
+  // No weights yet: a builder fills the fields below with memory from allocate() (upload above;
+  // bench/synthetic_weights.cu's random weights of a geometry).
+  explicit GpuWeights(const ModelConfig& config) : config_(config) {}
   ~GpuWeights();
+  GpuWeights(const GpuWeights&) = delete;
+  GpuWeights& operator=(const GpuWeights&) = delete;
 
   const ModelConfig& config() const { return config_; }
   QMatrix embed_tokens, lm_head;
@@ -69,14 +66,13 @@ class GpuWeights {
   std::vector<GpuLayer> layers;
   uint64_t bytes() const { return bytes_; }
 
+  // Device memory owned by this object, freed with it.
+  void* allocate(uint64_t bytes);
+
  private:
-  GpuWeights() = default;
-  void* allocate(uint64_t bytes);  // device memory owned by this object
   ModelConfig config_;
   std::vector<void*> allocations_;
   uint64_t bytes_ = 0;
-  friend class WeightUploader;
-  friend class SyntheticBuilder;
 };
 
 }  // namespace lily::cuda

@@ -1,7 +1,7 @@
-// attention_common.cuh: what the attention kernels share (attention.cu: prefill and the entry
-// points; attention_decode.cu: decode): the argument struct, the constants of the head
-// layout, and the per-warp helpers (query/key preparation, cache append, reductions).
-// Internal to backend/cuda; see attention.cu's header for the formulas.
+// attention_common.cuh: what the attention kernels share (prefill/attention_prefill.cu,
+// decode/attention_decode.cu): the argument struct, the constants of the head layout, and the
+// per-warp helpers (query/key preparation, cache append, reductions). Internal to backend/cuda;
+// the formulas are in attention_prefill.cu's header (spec §2.4, §2.5).
 #pragma once
 
 #include <cuda_runtime.h>
@@ -9,6 +9,8 @@
 #include <cmath>
 #include <cstddef>
 #include <cstdint>
+
+#include "backend/cuda/common/attention.h"
 
 namespace lily::cuda::attention_detail {
 
@@ -39,6 +41,15 @@ struct AttnArgs {
   float* part_acc;              // decode: [nkv, S, 8, 256] unnormalised accumulators
   float* part_ml;               // decode: [nkv, S, 8, 2]  (max, sum) in log2 units
 };
+
+inline AttnArgs attn_args(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
+                          bf16* v_cache, float* out) {
+  return AttnArgs{p.T,        p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads,
+                  p.rotary_dim, p.capacity,  p.eps,          p.rope_theta,
+                  p.q_norm,   p.k_norm,    p.position,     qg,
+                  k,          v,           reinterpret_cast<uint16_t*>(k_cache), reinterpret_cast<uint16_t*>(v_cache),
+                  out,        nullptr,     nullptr};
+}
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
 // Round to nearest even, as base/bf16.h (to_bf16) does on the host.
@@ -142,9 +153,5 @@ __device__ __forceinline__ void key_dots(const uint4& kr, const float (&q)[kGrou
   }
 }
 
-
-// Decode (T = 1), attention_decode.cu: the split kernel and the combine kernel, S splits per
-// KV head; scratch holds the partials (part_acc, part_ml of args).
-void launch_attention_decode(const AttnArgs& args, int S, cudaStream_t stream);
 
 }  // namespace lily::cuda::attention_detail

@@ -1,5 +1,5 @@
-// device_info.h: what the launchers ask of the device, queried once (one device per process).
-// Internal to backend/cuda.
+// device_info.h: what the launchers and the kernel plan ask of the device, queried once (one
+// device per process). Internal to backend/cuda.
 #pragma once
 
 #include "backend/cuda/common/cuda_check.h"
@@ -16,5 +16,13 @@ inline int multiprocessor_count() {
   }();
   return count;
 }
+
+// The device properties the kernel plan decides by (kernel_plan.h). Tests describe a device of
+// their own, so the plan can be checked without one.
+struct DeviceLimits {
+  int multiprocessors = 132;  // the H200's
+};
+
+inline DeviceLimits current_device_limits() { return DeviceLimits{multiprocessor_count()}; }
 
 }  // namespace lily::cuda

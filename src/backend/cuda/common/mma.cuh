@@ -1,5 +1,5 @@
-// mma.cuh: the PTX wrappers the tensor-core kernels share (gemm_q4.cu, attention.cu,
-// attention_decode.cu, gemv_prefetch.cu): cp.async copies into shared memory, ldmatrix, mma.sync
+// mma.cuh: the PTX wrappers the tensor-core kernels share (gemm_q4.cu, attention_prefill.cu,
+// attention_decode.cu, gemv_prefetch.cu, ...): cp.async copies into shared memory, ldmatrix, mma.sync
 // m16n8k16 with bf16 inputs and fp32 accumulators, float -> bf16x2 packing (sm_80 and later);
 // bulk copies global -> shared completing on an mbarrier (sm_90). Internal to backend/cuda.
 //

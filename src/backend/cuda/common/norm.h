@@ -1,4 +1,4 @@
-// norm.h: row-wise kernels of the forward: embedding lookup, RMSNorm, greedy sampling.
+// norm.h: row-wise kernels of the forward: embedding lookup, RMSNorm (norm.cu).
 #pragma once
 
 #include "backend/cuda/common/gpu_types.h"
@@ -11,9 +11,5 @@ void embed_tokens(const QMatrix& table, const int32_t* tokens, int T, float* h, 
 // y = x * rsqrt(mean(x^2) + eps) * gain over rows of n values (zero-centred norms carry
 // their effective gain 1 + w).  x, y: [rows, n]; gain: [n] fp32.  y may alias x.
 void rms_norm(const float* x, const float* gain, int rows, int n, float eps, float* y, cudaStream_t stream);
-
-// out[0] = argmax over logits[0 : vocab_limit) (ties to the lowest id), written as int32 —
-// the next decode step reads its token from there.
-void argmax(const float* logits, int vocab_limit, int32_t* out, cudaStream_t stream);
 
 }  // namespace lily::cuda

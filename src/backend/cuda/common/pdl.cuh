@@ -2,7 +2,7 @@
 //
 // The decode step is ~250 small dependent kernels, each a few microseconds long: the gap
 // between one kernel's last block and the next kernel's first useful load (launch, block
-// scheduling, the first memory latency) is a large part of the step. forward.cu turns the
+// scheduling, the first memory latency) is a large part of the step. decode_graph.cpp turns the
 // kernel-to-kernel edges of the captured step into programmatic edges, so a kernel's blocks are
 // launched while its predecessor is still running. Every kernel that can be in the graph
 // therefore begins with
@@ -10,6 +10,16 @@
 //     pdl_wait();               // the predecessor has finished and its writes are visible
 //     pdl_launch_dependents();  // let the successor's blocks be scheduled now
 // Without a programmatic edge (prefill, tests, PDL off) both are no-ops.
+//
+// The launch-order contract, for every kernel of the step:
+//   - what the direct predecessor writes is read only after pdl_wait();
+//   - what a kernel two or more launches back wrote may be read before it: a kernel's blocks are
+//     launched only once every block of its predecessor has passed that predecessor's
+//     pdl_wait(), which returns when the kernel two back has finished. Read such data through L2
+//     (__ldcg): this SM's L1 may still hold an older step's copy;
+//   - pdl_launch_dependents() comes right after pdl_wait(), never before it (the rule above
+//     holds only then).
+// decode/moe_decode.h lists what the MoE's three launches read on which side of their wait.
 #pragma once
 
 namespace lily::cuda {

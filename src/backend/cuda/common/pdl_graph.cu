@@ -25,19 +25,4 @@ void make_edges_programmatic(cudaGraph_t graph) {
   }
 }
 
-void prefer_shared_carveout(cudaGraph_t graph, int percent) {
-  size_t n = 0;
-  CUDA_CHECK(cudaGraphGetNodes(graph, nullptr, &n));
-  std::vector<cudaGraphNode_t> nodes(n);
-  CUDA_CHECK(cudaGraphGetNodes(graph, nodes.data(), &n));
-  for (cudaGraphNode_t node : nodes) {
-    cudaGraphNodeType type;
-    CUDA_CHECK(cudaGraphNodeGetType(node, &type));
-    if (type != cudaGraphNodeTypeKernel) continue;
-    cudaKernelNodeParams params{};
-    CUDA_CHECK(cudaGraphKernelNodeGetParams(node, &params));
-    CUDA_CHECK(cudaFuncSetAttribute(params.func, cudaFuncAttributePreferredSharedMemoryCarveout, percent));
-  }
-}
-
 }  // namespace lily::cuda

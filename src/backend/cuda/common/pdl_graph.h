@@ -1,5 +1,5 @@
 // pdl_graph.h: host-side edits of a captured CUDA graph for programmatic dependent launch
-// (pdl.cuh has the device side). Used by the decode step (forward.cu) and the workbench
+// (pdl.cuh has the device side). Used by the decode graph (decode_graph.cpp) and the workbench
 // (bench/kernels/decode_chain); internal to backend/cuda.
 #pragma once
 
@@ -12,10 +12,5 @@ namespace lily::cuda {
 // pdl_wait() returns when the upstream kernel has finished, its writes visible. Other edges
 // (memory copies) stay as they are.
 void make_edges_programmatic(cudaGraph_t graph);
-
-// Every kernel of the graph prefers `percent` of the L1 / shared-memory split for shared memory
-// (a block that needs more than its SM's current split waits for the SM to drain; measured
-// neutral for the decode step: docs/perf.md, session 4).
-void prefer_shared_carveout(cudaGraph_t graph, int percent);
 
 }  // namespace lily::cuda

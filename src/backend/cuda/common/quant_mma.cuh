@@ -34,18 +34,10 @@
 #include <cstdlib>
 
 #include "backend/cuda/common/block_rms.cuh"
-#include "base/env.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 
 namespace lily::cuda::quant_mma {
-
-// The decode kernels built on this header (mma_gemv, moe_gate_up_mma, moe_down_mma) are used
-// unless LILY_MMA_GEMV=0, which keeps the FP32 kernels (quant_dot.cuh); read at every launch,
-// so tests and benchmarks can compare the two in one process.
-inline bool decode_mma_enabled() {
-  return !env_value("LILY_MMA_GEMV").starts_with('0');
-}
 
 constexpr int kBlockCols = 128;        // 4 chunks, 2 groups
 constexpr int kPairCols = 256;         // 2 blocks, 4 groups: one mma chain

@@ -1,6 +1,6 @@
 // attention_decode.cu: the gated attention of one new token (T = 1) over the KV cache, split
-// over the keys (flash decoding) in two launches, on the tensor cores. Formulas: attention.cu's
-// header, spec §2.4.
+// over the keys (flash decoding) in two launches, on the tensor cores. Formulas: spec §2.4 and
+// prefill/attention_prefill.cu's header.
 //
 //   split s of KV head g:  keys [s R, min(L, (s + 1) R)),  R = the larger of kSplitMinRows and
 //                          ceil(L / N), rounded up to 64; N = the most splits that run at once
@@ -39,10 +39,13 @@
 
 #include "backend/cuda/common/attention_common.cuh"
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/decode/attention_decode.h"
 
 #include <algorithm>
 
-namespace lily::cuda::attention_detail {
+namespace lily::cuda {
+
+using namespace attention_detail;
 
 namespace {
 
@@ -323,15 +326,31 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
   }
 }
 
+int num_splits(const AttentionParams& p) {
+  return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
+}
+
 }  // namespace
 
-void launch_attention_decode(const AttnArgs& args, int S, cudaStream_t stream) {
+size_t attention_decode_scratch_bytes(const AttentionParams& p) {
+  return size_t(p.num_kv_heads) * num_splits(p) * kGroup * (kHeadDim + 2) * sizeof(float);
+}
+
+void gated_attention_decode(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
+                            bf16* v_cache, float* out, void* scratch, cudaStream_t stream) {
+  check_attention_params(p);
+  LILY_CHECK(p.T == 1, "gated_attention_decode: one token, {} given", p.T);
+  LILY_CHECK(scratch != nullptr, "gated_attention_decode: no scratch");
   static const bool configured = [] {  // once: the shared memory opt-in
     CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kSplitSmem)));
     return true;
   }();
   (void)configured;
+  const int S = num_splits(p);
+  AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
+  args.part_acc = static_cast<float*>(scratch);
+  args.part_ml = args.part_acc + size_t(p.num_kv_heads) * S * kGroup * kHeadDim;
   // The splits that run at once: one per SM of a KV head's share.
   const int max_splits = std::min(S, std::max(1, multiprocessor_count() / args.nkv));
   attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
@@ -342,4 +361,4 @@ void launch_attention_decode(const AttnArgs& args, int S, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-}  // namespace lily::cuda::attention_detail
+}  // namespace lily::cuda

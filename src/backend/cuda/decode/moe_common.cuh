@@ -1,6 +1,7 @@
-// moe_common.cuh: what the MoE kernels of moe.cu (experts) and moe_route.cu (routing) share:
-// the quantized-matrix views, the FP32 lane-group dot products of quant_dot.cuh over rows, the
-// bounds, and the launchers' argument checks. Internal to backend/cuda.
+// moe_common.cuh: what the decode MoE's launches (moe_route.cu, moe_gate_up.cu,
+// moe_gate_up_staged.cu, moe_down.cu) share: the quantized-matrix views, the FP32 lane-group dot
+// products of quant_dot.cuh over rows (the router), the bounds, and the shape checks.
+// Internal to backend/cuda/decode.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -8,6 +9,7 @@
 #include <cstdint>
 
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/decode/moe_decode.h"
 #include "backend/cuda/common/gpu_types.h"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/common/route_topk.cuh"
@@ -106,12 +108,18 @@ __device__ inline float warp_row_dot(const QView& w, int bits, int cols, const f
   return bits == 4 ? warp_row_dot_bits<4>(w, cols, x) : warp_row_dot_bits<8>(w, cols, x);
 }
 
-inline void check_matrix(const QMatrix& m, const char* what) {
-  LILY_CHECK(m.bits == 4 || m.bits == 8, "{}: {}-bit weights are not supported (4 or 8)", what, m.bits);
-  LILY_CHECK(m.group_size == 64, "{}: group size {} is not supported (64)", what, m.group_size);
-  LILY_CHECK(m.cols > 0 && m.cols % 64 == 0 && m.rows > 0, "{}: shape [{}, {}] (cols must be a multiple of 64)", what,
-             m.rows, m.cols);
+// An expert matrix the launches take: 4-bit, group 64, 16-byte aligned arrays.
+inline bool expert_matrix_ok(const QMatrix& m) {
+  return m.bits == 4 && m.group_size == 64 && aligned16(m.codes) && aligned16(m.scales) && aligned16(m.biases);
 }
+
+// E experts of which k are chosen: E <= 256 (route_topk.cuh), 1 <= k <= min(8, E).
+inline bool choice_ok(int E, int k) { return E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E; }
+
+// Each launch's own conditions (moe_route.cu, moe_gate_up.cu, moe_down.cu).
+bool route_supports(const GpuMoe& w);
+bool gate_up_supports(GateUpKernel kernel, const GpuMoe& w, int k);
+bool down_supports(const GpuMoe& w, int k);
 
 inline void check_aligned(const float* p, const char* what) {
   LILY_CHECK(aligned16(p), "{} must be 16-byte aligned", what);

@@ -1,10 +1,10 @@
 // moe_gate_up_staged.cu: the MoE's gate/up for one token (decode) with each block's expert rows
 // brought into SHARED memory by bulk copies (the copy engine) instead of into registers.
 //
-//   slot s < k: e = rank s of top-k(softmax(logits)) (or ids[s]);  slot k: the shared expert
+//   slot s < k: e = rank s of top-k(softmax(logits));  slot k: the shared expert
 //   act[s, i] = silu(G_e[i] . x) * (U_e[i] . x)        i in the block's 16 rows
 // Shapes:   gate, up: stacks [E, I, H] 4-bit group 64 (mlx layout) · shared_gate, shared_up [I, H]
-//           · x [H] fp32 (moe_route_norm's normed row) · logits [E] fp32 · act [k + 1, I] fp32.
+//           · x [H] fp32 (moe_route's normed row) · logits [E] fp32 · act [k + 1, I] fp32.
 // Layout:   grid (I / 16, k + 1), 4 warps. Thread 0 copies the block's 16 rows of G and of U
 //           (codes, scales, biases: six contiguous ranges, 36 KB at H = 2048) into dynamic shared
 //           memory on one mbarrier: the shared expert's before the PDL wait, a routed expert's
@@ -12,17 +12,16 @@
 //           fragments; then warp w computes the pairs of 256 columns w, w + 4, ... of G and U side
 //           by side (shared_rows_dot.cuh: two independent mma chains) and 16 threads sum the
 //           pairs in order and write silu(g) * u.
-// Why:      moe_gate_up_mma_kernel holds its weights in registers (168 per thread, 3 blocks fill
-//           an SM's register file), so the down kernel's blocks cannot become resident until its
-//           blocks exit, and down's work before its PDL wait (choosing the experts, loading its
-//           weights) lands on the critical path. In shared memory the loads hold no registers.
-//           LILY_GATEUP_STAGED=0 keeps moe_gate_up_mma_kernel (A/B runs).
-// Tested:   tests/cuda/test_moe.cu (GateUp at the model's shape and edges, against cpu::linear;
-//           ExpertsChooseLikeTheRouter: the same kernel either way, bit-equal).
+// Why:      held in registers (moe_gate_up.cu), the weights take 168 registers per thread and 3
+//           blocks fill an SM's register file, so the down kernel's blocks cannot become resident
+//           until gate/up's exit, and down's work before its PDL wait (choosing the experts,
+//           loading its weights) lands on the critical path. In shared memory the loads hold no
+//           registers (70 per thread).
+// Tested:   tests/cuda/test_moe.cu (GateUp: both gate/up kernels by name at the model's shape and
+//           edges, against cpu::linear and the CPU's top-k).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/moe_gate_up_staged.h"
 
-#include "base/env.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/decode/moe_common.cuh"
 #include "backend/cuda/common/pdl.cuh"
@@ -51,8 +50,7 @@ struct StagedGateUpParams {
   StagedMatrix routed[2];  // G, U stacks [E, I, H]
   StagedMatrix shared[2];  // the shared expert's G, U [I, H] (slot k)
   const float* x;          // [H]
-  const int32_t* ids;      // [k + 1] (when logits is null)
-  const float* logits;     // [E] router logits: choose here
+  const float* logits;     // [E] router logits: each routed block chooses its expert
   int E, I, H, k;
   float* act;              // [k + 1, I]
 };
@@ -96,14 +94,8 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
 
   // A routed slot: warp 0 chooses the expert and its lane 0 starts the copies at once.
   if (!shared && warp == 0) {
-    int e;
-    if (p.logits) {
-      warp_load_logits(p.logits, p.E, choice_logits);
-      e = warp_route_rank(choice_logits, p.E, s);
-    } else {
-      e = __ldcg(p.ids + s);
-    }
-    e = min(max(e, 0), p.E - 1);
+    warp_load_logits(p.logits, p.E, choice_logits);
+    const int e = min(max(warp_route_rank(choice_logits, p.E, s), 0), p.E - 1);
     if (lane == 0) issue(p.routed, int64_t(e) * p.I + row0);
   }
   // While the rows arrive: x as mma fragments.
@@ -150,22 +142,19 @@ bool staged_shape(const QMatrix& m, int H, int I) {
 }  // namespace
 
 bool moe_gate_up_staged_supports(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate,
-                                 const QMatrix& shared_up, const float* x, int k) {
-  if (env_value("LILY_GATEUP_STAGED").starts_with('0')) return false;
+                                 const QMatrix& shared_up, int k) {
   const int H = gate.cols, I = gate.rows;
   return H > 0 && H % 512 == 0 && H <= kMaxHidden && I > 0 && I % kRows == 0 && gate.batch >= 1 &&
          gate.batch <= kRouteMaxExperts && up.batch == gate.batch && k >= 1 && k <= kRouteMaxK && k <= gate.batch &&
          staged_shape(gate, H, I) && staged_shape(up, H, I) && staged_shape(shared_gate, H, I) &&
-         staged_shape(shared_up, H, I) && aligned16(x);
+         staged_shape(shared_up, H, I);
 }
 
 void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
-                        const float* x, const int32_t* expert_ids, const float* router_logits, int k, float* act,
-                        cudaStream_t stream) {
-  LILY_CHECK(moe_gate_up_staged_supports(gate, up, shared_gate, shared_up, x, k),
+                        const float* x, const float* router_logits, int k, float* act, cudaStream_t stream) {
+  LILY_CHECK(moe_gate_up_staged_supports(gate, up, shared_gate, shared_up, k) && aligned16(x),
              "moe_gate_up_staged: [{}, {}, {}] q{} experts, k {}: not supported", gate.batch, gate.rows, gate.cols,
              gate.bits, k);
-  LILY_CHECK(router_logits || expert_ids, "moe_gate_up_staged: neither router logits nor expert ids");
   static const bool configured = [] {  // once: allow more than 48 KB (72 KB at H = 4096)
     CUDA_CHECK(cudaFuncSetAttribute(moe_gate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(2 * matrix_bytes(kMaxHidden))));
@@ -175,7 +164,6 @@ void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& s
   const StagedGateUpParams p{{bytes_of(gate), bytes_of(up)},
                              {bytes_of(shared_gate), bytes_of(shared_up)},
                              x,
-                             expert_ids,
                              router_logits,
                              gate.batch,
                              gate.rows,

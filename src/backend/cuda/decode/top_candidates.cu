@@ -14,7 +14,7 @@
 // Tested:   tests/cuda/test_top_candidates.cu against a host partial sort (ties, NaN, -inf, n at
 //           the block edges, k from 1 to 256).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/top_candidates.h"
+#include "backend/cuda/decode/next_token.h"
 
 #include <algorithm>
 #include <climits>

@@ -1,4 +1,5 @@
-// attention.cu: the core of a gated full-attention layer (spec §2.4, §2.5), for any T >= 1.
+// attention_prefill.cu: the core of a gated full-attention layer (spec §2.4, §2.5) for a block
+// of T tokens (prefill); decode/attention_decode.cu is the one-token path.
 //
 //   q_h = RoPE(RMSNorm_zc(qg[h, 0:256]; q_norm)),  gate_h = qg[h, 256:512]
 //   k_j = RoPE(RMSNorm_zc(k_j; k_norm)) -> k_cache[pos + t],  v_j -> v_cache[pos + t]  (bf16)
@@ -10,23 +11,21 @@
 //           for all of them; the query heads are normalised and rotated by the blocks
 //           themselves. Shared pieces (argument struct, preparation, reductions):
 //           attention_common.cuh.
-// Variants: decode (T = 1): attention_decode.cu, flash decoding on the tensor cores: a split
-//             kernel (as many splits as SMs per KV head, each >= 64 keys) and a combine kernel.
-//           prefill (T > 1): kv_prep_kernel writes the T new K/V rows, then
-//             flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles) where the
-//             group divides 64, else attention_prefill_simple_kernel: one block per (token, KV
-//             head) walks keys [0, pos + t].
-// Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope).
+// Kernels:  kv_prep_kernel writes the T new K/V rows, then AttentionPrefillKernel::flash,
+//           flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles; the group
+//           must divide 64), or ::simple, attention_prefill_simple_kernel: one block per (token,
+//           KV head) walks keys [0, pos + t].
+// Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope),
+//           both kernels by name, prefill then decode.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
-#include "backend/cuda/common/grow_only_scratch.h"
 
 #include <cuda_runtime.h>
 
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cuda/common/attention.h"
+#include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/common/attention_common.cuh"
 #include "backend/cuda/common/mma.cuh"
 
@@ -327,8 +326,6 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
   }
 }
 
-bool flash_prefill_supported(const AttnArgs& a) { return kFlashRows % a.group == 0; }
-
 void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
     CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
@@ -341,63 +338,31 @@ void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   CUDA_CHECK_LAUNCH();
 }
 
-int num_splits(const AttentionParams& p) {
-  return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
-}
-
-// (fmt's compile-time format check does not build under nvcc: fmt::runtime.)
-void check_params(const AttentionParams& p) {
-  const auto check = [](bool ok, const char* what, int value) {
-    if (!ok) ::lily::fail(fmt::runtime("gated_attention_core: {} = {} is not implemented"), what, value);
-  };
-  check(p.T >= 1, "T", p.T);
-  check(p.head_dim == kHeadDim, "head_dim (only 256)", p.head_dim);
-  check(p.num_kv_heads >= 1 && p.num_heads % p.num_kv_heads == 0, "num_heads (a multiple of nkv)", p.num_heads);
-  check(p.num_heads / p.num_kv_heads <= kGroup, "query heads per KV head (at most 8)", p.num_heads / p.num_kv_heads);
-  check(p.rotary_dim >= 0 && p.rotary_dim % 2 == 0 && p.rotary_dim <= kHeadDim, "rotary_dim", p.rotary_dim);
-  check(p.capacity >= 1, "capacity", p.capacity);
-}
-
-// The grow-only scratch of the overload without one, zero-filled when (re)allocated.
-void* own_scratch(size_t bytes, cudaStream_t stream) {
-  static GrowOnlyScratch scratch("gated_attention_core", true);
-  return scratch.get(bytes, stream);
-}
-
 }  // namespace
 
-size_t gated_attention_scratch_bytes(const AttentionParams& p) {
-  return size_t(p.num_kv_heads) * num_splits(p) * kGroup * (kHeadDim + 2) * sizeof(float);
+const char* kernel_name(AttentionPrefillKernel kernel) {
+  return kernel == AttentionPrefillKernel::flash ? "flash_prefill" : "attention_prefill_simple";
 }
 
-void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
-                          bf16* v_cache, float* out, void* scratch, cudaStream_t stream) {
-  check_params(p);
-  AttnArgs args{p.T, p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads, p.rotary_dim, p.capacity, p.eps,
-                p.rope_theta, p.q_norm, p.k_norm, p.position, qg, k, v, reinterpret_cast<uint16_t*>(k_cache),
-                reinterpret_cast<uint16_t*>(v_cache), out, nullptr, nullptr};
-  if (p.T == 1) {
-    if (!scratch) ::lily::fail(fmt::runtime("gated_attention_core: decode needs scratch"));
-    const int S = num_splits(p);
-    args.part_acc = static_cast<float*>(scratch);
-    args.part_ml = args.part_acc + size_t(p.num_kv_heads) * S * kGroup * kHeadDim;
-    launch_attention_decode(args, S, stream);
-    return;
-  }
+bool attention_prefill_supports(AttentionPrefillKernel kernel, const AttentionParams& p) {
+  const int group = p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0;
+  return kernel == AttentionPrefillKernel::simple || (group > 0 && kFlashRows % group == 0);
+}
+
+void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParams& p, const float* qg, const float* k,
+                             const float* v, bf16* k_cache, bf16* v_cache, float* out, cudaStream_t stream) {
+  check_attention_params(p);
+  LILY_CHECK(attention_prefill_supports(kernel, p), "gated_attention_prefill: {} does not take {} query heads per KV head",
+             kernel_name(kernel), p.num_heads / p.num_kv_heads);
+  const AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
   kv_prep_kernel<<<unsigned(p.T), kThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
-  if (flash_prefill_supported(args)) {
+  if (kernel == AttentionPrefillKernel::flash) {
     launch_flash_prefill(args, stream);
     return;
   }
   attention_prefill_simple_kernel<<<dim3(unsigned(p.T), unsigned(p.num_kv_heads)), kThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();
-}
-
-void gated_attention_core(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
-                          bf16* v_cache, float* out, cudaStream_t stream) {
-  void* scratch = p.T == 1 ? own_scratch(gated_attention_scratch_bytes(p), stream) : nullptr;
-  gated_attention_core(p, qg, k, v, k_cache, v_cache, out, scratch, stream);
 }
 
 }  // namespace lily::cuda

@@ -1,5 +1,5 @@
 // deltanet_chunked.cu: the chunked form of the gated delta rule (spec §3.2) for the prefill of
-// a Gated DeltaNet layer: the o and final S of deltanet.cu's token loop, 64 tokens at a time as
+// a Gated DeltaNet layer: the o and final S of deltanet_prefill.cu's token loop, 64 tokens at a time as
 // small dense matrix products (HF torch_chunk_gated_delta_rule, FLA chunk_gated_delta_rule; the
 // CPU form is backend/cpu delta_rule_chunked).
 //
@@ -39,8 +39,8 @@
 //             O = exp(gamma) (Q H) + Aqk V' for 64 rows x 32 columns, 2 x 4 per thread; the
 //             Aqk V' sum stops at the warp's last row (Aqk is zero above its diagonal).
 // Cost:     per v-head and 64 tokens about 5.0 M fp32 multiply-adds (prep 1.6 M, state 2.1 M,
-//           output 1.3 M): 1.3 G per 512 tokens at Hv = 32, 38 us at the H200's fp32 peak, against
-//           the recurrent scan's 477 us; only the state pass (a third of it) is sequential. fp32
+//           output 1.3 M): 1.3 G per 512 tokens at Hv = 32, 38 us at the H200's fp32 peak; only
+//           the state pass (a third of it) is sequential. fp32
 //           on the CUDA cores because the results must match the fp32 token loop to ~1e-5; 3xTF32
 //           on the tensor cores is the next step if these kernels show up in the profile.
 // Tested:   tests/cuda/test_deltanet.cu (Chunked* vs the CPU recurrent rule, T = 1 .. 1000,
@@ -48,7 +48,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
 
-#include "backend/cuda/common/deltanet.h"
+#include "backend/cuda/prefill/deltanet_prefill.h"
 #include "backend/cuda/common/mma.cuh"
 
 #include <algorithm>
@@ -108,7 +108,7 @@ __device__ __forceinline__ float4 lds4(const float* p) {
   return v;
 }
 
-// beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)   (spec §2.6, as deltanet.cu's gates())
+// beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)   (spec §2.6, as deltanet_common.cuh's gates())
 __device__ __forceinline__ void gate_logs(const ChunkArgs& p, int t, int h, float& g, float& beta) {
   const float x = p.a[size_t(t) * p.Hv + h] + p.dt_bias[h];
   beta = 1.f / (1.f + expf(-p.b[size_t(t) * p.Hv + h]));

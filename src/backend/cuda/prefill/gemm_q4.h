@@ -10,6 +10,9 @@
 
 namespace lily::cuda {
 
+// Whether gemm_q4 and gemm_q4_accumulate take W (4 or 8 bits, group 64, cols a multiple of 64).
+bool gemm_q4_supports(const QMatrix& W);
+
 // y[t, n] = sum_c W[n, c] * x[t, c]      x: [T, W.cols] fp32 (16-byte aligned), y: [T, W.rows] fp32
 void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
 

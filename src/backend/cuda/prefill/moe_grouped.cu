@@ -1,7 +1,7 @@
 // moe_grouped.cu: the sparse MoE block (spec §2.7) for a prefill chunk of T tokens, on the
 // GPU end to end with no host synchronisation: every size the host needs is a bound.
 //
-//   logits = x @ Wr^T                                   gemm_q4 (8-bit router)   [T, E]
+//   logits = x @ Wr^T                                   gemm_exact (fp32-level)  [T, E]
 //   ids, w = top-k(softmax(logits)), renormalised       moe_topk_kernel          [T, k]
 //   plan: histogram of pairs per expert, exclusive scan -> offsets, stable scatter of the
 //         T*k (token, slot) pairs into expert order, tile map   moe_plan_kernel (one block)
@@ -27,7 +27,6 @@
 
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/common/route_topk.cuh"
 
 namespace lily::cuda {
@@ -42,7 +41,7 @@ constexpr int kCombineThreads = 256;
 
 // ---- Top-k ------------------------------------------------------------------------------
 
-// One warp per token: warp_route_topk (route_topk.cuh), the rule moe.cu's decode routing uses.
+// One warp per token: warp_route_topk (route_topk.cuh), the rule the decode expert launches use.
 __global__ void __launch_bounds__(kTopkWarps * 32)
     moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
   const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
@@ -186,8 +185,8 @@ struct Layout {
   int max_tiles, tile_rows;
 };
 
-Layout layout(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
-  const size_t E = size_t(w.gate.batch), I = size_t(w.gate.rows), H = size_t(w.gate.cols);
+Layout layout(const GpuMoe& w, int T, int k, int tile_rows) {
+  const size_t E = size_t(w.experts_gate.batch), I = size_t(w.experts_gate.rows), H = size_t(w.experts_gate.cols);
   const size_t Is = size_t(w.shared_gate.rows), P = size_t(T) * size_t(k);
   Layout l{};
   LILY_CHECK(tile_rows == 0 || tile_rows == 16 || tile_rows == 32 || tile_rows == 64,
@@ -222,8 +221,8 @@ T* at(void* base, size_t offset) {
   return reinterpret_cast<T*>(static_cast<char*>(base) + offset);
 }
 
-void check_weights(const MoeGroupedWeights& w, int k) {
-  const QMatrix &g = w.gate, &u = w.up, &d = w.down;
+void check_weights(const GpuMoe& w, int k) {
+  const QMatrix &g = w.experts_gate, &u = w.experts_up, &d = w.experts_down;
   LILY_CHECK(g.batch >= 1 && g.batch <= kMaxExperts, "moe_grouped: {} experts (1..{})", g.batch, kMaxExperts);
   LILY_CHECK(k >= 1 && k <= kMaxK && k <= g.batch, "moe_grouped: top-{} of {} experts", k, g.batch);
   LILY_CHECK(u.batch == g.batch && d.batch == g.batch && d.rows == g.cols && d.cols == g.rows,
@@ -246,7 +245,7 @@ int moe_max_tiles(int pairs, int E, int tile_rows) {
   return int((int64_t(pairs) + n * (tile_rows - 1)) / tile_rows);
 }
 
-size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k, int tile_rows) {
+size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows) {
   return layout(w, T, k, tile_rows).bytes;
 }
 
@@ -268,14 +267,14 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, const int32_t* ids,
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids,
                                     const float* weights, int T, int k, void* scratch, float* out,
                                     cudaStream_t stream, int tile_rows) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
   const Layout l = layout(w, T, k, tile_rows);
-  const int E = w.gate.batch, H = w.gate.cols;
+  const int E = w.experts_gate.batch, H = w.experts_gate.cols;
 
   MoePlan plan;
   plan.offsets = at<int32_t>(scratch, l.offsets);
@@ -293,9 +292,9 @@ void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, 
   g.gather = plan.sorted, g.gather_div = k;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
-  gemm_q4_grouped_swiglu(w.gate, w.up, x, g, act, stream);
+  gemm_q4_grouped_swiglu(w.experts_gate, w.experts_up, x, g, act, stream);
   g.gather = nullptr, g.gather_div = 1;
-  gemm_q4_grouped(w.down, act, g, y, stream);
+  gemm_q4_grouped(w.experts_down, act, g, y, stream);
 
   // Shared expert and its per-token gate logit.
   float* shared_act = at<float>(scratch, l.shared_act);
@@ -311,16 +310,15 @@ void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, 
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
-                            float* out, cudaStream_t stream, int tile_rows) {
+void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
+                            cudaStream_t stream, int tile_rows) {
   check_weights(w, k);
   if (T <= 0) return;
   const Layout l = layout(w, T, k, tile_rows);
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
-  if (fp32_router) gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path
-  else gemm_q4(w.router, x, logits, T, stream);         // bf16 inputs, as HF's bf16 matmul
+  gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path and the CPU
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
   moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
 }

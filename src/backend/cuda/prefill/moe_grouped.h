@@ -9,27 +9,19 @@
 
 namespace lily::cuda {
 
-struct MoeGroupedWeights {
-  QMatrix router;              // [E, H] (8-bit in mlx)
-  QMatrix gate, up;            // stacks [E, I, H]
-  QMatrix down;                // stack [E, H, I]
-  QMatrix shared_gate, shared_up;  // [Is, H]
-  QMatrix shared_down;         // [H, Is]
-  QMatrix shared_expert_gate;  // [1, H]
-};
-
 // Device scratch for T tokens (the caller keeps it; contents are per call). tile_rows: 0 picks
 // the grouped GEMMs' tile from the load (gemm_q4_tile_rows of the mean rows per expert); 16, 32
 // or 64 force it (bench/kernels/moe_grouped measures the choice). Pass the same value to the
 // call that uses the scratch.
-size_t moe_grouped_scratch_bytes(const MoeGroupedWeights& w, int T, int k, int tile_rows = 0);
+size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows = 0);
 
 // out[t] += sum_s w[t, s] * D_e(silu(G_e x_t) * U_e x_t) + sigmoid(x_t . w_sg) * D_s(silu(G_s x_t) * U_s x_t)
-// Router logits through gemm_q4 (bf16 inputs, like HF's bf16 matmul), or with fp32_router
-// through the fp32 gemv (the CPU backend's router arithmetic).
+// Router logits at fp32 accuracy (gemm_exact: the decode path and the CPU backend are fp32 too;
+// with bf16 inputs a near-tie between experts flips more often, and a flipped expert changes a
+// token's output by far more than rounding does).
 //   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
-void moe_grouped_accumulate(const MoeGroupedWeights& w, const float* x, int T, int k, bool fp32_router, void* scratch,
-                            float* out, cudaStream_t stream, int tile_rows = 0);
+void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
+                            cudaStream_t stream, int tile_rows = 0);
 
 // ---- The pieces (tests use them one by one) ---------------------------------------------
 
@@ -55,7 +47,7 @@ int moe_max_tiles(int pairs, int E, int tile_rows);
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream);
 
 // The routed experts and the shared expert for given ids / weights ([T, k] on the device).
-void moe_experts_grouped_accumulate(const MoeGroupedWeights& w, const float* x, const int32_t* ids,
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids,
                                     const float* weights, int T, int k, void* scratch, float* out,
                                     cudaStream_t stream, int tile_rows = 0);
 

@@ -1,5 +1,7 @@
-// top_candidates.h: the k largest logits of one row on the GPU, for samplers that need only
-// them (Backend::forward_candidates): k (value, id) pairs leave the device instead of the row.
+// next_token.h: the next token from one row of logits on the GPU: its arg max (the greedy decode
+// graph, argmax.cu), or the k largest logits for samplers that need only them
+// (Backend::forward_candidates, top_candidates.cu): k (value, id) pairs leave the device instead
+// of the row.
 #pragma once
 
 #include <cstddef>
@@ -8,6 +10,10 @@
 #include <cuda_runtime.h>
 
 namespace lily::cuda {
+
+// out[0] = argmax over logits[0 : vocab_limit) (ties to the lowest id, NaN never), written as
+// int32: the next decode step reads its token from there.
+void argmax(const float* logits, int vocab_limit, int32_t* out, cudaStream_t stream);
 
 constexpr int kMaxTopCandidates = 256;
 

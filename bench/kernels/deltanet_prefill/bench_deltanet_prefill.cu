@@ -1,0 +1,82 @@
+// bench_deltanet_prefill.cu: microseconds per gated_deltanet_prefill call (conv, delta rule, gated
+// norm) at the model's size (Hk 16, Hv 32), both forms of the delta rule, per prompt length: the
+// table the kernel plan's crossover (PrefillPlan::chunked_delta_rule_from) comes from. Random
+// inputs; the median of 20 (5 from 1024 tokens) calls after 3 warm-ups, timed with events.
+// The kernels one by one: nsys profile --stats=true, or ncu -k regex:'conv|gated_norm|chunk'.
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/deltanet_prefill.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <vector>
+
+using namespace lily;
+
+namespace {
+
+// n floats uniform in [center - spread, center + spread] from a hash of the index.
+__global__ void fill(float* p, size_t n, uint32_t seed, float center, float spread) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint32_t x = uint32_t(i) * 2654435761u ^ seed;
+    x ^= x >> 13, x *= 0x5bd1e995u, x ^= x >> 15;
+    p[i] = center + spread * (float(x) * (2.f / 4294967296.f) - 1.f);
+  }
+}
+
+float* random_floats(size_t n, uint32_t seed, float center, float spread) {
+  float* p = nullptr;
+  CUDA_CHECK(cudaMalloc(&p, std::max<size_t>(n, 4) * 4));
+  fill<<<256, 256>>>(p, n, seed, center, spread);
+  CUDA_CHECK_LAUNCH();
+  return p;
+}
+
+}  // namespace
+
+int main() {
+  const int Tmax = 4096, Hk = 16, Hv = 32;
+  cuda::DeltaNetParams p;
+  p.num_key_heads = Hk, p.num_value_heads = Hv;
+  const int C = p.conv_dim();
+  p.conv_weight = random_floats(size_t(C) * 4, 1, 0.f, 0.3f);
+  p.A_log = random_floats(Hv, 2, 1.f, 1.f);
+  p.dt_bias = random_floats(Hv, 3, 0.f, 0.5f);
+  p.norm_weight = random_floats(128, 4, 1.f, 0.1f);
+  float* conv = random_floats(size_t(3) * C, 5, 0.f, 1.f);
+  float* ssm = random_floats(size_t(Hv) * 128 * 128, 6, 0.f, 0.01f);
+  float* mixed = random_floats(size_t(Tmax) * C, 7, 0.f, 1.f);
+  float* z = random_floats(size_t(Tmax) * Hv * 128, 8, 0.f, 1.f);
+  float* b = random_floats(size_t(Tmax) * Hv, 9, 0.f, 1.f);
+  float* a = random_floats(size_t(Tmax) * Hv, 10, 0.f, 1.f);
+  float* y = random_floats(size_t(Tmax) * Hv * 128, 11, 0.f, 1.f);
+  p.T = Tmax;
+  void* scratch = nullptr;  // the chunked form's is the larger
+  CUDA_CHECK(cudaMalloc(&scratch, cuda::deltanet_prefill_scratch_bytes(cuda::DeltaRulePrefill::chunked, p)));
+  cudaEvent_t start, stop;
+  CUDA_CHECK(cudaEventCreate(&start));
+  CUDA_CHECK(cudaEventCreate(&stop));
+  std::printf("%6s %14s %14s %8s\n", "T", "recurrent us", "chunked us", "ratio");
+  for (int T : {2, 16, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096}) {
+    float us[2];
+    for (cuda::DeltaRulePrefill form : {cuda::DeltaRulePrefill::recurrent, cuda::DeltaRulePrefill::chunked}) {
+      p.T = T;
+      auto call = [&] { cuda::gated_deltanet_prefill(form, p, mixed, z, b, a, conv, ssm, y, scratch, nullptr); };
+      for (int i = 0; i < 3; ++i) call();
+      const int reps = T <= 512 ? 20 : 5;
+      std::vector<float> ms;
+      for (int i = 0; i < reps; ++i) {
+        CUDA_CHECK(cudaEventRecord(start));
+        call();
+        CUDA_CHECK(cudaEventRecord(stop));
+        CUDA_CHECK(cudaEventSynchronize(stop));
+        float t = 0;
+        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+        ms.push_back(t);
+      }
+      std::sort(ms.begin(), ms.end());
+      us[form == cuda::DeltaRulePrefill::chunked] = 1000.f * ms[ms.size() / 2];
+    }
+    std::printf("%6d %14.1f %14.1f %8.2f\n", T, us[0], us[1], us[0] / us[1]);
+  }
+  return 0;
+}

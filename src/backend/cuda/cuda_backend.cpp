@@ -1,0 +1,158 @@
+// cuda_backend.cpp: the CUDA backend: the Backend contract (backend.h) over its pieces:
+//
+//   kernel_plan.h     which kernel runs each part, decided here, once, from the device and weights
+//   decode_step.h     the model for one token             decode_graph.h  captured and replayed
+//   prefill_pass.h    the model for up to 8192 tokens     sequence_state.h  caches, state, position
+//
+// forward() with one token replays the decode graph; with more, runs prefill passes (the last
+// row's logits, or all rows', copied to the host as they are computed).
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <cstdlib>
+
+#include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/decode_graph.h"
+#include "backend/cuda/decode_step.h"
+#include "backend/cuda/gpu_weights.h"
+#include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/prefill_pass.h"
+#include "backend/cuda/sequence_state.h"
+#include "model/weights.h"
+
+namespace lily {
+
+using namespace lily::cuda;
+
+namespace {
+
+// The environment's say in the backend, read once, here: nothing below this file reads it.
+struct BackendOptions {
+  bool pdl = true;                // LILY_PDL=0: the decode graph without programmatic edges
+  int prefill_chunk_tokens = 8192;  // LILY_PREFILL_CHUNK=N: tokens per prefill pass
+};
+
+BackendOptions options_from_environment() {
+  BackendOptions o;
+  if (const char* v = std::getenv("LILY_PDL")) o.pdl = std::string(v) != "0";
+  if (const char* v = std::getenv("LILY_PREFILL_CHUNK")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    LILY_CHECK(end != v && *end == '\0' && n >= 64 && n <= kMaxPrefillChunkTokens && n % 64 == 0,
+               "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
+    o.prefill_chunk_tokens = int(n);
+  }
+  return o;
+}
+
+class CudaBackendImpl final : public CudaBackend {
+ public:
+  CudaBackendImpl(std::unique_ptr<GpuWeights> weights, const BackendOptions& options)
+      : w_(std::move(weights)),
+        c_(w_->config()),
+        plan_(plan_kernels(*w_, current_device_limits(), options.prefill_chunk_tokens)),
+        stream_(make_stream()),
+        step_(*w_, plan_.decode),
+        graph_(step_, c_.vocab_size, options.pdl, stream_),
+        prefill_(*w_, plan_) {}
+  ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
+
+  std::string name() const override { return "cuda"; }
+  const ModelConfig& config() const override { return c_; }
+  uint64_t weight_bytes() const override { return w_->bytes(); }
+  std::string describe_kernels() const override { return plan_.describe(); }
+  void observe_decode_step(DecodeStepObserver* observer) override { step_.set_observer(observer); }
+  void synchronize() override { CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
+    LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
+    return std::make_unique<CudaSequenceState>(c_, capacity);
+  }
+
+  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+               std::vector<float>& logits) override {
+    auto& s = as_cuda(state);
+    const int64_t T = int64_t(tokens.size()), V = c_.vocab_size;
+    check_room(s, T);
+    for (int32_t id : tokens) check_token(id);
+    logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+    if (T == 1) {  // decode: replay the captured step
+      graph_.step(s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
+      return;
+    }
+    const int chunk = plan_.prefill.chunk_tokens;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int n = int(std::min<int64_t>(chunk, T - t0));
+      const bool last_pass = t0 + n == T;
+      int first_row = n;  // no logits
+      if (wanted == LogitsWanted::all) first_row = 0;
+      else if (wanted == LogitsWanted::last && last_pass) first_row = n - 1;
+      float* dst = first_row >= n ? nullptr : wanted == LogitsWanted::all ? logits.data() + t0 * V : logits.data();
+      prefill_.run(s, tokens.data() + t0, n, first_row, dst, stream_);
+      // The pass reads the host tokens and writes the host logits asynchronously: finish before
+      // the next pass reuses the staging (tokens come from pageable memory).
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      s.advance_host(n);
+    }
+  }
+
+  // One decode step (the captured graph), then the `count` best logits selected on the GPU:
+  // count (value, id) pairs come back instead of the 1 MB row (Backend::forward_candidates).
+  bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
+                          std::vector<TokenLogit>& out) override {
+    if (count < 1 || count > kMaxTopCandidates) return false;
+    auto& s = as_cuda(state);
+    check_room(s, 1);
+    check_token(token);
+    graph_.step_candidates(s, token, count, vocab_limit, out);
+    return true;
+  }
+
+  std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {
+    auto& s = as_cuda(state);
+    LILY_CHECK(count >= 0, "decode of {} tokens", count);
+    check_room(s, count);
+    check_token(first_token);
+    return graph_.greedy(s, first_token, count);
+  }
+
+ private:
+  static cudaStream_t make_stream() {
+    cudaStream_t stream = nullptr;
+    CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    return stream;
+  }
+  void check_room(const CudaSequenceState& s, int64_t n) const {
+    LILY_CHECK(s.length() + n <= s.capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
+               s.length(), n, s.capacity());
+  }
+  void check_token(int32_t id) const {
+    LILY_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
+  }
+
+  std::unique_ptr<GpuWeights> w_;
+  const ModelConfig c_;
+  const KernelPlan plan_;
+  cudaStream_t stream_;
+  DecodeStep step_;
+  DecodeGraph graph_;
+  PrefillPass prefill_;
+};
+
+}  // namespace
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights) {
+  return make_cuda_backend(GpuWeights::upload(*weights));
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights) {
+  return std::make_unique<CudaBackendImpl>(std::move(weights), options_from_environment());
+}
+
+bool cuda_backend_available() {
+  int n = 0;
+  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+}
+
+}  // namespace lily

@@ -1,0 +1,56 @@
+// decode_graph.h: the decode step as a CUDA graph: captured once per sequence (its KV cache and
+// state are baked into the graph), its kernel-to-kernel edges made programmatic (PDL, pdl.cuh),
+// replayed for every token. The greedy pick (argmax) is part of the graph and writes the next
+// step's input on the GPU, so greedy decoding chains steps without the host; samplers get the
+// row of logits or its best candidates (selected on the GPU).
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/decode/next_token.h"
+#include "backend/cuda/decode_step.h"
+#include "backend/cuda/sequence_state.h"
+
+namespace lily::cuda {
+
+class DecodeGraph {
+ public:
+  // pdl: programmatic edges between the kernels (without them: plain graph edges).
+  DecodeGraph(DecodeStep& step, int vocab_size, bool pdl, cudaStream_t stream);
+  ~DecodeGraph();
+  DecodeGraph(const DecodeGraph&) = delete;
+  DecodeGraph& operator=(const DecodeGraph&) = delete;
+
+  // One step of s after `token`; the logits row into host_logits (nullptr: none). Synchronizes.
+  void step(CudaSequenceState& s, int32_t token, float* host_logits);
+  // One step after `token`, then the `count` best logits below vocab_limit, selected on the GPU
+  // (Backend::forward_candidates' contract). Synchronizes.
+  void step_candidates(CudaSequenceState& s, int32_t token, int count, int32_t vocab_limit,
+                       std::vector<TokenLogit>& out);
+  // `count` greedy steps after first_token, chained on the GPU: each step's arg max is the next
+  // step's input; up to kRing steps in flight, the tokens copied back asynchronously.
+  std::vector<int32_t> greedy(CudaSequenceState& s, int32_t first_token, int count);
+
+ private:
+  static constexpr int kRing = 8;
+  void write_token(int32_t token);
+  void launch(CudaSequenceState& s);  // captures s's graph on first use
+  cudaGraphExec_t instantiate(cudaGraph_t graph) const;
+
+  DecodeStep& step_;
+  const int vocab_size_;
+  const bool pdl_;
+  cudaStream_t stream_;
+  DeviceBuffer next_token_;  // int32 [1]: the greedy pick of the last step
+  DeviceBuffer candidates_, candidate_scratch_;
+  int32_t* host_token_ = nullptr;         // pinned: the step's input on its way in
+  int32_t* host_ring_ = nullptr;          // pinned [kRing]: greedy tokens on their way out
+  Candidate* host_candidates_ = nullptr;  // pinned [kMaxTopCandidates]
+  float* host_logits_ = nullptr;          // pinned [vocab]: one row (a device-to-pageable copy
+                                          // is staged by the driver at a fraction of the bandwidth)
+};
+
+}  // namespace lily::cuda

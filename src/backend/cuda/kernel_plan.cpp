@@ -1,0 +1,150 @@
+// kernel_plan.cpp: see kernel_plan.h.
+#include "backend/cuda/kernel_plan.h"
+
+#include <fmt/format.h>
+
+#include <map>
+
+#include "backend/cuda/layer_params.h"
+#include "backend/cuda/prefill/gemm_q4.h"
+#include "base/error.h"
+
+namespace lily::cuda {
+
+namespace {
+
+std::string format_of(const QMatrix& W) { return fmt::format("[{}, {}] q{}", W.rows, W.cols, W.bits); }
+
+// y = RMSNorm(x) @ W^T: the prefetch kernel where it fits, else the tensor cores, else FP32.
+PlannedGemv plan_rms_norm_gemv(const QMatrix& W, const DeviceLimits& device, const char* what) {
+  for (GemvKernel k : {GemvKernel::prefetch, GemvKernel::mma, GemvKernel::fp32})
+    if (gemv_supports(k, W, false, device)) return {W, k};
+  fail("{}: no decode kernel takes {} group {} (4 or 8 bits, group 64, at most 4096 columns)", what, format_of(W),
+       W.group_size);
+}
+
+// y += x @ W^T: the tensor cores, else FP32.
+PlannedGemv plan_gemv_accumulate(const QMatrix& W, const DeviceLimits& device, const char* what) {
+  for (GemvKernel k : {GemvKernel::mma, GemvKernel::fp32})
+    if (gemv_supports(k, W, true, device)) return {W, k};
+  fail("{}: no decode kernel takes {} group {} (4 or 8 bits, group 64, at most 4096 columns)", what, format_of(W),
+       W.group_size);
+}
+
+void check_prefill_projection(const QMatrix& W, const char* what) {
+  LILY_CHECK(gemm_q4_supports(W), "{}: the prefill GEMM does not take {} group {}", what, format_of(W), W.group_size);
+}
+
+// The input projections: the fused matrix when there is one (rows > 0), else its parts.
+std::vector<PlannedGemv> plan_inputs(const QMatrix& fused, std::initializer_list<const QMatrix*> parts,
+                                     const DeviceLimits& device, const char* what) {
+  std::vector<PlannedGemv> plan;
+  if (fused.rows > 0) {
+    plan.push_back(plan_rms_norm_gemv(fused, device, what));
+  } else {
+    for (const QMatrix* part : parts) plan.push_back(plan_rms_norm_gemv(*part, device, what));
+  }
+  for (const QMatrix* part : parts) check_prefill_projection(*part, what);
+  return plan;
+}
+
+DecodeLayerPlan plan_layer(const ModelConfig& c, const GpuLayer& layer, const DeviceLimits& device) {
+  DecodeLayerPlan plan;
+  plan.kind = layer.kind;
+  if (layer.kind == LayerKind::full_attention) {
+    const GpuAttention& a = layer.attention;
+    check_attention_params(attention_params(c, a, 1, 1, nullptr));
+    plan.input = plan_inputs(a.qkv_proj, {&a.q_proj, &a.k_proj, &a.v_proj}, device, "attention q/k/v projections");
+    plan.output = plan_gemv_accumulate(a.o_proj, device, "o_proj");
+    check_prefill_projection(a.o_proj, "o_proj");
+  } else {
+    const GpuDeltaNet& d = layer.deltanet;
+    check_deltanet_params(deltanet_params(c, d, 1));
+    plan.input = plan_inputs(d.in_proj_all, {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a}, device,
+                             "DeltaNet input projections");
+    plan.output = plan_gemv_accumulate(d.out_proj, device, "out_proj");
+    check_prefill_projection(d.out_proj, "out_proj");
+  }
+  const int k = c.num_experts_per_tok;
+  plan.gate_up = moe_decode_supports(layer.moe, k, GateUpKernel::staged) ? GateUpKernel::staged : GateUpKernel::mma;
+  const QMatrix& G = layer.moe.experts_gate;
+  LILY_CHECK(moe_decode_supports(layer.moe, k, plan.gate_up),
+             "the MoE block ([{}, {}, {}] q{} experts, top-{}, router {}) has no decode kernel: the experts must be "
+             "4-bit group 64 with H <= 4096 and I multiples of 64, E <= 256, k <= 8",
+             G.batch, G.rows, G.cols, G.bits, k, format_of(layer.moe.router));
+  check_prefill_projection(layer.moe.router, "router");
+  check_prefill_projection(layer.moe.shared_expert_gate, "shared_expert_gate");
+  return plan;
+}
+
+std::string layer_line(const DecodeLayerPlan& p) {
+  std::string inputs;
+  for (const PlannedGemv& g : p.input)
+    inputs += fmt::format("{}{} {}", inputs.empty() ? "" : " + ", kernel_name(g.kernel), format_of(g.W));
+  const bool attention = p.kind == LayerKind::full_attention;
+  return fmt::format(
+      "    input projections  {}\n    core               {}\n    {:<18} {} {}\n"
+      "    MoE                moe_route_norm, {}, moe_down_mma\n",
+      inputs, attention ? "attention_split + attention_combine" : "deltanet_decode", attention ? "o_proj" : "out_proj",
+      kernel_name(p.output.kernel), format_of(p.output.W), kernel_name(p.gate_up));
+}
+
+}  // namespace
+
+int DecodePlan::launches() const {
+  int n = 1;  // embed
+  for (const DecodeLayerPlan& l : layers)
+    n += int(l.input.size()) + (l.kind == LayerKind::full_attention ? 2 : 1) + 1 + 3;  // input, core, output, MoE
+  return n + 3;  // advance the position, lm_head, argmax
+}
+
+KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens) {
+  const ModelConfig& c = w.config();
+  LILY_CHECK(prefill_chunk_tokens >= 64 && prefill_chunk_tokens <= kMaxPrefillChunkTokens &&
+                 prefill_chunk_tokens % 64 == 0,
+             "prefill pass of {} tokens: a multiple of 64 in [64, {}]", prefill_chunk_tokens, kMaxPrefillChunkTokens);
+  LILY_CHECK(w.layers.size() == c.layer_types.size(), "{} layers of weights for {} in the config", w.layers.size(),
+             c.layer_types.size());
+  KernelPlan plan;
+  for (size_t i = 0; i < w.layers.size(); ++i)
+    plan.decode.layers.push_back(with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
+  plan.decode.lm_head = plan_rms_norm_gemv(w.lm_head, device, "lm_head");
+  check_prefill_projection(w.lm_head, "lm_head");
+  plan.prefill.chunk_tokens = prefill_chunk_tokens;
+  AttentionParams attention;
+  attention.num_heads = c.num_attention_heads, attention.num_kv_heads = c.num_key_value_heads;
+  plan.prefill.attention = attention_prefill_supports(AttentionPrefillKernel::flash, attention)
+                               ? AttentionPrefillKernel::flash
+                               : AttentionPrefillKernel::simple;
+  return plan;
+}
+
+std::string KernelPlan::describe() const {
+  // Layers with the same kernels are listed once, with their indices.
+  std::vector<std::string> kinds;                        // in order of first appearance
+  std::map<std::string, std::vector<size_t>> layers_of;  // kernels -> layers
+  for (size_t i = 0; i < decode.layers.size(); ++i) {
+    const DecodeLayerPlan& l = decode.layers[i];
+    const std::string text =
+        fmt::format("{}\n{}", l.kind == LayerKind::full_attention ? "attention" : "DeltaNet", layer_line(l));
+    if (!layers_of.count(text)) kinds.push_back(text);
+    layers_of[text].push_back(i);
+  }
+  std::string out = fmt::format("decode step ({} launches in one graph):\n  embed_tokens\n", decode.launches());
+  for (const std::string& text : kinds) {
+    const size_t newline = text.find('\n');
+    out += fmt::format("  {} layers {}:\n{}", text.substr(0, newline), fmt::join(layers_of[text], ","),
+                       text.substr(newline + 1));
+  }
+  out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
+                     format_of(decode.lm_head.W));
+  out += fmt::format(
+      "prefill pass (up to {} tokens): rms_norm + gemm_q4 projections; attention {}; DeltaNet {} below {} tokens, "
+      "else {}; MoE gemm_exact router, moe_topk, moe_plan, grouped gemm_q4 experts, moe_combine; the last row's "
+      "logits on the decode lm_head kernel\n",
+      prefill.chunk_tokens, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::recurrent),
+      prefill.chunked_delta_rule_from, kernel_name(DeltaRulePrefill::chunked));
+  return out;
+}
+
+}  // namespace lily::cuda

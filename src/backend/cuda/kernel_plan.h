@@ -1,0 +1,74 @@
+// kernel_plan.h: which kernel runs each part of a decode step and of a prefill pass. Decided once,
+// when the backend is built, from the device and the weights' formats (plan_kernels); the decode
+// step (decode_step.h) and the prefill pass (prefill_pass.h) only follow it, and no kernel
+// launcher decides on its own. describe() prints the plan; docs/architecture.md has the table.
+//
+// What varies, and why:
+//   decode GEMVs     4-bit rows: the prefetch kernel where a block's rows fit in shared memory
+//                    (the input projections), else mma (lm_head, out_proj, o_proj); 8-bit rows
+//                    (third-party checkpoints keep some projections at 8 bits): fp32
+//   decode gate/up   staged (rows in shared memory) where H is a multiple of 512 and I of 16 (the
+//                    model), else mma (the small test models)
+//   prefill rule     the token loop below 48 tokens, the chunked rule from there (measured:
+//                    docs/perf.md)
+//   prefill attention flash where the query heads per KV head divide 64, else the simple kernel
+// A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
+// not implement, ...) is refused here, when the backend is built, with what is wrong.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/gpu_weights.h"
+#include "backend/cuda/prefill/attention_prefill.h"
+#include "backend/cuda/prefill/deltanet_prefill.h"
+
+namespace lily::cuda {
+
+// A decode projection and the kernel that computes it.
+struct PlannedGemv {
+  QMatrix W;
+  GemvKernel kernel = GemvKernel::mma;
+};
+
+struct DecodeLayerPlan {
+  LayerKind kind = LayerKind::linear_attention;
+  // RMSNorm(h) @ W^T: the fused matrix ([qkv; z; b; a] or [q; k; v]) or, where its parts differ
+  // in quantization, the parts one after another; their outputs are consecutive in that order.
+  std::vector<PlannedGemv> input;
+  PlannedGemv output;  // h += y @ W^T: out_proj or o_proj
+  GateUpKernel gate_up = GateUpKernel::staged;
+};
+
+struct DecodePlan {
+  std::vector<DecodeLayerPlan> layers;
+  PlannedGemv lm_head;  // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
+  int launches() const;  // kernels of one step, argmax included
+};
+
+struct PrefillPlan {
+  int chunk_tokens = 8192;            // tokens per pass
+  int chunked_delta_rule_from = 48;   // passes of fewer tokens run the token loop
+  AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
+  DeltaRulePrefill delta_rule(int T) const {
+    return T < chunked_delta_rule_from ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
+  }
+};
+
+struct KernelPlan {
+  DecodePlan decode;
+  PrefillPlan prefill;
+  std::string describe() const;  // a table of part x kernel, for people
+};
+
+// The largest prefill pass: its scratch grows ~0.2 MB per token.
+constexpr int kMaxPrefillChunkTokens = 16384;
+
+// Throws lily::Error when some part of the model has no kernel, naming the part and its format.
+// prefill_chunk_tokens: a multiple of 64 in [64, kMaxPrefillChunkTokens].
+KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens);
+
+}  // namespace lily::cuda

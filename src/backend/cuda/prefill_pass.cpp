@@ -1,0 +1,150 @@
+// prefill_pass.cpp: the model for a pass of T tokens (spec §2), as backend/cpu/forward.cpp
+// computes it:
+//
+//   h = embed[tokens]
+//   per layer:  x = RMSNorm(h)                                          rms_norm
+//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm_q4 x4
+//                          y = gated_deltanet(qkv, z, b, a)             gated_deltanet_prefill
+//                          h += y @ out_proj^T                          gemm_q4_accumulate
+//               attention: q,gate, k, v = x @ W^T                       gemm_q4 x3
+//                          o = gated_attention(q, k, v; KV cache)       gated_attention_prefill
+//                          h += o @ o_proj^T                            gemm_q4_accumulate
+//               h += experts(RMSNorm(h)) + shared(RMSNorm(h))           rms_norm, moe_grouped_accumulate
+//   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
+//                                                                       rms_norm, gemm_q4 (64 at a time)
+// The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h); the router is fp32-accurate
+// (gemm_exact), as in decode.
+#include "backend/cuda/prefill_pass.h"
+
+#include <algorithm>
+
+#include "backend/cuda/common/norm.h"
+#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/layer_params.h"
+#include "backend/cuda/prefill/attention_prefill.h"
+#include "backend/cuda/prefill/deltanet_prefill.h"
+#include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/moe_grouped.h"
+
+namespace lily::cuda {
+
+namespace {
+
+// Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
+constexpr int kLogitRows = 64;
+
+}  // namespace
+
+PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c_(w.config()), plan_(plan) {
+  const uint64_t T = uint64_t(plan.prefill.chunk_tokens), H = uint64_t(c_.hidden_size);
+  const uint64_t value_dim = uint64_t(c_.linear_value_dim());
+  const uint64_t wide = std::max<uint64_t>(c_.linear_conv_dim(), 2ull * c_.attention_q_width());
+  tokens_ = DeviceBuffer(T * 4);
+  h_ = DeviceBuffer(T * H * 4);
+  normed_ = DeviceBuffer(T * H * 4);
+  wide_ = DeviceBuffer(T * wide * 4);
+  z_ = DeviceBuffer(T * value_dim * 4);
+  b_ = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
+  a_ = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
+  k_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
+  v_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
+  mixer_out_ = DeviceBuffer(T * std::max<uint64_t>(value_dim, c_.attention_q_width()) * 4);
+  moe_scratch_ = DeviceBuffer(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c_.num_experts_per_tok));
+  for (const GpuLayer& layer : w.layers)  // the chunked form's is the larger
+    if (layer.kind == LayerKind::linear_attention) {
+      deltanet_scratch_ = DeviceBuffer(
+          deltanet_prefill_scratch_bytes(DeltaRulePrefill::chunked, deltanet_params(c_, layer.deltanet, int(T))));
+      break;
+    }
+  logits_ = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
+}
+
+void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits,
+                      cudaStream_t stream) {
+  LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
+             "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
+  stream_ = stream;
+  CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
+  // h = embed[tokens]
+  embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
+  size_t attention_index = 0, deltanet_index = 0;
+  for (const GpuLayer& layer : w_.layers) {
+    if (layer.kind == LayerKind::full_attention)
+      attention_layer(layer, s, attention_index++, T);
+    else
+      deltanet_layer(layer, s, deltanet_index++, T);
+    sparse_moe(layer, T);
+  }
+  advance_position(s.position(), T, stream);
+  if (first_row < T) logits(first_row, T, host_logits);
+}
+
+// h += o_proj(gated_attention(q_proj, k_proj, v_proj of RMSNorm(h)))
+void PrefillPass::attention_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+  const GpuAttention& a = layer.attention;
+  float* x = normed_.as<float>();
+  // x = RMSNorm(h)
+  rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
+  gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_);
+  gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_);
+  gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_);
+  // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
+  const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
+  gated_attention_prefill(plan_.prefill.attention, p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
+                          s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
+  // h += o @ o_proj^T
+  gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
+}
+
+// h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
+void PrefillPass::deltanet_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+  const GpuDeltaNet& d = layer.deltanet;
+  float* x = normed_.as<float>();
+  // x = RMSNorm(h)
+  rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  // qkv, z, b, a = x @ W^T
+  gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_);
+  gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_);
+  gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_);
+  gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_);
+  // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
+  gated_deltanet_prefill(plan_.prefill.delta_rule(T), deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(),
+                         b_.as<float>(), a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(),
+                         deltanet_scratch_.get(), stream_);
+  // h += y @ out_proj^T
+  gemm_q4_accumulate(d.out_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
+}
+
+// h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs
+void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
+  float* x = normed_.as<float>();
+  // x = RMSNorm(h)
+  rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
+  moe_grouped_accumulate(layer.moe, x, T, c_.num_experts_per_tok, moe_scratch_.get(), h_.as<float>(), stream_);
+}
+
+// logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.
+void PrefillPass::logits(int first_row, int T, float* host_logits) {
+  const int H = c_.hidden_size, rows = T - first_row;
+  const size_t V = size_t(c_.vocab_size);
+  const float* h = h_.as<float>() + size_t(first_row) * H;
+  float* logits = logits_.as<float>();
+  if (rows == 1) {  // the decode step's lm_head kernel
+    const PlannedGemv& lm_head = plan_.decode.lm_head;
+    rms_norm_gemv(lm_head.kernel, lm_head.W, h, w_.final_norm, c_.rms_norm_eps, logits, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, V * 4, cudaMemcpyDeviceToHost, stream_));
+    return;
+  }
+  float* x = normed_.as<float>();
+  rms_norm(h, w_.final_norm, rows, H, c_.rms_norm_eps, x, stream_);
+  for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
+    const int n = std::min(kLogitRows, rows - r0);
+    gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost,
+                               stream_));
+  }
+}
+
+}  // namespace lily::cuda

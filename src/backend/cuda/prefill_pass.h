@@ -1,0 +1,48 @@
+// prefill_pass.h: the model for a pass of T tokens on the GPU (prefill, 1 < T <= the plan's
+// chunk_tokens), launch by launch, with the kernels the plan picked (kernel_plan.h). It reads like
+// backend/cpu/forward.cpp; longer prompts are several passes, the caches carrying the context.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/gpu_weights.h"
+#include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/sequence_state.h"
+
+namespace lily::cuda {
+
+class PrefillPass {
+ public:
+  PrefillPass(const GpuWeights& w, const KernelPlan& plan);
+
+  // tokens [T] (host) through the model, appended to s (its device position advanced by T); the
+  // logits of rows [first_row, T) go to host_logits ([T - first_row, V], asynchronous copies in
+  // stream order: the caller synchronizes before reading them or reusing `tokens`).
+  // first_row == T: no logits.
+  void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits, cudaStream_t stream);
+
+ private:
+  void attention_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void deltanet_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void sparse_moe(const GpuLayer& layer, int T);
+  void logits(int first_row, int T, float* host_logits);
+
+  const GpuWeights& w_;
+  const ModelConfig& c_;
+  const KernelPlan& plan_;
+  cudaStream_t stream_ = nullptr;  // of the pass being run
+  // Activations of one pass of up to chunk_tokens rows (device).
+  DeviceBuffer tokens_;            // int32 [T]
+  DeviceBuffer h_, normed_;        // [T, H]
+  DeviceBuffer wide_;              // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
+  DeviceBuffer z_;                 // [T, Hv * 128]
+  DeviceBuffer b_, a_;             // [T, Hv]
+  DeviceBuffer k_, v_;             // [T, nkv * hd]
+  DeviceBuffer mixer_out_;         // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
+  DeviceBuffer moe_scratch_;       // routing, plan and intermediates of the grouped MoE
+  DeviceBuffer deltanet_scratch_;  // conv outputs and the chunked rule's intermediates
+  DeviceBuffer logits_;            // [64, V]: rows of logits on their way to the host
+};
+
+}  // namespace lily::cuda

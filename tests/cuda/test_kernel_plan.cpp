@@ -1,0 +1,146 @@
+// test_kernel_plan.cpp: the one place that picks the kernels (backend/cuda/kernel_plan.h), from
+// the weights' formats and a described device: no GPU needed, so this runs in CI. The weights are
+// descriptions only (shapes, bits, aligned addresses that are never read).
+#include <gtest/gtest.h>
+
+#include "backend/cuda/kernel_plan.h"
+#include "base/error.h"
+#include "model/config.h"
+
+namespace lily::test {
+namespace {
+
+using cuda::GateUpKernel;
+using cuda::GemvKernel;
+
+const cuda::DeviceLimits kH200{132};
+
+cuda::QMatrix matrix(int batch, int rows, int cols, int bits) {
+  cuda::QMatrix m;
+  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits;
+  m.codes = reinterpret_cast<const uint32_t*>(uintptr_t(4096));  // 16-byte aligned, never read
+  m.scales = m.biases = reinterpret_cast<const bf16*>(uintptr_t(8192));
+  return m;
+}
+
+// The weights of `c` as the GPU upload lays them out (fused input projections where every part
+// has the same format), every matrix at `bits` except those `tweak` changes.
+struct Weights {
+  std::unique_ptr<cuda::GpuWeights> w;
+  explicit Weights(const ModelConfig& c, int expert_bits = 4, int ab_bits = 4, int lm_head_bits = 4) {
+    w = std::make_unique<cuda::GpuWeights>(c);
+    const int H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+    w->embed_tokens = matrix(1, c.vocab_size, H, 4);
+    w->lm_head = matrix(1, c.vocab_size, H, lm_head_bits);
+    for (LayerKind kind : c.layer_types) {
+      cuda::GpuLayer l;
+      l.kind = kind;
+      if (kind == LayerKind::full_attention) {
+        const int q = 2 * c.attention_q_width(), kv = c.attention_kv_width();
+        l.attention.q_proj = matrix(1, q, H, 4), l.attention.k_proj = matrix(1, kv, H, 4);
+        l.attention.v_proj = matrix(1, kv, H, 4), l.attention.qkv_proj = matrix(1, q + 2 * kv, H, 4);
+        l.attention.o_proj = matrix(1, H, c.attention_q_width(), 4);
+      } else {
+        const int C = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
+        cuda::GpuDeltaNet& d = l.deltanet;
+        d.in_proj_qkv = matrix(1, C, H, 4), d.in_proj_z = matrix(1, Vd, H, 4);
+        d.in_proj_b = matrix(1, Hv, H, ab_bits), d.in_proj_a = matrix(1, Hv, H, ab_bits);
+        if (ab_bits == 4) d.in_proj_all = matrix(1, C + Vd + 2 * Hv, H, 4);  // else parts only (rows 0)
+        d.out_proj = matrix(1, H, Vd, 4);
+      }
+      l.moe.router = matrix(1, E, H, 8), l.moe.shared_expert_gate = matrix(1, 1, H, 8);
+      l.moe.experts_gate = matrix(E, I, H, expert_bits), l.moe.experts_up = matrix(E, I, H, expert_bits);
+      l.moe.experts_down = matrix(E, H, I, expert_bits);
+      l.moe.shared_gate = matrix(1, I, H, 4), l.moe.shared_up = matrix(1, I, H, 4);
+      l.moe.shared_down = matrix(1, H, I, 4);
+      w->layers.push_back(l);
+    }
+  }
+};
+
+// Qwen3.6-35B-A3B on an H200: the input projections bulk-copied before their wait, the rest on
+// the tensor cores, gate/up staged in shared memory, 254 launches, flash attention in prefill.
+TEST(KernelPlan, TheModelOnAnH200) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const Weights w(c);
+  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
+  ASSERT_EQ(plan.decode.layers.size(), 40u);
+  for (const cuda::DecodeLayerPlan& l : plan.decode.layers) {
+    ASSERT_EQ(l.input.size(), 1u);
+    EXPECT_EQ(l.input[0].kernel, GemvKernel::prefetch);
+    EXPECT_EQ(l.input[0].W.rows, l.kind == LayerKind::full_attention ? 9216 : 12352);
+    EXPECT_EQ(l.output.kernel, GemvKernel::mma);
+    EXPECT_EQ(l.gate_up, GateUpKernel::staged);
+  }
+  EXPECT_EQ(plan.decode.lm_head.kernel, GemvKernel::mma);
+  EXPECT_EQ(plan.decode.launches(), 254);
+  EXPECT_EQ(plan.prefill.chunk_tokens, 8192);
+  EXPECT_EQ(plan.prefill.attention, cuda::AttentionPrefillKernel::flash);
+  EXPECT_EQ(plan.prefill.delta_rule(47), cuda::DeltaRulePrefill::recurrent);
+  EXPECT_EQ(plan.prefill.delta_rule(48), cuda::DeltaRulePrefill::chunked);
+  const std::string text = plan.describe();
+  EXPECT_NE(text.find("254 launches"), std::string::npos) << text;
+  EXPECT_NE(text.find("prefetch_rms_norm_gemv [12352, 2048] q4"), std::string::npos) << text;
+  EXPECT_NE(text.find("moe_gate_up_staged"), std::string::npos) << text;
+}
+
+// On a device with fewer SMs a block holds more rows: past its shared memory, the input
+// projections go to mma_gemv.
+TEST(KernelPlan, FewerMultiprocessorsMoveTheInputProjections) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const Weights w(c);
+  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, cuda::DeviceLimits{16}, 8192);
+  for (const cuda::DecodeLayerPlan& l : plan.decode.layers) EXPECT_EQ(l.input[0].kernel, GemvKernel::mma);
+}
+
+// A checkpoint that keeps in_proj_b / in_proj_a at 8 bits: no fused matrix, four launches with
+// the 8-bit parts on the FP32 kernel; an 8-bit lm_head on it too.
+TEST(KernelPlan, EightBitPartsTakeTheFp32Kernel) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const Weights w(c, 4, 8, 8);
+  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
+  for (const cuda::DecodeLayerPlan& l : plan.decode.layers) {
+    if (l.kind == LayerKind::full_attention) continue;
+    ASSERT_EQ(l.input.size(), 4u);
+    EXPECT_EQ(l.input[0].kernel, GemvKernel::prefetch);  // qkv [8192, 2048]
+    EXPECT_EQ(l.input[1].kernel, GemvKernel::prefetch);  // z [4096, 2048]
+    EXPECT_EQ(l.input[2].kernel, GemvKernel::fp32);
+    EXPECT_EQ(l.input[3].kernel, GemvKernel::fp32);
+  }
+  EXPECT_EQ(plan.decode.lm_head.kernel, GemvKernel::fp32);
+  EXPECT_EQ(plan.decode.launches(), 254 + 30 * 3);
+}
+
+// lily-tiny's geometry (hidden 256, 16 experts of 128): gate/up on the mma kernel.
+TEST(KernelPlan, SmallModelsTakeTheMmaGateUp) {
+  ModelConfig c = qwen36_35b_a3b_config();
+  c.hidden_size = 256, c.num_experts = 16, c.num_experts_per_tok = 4, c.moe_intermediate_size = 128;
+  c.shared_expert_intermediate_size = 128, c.vocab_size = 1920, c.num_layers = 8;
+  c.layer_types.resize(8);
+  c.num_attention_heads = 2, c.num_key_value_heads = 1;
+  c.linear_num_key_heads = 2, c.linear_num_value_heads = 4;
+  const Weights w(c);
+  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
+  for (const cuda::DecodeLayerPlan& l : plan.decode.layers) EXPECT_EQ(l.gate_up, GateUpKernel::mma);
+}
+
+// What no kernel takes is refused when the backend is built, naming the part.
+TEST(KernelPlan, RefusesWhatNoKernelTakes) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  try {
+    cuda::plan_kernels(*Weights(c, 8).w, kH200, 8192);
+    ADD_FAILURE() << "8-bit experts were accepted";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("layer 0: the MoE block"), std::string::npos) << e.what();
+  }
+  ModelConfig odd_heads = c;
+  odd_heads.head_dim = 128;
+  EXPECT_THROW(cuda::plan_kernels(*Weights(odd_heads).w, kH200, 8192), Error);
+  ModelConfig wide = c;
+  wide.hidden_size = 4160;  // more columns than the decode GEMVs stage
+  EXPECT_THROW(cuda::plan_kernels(*Weights(wide).w, kH200, 8192), Error);
+  for (int chunk : {0, 63, 100, 32768}) EXPECT_THROW(cuda::plan_kernels(*Weights(c).w, kH200, chunk), Error) << chunk;
+}
+
+}  // namespace
+}  // namespace lily::test
