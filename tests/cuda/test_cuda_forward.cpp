@@ -239,8 +239,8 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
 // 4-bit weights, every position of an 872-token text of nine conversations in the training
 // format (tests/fixtures/eval/lily_tiny_conversations.txt): the bound, max |diff| <=
 // 2e-2 x max |cpu| and the same arg max at >= 99% of positions, on a trained model (decisive
-// routers); and a prompt one token longer than a pass of 64 tokens (LILY_PREFILL_CHUNK=64: 14 passes,
-// the last of one token) gives the same logits as one pass.
+// routers); and a prompt cut into passes of 64 tokens (14 passes, the last of one token) gives the
+// same logits as one pass.
 TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
   REQUIRE_GPU();
   const std::string dir = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
@@ -274,9 +274,9 @@ TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
 
   // Passes of 64 tokens: the caches carry the context from pass to pass, a last pass of one token.
   const std::vector<int32_t> head(ids.begin(), ids.begin() + 13 * 64 + 1);
-  setenv("LILY_PREFILL_CHUNK", "64", 1);
-  auto small_passes = make_cuda_backend(weights);
-  unsetenv("LILY_PREFILL_CHUNK");
+  CudaBackendOptions options;
+  options.prefill_chunk_tokens = 64;
+  auto small_passes = make_cuda_backend(weights, options);
   std::vector<float> one, many;
   gpu->forward(*gpu->new_sequence(T + 1), head, LogitsWanted::all, one);
   small_passes->forward(*small_passes->new_sequence(T + 1), head, LogitsWanted::all, many);

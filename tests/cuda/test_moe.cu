@@ -23,32 +23,6 @@ namespace {
 
 using cuda::GateUpKernel;
 
-// A quantized matrix from given float values (TestQMatrix makes random ones).
-struct FixedQMatrix {
-  QuantizedMatrix host;
-  int rows, cols, bits;
-  std::unique_ptr<DeviceArray<uint32_t>> codes;
-  std::unique_ptr<DeviceArray<bf16>> scales, biases;
-  FixedQMatrix(const std::vector<float>& w, int rows_, int cols_, int bits_) : rows(rows_), cols(cols_), bits(bits_) {
-    host = quantize_affine(w, rows, cols, bits, 64);
-    codes = std::make_unique<DeviceArray<uint32_t>>(host.codes);
-    scales = std::make_unique<DeviceArray<bf16>>(host.scales);
-    biases = std::make_unique<DeviceArray<bf16>>(host.biases);
-  }
-  cuda::QMatrix gpu() const {
-    cuda::QMatrix m;
-    m.rows = rows, m.cols = cols, m.bits = bits, m.group_size = 64;
-    m.codes = codes->get(), m.scales = scales->get(), m.biases = biases->get();
-    return m;
-  }
-  Matrix cpu() const {
-    Matrix m;
-    m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
-    m.data = host.codes.data(), m.scales = host.scales.data(), m.biases = host.biases.data();
-    return m;
-  }
-};
-
 // The CPU routing rule (backend/cpu/moe.cpp) on one token's logits: softmax, top-k by p with ties
 // to the lower index, renormalised (summed in rank order). p too, to judge near-ties.
 struct HostChoice {

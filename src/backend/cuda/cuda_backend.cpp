@@ -10,6 +10,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/device_info.h"
@@ -27,28 +28,9 @@ using namespace lily::cuda;
 
 namespace {
 
-// The environment's say in the backend, read once, here: nothing below this file reads it.
-struct BackendOptions {
-  bool pdl = true;                // LILY_PDL=0: the decode graph without programmatic edges
-  int prefill_chunk_tokens = 8192;  // LILY_PREFILL_CHUNK=N: tokens per prefill pass
-};
-
-BackendOptions options_from_environment() {
-  BackendOptions o;
-  if (const char* v = std::getenv("LILY_PDL")) o.pdl = std::string(v) != "0";
-  if (const char* v = std::getenv("LILY_PREFILL_CHUNK")) {
-    char* end = nullptr;
-    const long n = std::strtol(v, &end, 10);
-    LILY_CHECK(end != v && *end == '\0' && n >= 64 && n <= kMaxPrefillChunkTokens && n % 64 == 0,
-               "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
-    o.prefill_chunk_tokens = int(n);
-  }
-  return o;
-}
-
 class CudaBackendImpl final : public CudaBackend {
  public:
-  CudaBackendImpl(std::unique_ptr<GpuWeights> weights, const BackendOptions& options)
+  CudaBackendImpl(std::unique_ptr<GpuWeights> weights, const CudaBackendOptions& options)
       : w_(std::move(weights)),
         c_(w_->config()),
         plan_(plan_kernels(*w_, current_device_limits(), options.prefill_chunk_tokens)),
@@ -142,12 +124,28 @@ class CudaBackendImpl final : public CudaBackend {
 
 }  // namespace
 
-std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights) {
-  return make_cuda_backend(GpuWeights::upload(*weights));
+// The environment's say in the backend, read here, once per backend: nothing below reads it.
+CudaBackendOptions CudaBackendOptions::from_environment() {
+  CudaBackendOptions o;
+  if (const char* v = std::getenv("LILY_PDL")) o.pdl = std::string(v) != "0";
+  if (const char* v = std::getenv("LILY_PREFILL_CHUNK")) {
+    char* end = nullptr;
+    const long n = std::strtol(v, &end, 10);
+    LILY_CHECK(end != v && *end == '\0' && n >= 64 && n <= kMaxPrefillChunkTokens && n % 64 == 0,
+               "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
+    o.prefill_chunk_tokens = int(n);
+  }
+  return o;
 }
 
-std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights) {
-  return std::make_unique<CudaBackendImpl>(std::move(weights), options_from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights,
+                                               const CudaBackendOptions& options) {
+  return make_cuda_backend(GpuWeights::upload(*weights), options);
+}
+
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights,
+                                               const CudaBackendOptions& options) {
+  return std::make_unique<CudaBackendImpl>(std::move(weights), options);
 }
 
 bool cuda_backend_available() {

@@ -34,11 +34,19 @@ class CudaBackend : public Backend {
   virtual void observe_decode_step(cuda::DecodeStepObserver* observer) = 0;
 };
 
+struct CudaBackendOptions {
+  bool pdl = true;                  // the decode graph's kernel-to-kernel edges programmatic (PDL)
+  int prefill_chunk_tokens = 8192;  // tokens per prefill pass: a multiple of 64 up to 16384; the
+                                    // scratch grows ~0.2 MB per token (8192: ~1.6 GB)
+  // The defaults, with LILY_PDL=0 and LILY_PREFILL_CHUNK=N from the environment where set (the
+  // one place below the CLI that reads it). Throws on a malformed value.
+  static CudaBackendOptions from_environment();
+};
+
 // The backend over weights uploaded from a loaded model, or over weights already on the GPU.
-// Environment: LILY_PDL=0 builds the decode graph without programmatic edges; LILY_PREFILL_CHUNK=N
-// sets the tokens per prefill pass (a multiple of 64 up to 16384; default 8192, whose scratch is
-// ~1.6 GB: lower it where GPU memory is short).
-std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights);
-std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<cuda::GpuWeights> weights);
+std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights,
+                                               const CudaBackendOptions& options = CudaBackendOptions::from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<cuda::GpuWeights> weights,
+                                               const CudaBackendOptions& options = CudaBackendOptions::from_environment());
 
 }  // namespace lily

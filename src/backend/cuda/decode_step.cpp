@@ -87,9 +87,9 @@ void DecodeStep::record(CudaSequenceState& s, cudaStream_t stream) {
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const GpuLayer& layer = w_.layers[i];
     if (layer.kind == LayerKind::full_attention)
-      attention_layer(layer, plan_.layers[i], s, attention_index++);
+      gated_attention(layer, plan_.layers[i], s, attention_index++);
     else
-      deltanet_layer(layer, plan_.layers[i], s, deltanet_index++);
+      gated_deltanet(layer, plan_.layers[i], s, deltanet_index++);
     sparse_moe(layer, plan_.layers[i]);
   }
   mark(DecodePart::advance);
@@ -110,8 +110,8 @@ void DecodeStep::input_projections(const DecodeLayerPlan& plan, const float* inp
   }
 }
 
-// h += o_proj(gated_attention(q_proj, k_proj, v_proj of RMSNorm(h)))
-void DecodeStep::attention_layer(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s,
+// h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
+void DecodeStep::gated_attention(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s,
                                  size_t index) {
   const GpuAttention& a = layer.attention;
   mark(DecodePart::in_proj);
@@ -130,8 +130,8 @@ void DecodeStep::attention_layer(const GpuLayer& layer, const DecodeLayerPlan& p
   gemv_accumulate(plan.output.kernel, plan.output.W, mixer_out_.as<float>(), h_.as<float>(), stream_);
 }
 
-// h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
-void DecodeStep::deltanet_layer(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s,
+// h += gated_deltanet(RMSNorm(h)): the input projections, the core, out_proj (cpu::gated_deltanet)
+void DecodeStep::gated_deltanet(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s,
                                 size_t index) {
   const GpuDeltaNet& d = layer.deltanet;
   mark(DecodePart::in_proj);

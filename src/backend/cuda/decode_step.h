@@ -44,8 +44,8 @@ class DecodeStep {
   DecodeStepObserver* observer() const { return observer_; }
 
  private:
-  void attention_layer(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s, size_t index);
-  void deltanet_layer(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s, size_t index);
+  void gated_attention(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s, size_t index);
+  void gated_deltanet(const GpuLayer& layer, const DecodeLayerPlan& plan, CudaSequenceState& s, size_t index);
   void sparse_moe(const GpuLayer& layer, const DecodeLayerPlan& plan);
   void input_projections(const DecodeLayerPlan& plan, const float* input_norm);
   void mark(DecodePart part) {

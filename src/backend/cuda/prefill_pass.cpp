@@ -70,17 +70,17 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   size_t attention_index = 0, deltanet_index = 0;
   for (const GpuLayer& layer : w_.layers) {
     if (layer.kind == LayerKind::full_attention)
-      attention_layer(layer, s, attention_index++, T);
+      gated_attention(layer, s, attention_index++, T);
     else
-      deltanet_layer(layer, s, deltanet_index++, T);
+      gated_deltanet(layer, s, deltanet_index++, T);
     sparse_moe(layer, T);
   }
   advance_position(s.position(), T, stream);
   if (first_row < T) logits(first_row, T, host_logits);
 }
 
-// h += o_proj(gated_attention(q_proj, k_proj, v_proj of RMSNorm(h)))
-void PrefillPass::attention_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+// h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
+void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
   const GpuAttention& a = layer.attention;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
@@ -97,8 +97,8 @@ void PrefillPass::attention_layer(const GpuLayer& layer, CudaSequenceState& s, s
   gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
 }
 
-// h += out_proj(gated_deltanet(in_proj_qkv, z, b, a of RMSNorm(h)))
-void PrefillPass::deltanet_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+// h += gated_deltanet(RMSNorm(h)): the input projections, the core, out_proj (cpu::gated_deltanet)
+void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
   const GpuDeltaNet& d = layer.deltanet;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)

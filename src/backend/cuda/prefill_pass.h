@@ -23,8 +23,8 @@ class PrefillPass {
   void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits, cudaStream_t stream);
 
  private:
-  void attention_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
-  void deltanet_layer(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void sparse_moe(const GpuLayer& layer, int T);
   void logits(int first_row, int T, float* host_logits);
 
