@@ -3,7 +3,11 @@
 # scripts/device_bundle.sh: the CUDA tests, a benchmark sweep, compute-sanitizer on the kernel
 # tests. Logs go to $OUT; each part has its own time limit so the rest still runs.
 #   PHASES="tests bench sanitize" (default all three, in that order); "backend" runs the runtime
-#   tests that take LILY_TEST_BACKEND=cuda (session reuse through the ChatService, lily-tiny e2e)
+#   tests that take LILY_TEST_BACKEND=cuda (session reuse through the ChatService, lily-tiny e2e);
+#   "parallel" runs the CUDA test programs and the backend tests all at once (16 cores: their
+#   CPU references dominate; results in one file); "ab" alternates `lily bench --synthetic
+#   $BENCH_ARGS` between .carry-before/.carry-before/lily (scripts/device_bundle.sh's output of an
+#   earlier commit, moved there) and .carry/lily, AB_ROUNDS times (default 2)
 #   BENCH_ARGS="..." (lily bench --synthetic arguments), BENCH_TIMEOUT, TEST_TIMEOUT,
 #   SANITIZE="cuda_test_x[:gtest-filter] ...", SANITIZE_TOOLS (default "memcheck racecheck"),
 #   SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
@@ -40,6 +44,36 @@ run_backend_tests() {
     echo "exit ${PIPESTATUS[0]}"
   done > "$OUT/backend_tests.txt" 2>&1
   grep -E "^-- |PASSED|FAILED \]|exit" "$OUT/backend_tests.txt"
+}
+
+run_parallel() {
+  nvidia-smi --query-gpu=name,memory.total,clocks.sm,clocks.mem --format=csv > "$OUT/gpu.txt"
+  local dir; dir=$(mktemp -d)
+  for t in .carry/tests/cuda_test_*; do
+    (timeout ${TEST_TIMEOUT:-400} "$t" > "$dir/$(basename "$t").txt" 2>&1; echo "exit $?" >> "$dir/$(basename "$t").txt") &
+  done
+  for t in runtime_test_chat_service runtime_test_generate e2e_test_lily_tiny; do
+    (LILY_TEST_BACKEND=cuda timeout ${TEST_TIMEOUT:-400} ".carry/tests/$t" > "$dir/$t.txt" 2>&1
+     echo "exit $?" >> "$dir/$t.txt") &
+  done
+  wait
+  for f in "$dir"/*.txt; do echo "-- $(basename "$f" .txt)"; grep -vE "^\[ RUN|^\[       OK" "$f" | head -n 300; done \
+    > "$OUT/tests.txt" 2>&1
+  grep -E "^-- |PASSED|FAILED \]|^exit" "$OUT/tests.txt"
+}
+
+run_ab() {
+  [ -x .carry-before/.carry-before/lily ] ||
+    (cd .carry-before && python3 -c "import tarfile; tarfile.open('before.tar.xz').extractall('.')")
+  for round in $(seq 1 ${AB_ROUNDS:-2}); do
+    for side in before after; do
+      local bin=.carry/lily
+      [ $side = before ] && bin=.carry-before/.carry-before/lily
+      echo "== $side (round $round)"
+      timeout ${BENCH_TIMEOUT:-150} $bin bench --synthetic ${BENCH_ARGS:-} 2>&1 | grep -E "^\||copy bandwidth"
+    done
+  done > "$OUT/ab.txt" 2>&1
+  cat "$OUT/ab.txt"
 }
 
 run_sanitize() {
@@ -79,6 +113,8 @@ for phase in ${PHASES-tests bench sanitize}; do
     bench) run_bench ;;
     sanitize) run_sanitize ;;
     backend) run_backend_tests ;;
+    parallel) run_parallel ;;
+    ab) run_ab ;;
     kernels) run_kernels ;;
     timeline) run_timeline ;;
     *) echo "unknown phase $phase" ;;
