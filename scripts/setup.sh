@@ -5,6 +5,7 @@ set -euo pipefail
 
 packages=(
   build-essential cmake ninja-build pkg-config
+  clang-format            # scripts/check_format.sh (.clang-format is written for clang-format 14)
   nlohmann-json3-dev      # JSON: config.json, safetensors headers, the HTTP API
   libcpp-httplib-dev      # HTTP server for `lily serve`
   libpcre2-dev            # tokenizer pre-split regex with Unicode properties
