@@ -53,7 +53,9 @@ void check(int n, int k, bool ties, bool specials) {
   const auto want = host_top(row, k);
   for (int i = 0; i < k; ++i) {
     ASSERT_EQ(got[size_t(i)].id, want[size_t(i)].id) << "rank " << i;
-    if (want[size_t(i)].id != INT32_MAX) EXPECT_EQ(got[size_t(i)].value, want[size_t(i)].value) << "rank " << i;
+    if (want[size_t(i)].id != INT32_MAX) {
+      EXPECT_EQ(got[size_t(i)].value, want[size_t(i)].value) << "rank " << i;
+    }
   }
 }
 
