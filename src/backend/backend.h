@@ -32,8 +32,8 @@ class RecurrentSnapshot {
 class SequenceState {
  public:
   virtual ~SequenceState() = default;
-  virtual int64_t length() const = 0;        // tokens processed so far (= next position)
-  virtual int64_t capacity() const = 0;      // most tokens the state can hold
+  virtual int64_t length() const = 0;         // tokens processed so far (= next position)
+  virtual int64_t capacity() const = 0;       // most tokens the state can hold
   virtual uint64_t memory_bytes() const = 0;  // memory the state occupies (what a cache of states must budget)
   // A deep copy (KV cache up to length() and recurrent state).
   virtual std::unique_ptr<SequenceState> clone() const = 0;

@@ -25,7 +25,7 @@ inline bf16 to_bf16(float f) {
   uint32_t u;
   std::memcpy(&u, &f, 4);
   if ((u & 0x7fffffffu) > 0x7f800000u) return bf16{uint16_t((u >> 16) | 0x40)};  // quiet NaN
-  u += 0x7fffu + ((u >> 16) & 1u);                                                // round to nearest even
+  u += 0x7fffu + ((u >> 16) & 1u);                                               // round to nearest even
   return bf16{uint16_t(u >> 16)};
 }
 

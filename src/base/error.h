@@ -37,7 +37,7 @@ template <typename... Args>
 }  // namespace lily
 
 // LILY_CHECK(cond, "format {}", args...): throws lily::Error with the formatted message.
-#define LILY_CHECK(cond, ...)          \
-  do {                                 \
+#define LILY_CHECK(cond, ...)               \
+  do {                                      \
     if (!(cond)) ::lily::fail(__VA_ARGS__); \
   } while (0)

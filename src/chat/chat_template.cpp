@@ -16,8 +16,7 @@ namespace {
 constexpr std::string_view kImagePlaceholder = "<|vision_start|><|image_pad|><|vision_end|>";
 constexpr std::string_view kVideoPlaceholder = "<|vision_start|><|video_pad|><|vision_end|>";
 
-constexpr std::string_view kToolsHeader =
-    "# Tools\n\nYou have access to the following functions:\n\n<tools>";
+constexpr std::string_view kToolsHeader = "# Tools\n\nYou have access to the following functions:\n\n<tools>";
 
 constexpr std::string_view kToolsInstructions =
     "\n\nIf you choose to call a function ONLY reply in the following format with NO suffix:\n\n"

@@ -19,9 +19,7 @@ using tool_call_syntax::kFunctionOpen;
 using tool_call_syntax::skip_space;
 
 // `s` is a proper prefix of `tag` (so more text may complete it); "" counts.
-bool could_become(std::string_view s, std::string_view tag) {
-  return s.size() < tag.size() && tag.starts_with(s);
-}
+bool could_become(std::string_view s, std::string_view tag) { return s.size() < tag.size() && tag.starts_with(s); }
 
 // The length of the longest suffix of `s` that is a proper prefix of one of `tags`.
 size_t partial_tag_suffix(std::string_view s, const std::vector<std::string_view>& tags) {
@@ -208,8 +206,7 @@ bool OutputParser::step_tool_call(ParserOutput& out, bool at_end) {
   std::string_view body = std::string_view(buffer_).substr(
       kToolCallOpen.size(), (terminated ? close : buffer_.size()) - kToolCallOpen.size());
 
-  std::optional<ParsedToolCall> call =
-      parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
+  std::optional<ParsedToolCall> call = parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
   if (call) {
     out.content += content_.end();  // drops the whitespace before the call
     out.tool_calls.push_back(std::move(*call));

@@ -44,8 +44,8 @@
 #include "chat/tool_call_xml.h"
 
 #include <string>
-#include <utility>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace lily {
@@ -77,7 +77,7 @@ class OutputParser {
    public:
     explicit TextSection(bool trim_leading_newlines) : trim_leading_(trim_leading_newlines) {}
     std::string write(std::string_view text);  // returns what can be emitted now
-    std::string end();  // the section (or its run before a tool call) ends: the rest, trimmed
+    std::string end();                         // the section (or its run before a tool call) ends: the rest, trimmed
    private:
     // [begin, end) of s less the leading newlines (while trimming) and the trailing whitespace.
     std::pair<size_t, size_t> trimmed_range(const std::string& s) const;
@@ -96,7 +96,7 @@ class OutputParser {
   OutputParserOptions options_;
   ToolSchemas schemas_;
   Mode mode_;
-  std::string buffer_;          // text received and not yet decided
+  std::string buffer_;            // text received and not yet decided
   size_t tool_call_scanned_ = 0;  // kToolCall: buffer_ bytes searched for </tool_call> already
   bool think_open_checked_ = false;
   bool implicit_reasoning_end_ = false;  // reasoning ended at a <tool_call>, not at </think>

@@ -46,8 +46,7 @@ enum class ValueType { kString, kInteger, kNumber, kBoolean, kObject, kArray, kN
 ValueType type_from_name(std::string_view raw) {
   std::string name = to_lower(trim(raw));
   auto starts = [&](std::string_view prefix) { return name.starts_with(prefix); };
-  if (name == "string" || name == "str" || name == "text" || name == "varchar" || name == "char" ||
-      name == "enum") {
+  if (name == "string" || name == "str" || name == "text" || name == "varchar" || name == "char" || name == "enum") {
     return ValueType::kString;
   }
   if (starts("int") || starts("uint") || starts("long") || starts("short") || starts("unsigned")) {
@@ -201,8 +200,8 @@ std::optional<json> as_container(std::string_view raw, json::value_t kind) {
 json untyped_value(const std::string& raw) {
   if (std::optional<json> value = parse_json(raw)) return *value;
   std::string_view text = trim(raw);
-  bool python_like = text.starts_with('{') || text.starts_with('[') || text.starts_with('(') ||
-                     text == "True" || text == "False" || text == "None";
+  bool python_like = text.starts_with('{') || text.starts_with('[') || text.starts_with('(') || text == "True" ||
+                     text == "False" || text == "None";
   if (python_like) {
     if (std::optional<json> value = parse_python_literal(text)) return *value;
   }
@@ -240,8 +239,7 @@ void dump_to(const json& value, std::string& out) {
 // parameter may start}. See the header for the rule; `is_other_parameter(name)` says whether
 // "\n<parameter=name>" before the closer shows a missing </parameter>.
 template <typename IsOtherParameter>
-std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin,
-                                         IsOtherParameter is_other_parameter) {
+std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin, IsOtherParameter is_other_parameter) {
   size_t closer = std::string_view::npos;
   for (size_t close = body.find(kParameterClose, begin); close != std::string_view::npos;
        close = body.find(kParameterClose, close + 1)) {
@@ -328,8 +326,7 @@ std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const T
   // The function body ends at the last </function>, which only whitespace may follow.
   std::string_view rest = body.substr(name_end + 1);
   size_t function_end = rest.rfind(kFunctionClose);
-  if (function_end != std::string_view::npos &&
-      skip_space(rest, function_end + kFunctionClose.size()) != rest.size()) {
+  if (function_end != std::string_view::npos && skip_space(rest, function_end + kFunctionClose.size()) != rest.size()) {
     return std::nullopt;  // text after the function
   }
   if (function_end == std::string_view::npos) {

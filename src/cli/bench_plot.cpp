@@ -14,8 +14,8 @@ namespace {
 struct Rgb {
   uint8_t r, g, b;
 };
-constexpr Rgb kWhite{255, 255, 255}, kInk{20, 20, 20}, kAxis{0, 0, 0}, kGrid{228, 228, 228},
-    kNote{100, 100, 100}, kPrefill{31, 90, 200}, kDecode{205, 60, 20};
+constexpr Rgb kWhite{255, 255, 255}, kInk{20, 20, 20}, kAxis{0, 0, 0}, kGrid{228, 228, 228}, kNote{100, 100, 100},
+    kPrefill{31, 90, 200}, kDecode{205, 60, 20};
 
 // 5x7 glyphs (row 7 holds descenders), one byte per row, bit 4 = leftmost column.
 struct Glyph {
@@ -23,34 +23,34 @@ struct Glyph {
   uint8_t rows[8];
 };
 constexpr Glyph kFont[] = {
-    {'0', {14, 17, 19, 21, 25, 17, 14}}, {'1', {4, 12, 4, 4, 4, 4, 14}},    {'2', {14, 17, 1, 2, 4, 8, 31}},
-    {'3', {14, 17, 1, 6, 1, 17, 14}},    {'4', {2, 6, 10, 18, 31, 2, 2}},   {'5', {31, 16, 30, 1, 1, 17, 14}},
-    {'6', {6, 8, 16, 30, 17, 17, 14}},   {'7', {31, 1, 2, 4, 8, 8, 8}},     {'8', {14, 17, 17, 14, 17, 17, 14}},
-    {'9', {14, 17, 17, 15, 1, 2, 12}},   {'A', {14, 17, 17, 31, 17, 17, 17}}, {'B', {30, 17, 17, 30, 17, 17, 30}},
-    {'C', {14, 17, 16, 16, 16, 17, 14}}, {'D', {30, 17, 17, 17, 17, 17, 30}}, {'E', {31, 16, 16, 30, 16, 16, 31}},
-    {'F', {31, 16, 16, 30, 16, 16, 16}}, {'G', {14, 17, 16, 23, 17, 17, 15}}, {'H', {17, 17, 17, 31, 17, 17, 17}},
-    {'I', {14, 4, 4, 4, 4, 4, 14}},      {'J', {7, 2, 2, 2, 2, 18, 12}},    {'K', {17, 18, 20, 24, 20, 18, 17}},
-    {'L', {16, 16, 16, 16, 16, 16, 31}}, {'M', {17, 27, 21, 21, 17, 17, 17}}, {'N', {17, 17, 25, 21, 19, 17, 17}},
-    {'O', {14, 17, 17, 17, 17, 17, 14}}, {'P', {30, 17, 17, 30, 16, 16, 16}}, {'Q', {14, 17, 17, 17, 21, 18, 13}},
-    {'R', {30, 17, 17, 30, 20, 18, 17}}, {'S', {15, 16, 16, 14, 1, 1, 30}},  {'T', {31, 4, 4, 4, 4, 4, 4}},
-    {'U', {17, 17, 17, 17, 17, 17, 14}}, {'V', {17, 17, 17, 17, 17, 10, 4}}, {'W', {17, 17, 17, 21, 21, 21, 10}},
-    {'X', {17, 17, 10, 4, 10, 17, 17}},  {'Y', {17, 17, 10, 4, 4, 4, 4}},   {'Z', {31, 1, 2, 4, 8, 16, 31}},
-    {'a', {0, 0, 14, 1, 15, 17, 15}},    {'b', {16, 16, 22, 25, 17, 17, 30}}, {'c', {0, 0, 14, 16, 16, 17, 14}},
-    {'d', {1, 1, 13, 19, 17, 17, 15}},   {'e', {0, 0, 14, 17, 31, 16, 14}}, {'f', {6, 9, 8, 28, 8, 8, 8}},
-    {'g', {0, 0, 15, 17, 17, 15, 1, 14}}, {'h', {16, 16, 22, 25, 17, 17, 17}}, {'i', {4, 0, 12, 4, 4, 4, 14}},
-    {'j', {2, 0, 6, 2, 2, 2, 18, 12}},   {'k', {16, 16, 18, 20, 24, 20, 18}}, {'l', {12, 4, 4, 4, 4, 4, 14}},
-    {'m', {0, 0, 26, 21, 21, 17, 17}},   {'n', {0, 0, 22, 25, 17, 17, 17}}, {'o', {0, 0, 14, 17, 17, 17, 14}},
+    {'0', {14, 17, 19, 21, 25, 17, 14}},   {'1', {4, 12, 4, 4, 4, 4, 14}},      {'2', {14, 17, 1, 2, 4, 8, 31}},
+    {'3', {14, 17, 1, 6, 1, 17, 14}},      {'4', {2, 6, 10, 18, 31, 2, 2}},     {'5', {31, 16, 30, 1, 1, 17, 14}},
+    {'6', {6, 8, 16, 30, 17, 17, 14}},     {'7', {31, 1, 2, 4, 8, 8, 8}},       {'8', {14, 17, 17, 14, 17, 17, 14}},
+    {'9', {14, 17, 17, 15, 1, 2, 12}},     {'A', {14, 17, 17, 31, 17, 17, 17}}, {'B', {30, 17, 17, 30, 17, 17, 30}},
+    {'C', {14, 17, 16, 16, 16, 17, 14}},   {'D', {30, 17, 17, 17, 17, 17, 30}}, {'E', {31, 16, 16, 30, 16, 16, 31}},
+    {'F', {31, 16, 16, 30, 16, 16, 16}},   {'G', {14, 17, 16, 23, 17, 17, 15}}, {'H', {17, 17, 17, 31, 17, 17, 17}},
+    {'I', {14, 4, 4, 4, 4, 4, 14}},        {'J', {7, 2, 2, 2, 2, 18, 12}},      {'K', {17, 18, 20, 24, 20, 18, 17}},
+    {'L', {16, 16, 16, 16, 16, 16, 31}},   {'M', {17, 27, 21, 21, 17, 17, 17}}, {'N', {17, 17, 25, 21, 19, 17, 17}},
+    {'O', {14, 17, 17, 17, 17, 17, 14}},   {'P', {30, 17, 17, 30, 16, 16, 16}}, {'Q', {14, 17, 17, 17, 21, 18, 13}},
+    {'R', {30, 17, 17, 30, 20, 18, 17}},   {'S', {15, 16, 16, 14, 1, 1, 30}},   {'T', {31, 4, 4, 4, 4, 4, 4}},
+    {'U', {17, 17, 17, 17, 17, 17, 14}},   {'V', {17, 17, 17, 17, 17, 10, 4}},  {'W', {17, 17, 17, 21, 21, 21, 10}},
+    {'X', {17, 17, 10, 4, 10, 17, 17}},    {'Y', {17, 17, 10, 4, 4, 4, 4}},     {'Z', {31, 1, 2, 4, 8, 16, 31}},
+    {'a', {0, 0, 14, 1, 15, 17, 15}},      {'b', {16, 16, 22, 25, 17, 17, 30}}, {'c', {0, 0, 14, 16, 16, 17, 14}},
+    {'d', {1, 1, 13, 19, 17, 17, 15}},     {'e', {0, 0, 14, 17, 31, 16, 14}},   {'f', {6, 9, 8, 28, 8, 8, 8}},
+    {'g', {0, 0, 15, 17, 17, 15, 1, 14}},  {'h', {16, 16, 22, 25, 17, 17, 17}}, {'i', {4, 0, 12, 4, 4, 4, 14}},
+    {'j', {2, 0, 6, 2, 2, 2, 18, 12}},     {'k', {16, 16, 18, 20, 24, 20, 18}}, {'l', {12, 4, 4, 4, 4, 4, 14}},
+    {'m', {0, 0, 26, 21, 21, 17, 17}},     {'n', {0, 0, 22, 25, 17, 17, 17}},   {'o', {0, 0, 14, 17, 17, 17, 14}},
     {'p', {0, 0, 30, 17, 17, 30, 16, 16}}, {'q', {0, 0, 15, 17, 17, 15, 1, 1}}, {'r', {0, 0, 22, 25, 16, 16, 16}},
-    {'s', {0, 0, 15, 16, 14, 1, 30}},    {'t', {8, 8, 28, 8, 8, 9, 6}},     {'u', {0, 0, 17, 17, 17, 19, 13}},
-    {'v', {0, 0, 17, 17, 17, 10, 4}},    {'w', {0, 0, 17, 17, 21, 21, 10}}, {'x', {0, 0, 17, 10, 4, 10, 17}},
-    {'y', {0, 0, 17, 17, 17, 15, 1, 14}}, {'z', {0, 0, 31, 2, 4, 8, 31}},   {' ', {0}},
-    {'.', {0, 0, 0, 0, 0, 12, 12}},      {',', {0, 0, 0, 0, 12, 4, 8}},     {':', {0, 12, 12, 0, 12, 12, 0}},
-    {';', {0, 12, 12, 0, 12, 4, 8}},     {'-', {0, 0, 0, 31, 0, 0, 0}},     {'_', {0, 0, 0, 0, 0, 0, 31}},
-    {'/', {1, 1, 2, 4, 8, 16, 16}},      {'%', {24, 25, 2, 4, 8, 19, 3}},   {'(', {2, 4, 8, 8, 8, 4, 2}},
-    {')', {8, 4, 2, 2, 2, 4, 8}},        {'[', {14, 8, 8, 8, 8, 8, 14}},    {']', {14, 2, 2, 2, 2, 2, 14}},
-    {'+', {0, 4, 4, 31, 4, 4, 0}},       {'=', {0, 0, 31, 0, 31, 0, 0}},    {'\'', {4, 4, 8, 0, 0, 0, 0}},
-    {'!', {4, 4, 4, 4, 4, 0, 4}},        {'?', {14, 17, 1, 2, 4, 0, 4}},    {'*', {0, 4, 21, 14, 21, 4, 0}},
-    {'<', {2, 4, 8, 16, 8, 4, 2}},       {'>', {8, 4, 2, 1, 2, 4, 8}},      {'#', {10, 10, 31, 10, 31, 10, 10}},
+    {'s', {0, 0, 15, 16, 14, 1, 30}},      {'t', {8, 8, 28, 8, 8, 9, 6}},       {'u', {0, 0, 17, 17, 17, 19, 13}},
+    {'v', {0, 0, 17, 17, 17, 10, 4}},      {'w', {0, 0, 17, 17, 21, 21, 10}},   {'x', {0, 0, 17, 10, 4, 10, 17}},
+    {'y', {0, 0, 17, 17, 17, 15, 1, 14}},  {'z', {0, 0, 31, 2, 4, 8, 31}},      {' ', {0}},
+    {'.', {0, 0, 0, 0, 0, 12, 12}},        {',', {0, 0, 0, 0, 12, 4, 8}},       {':', {0, 12, 12, 0, 12, 12, 0}},
+    {';', {0, 12, 12, 0, 12, 4, 8}},       {'-', {0, 0, 0, 31, 0, 0, 0}},       {'_', {0, 0, 0, 0, 0, 0, 31}},
+    {'/', {1, 1, 2, 4, 8, 16, 16}},        {'%', {24, 25, 2, 4, 8, 19, 3}},     {'(', {2, 4, 8, 8, 8, 4, 2}},
+    {')', {8, 4, 2, 2, 2, 4, 8}},          {'[', {14, 8, 8, 8, 8, 8, 14}},      {']', {14, 2, 2, 2, 2, 2, 14}},
+    {'+', {0, 4, 4, 31, 4, 4, 0}},         {'=', {0, 0, 31, 0, 31, 0, 0}},      {'\'', {4, 4, 8, 0, 0, 0, 0}},
+    {'!', {4, 4, 4, 4, 4, 0, 4}},          {'?', {14, 17, 1, 2, 4, 0, 4}},      {'*', {0, 4, 21, 14, 21, 4, 0}},
+    {'<', {2, 4, 8, 16, 8, 4, 2}},         {'>', {8, 4, 2, 1, 2, 4, 8}},        {'#', {10, 10, 31, 10, 31, 10, 10}},
 };
 
 const Glyph& glyph(char c) {
@@ -93,8 +93,8 @@ struct Canvas {
       const Glyph& g = glyph(ch);
       for (int row = 0; row < 8; ++row)
         for (int col = 0; col < 5; ++col)
-          if (g.rows[row] & (16 >> col)) fill(x + col * scale, y + row * scale, x + col * scale + scale - 1,
-                                              y + row * scale + scale - 1, c);
+          if (g.rows[row] & (16 >> col))
+            fill(x + col * scale, y + row * scale, x + col * scale + scale - 1, y + row * scale + scale - 1, c);
       x += 6 * scale;
     }
   }
@@ -141,7 +141,8 @@ void draw_panel(Canvas& cv, int panel, const std::vector<BenchPoint>& all, const
   const PlotRect r = bench_panel_rect(panel);
   std::vector<BenchPoint> pts;
   for (const BenchPoint& p : all)
-    if (p.kind == kind && p.length > 0 && std::isfinite(p.tokens_per_second) && p.tokens_per_second > 0) pts.push_back(p);
+    if (p.kind == kind && p.length > 0 && std::isfinite(p.tokens_per_second) && p.tokens_per_second > 0)
+      pts.push_back(p);
   size_t skipped = size_t(std::count_if(all.begin(), all.end(), [&](const BenchPoint& p) { return p.kind == kind; })) -
                    pts.size();
   std::sort(pts.begin(), pts.end(), [](const BenchPoint& a, const BenchPoint& b) { return a.length < b.length; });
@@ -150,7 +151,8 @@ void draw_panel(Canvas& cv, int panel, const std::vector<BenchPoint>& all, const
   cv.text(r.left - 40, r.top - 16, "tokens/s", 1, kInk);
   cv.text((r.left + r.right - Canvas::text_width(x_name, 1)) / 2, r.bottom + 24, x_name, 1, kInk);
   if (skipped > 0) {
-    std::string note = fmt::format("{} point{} left out (length or tokens/s not positive)", skipped, skipped == 1 ? "" : "s");
+    std::string note = fmt::format("{} point{} left out (length or tokens/s not positive)", skipped,
+                                   skipped == 1 ? "" : "s");
     cv.text(r.left, r.bottom + 38, fit(note, r.right - r.left, 1), 1, kNote);
   }
 
@@ -210,7 +212,8 @@ void draw_panel(Canvas& cv, int panel, const std::vector<BenchPoint>& all, const
     std::string s = p.percent_of_peak >= 10    ? fmt::format("{:.0f}%", p.percent_of_peak)
                     : p.percent_of_peak >= 0.1 ? fmt::format("{:.1f}%", p.percent_of_peak)
                                                : std::string("<0.1%");
-    double prev = pts[i > 0 ? i - 1 : i].tokens_per_second, next = pts[i + 1 < pts.size() ? i + 1 : i].tokens_per_second;
+    double prev = pts[i > 0 ? i - 1 : i].tokens_per_second,
+           next = pts[i + 1 < pts.size() ? i + 1 : i].tokens_per_second;
     bool below = (p.tokens_per_second < (prev + next) / 2 || y < r.top + 16) && y + 16 < r.bottom;
     int w = Canvas::text_width(s, 1);
     int lx = std::clamp(x - w / 2, r.left + 2, r.right - w), ly = below ? y + 8 : y - 15;
@@ -233,10 +236,12 @@ RgbImage render_bench_plot(const std::vector<BenchPoint>& points, const std::str
   const std::string head = "lily bench: " + title;
   const int head_scale = Canvas::text_width(head, 2) <= kBenchPlotWidth - 24 ? 2 : 1;
   cv.text(12, head_scale == 2 ? 12 : 18, fit(head, kBenchPlotWidth - 24, head_scale), head_scale, kInk);
-  draw_panel(cv, 0, points, "prefill", "prefill tokens/s vs prompt length", "prompt length (tokens, log2 scale)", kPrefill);
-  draw_panel(cv, 1, points, "decode", "decode tokens/s vs context depth", "context depth (tokens, log2 scale)", kDecode);
-  cv.text(12, kBenchPlotHeight - 18,
-          "labels: % of peak (prefill: bf16 matrix peak, decode: measured copy bandwidth)", 1, kNote);
+  draw_panel(cv, 0, points, "prefill", "prefill tokens/s vs prompt length", "prompt length (tokens, log2 scale)",
+             kPrefill);
+  draw_panel(cv, 1, points, "decode", "decode tokens/s vs context depth", "context depth (tokens, log2 scale)",
+             kDecode);
+  cv.text(12, kBenchPlotHeight - 18, "labels: % of peak (prefill: bf16 matrix peak, decode: measured copy bandwidth)",
+          1, kNote);
   return std::move(cv.img);
 }
 

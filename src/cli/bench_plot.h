@@ -20,10 +20,10 @@ namespace lily::cli {
 
 // One measured point; the plotter's only input besides the title.
 struct BenchPoint {
-  std::string kind;          // "prefill" or "decode"
-  int64_t length;            // prompt length (prefill) or context depth (decode), tokens
+  std::string kind;  // "prefill" or "decode"
+  int64_t length;    // prompt length (prefill) or context depth (decode), tokens
   double tokens_per_second;
-  double percent_of_peak;    // <= 0: no label
+  double percent_of_peak;  // <= 0: no label
 };
 
 struct RgbImage {

@@ -34,7 +34,7 @@ struct BenchArgs {
   int decode_tokens = 128;
   int repeats = 3;
   bool json = false;
-  std::string plot;  // PNG path, empty: no plot
+  std::string plot;                   // PNG path, empty: no plot
   std::string decode_loop = "graph";  // graph | generate (see the option's help)
   std::string decode_skip;            // parts left out of the decode step (measurement only)
 };
@@ -59,10 +59,10 @@ std::vector<int32_t> random_tokens(int64_t n, int32_t vocab, uint32_t seed) {
 struct Row {
   std::string kind;
   int64_t length;
-  double seconds;     // per prompt (prefill) or per token (decode)
+  double seconds;  // per prompt (prefill) or per token (decode)
   double tokens_per_second;
-  double rate;        // GB/s (decode) or TFLOP/s (prefill)
-  double percent;     // of the ceiling
+  double rate;     // GB/s (decode) or TFLOP/s (prefill)
+  double percent;  // of the ceiling
 };
 
 // Marks the first measurement of each point for a profiler (CUDA only; see cuda_bench.h).
@@ -151,12 +151,14 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
     for (int r = 0; r <= repeats; ++r) {
       double t0 = now_seconds();
       int32_t token = 1;
-      for (int i = 0; i < n; ++i) backend.forward(*state, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
+      for (int i = 0; i < n; ++i)
+        backend.forward(*state, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
       if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
     }
     double t = median(times);
     double gbps = decode_bytes_per_token(c, D) / t / 1e9;
-    rows.push_back({"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
+    rows.push_back(
+        {"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
   }
   return rows;
 }
@@ -187,7 +189,8 @@ std::vector<Row> bench_decode_generate(Backend& backend, const std::vector<int32
     }
     double t = median(times);
     double gbps = decode_bytes_per_token(c, D) / t / 1e9;
-    rows.push_back({"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
+    rows.push_back(
+        {"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
     std::fprintf(stderr, "decode (generate loop) at depth %7d: %.3f ms/token\n", D, t * 1e3);
   }
   return rows;
@@ -277,8 +280,12 @@ int run_bench(const BenchArgs& a) {
   if (a.json) {
     nlohmann::json out = {{"title", title}, {"copy_bandwidth_gbps", peak / 1e9}, {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
-      out["rows"].push_back({{"kind", r.kind}, {"length", r.length}, {"tokens_per_second", r.tokens_per_second},
-                             {"seconds", r.seconds}, {"rate", r.rate}, {"percent_of_peak", r.percent}});
+      out["rows"].push_back({{"kind", r.kind},
+                             {"length", r.length},
+                             {"tokens_per_second", r.tokens_per_second},
+                             {"seconds", r.seconds},
+                             {"rate", r.rate},
+                             {"percent_of_peak", r.percent}});
     std::printf("%s\n", out.dump(2).c_str());
   } else {
     print_table(rows, title, peak / 1e9);
@@ -286,30 +293,33 @@ int run_bench(const BenchArgs& a) {
   return 0;
 }
 
-CommandRegistration bench_command{{
-    "bench", "Benchmark prefill and decode speed against the hardware limit",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<BenchArgs>();
-      a->model.add_to(sub);
-      sub.add_flag("--synthetic", a->synthetic, "Full-size Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU");
-      sub.add_option("--prefill-lengths", a->prefill_lengths, "Prompt lengths, comma separated")->capture_default_str();
-      sub.add_option("--decode-depths", a->decode_depths, "Context depths for decode, comma separated")->capture_default_str();
-      sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
-      sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
-      sub.add_option("--decode-loop", a->decode_loop,
-                     "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
-                     "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
-          ->check(CLI::IsMember({"graph", "generate"}))
-          ->capture_default_str();
-      sub.add_option("--decode-skip", a->decode_skip,
-                     "Measurement only, WRONG outputs: leave these parts out of every CUDA decode step (comma "
-                     "separated: embed, in_proj, mixer, out_proj, moe or route, gate_up, down, advance, lm_head); the "
-                     "difference in time is their cost inside the graph");
-      sub.add_flag("--json", a->json, "Print JSON instead of a table");
-      sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
-      return [a] { return run_bench(*a); };
-    },
-    60}};
+CommandRegistration bench_command{
+    {"bench", "Benchmark prefill and decode speed against the hardware limit",
+     [](CLI::App& sub) {
+       auto a = std::make_shared<BenchArgs>();
+       a->model.add_to(sub);
+       sub.add_flag("--synthetic", a->synthetic,
+                    "Full-size Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU");
+       sub.add_option("--prefill-lengths", a->prefill_lengths, "Prompt lengths, comma separated")
+           ->capture_default_str();
+       sub.add_option("--decode-depths", a->decode_depths, "Context depths for decode, comma separated")
+           ->capture_default_str();
+       sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
+       sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
+       sub.add_option("--decode-loop", a->decode_loop,
+                      "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
+                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
+           ->check(CLI::IsMember({"graph", "generate"}))
+           ->capture_default_str();
+       sub.add_option("--decode-skip", a->decode_skip,
+                      "Measurement only, WRONG outputs: leave these parts out of every CUDA decode step (comma "
+                      "separated: embed, in_proj, mixer, out_proj, moe or route, gate_up, down, advance, lm_head); the "
+                      "difference in time is their cost inside the graph");
+       sub.add_flag("--json", a->json, "Print JSON instead of a table");
+       sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
+       return [a] { return run_bench(*a); };
+     },
+     60}};
 
 }  // namespace
 }  // namespace lily::cli

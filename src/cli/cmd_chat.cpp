@@ -74,7 +74,8 @@ Session open_session(const ModelOptions& model, int64_t ctx_size) {
   ChatServiceOptions options;
   options.context_size = std::min<int64_t>(ctx_size, s.engine->config().max_position_embeddings);
   options.cache_bytes = uint64_t(1) << 30;
-  s.service = std::make_unique<ChatService>(*s.engine, Tokenizer::load_from_model_dir(model.resolved_model_dir()), options);
+  s.service = std::make_unique<ChatService>(*s.engine, Tokenizer::load_from_model_dir(model.resolved_model_dir()),
+                                            options);
   return s;
 }
 
@@ -92,7 +93,8 @@ class ReplyPrinter {
     }
     if (!d.content.empty() || !d.tool_calls.empty()) end_reasoning();
     if (!d.content.empty()) std::fputs(d.content.c_str(), aout_);
-    for (const ToolCall& c : d.tool_calls) std::fprintf(aout_, "[tool call] %s(%s)\n", c.name.c_str(), c.arguments.c_str());
+    for (const ToolCall& c : d.tool_calls)
+      std::fprintf(aout_, "[tool call] %s(%s)\n", c.name.c_str(), c.arguments.c_str());
     std::fflush(aout_);
     return !g_interrupted;
   }
@@ -190,43 +192,44 @@ int run_chat(const ChatArgs& a) {
     if (!r.tool_calls.empty()) {
       json calls = json::array();
       for (const ToolCall& c : r.tool_calls) {
-        calls.push_back(json{{"id", c.id}, {"type", "function"}, {"function", json{{"name", c.name}, {"arguments", c.arguments}}}});
+        calls.push_back(
+            json{{"id", c.id}, {"type", "function"}, {"function", json{{"name", c.name}, {"arguments", c.arguments}}}});
       }
       reply["tool_calls"] = calls;
     }
     messages.push_back(reply);
     std::fprintf(stderr, "\x1b[2m[%lld prompt tokens (%lld cached), %lld generated, %.1f tokens/s]\x1b[0m\n",
-                 (long long)r.usage.prompt_tokens, (long long)r.usage.cached_tokens, (long long)r.usage.completion_tokens,
+                 (long long)r.usage.prompt_tokens, (long long)r.usage.cached_tokens,
+                 (long long)r.usage.completion_tokens,
                  r.timings.decode_seconds > 0 ? double(r.timings.decoded_tokens) / r.timings.decode_seconds : 0.0);
   }
   std::fputc('\n', stdout);
   return 0;
 }
 
-CommandRegistration chat_command{{
-    "chat", "Chat with the model in the terminal (multi-turn, streaming)",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<ChatArgs>();
-      a->model.add_to(sub);
-      a->sampling.add_to(sub);
-      sub.add_option("--system", a->system, "System prompt");
-      sub.add_flag("--no-think", a->no_think, "Start with thinking off");
-      return [a] { return run_chat(*a); };
-    },
-    10}};
+CommandRegistration chat_command{{"chat", "Chat with the model in the terminal (multi-turn, streaming)",
+                                  [](CLI::App& sub) {
+                                    auto a = std::make_shared<ChatArgs>();
+                                    a->model.add_to(sub);
+                                    a->sampling.add_to(sub);
+                                    sub.add_option("--system", a->system, "System prompt");
+                                    sub.add_flag("--no-think", a->no_think, "Start with thinking off");
+                                    return [a] { return run_chat(*a); };
+                                  },
+                                  10}};
 
-CommandRegistration run_command{{
-    "run", "Answer one prompt (-p TEXT) and exit; the answer goes to stdout",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<RunArgs>();
-      a->model.add_to(sub);
-      a->sampling.add_to(sub);
-      sub.add_option("-p,--prompt", a->prompt, "The user message")->required();
-      sub.add_option("--system", a->system, "System prompt");
-      sub.add_flag("--no-think", a->no_think, "Thinking off (no reasoning before the answer)");
-      return [a] { return run_run(*a); };
-    },
-    11}};
+CommandRegistration run_command{{"run", "Answer one prompt (-p TEXT) and exit; the answer goes to stdout",
+                                 [](CLI::App& sub) {
+                                   auto a = std::make_shared<RunArgs>();
+                                   a->model.add_to(sub);
+                                   a->sampling.add_to(sub);
+                                   sub.add_option("-p,--prompt", a->prompt, "The user message")->required();
+                                   sub.add_option("--system", a->system, "System prompt");
+                                   sub.add_flag("--no-think", a->no_think,
+                                                "Thinking off (no reasoning before the answer)");
+                                   return [a] { return run_run(*a); };
+                                 },
+                                 11}};
 
 }  // namespace
 }  // namespace lily::cli

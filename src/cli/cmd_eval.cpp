@@ -59,7 +59,7 @@ LogitStats logit_stats(const std::vector<float>& logits, const std::vector<int32
       if (row[v] > row[best]) best = v;
     s.argmax[size_t(t)] = int32_t(best);
     if (t + 1 == T) break;  // the last row predicts a token the text does not have
-    double sum = 0;          // logsumexp, shifted by the row maximum
+    double sum = 0;         // logsumexp, shifted by the row maximum
     for (int64_t v = 0; v < vocab; ++v) sum += std::exp(double(row[v]) - double(row[best]));
     nll_sum += double(row[best]) + std::log(sum) - double(row[ids[size_t(t) + 1]]);
   }
@@ -124,10 +124,14 @@ int run_eval(const EvalArgs& a) {
              vocab);
   const LogitStats ours = logit_stats(logits, ids, vocab);
 
-  nlohmann::json out = {{"model", model_dir},      {"backend", engine->backend().name()},
-                        {"text", a.text_file},      {"tokens", T},
-                        {"predictions", T - 1},     {"vocab", vocab},
-                        {"forward_seconds", seconds}, {"mean_nll", ours.mean_nll},
+  nlohmann::json out = {{"model", model_dir},
+                        {"backend", engine->backend().name()},
+                        {"text", a.text_file},
+                        {"tokens", T},
+                        {"predictions", T - 1},
+                        {"vocab", vocab},
+                        {"forward_seconds", seconds},
+                        {"mean_nll", ours.mean_nll},
                         {"perplexity", std::exp(ours.mean_nll)}};
   if (!a.ref_file.empty()) {
     const std::vector<float> ref = read_ref_logits(a.ref_file, T, vocab);
@@ -177,22 +181,22 @@ int run_eval(const EvalArgs& a) {
   return 0;
 }
 
-CommandRegistration eval_command{{
-    "eval", "Teacher-forced perplexity of a text; with --ref-logits, agreement with reference logits",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<EvalArgs>();
-      a->model.add_to(sub);
-      sub.add_option("--text", a->text_file, "Text file (UTF-8), tokenized as it is, nothing added")->required();
-      sub.add_option("--ref-logits", a->ref_file,
-                     "Reference float32 little-endian logits [T, vocab] of the same tokens "
-                     "(tools/eval_reference.py)");
-      sub.add_option("--tokenizer", a->tokenizer_file, "tokenizer.json to use (default: the model directory's)");
-      sub.add_option("--max-tokens", a->max_tokens, "Evaluate only the first N tokens of the text (0: all)")
-          ->capture_default_str();
-      sub.add_flag("--json", a->json, "Print JSON instead of a table");
-      return [a] { return run_eval(*a); };
-    },
-    52}};
+CommandRegistration eval_command{
+    {"eval", "Teacher-forced perplexity of a text; with --ref-logits, agreement with reference logits",
+     [](CLI::App& sub) {
+       auto a = std::make_shared<EvalArgs>();
+       a->model.add_to(sub);
+       sub.add_option("--text", a->text_file, "Text file (UTF-8), tokenized as it is, nothing added")->required();
+       sub.add_option("--ref-logits", a->ref_file,
+                      "Reference float32 little-endian logits [T, vocab] of the same tokens "
+                      "(tools/eval_reference.py)");
+       sub.add_option("--tokenizer", a->tokenizer_file, "tokenizer.json to use (default: the model directory's)");
+       sub.add_option("--max-tokens", a->max_tokens, "Evaluate only the first N tokens of the text (0: all)")
+           ->capture_default_str();
+       sub.add_flag("--json", a->json, "Print JSON instead of a table");
+       return [a] { return run_eval(*a); };
+     },
+     52}};
 
 }  // namespace
 }  // namespace lily::cli

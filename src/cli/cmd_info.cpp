@@ -24,8 +24,8 @@ int run_info(const ModelOptions& options) {
   std::printf("architecture %s: %d layers (%d Gated DeltaNet, %d gated attention), hidden %d, vocab %d\n",
               c.model_type.c_str(), c.num_layers, c.num_layers_of(LayerKind::linear_attention),
               c.num_layers_of(LayerKind::full_attention), c.hidden_size, c.vocab_size);
-  std::printf("attention    %d query heads, %d KV heads, head_dim %d, rotary %d dims, theta %g\n", c.num_attention_heads,
-              c.num_key_value_heads, c.head_dim, c.rotary_dim, c.rope_theta);
+  std::printf("attention    %d query heads, %d KV heads, head_dim %d, rotary %d dims, theta %g\n",
+              c.num_attention_heads, c.num_key_value_heads, c.head_dim, c.rotary_dim, c.rope_theta);
   std::printf("deltanet     %d key heads, %d value heads of 128, conv kernel %d\n", c.linear_num_key_heads,
               c.linear_num_value_heads, c.linear_conv_kernel_dim);
   std::printf("moe          %d experts, top %d, expert width %d, shared expert width %d\n", c.num_experts,
@@ -34,10 +34,10 @@ int run_info(const ModelOptions& options) {
   count_matrix(w->embed_tokens, by_format);
   if (w->lm_head.data != w->embed_tokens.data) count_matrix(w->lm_head, by_format);
   for (const auto& l : w->layers) {
-    for (const Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj,
-                            &l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z, &l.deltanet.in_proj_a, &l.deltanet.in_proj_b,
-                            &l.deltanet.out_proj, &l.moe.router, &l.moe.shared_gate_proj, &l.moe.shared_up_proj,
-                            &l.moe.shared_down_proj, &l.moe.shared_expert_gate})
+    for (const Matrix* m :
+         {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj, &l.deltanet.in_proj_qkv,
+          &l.deltanet.in_proj_z, &l.deltanet.in_proj_a, &l.deltanet.in_proj_b, &l.deltanet.out_proj, &l.moe.router,
+          &l.moe.shared_gate_proj, &l.moe.shared_up_proj, &l.moe.shared_down_proj, &l.moe.shared_expert_gate})
       if (!m->empty()) count_matrix(*m, by_format);
     for (const auto* list : {&l.moe.experts.gate_proj, &l.moe.experts.up_proj, &l.moe.experts.down_proj})
       for (const Matrix& m : *list) count_matrix(m, by_format);
@@ -48,20 +48,20 @@ int run_info(const ModelOptions& options) {
   std::printf("memory       %.3f GB of weights\n", double(w->weight_bytes()) / 1e9);
   const double kv_per_token = 2.0 * c.num_key_value_heads * c.head_dim * 2 * c.num_layers_of(LayerKind::full_attention);
   const double recurrent = double(c.num_layers_of(LayerKind::linear_attention)) *
-                           (double(c.linear_num_value_heads) * 128 * 128 * 4 + (c.linear_conv_kernel_dim - 1.0) * c.linear_conv_dim() * 2);
-  std::printf("state        %.0f bytes of KV cache per token (bf16), %.1f MB recurrent state per sequence\n", kv_per_token,
-              recurrent / 1e6);
+                           (double(c.linear_num_value_heads) * 128 * 128 * 4 +
+                            (c.linear_conv_kernel_dim - 1.0) * c.linear_conv_dim() * 2);
+  std::printf("state        %.0f bytes of KV cache per token (bf16), %.1f MB recurrent state per sequence\n",
+              kv_per_token, recurrent / 1e6);
   return 0;
 }
 
-CommandRegistration info_command{{
-    "info", "Describe a model: layout, quantization, parameter count, memory",
-    [](CLI::App& sub) {
-      auto o = std::make_shared<ModelOptions>();
-      o->add_to(sub);
-      return [o] { return run_info(*o); };
-    },
-    52}};
+CommandRegistration info_command{{"info", "Describe a model: layout, quantization, parameter count, memory",
+                                  [](CLI::App& sub) {
+                                    auto o = std::make_shared<ModelOptions>();
+                                    o->add_to(sub);
+                                    return [o] { return run_info(*o); };
+                                  },
+                                  52}};
 
 }  // namespace
 }  // namespace lily::cli

@@ -27,20 +27,21 @@ int run_logits(const LogitsArgs& a) {
   if (!out) fail("cannot write {}", a.out);
   out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
   if (!out) fail("writing {} failed", a.out);
-  std::fprintf(stderr, "wrote float32 logits [%zu, %d] to %s\n", ids.size(), engine->config().vocab_size, a.out.c_str());
+  std::fprintf(stderr, "wrote float32 logits [%zu, %d] to %s\n", ids.size(), engine->config().vocab_size,
+               a.out.c_str());
   return 0;
 }
 
-CommandRegistration logits_command{{
-    "logits", "Write float32 logits [number of ids, vocab] after each token of --ids",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<LogitsArgs>();
-      a->model.add_to(sub);
-      sub.add_option("--ids", a->ids, "Token ids, comma separated")->required();
-      sub.add_option("--out", a->out, "Output file (float32 little-endian)")->required();
-      return [a] { return run_logits(*a); };
-    },
-    50}};
+CommandRegistration logits_command{
+    {"logits", "Write float32 logits [number of ids, vocab] after each token of --ids",
+     [](CLI::App& sub) {
+       auto a = std::make_shared<LogitsArgs>();
+       a->model.add_to(sub);
+       sub.add_option("--ids", a->ids, "Token ids, comma separated")->required();
+       sub.add_option("--out", a->out, "Output file (float32 little-endian)")->required();
+       return [a] { return run_logits(*a); };
+     },
+     50}};
 
 struct GenerateArgs {
   ModelOptions model;
@@ -71,16 +72,16 @@ int run_generate(const GenerateArgs& a) {
   return 0;
 }
 
-CommandRegistration generate_command{{
-    "generate", "Print N greedy token ids after --ids (no stop tokens)",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<GenerateArgs>();
-      a->model.add_to(sub);
-      sub.add_option("--ids", a->ids, "Prompt token ids, comma separated")->required();
-      sub.add_option("-n", a->n, "Number of tokens to generate")->capture_default_str();
-      return [a] { return run_generate(*a); };
-    },
-    51}};
+CommandRegistration generate_command{
+    {"generate", "Print N greedy token ids after --ids (no stop tokens)",
+     [](CLI::App& sub) {
+       auto a = std::make_shared<GenerateArgs>();
+       a->model.add_to(sub);
+       sub.add_option("--ids", a->ids, "Prompt token ids, comma separated")->required();
+       sub.add_option("-n", a->n, "Number of tokens to generate")->capture_default_str();
+       return [a] { return run_generate(*a); };
+     },
+     51}};
 
 }  // namespace
 }  // namespace lily::cli

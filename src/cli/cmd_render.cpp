@@ -25,15 +25,14 @@ int run_render() {
   return 0;
 }
 
-const CommandRegistration kRender{Command{
-    "render",
-    "Print the chat-template prompt for an OpenAI chat request read on stdin",
-    [](CLI::App& sub) -> std::function<int()> {
-      auto model_dir = std::make_shared<std::string>(default_model_dir());
-      sub.add_option("-m,--model", *model_dir, "Model directory (the template is built in)");
-      return [model_dir] { return run_render(); };
-    },
-    60}};
+const CommandRegistration kRender{
+    Command{"render", "Print the chat-template prompt for an OpenAI chat request read on stdin",
+            [](CLI::App& sub) -> std::function<int()> {
+              auto model_dir = std::make_shared<std::string>(default_model_dir());
+              sub.add_option("-m,--model", *model_dir, "Model directory (the template is built in)");
+              return [model_dir] { return run_render(); };
+            },
+            60}};
 
 }  // namespace
 }  // namespace lily::cli

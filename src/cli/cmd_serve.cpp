@@ -44,26 +44,27 @@ int run_serve(ServeArgs& a) {
   return server::run_server(service, a.server);
 }
 
-CommandRegistration serve_command{{
-    "serve", "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...)",
-    [](CLI::App& sub) {
-      auto a = std::make_shared<ServeArgs>();
-      a->server.model_name.clear();
-      a->model.add_to(sub);
-      sub.add_option("--host", a->server.host, "Address to listen on (loopback by default)")->capture_default_str();
-      sub.add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
-      sub.add_option("-c,--ctx-size", a->ctx_size, "Context size in tokens (default: the model's, at most 32768)");
-      sub.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health")
-          ->envname("LILY_API_KEY");
-      sub.add_option("--alias", a->server.model_name, "Model name in the API (default: the model directory's name)");
-      sub.add_option("--cache-mib", a->cache_mib, "Memory budget of the session cache, MiB")->capture_default_str();
-      sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while one runs (beyond: 503)")
-          ->capture_default_str();
-      sub.add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (beyond: 413)")->capture_default_str();
-      sub.add_flag("-v,--verbose", a->verbose, "Log every request");
-      return [a] { return run_serve(*a); };
-    },
-    20}};
+CommandRegistration serve_command{
+    {"serve", "Serve the model over an OpenAI-compatible HTTP API (/v1/chat/completions, /v1/completions, ...)",
+     [](CLI::App& sub) {
+       auto a = std::make_shared<ServeArgs>();
+       a->server.model_name.clear();
+       a->model.add_to(sub);
+       sub.add_option("--host", a->server.host, "Address to listen on (loopback by default)")->capture_default_str();
+       sub.add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
+       sub.add_option("-c,--ctx-size", a->ctx_size, "Context size in tokens (default: the model's, at most 32768)");
+       sub.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health")
+           ->envname("LILY_API_KEY");
+       sub.add_option("--alias", a->server.model_name, "Model name in the API (default: the model directory's name)");
+       sub.add_option("--cache-mib", a->cache_mib, "Memory budget of the session cache, MiB")->capture_default_str();
+       sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while one runs (beyond: 503)")
+           ->capture_default_str();
+       sub.add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (beyond: 413)")
+           ->capture_default_str();
+       sub.add_flag("-v,--verbose", a->verbose, "Log every request");
+       return [a] { return run_serve(*a); };
+     },
+     20}};
 
 }  // namespace
 }  // namespace lily::cli

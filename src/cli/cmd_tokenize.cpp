@@ -40,49 +40,46 @@ std::vector<int32_t> parse_ids(const std::string& text) {
     }
     size_t end = i;
     while (end < text.size() && std::isdigit(static_cast<unsigned char>(text[end]))) ++end;
-    LILY_CHECK(end > i && end - i <= 9, "expected a token id at offset {}, found '{}'", i,
-               text.substr(i, 16));
+    LILY_CHECK(end > i && end - i <= 9, "expected a token id at offset {}, found '{}'", i, text.substr(i, 16));
     ids.push_back(static_cast<int32_t>(std::stol(text.substr(i, end - i))));
     i = end;
   }
   return ids;
 }
 
-const CommandRegistration tokenize_command{Command{
-    "tokenize",
-    "Print the token ids of the UTF-8 text on stdin",
-    [](CLI::App& sub) {
-      auto model_dir = std::make_shared<std::string>(default_model_dir());
-      sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
-      return std::function<int()>([model_dir] {
-        const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
-        const std::vector<int32_t> ids = tokenizer.encode(read_stdin());
-        std::string line;
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (i) line += ' ';
-          line += std::to_string(ids[i]);
-        }
-        line += '\n';
-        std::fwrite(line.data(), 1, line.size(), stdout);
-        return 0;
-      });
-    },
-    20}};
+const CommandRegistration tokenize_command{
+    Command{"tokenize", "Print the token ids of the UTF-8 text on stdin",
+            [](CLI::App& sub) {
+              auto model_dir = std::make_shared<std::string>(default_model_dir());
+              sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
+              return std::function<int()>([model_dir] {
+                const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
+                const std::vector<int32_t> ids = tokenizer.encode(read_stdin());
+                std::string line;
+                for (size_t i = 0; i < ids.size(); ++i) {
+                  if (i) line += ' ';
+                  line += std::to_string(ids[i]);
+                }
+                line += '\n';
+                std::fwrite(line.data(), 1, line.size(), stdout);
+                return 0;
+              });
+            },
+            20}};
 
-const CommandRegistration detokenize_command{Command{
-    "detokenize",
-    "Print the text of the token ids on stdin (whitespace or comma separated)",
-    [](CLI::App& sub) {
-      auto model_dir = std::make_shared<std::string>(default_model_dir());
-      sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
-      return std::function<int()>([model_dir] {
-        const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
-        const std::string text = tokenizer.decode(parse_ids(read_stdin()));
-        std::fwrite(text.data(), 1, text.size(), stdout);
-        return 0;
-      });
-    },
-    21}};
+const CommandRegistration detokenize_command{
+    Command{"detokenize", "Print the text of the token ids on stdin (whitespace or comma separated)",
+            [](CLI::App& sub) {
+              auto model_dir = std::make_shared<std::string>(default_model_dir());
+              sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
+              return std::function<int()>([model_dir] {
+                const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
+                const std::string text = tokenizer.decode(parse_ids(read_stdin()));
+                std::fwrite(text.data(), 1, text.size(), stdout);
+                return 0;
+              });
+            },
+            21}};
 
 }  // namespace
 }  // namespace lily::cli

@@ -9,9 +9,11 @@
 namespace lily::cli {
 
 void ModelOptions::add_to(CLI::App& app) {
-  app.add_option("-m,--model", model_dir, "Model directory (config.json + safetensors); default: the embedded lily-tiny");
+  app.add_option("-m,--model", model_dir,
+                 "Model directory (config.json + safetensors); default: the embedded lily-tiny");
   app.add_option("--backend", backend, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
-  app.add_option("--quantize", quantize, "Quantize bf16 weights at load: none or q4")->check(CLI::IsMember({"none", "q4"}));
+  app.add_option("--quantize", quantize, "Quantize bf16 weights at load: none or q4")
+      ->check(CLI::IsMember({"none", "q4"}));
 }
 
 std::string ModelOptions::resolved_model_dir() const { return model_dir.empty() ? default_model_dir() : model_dir; }

@@ -84,8 +84,8 @@ uint32_t zlib_adler32(std::span<const uint8_t> bytes) {
 
 std::vector<uint8_t> encode_png_rgb(int width, int height, std::span<const uint8_t> rgb) {
   LILY_CHECK(width > 0 && height > 0, "PNG: image size must be positive, got {}x{}", width, height);
-  LILY_CHECK(rgb.size() == size_t(width) * size_t(height) * 3, "PNG: {}x{} RGB needs {} bytes, got {}", width,
-             height, size_t(width) * size_t(height) * 3, rgb.size());
+  LILY_CHECK(rgb.size() == size_t(width) * size_t(height) * 3, "PNG: {}x{} RGB needs {} bytes, got {}", width, height,
+             size_t(width) * size_t(height) * 3, rgb.size());
   // Scanlines: filter type 0 (None), then the row's RGB bytes.
   const size_t row_bytes = size_t(width) * 3;
   std::vector<uint8_t> raw;

@@ -24,7 +24,8 @@ const json& require(const json& obj, const char* field) {
 
 int require_int(const json& obj, const char* field, int min_value = 1) {
   const json& v = require(obj, field);
-  if (!v.is_number_integer()) fail("config.json: field '{}' must be an integer, found {} ({})", field, v.dump(), type_name(v));
+  if (!v.is_number_integer())
+    fail("config.json: field '{}' must be an integer, found {} ({})", field, v.dump(), type_name(v));
   long long x = v.get<long long>();
   if (x < min_value || x > (1LL << 31) - 1) fail("config.json: field '{}' = {} is out of range", field, x);
   return int(x);
@@ -90,7 +91,7 @@ void parse_rope(const json& text, ModelConfig& c) {
   if (!(theta > 1.0) || !std::isfinite(theta)) fail("config.json: rope_theta = {} must be > 1", theta);
   c.rope_theta = float(theta);
 
-  double factor = rope.contains("partial_rotary_factor") ? require_number(rope, "partial_rotary_factor")
+  double factor = rope.contains("partial_rotary_factor")   ? require_number(rope, "partial_rotary_factor")
                   : text.contains("partial_rotary_factor") ? require_number(text, "partial_rotary_factor")
                                                            : 1.0;
   double rotary = factor * c.head_dim;
@@ -143,8 +144,8 @@ void validate(const ModelConfig& c) {
        c.linear_num_key_heads);
   need(c.linear_conv_kernel_dim >= 2 && c.linear_conv_kernel_dim <= 8, "linear_conv_kernel_dim must be 2..8",
        c.linear_conv_kernel_dim);
-  need(c.num_experts_per_tok <= c.num_experts, "num_experts_per_tok must not exceed num_experts",
-       c.num_experts_per_tok, c.num_experts);
+  need(c.num_experts_per_tok <= c.num_experts, "num_experts_per_tok must not exceed num_experts", c.num_experts_per_tok,
+       c.num_experts);
   need(c.hidden_size % 64 == 0, "hidden_size must be a multiple of 64", c.hidden_size);
 }
 
@@ -171,7 +172,8 @@ ModelConfig qwen36_35b_a3b_config() {
   c.vocab_size = 248320;
   c.hidden_size = 2048;
   c.num_layers = 40;
-  for (int i = 0; i < 40; ++i) c.layer_types.push_back(i % 4 == 3 ? LayerKind::full_attention : LayerKind::linear_attention);
+  for (int i = 0; i < 40; ++i)
+    c.layer_types.push_back(i % 4 == 3 ? LayerKind::full_attention : LayerKind::linear_attention);
   c.rms_norm_eps = 1e-6f;
   c.max_position_embeddings = 262144;
   c.num_attention_heads = 16;
@@ -197,7 +199,8 @@ ModelConfig parse_model_config(const json& config) {
   if (model_type != "qwen3_5_moe" && model_type != "qwen3_5_moe_text")
     fail("config.json: model_type = {} is not supported (lily runs \"qwen3_5_moe\", Qwen3.5/3.6 MoE)",
          model_type.dump());
-  const json& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"] : config;
+  const json& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"]
+                                                                                         : config;
 
   ModelConfig c;
   c.model_type = model_type.get<std::string>();

@@ -65,8 +65,8 @@ struct ModelConfig {
   std::optional<QuantizationConfig> quantization;  // present in mlx checkpoints
 
   // Derived sizes.
-  int attention_q_width() const { return num_attention_heads * head_dim; }    // 4096
-  int attention_kv_width() const { return num_key_value_heads * head_dim; }   // 512
+  int attention_q_width() const { return num_attention_heads * head_dim; }                 // 4096
+  int attention_kv_width() const { return num_key_value_heads * head_dim; }                // 512
   int linear_key_dim() const { return linear_num_key_heads * linear_key_head_dim; }        // 2048
   int linear_value_dim() const { return linear_num_value_heads * linear_value_head_dim; }  // 4096
   int linear_conv_dim() const { return 2 * linear_key_dim() + linear_value_dim(); }        // 8192

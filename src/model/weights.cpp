@@ -63,13 +63,15 @@ void for_each_matrix(const ModelWeights& w, Fn&& fn) {
   if (w.lm_head.data != w.embed_tokens.data) fn(w.lm_head);
   for (const LayerWeights& l : w.layers) {
     if (l.kind == LayerKind::full_attention) {
-      for (const Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj}) fn(*m);
+      for (const Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj})
+        fn(*m);
     } else {
       const DeltaNetWeights& d = l.deltanet;
       for (const Matrix* m : {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj}) fn(*m);
     }
     const MoeWeights& m = l.moe;
-    for (const Matrix* x : {&m.router, &m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj, &m.shared_expert_gate})
+    for (const Matrix* x :
+         {&m.router, &m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj, &m.shared_expert_gate})
       fn(*x);
     for (const auto* list : {&m.experts.gate_proj, &m.experts.up_proj, &m.experts.down_proj})
       for (const Matrix& x : *list) fn(x);

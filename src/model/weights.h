@@ -23,7 +23,7 @@ enum class MatrixFormat { f32, bf16, f16, affine };
 struct Matrix {
   int64_t rows = 0, cols = 0;
   MatrixFormat format = MatrixFormat::f32;
-  const void* data = nullptr;  // plain: rows*cols values; affine: uint32 codes [rows, cols*bits/32]
+  const void* data = nullptr;    // plain: rows*cols values; affine: uint32 codes [rows, cols*bits/32]
   const bf16* scales = nullptr;  // affine: [rows, cols/group_size]
   const bf16* biases = nullptr;  // affine: [rows, cols/group_size]
   int bits = 0;
@@ -47,35 +47,35 @@ struct ExpertWeights {
 
 // Sparse MoE block, in every layer (spec §2.7).
 struct MoeWeights {
-  Matrix router;                   // mlp.gate                [E, H]
+  Matrix router;  // mlp.gate                [E, H]
   ExpertWeights experts;
-  Matrix shared_gate_proj;         // mlp.shared_expert.gate_proj [Is, H]
-  Matrix shared_up_proj;           // mlp.shared_expert.up_proj   [Is, H]
-  Matrix shared_down_proj;         // mlp.shared_expert.down_proj [H, Is]
-  Matrix shared_expert_gate;       // mlp.shared_expert_gate      [1, H]
+  Matrix shared_gate_proj;    // mlp.shared_expert.gate_proj [Is, H]
+  Matrix shared_up_proj;      // mlp.shared_expert.up_proj   [Is, H]
+  Matrix shared_down_proj;    // mlp.shared_expert.down_proj [H, Is]
+  Matrix shared_expert_gate;  // mlp.shared_expert_gate      [1, H]
 };
 
 // Gated full attention (spec §2.4).
 struct AttentionWeights {
-  Matrix q_proj;                   // [2 * nq * 256, H]: per head 256 query rows then 256 gate rows
-  Matrix k_proj;                   // [nkv * 256, H]
-  Matrix v_proj;                   // [nkv * 256, H]
-  Matrix o_proj;                   // [H, nq * 256]
-  std::vector<float> q_norm;       // [256] effective gain (1 + w)
-  std::vector<float> k_norm;       // [256] effective gain (1 + w)
+  Matrix q_proj;              // [2 * nq * 256, H]: per head 256 query rows then 256 gate rows
+  Matrix k_proj;              // [nkv * 256, H]
+  Matrix v_proj;              // [nkv * 256, H]
+  Matrix o_proj;              // [H, nq * 256]
+  std::vector<float> q_norm;  // [256] effective gain (1 + w)
+  std::vector<float> k_norm;  // [256] effective gain (1 + w)
 };
 
 // Gated DeltaNet (spec §2.6).
 struct DeltaNetWeights {
-  Matrix in_proj_qkv;              // [2*Hk*128 + Hv*128, H]  rows q | k | v, head-major
-  Matrix in_proj_z;                // [Hv*128, H]
-  Matrix in_proj_b;                // [Hv, H]  beta logits
-  Matrix in_proj_a;                // [Hv, H]  decay input
-  Matrix out_proj;                 // [H, Hv*128]
-  std::vector<float> conv1d;       // [conv_dim, K]  depthwise causal conv; w[c, K-1] multiplies the current token
-  std::vector<float> A_log;        // [Hv]
-  std::vector<float> dt_bias;      // [Hv]
-  std::vector<float> norm;         // [128] gated RMSNorm weight (plain, not zero-centred)
+  Matrix in_proj_qkv;          // [2*Hk*128 + Hv*128, H]  rows q | k | v, head-major
+  Matrix in_proj_z;            // [Hv*128, H]
+  Matrix in_proj_b;            // [Hv, H]  beta logits
+  Matrix in_proj_a;            // [Hv, H]  decay input
+  Matrix out_proj;             // [H, Hv*128]
+  std::vector<float> conv1d;   // [conv_dim, K]  depthwise causal conv; w[c, K-1] multiplies the current token
+  std::vector<float> A_log;    // [Hv]
+  std::vector<float> dt_bias;  // [Hv]
+  std::vector<float> norm;     // [128] gated RMSNorm weight (plain, not zero-centred)
 };
 
 struct LayerWeights {
@@ -96,12 +96,12 @@ struct ModelWeights {
   GenerationConfig generation;
   CheckpointLayout layout = CheckpointLayout::hf;
   std::string model_dir;
-  bool has_mtp = false;            // mtp.* tensors were present (kept for speculative decoding later)
+  bool has_mtp = false;  // mtp.* tensors were present (kept for speculative decoding later)
 
-  Matrix embed_tokens;             // [vocab, H]
+  Matrix embed_tokens;  // [vocab, H]
   std::vector<LayerWeights> layers;
-  std::vector<float> final_norm;   // [H] effective gain
-  Matrix lm_head;                  // [vocab, H]
+  std::vector<float> final_norm;  // [H] effective gain
+  Matrix lm_head;                 // [vocab, H]
 
   // Keeps the mapped files and any converted buffers alive.
   std::vector<std::shared_ptr<void>> storage;

@@ -27,7 +27,8 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   GenerateResult result;
   const int64_t cached = state.length();
   const int64_t prompt_len = int64_t(request.prompt.size());
-  LILY_CHECK(cached <= prompt_len, "internal: the state holds {} tokens, more than the prompt's {}", cached, prompt_len);
+  LILY_CHECK(cached <= prompt_len, "internal: the state holds {} tokens, more than the prompt's {}", cached,
+             prompt_len);
   LILY_CHECK(cached < prompt_len, "the prompt must have at least one token not already processed");
   LILY_CHECK(prompt_len + request.max_new_tokens <= state.capacity(),
              "prompt of {} tokens plus {} new tokens exceeds the context size of {}", prompt_len,
@@ -75,9 +76,9 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
       break;
     }
     if (i + 1 == request.max_new_tokens) break;
-    have_candidates = candidate_count > 0 && backend.forward_candidates(state, token.id, candidate_count, limit, candidates);
-    if (!have_candidates)
-      backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
+    have_candidates = candidate_count > 0 &&
+                      backend.forward_candidates(state, token.id, candidate_count, limit, candidates);
+    if (!have_candidates) backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
   }
   result.decode_seconds = seconds_since(t1);
   return result;

@@ -12,7 +12,7 @@
 namespace lily {
 
 struct GenerateRequest {
-  std::vector<int32_t> prompt;      // the whole prompt; the state may already hold a prefix of it
+  std::vector<int32_t> prompt;  // the whole prompt; the state may already hold a prefix of it
   int64_t max_new_tokens = 256;
   SamplingParams sampling;
   std::vector<int32_t> stop_tokens;  // generation ends after one of these (not fed back)
@@ -32,8 +32,8 @@ const char* to_string(FinishReason reason);
 struct GenerateResult {
   std::vector<int32_t> tokens;  // generated, the stop token included
   FinishReason finish = FinishReason::length;
-  int64_t prompt_tokens = 0;    // the whole prompt
-  int64_t cached_tokens = 0;    // prompt tokens already in the state (not recomputed)
+  int64_t prompt_tokens = 0;  // the whole prompt
+  int64_t cached_tokens = 0;  // prompt tokens already in the state (not recomputed)
   double prefill_seconds = 0, decode_seconds = 0;
 };
 

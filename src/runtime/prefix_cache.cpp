@@ -74,8 +74,7 @@ CachedSequence PrefixCache::fresh() {
 void PrefixCache::release(CachedSequence sequence) {
   if (!sequence.state || sequence.tokens.empty()) return;
   LILY_CHECK(int64_t(sequence.tokens.size()) == sequence.state->length(),
-             "internal: a sequence of {} tokens holds a state of {}", sequence.tokens.size(),
-             sequence.state->length());
+             "internal: a sequence of {} tokens holds a state of {}", sequence.tokens.size(), sequence.state->length());
   entries_.push_front(std::move(sequence));
   uint64_t total = stats().bytes;
   while (!entries_.empty() && total > budget_) {

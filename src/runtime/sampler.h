@@ -20,9 +20,9 @@ namespace lily {
 
 struct SamplingParams {
   float temperature = 1.0f;
-  int top_k = 0;          // 0: off
-  float top_p = 1.0f;     // 1: off
-  float min_p = 0.0f;     // 0: off
+  int top_k = 0;       // 0: off
+  float top_p = 1.0f;  // 1: off
+  float min_p = 0.0f;  // 0: off
   float presence_penalty = 0.0f;
   float frequency_penalty = 0.0f;
   float repetition_penalty = 1.0f;  // 1: off
@@ -60,8 +60,8 @@ class Sampler {
   SamplingParams params_;
   int32_t vocab_limit_;
   std::mt19937_64 rng_;
-  std::vector<float> weights_;  // exp((logit - max) / temperature) per token (reused)
-  std::vector<int32_t> ids_;    // candidate order (reused)
+  std::vector<float> weights_;          // exp((logit - max) / temperature) per token (reused)
+  std::vector<int32_t> ids_;            // candidate order (reused)
   std::vector<TokenLogit> candidates_;  // (reused)
 };
 

@@ -41,7 +41,8 @@ std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCache
     out += fmt::format("lily_requests_total{{path=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
   }
   metric("lily_completions_total", "counter", "Completions run (chat and text).", completions_);
-  metric("lily_completions_cancelled_total", "counter", "Completions stopped because the client went away.", cancelled_);
+  metric("lily_completions_cancelled_total", "counter", "Completions stopped because the client went away.",
+         cancelled_);
   metric("lily_prompt_tokens_total", "counter", "Prompt tokens of all completions.", prompt_tokens_);
   metric("lily_prompt_tokens_cached_total", "counter", "Prompt tokens reused from the session cache (not computed).",
          cached_tokens_);

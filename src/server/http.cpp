@@ -47,7 +47,7 @@ ClientConnection::ClientConnection(const httplib::Request& req) {
     char* end = nullptr;
     const long fd = std::strtol(entry->d_name, &end, 10);
     if (*end != '\0' || fd < 0) continue;
-    struct stat st{};
+    struct stat st {};
     if (fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
     sockaddr_storage peer{}, local{};
     socklen_t peer_len = sizeof peer, local_len = sizeof local;
@@ -142,7 +142,8 @@ int run_server(ChatService& service, const ServerOptions& options) {
     // With --api-key every route but /health needs "Authorization: Bearer KEY".
     if (!ctx.options.api_key.empty() && req.path != "/health" &&
         req.get_header_value("Authorization") != "Bearer " + ctx.options.api_key) {
-      write_error(res, ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key"));
+      write_error(res,
+                  ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key"));
       return httplib::Server::HandlerResponse::Handled;
     }
     return httplib::Server::HandlerResponse::Unhandled;

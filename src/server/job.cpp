@@ -57,9 +57,8 @@ void run_job(ServerContext& ctx, const httplib::Request& req, httplib::Response&
     }
     const double queued = std::chrono::duration<double>(Clock::now() - joined).count();
     try {
-      CompletionResult r = run_completion(ctx, *job, [&](const ChatDelta&) {
-        return connection->alive() && !ctx.queue.shutting_down();
-      });
+      CompletionResult r = run_completion(
+          ctx, *job, [&](const ChatDelta&) { return connection->alive() && !ctx.queue.shutting_down(); });
       ticket.reset();
       ctx.metrics.count_completion(r, queued);
       res.set_content(dump(job->body(r)), "application/json");

@@ -17,10 +17,10 @@ namespace lily::server {
 struct CompletionJob {
   PreparedCompletion prepared;
   bool stream = false;
-  std::function<std::vector<json>()> opening;                               // stream: first events
-  std::function<std::vector<json>(const ChatDelta&)> delta_events;          // stream: per delta
-  std::function<std::vector<json>(const CompletionResult&)> closing;        // stream: last events
-  std::function<json(const CompletionResult&)> body;                        // not streamed
+  std::function<std::vector<json>()> opening;                         // stream: first events
+  std::function<std::vector<json>(const ChatDelta&)> delta_events;    // stream: per delta
+  std::function<std::vector<json>(const CompletionResult&)> closing;  // stream: last events
+  std::function<json(const CompletionResult&)> body;                  // not streamed
 };
 
 void run_job(ServerContext& ctx, const httplib::Request& req, httplib::Response& res,

@@ -27,12 +27,12 @@ namespace lily::server {
 
 struct ServerOptions {
   std::string host = "127.0.0.1";
-  int port = 8080;  // 0: any free port
+  int port = 8080;      // 0: any free port
   std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY"
   std::string model_name = "lily";
-  size_t max_waiting = 16;                     // queue length beyond the running request
-  size_t max_body_bytes = size_t(8) << 20;     // larger bodies: 413
-  int retry_after_seconds = 1;                 // with 503 when the queue is full
+  size_t max_waiting = 16;                  // queue length beyond the running request
+  size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
+  int retry_after_seconds = 1;              // with 503 when the queue is full
 };
 
 // Counters for /metrics (Prometheus text format).
@@ -58,7 +58,7 @@ struct ServerContext {
   RequestQueue queue;
   Metrics metrics;
   std::time_t started = std::time(nullptr);
-  std::atomic<bool> ready{false};   // the model is loaded (/health)
+  std::atomic<bool> ready{false};    // the model is loaded (/health)
   std::atomic<bool> running{false};  // a generation is in progress
 
   ServerContext(ChatService& s, ServerOptions o) : service(s), options(std::move(o)), queue(options.max_waiting) {}

@@ -29,7 +29,9 @@ ToolChoice read_tool_choice(const json& v) {
     if (s == "auto") choice.mode = ToolChoice::Mode::automatic;
     else if (s == "none") choice.mode = ToolChoice::Mode::none;
     else if (s == "required") choice.mode = ToolChoice::Mode::required;
-    else bad_request("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}", "tool_choice");
+    else
+      bad_request("tool_choice must be \"none\", \"auto\", \"required\" or {\"type\": \"function\", ...}",
+                  "tool_choice");
     return choice;
   }
   if (!v.is_object()) bad_request("tool_choice must be a string or an object", "tool_choice");
@@ -84,7 +86,8 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
   f.string("model");
 
   // n: integer or null, defaults to 1. How many chat completion choices to generate.
-  if (auto n = f.integer("n", 1, INT32_MAX); n && *n != 1) bad_request("lily generates one choice per request: n must be 1", "n");
+  if (auto n = f.integer("n", 1, INT32_MAX); n && *n != 1)
+    bad_request("lily generates one choice per request: n must be 1", "n");
 
   // max_completion_tokens: integer or null. An upper bound for the number of tokens that can be
   // generated for a completion, including visible output tokens and reasoning tokens.
@@ -149,7 +152,8 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
 
   // Fields OpenAI documents that lily does not do.
   // logit_bias: map. Modify the likelihood of specified tokens appearing in the completion.
-  if (const json* bias = f.object("logit_bias"); bias && !bias->empty()) bad_request("lily does not support logit_bias", "logit_bias");
+  if (const json* bias = f.object("logit_bias"); bias && !bias->empty())
+    bad_request("lily does not support logit_bias", "logit_bias");
   // response_format: object. {"type": "text"} is the default; JSON modes need constrained decoding.
   if (const json* format = f.object("response_format")) {
     if (format->value("type", json("text")) != "text") {
@@ -165,7 +169,8 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
   }
   // functions / function_call: deprecated in favour of tools / tool_choice.
   if (f.get("functions") || f.get("function_call")) {
-    bad_request("functions and function_call are deprecated; use tools and tool_choice", f.get("functions") ? "functions" : "function_call");
+    bad_request("functions and function_call are deprecated; use tools and tool_choice",
+                f.get("functions") ? "functions" : "function_call");
   }
   return p;
 }
@@ -173,7 +178,8 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
 json tool_calls_json(const std::vector<ToolCall>& calls) {
   json out = json::array();
   for (const ToolCall& c : calls) {
-    out.push_back(json{{"id", c.id}, {"type", "function"}, {"function", json{{"name", c.name}, {"arguments", c.arguments}}}});
+    out.push_back(
+        json{{"id", c.id}, {"type", "function"}, {"function", json{{"name", c.name}, {"arguments", c.arguments}}}});
   }
   return out;
 }
@@ -203,18 +209,28 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
     message["content"] = r.content.empty() && !r.tool_calls.empty() ? json(nullptr) : json(r.content);
     if (!r.reasoning.empty()) message["reasoning_content"] = r.reasoning;
     if (!r.tool_calls.empty()) message["tool_calls"] = tool_calls_json(r.tool_calls);
-    json choice{{"index", 0}, {"message", message}, {"logprobs", logprobs ? chat_logprobs_json(r.logprobs) : json(nullptr)},
+    json choice{{"index", 0},
+                {"message", message},
+                {"logprobs", logprobs ? chat_logprobs_json(r.logprobs) : json(nullptr)},
                 {"finish_reason", r.finish_reason}};
-    return json{{"id", id}, {"object", "chat.completion"}, {"created", created}, {"model", model},
-                {"system_fingerprint", "lily"}, {"choices", json::array({choice})}, {"usage", usage_json(r.usage)}};
+    return json{{"id", id},
+                {"object", "chat.completion"},
+                {"created", created},
+                {"model", model},
+                {"system_fingerprint", "lily"},
+                {"choices", json::array({choice})},
+                {"usage", usage_json(r.usage)}};
   };
 
   const ResponseEnvelope envelope{id, "chat.completion.chunk", created, model, include_usage};
   auto chunk = [envelope](json choices) { return envelope.chunk(std::move(choices)); };
   auto choice = [](json delta, json lp, json finish) {
-    return json::array({json{{"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish)}}});
+    return json::array({json{
+        {"index", 0}, {"delta", std::move(delta)}, {"logprobs", std::move(lp)}, {"finish_reason", std::move(finish)}}});
   };
-  job->opening = [=] { return std::vector<json>{chunk(choice(json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))}; };
+  job->opening = [=] {
+    return std::vector<json>{chunk(choice(json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))};
+  };
   auto tool_index = std::make_shared<int>(0);  // index of the next tool call in the stream
   job->delta_events = [=](const ChatDelta& d) {
     std::vector<json> events;
@@ -228,7 +244,10 @@ void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, ht
     // Tool calls as OpenAI streams them: a header (id, type, name, empty arguments), then the arguments.
     for (const ToolCall& c : d.tool_calls) {
       const int index = (*tool_index)++;
-      json header{{"index", index}, {"id", c.id}, {"type", "function"}, {"function", json{{"name", c.name}, {"arguments", ""}}}};
+      json header{{"index", index},
+                  {"id", c.id},
+                  {"type", "function"},
+                  {"function", json{{"name", c.name}, {"arguments", ""}}}};
       json args{{"index", index}, {"function", json{{"arguments", c.arguments}}}};
       events.push_back(chunk(choice(json{{"tool_calls", json::array({header})}}, nullptr, nullptr)));
       events.push_back(chunk(choice(json{{"tool_calls", json::array({args})}}, nullptr, nullptr)));

@@ -82,15 +82,18 @@ CompletionParams read_params(const json& body, const ChatService& service) {
 
   // Fields OpenAI documents that lily does not do.
   // n: integer or null, defaults to 1. How many completions to generate for each prompt.
-  if (auto n = f.integer("n", 1, INT32_MAX); n && *n != 1) bad_request("lily generates one choice per request: n must be 1", "n");
+  if (auto n = f.integer("n", 1, INT32_MAX); n && *n != 1)
+    bad_request("lily generates one choice per request: n must be 1", "n");
   // best_of: integer or null, defaults to 1. Generates best_of completions server-side.
-  if (auto b = f.integer("best_of", 1, INT32_MAX); b && *b != 1) bad_request("lily does not support best_of > 1", "best_of");
+  if (auto b = f.integer("best_of", 1, INT32_MAX); b && *b != 1)
+    bad_request("lily does not support best_of > 1", "best_of");
   // echo: boolean or null. Echo back the prompt in addition to the completion.
   if (f.boolean("echo").value_or(false)) bad_request("lily does not support echo", "echo");
   // suffix: string or null. The suffix that comes after a completion of inserted text.
   if (auto s = f.string("suffix"); s && !s->empty()) bad_request("lily does not support suffix", "suffix");
   // logit_bias: map. Modify the likelihood of specified tokens appearing in the completion.
-  if (const json* bias = f.object("logit_bias"); bias && !bias->empty()) bad_request("lily does not support logit_bias", "logit_bias");
+  if (const json* bias = f.object("logit_bias"); bias && !bias->empty())
+    bad_request("lily does not support logit_bias", "logit_bias");
   return p;
 }
 
@@ -130,7 +133,9 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
   auto chunk = [envelope](json choices) { return envelope.chunk(std::move(choices)); };
 
   job->body = [=](const CompletionResult& r) {
-    json choice{{"text", r.content}, {"index", 0}, {"logprobs", logprobs ? legacy_logprobs(r.logprobs, 0) : json(nullptr)},
+    json choice{{"text", r.content},
+                {"index", 0},
+                {"logprobs", logprobs ? legacy_logprobs(r.logprobs, 0) : json(nullptr)},
                 {"finish_reason", r.finish_reason}};
     json out = chunk(json::array({choice}));
     out["usage"] = usage_json(r.usage);
@@ -145,8 +150,8 @@ void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib
         chunk(json::array({json{{"text", d.content}, {"index", 0}, {"logprobs", lp}, {"finish_reason", nullptr}}}))};
   };
   job->closing = [=](const CompletionResult& r) {
-    std::vector<json> events{
-        chunk(json::array({json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}}}))};
+    std::vector<json> events{chunk(
+        json::array({json{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", r.finish_reason}}}))};
     if (include_usage) events.push_back(envelope.usage_event(r.usage));
     return events;
   };

@@ -29,7 +29,8 @@ std::optional<double> Fields::number(const std::string& name, double lo, double 
   if (!v) return std::nullopt;
   if (!v->is_number()) bad_request(name + " must be a number", name);
   double x = v->get<double>();
-  if (!std::isfinite(x) || x < lo || x > hi) bad_request(fmt::format("{} must be between {} and {}", name, lo, hi), name);
+  if (!std::isfinite(x) || x < lo || x > hi)
+    bad_request(fmt::format("{} must be between {} and {}", name, lo, hi), name);
   return x;
 }
 
@@ -40,8 +41,8 @@ std::optional<int64_t> Fields::integer(const std::string& name, int64_t lo, int6
   if (v->is_number_integer()) {
     if (v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX)) bad_request(name + " is too large", name);
     x = v->get<int64_t>();
-  } else if (v->is_number_float() && std::isfinite(v->get<double>()) && std::floor(v->get<double>()) == v->get<double>() &&
-             std::fabs(v->get<double>()) < 9e15) {
+  } else if (v->is_number_float() && std::isfinite(v->get<double>()) &&
+             std::floor(v->get<double>()) == v->get<double>() && std::fabs(v->get<double>()) < 9e15) {
     x = int64_t(v->get<double>());  // 5.0 is an integer in JSON Schema
   } else {
     bad_request(name + " must be an integer", name);
@@ -151,7 +152,11 @@ json usage_json(const Usage& u) {
 }
 
 json ResponseEnvelope::chunk(json choices) const {
-  json c{{"id", id}, {"object", object}, {"created", created}, {"model", model}, {"system_fingerprint", "lily"},
+  json c{{"id", id},
+         {"object", object},
+         {"created", created},
+         {"model", model},
+         {"system_fingerprint", "lily"},
          {"choices", std::move(choices)}};
   if (usage_chunk) c["usage"] = nullptr;
   return c;

@@ -46,8 +46,7 @@ void BpeModel::encode_word(std::string_view word, std::vector<int32_t>& out) con
   symbols.clear();
   const int32_t n = static_cast<int32_t>(word.size());
   for (int32_t i = 0; i < n; ++i) {
-    symbols.push_back({byte_token[static_cast<unsigned char>(word[i])], i - 1,
-                       i + 1 < n ? i + 1 : -1, true});
+    symbols.push_back({byte_token[static_cast<unsigned char>(word[i])], i - 1, i + 1 < n ? i + 1 : -1, true});
   }
 
   auto find_merge = [this](int32_t left, int32_t right) -> const BpeMerge* {

@@ -16,14 +16,12 @@ struct BpeMerge {
 };
 
 struct BpeModel {
-  std::array<int32_t, 256> byte_token{};                   // id of each single-byte token
-  std::unordered_map<uint64_t, BpeMerge> merges;           // key: pair_key(left id, right id)
+  std::array<int32_t, 256> byte_token{};                    // id of each single-byte token
+  std::unordered_map<uint64_t, BpeMerge> merges;            // key: pair_key(left id, right id)
   std::unordered_map<std::string, int32_t> bytes_to_token;  // raw bytes -> id (ignore_merges)
   bool ignore_merges = false;
 
-  static uint64_t pair_key(int32_t left, int32_t right) {
-    return (uint64_t(uint32_t(left)) << 32) | uint32_t(right);
-  }
+  static uint64_t pair_key(int32_t left, int32_t right) { return (uint64_t(uint32_t(left)) << 32) | uint32_t(right); }
 
   // Appends the ids of one pre-token (raw bytes, before the byte-level mapping) to `out`.
   // HF BPE::merge_word semantics: repeatedly merge the adjacent pair of lowest rank, leftmost

@@ -70,9 +70,8 @@ SplitPretokenizer::SplitPretokenizer(const std::string& pattern)
     : pcre2_pattern_(rewrite_whitespace_classes(pattern)), compiled_(std::make_unique<Compiled>()) {
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern_.data()),
-                                  pcre2_pattern_.size(), PCRE2_UTF | PCRE2_UCP, &error_code,
-                                  &error_offset, nullptr);
+  compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern_.data()), pcre2_pattern_.size(),
+                                  PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (!compiled_->code) {
     PCRE2_UCHAR message[256];
     pcre2_get_error_message(error_code, message, sizeof(message));
@@ -89,8 +88,7 @@ void SplitPretokenizer::split(std::string_view text, std::vector<std::string_vie
   // Per-call match state keeps the compiled pattern shareable across threads.
   pcre2_match_data* match = pcre2_match_data_create_from_pattern(compiled_->code, nullptr);
   pcre2_match_context* context = pcre2_match_context_create(nullptr);
-  pcre2_jit_stack* stack = compiled_->jit ? pcre2_jit_stack_create(32 * 1024, 8 << 20, nullptr)
-                                          : nullptr;
+  pcre2_jit_stack* stack = compiled_->jit ? pcre2_jit_stack_create(32 * 1024, 8 << 20, nullptr) : nullptr;
   if (stack) pcre2_jit_stack_assign(context, nullptr, stack);
   struct Free {
     pcre2_match_data* m;
@@ -104,11 +102,10 @@ void SplitPretokenizer::split(std::string_view text, std::vector<std::string_vie
   } free_all{match, context, stack};
 
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
-  size_t pos = 0;       // where the next search starts
-  size_t emitted = 0;   // end of the last piece appended
+  size_t pos = 0;      // where the next search starts
+  size_t emitted = 0;  // end of the last piece appended
   while (pos < text.size()) {
-    const int rc = pcre2_match(compiled_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK,
-                               match, context);
+    const int rc = pcre2_match(compiled_->code, subject, text.size(), pos, PCRE2_NO_UTF_CHECK, match, context);
     if (rc == PCRE2_ERROR_NOMATCH) break;
     if (rc < 0) {
       PCRE2_UCHAR message[256];

@@ -12,14 +12,11 @@ Tokenizer Tokenizer::load(const std::string& tokenizer_json_path) {
   return with_context("loading tokenizer " + tokenizer_json_path, [&] {
     MappedFile file(tokenizer_json_path);
     const auto bytes = file.bytes();
-    return Tokenizer(parse_tokenizer_json(
-        std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
+    return Tokenizer(parse_tokenizer_json(std::string_view(reinterpret_cast<const char*>(bytes.data()), bytes.size())));
   });
 }
 
-Tokenizer Tokenizer::load_from_model_dir(const std::string& dir) {
-  return load(dir + "/tokenizer.json");
-}
+Tokenizer Tokenizer::load_from_model_dir(const std::string& dir) { return load(dir + "/tokenizer.json"); }
 
 // One pre-token -> ids, through the cache.
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {

@@ -23,9 +23,7 @@ bool is_null_or_empty_string(const json& j, const char* key) {
   return !j.contains(key) || j[key].is_null() || (j[key].is_string() && j[key].get<std::string>().empty());
 }
 
-bool flag(const json& j, const char* key) {
-  return j.contains(key) && j[key].is_boolean() && j[key].get<bool>();
-}
+bool flag(const json& j, const char* key) { return j.contains(key) && j[key].is_boolean() && j[key].get<bool>(); }
 
 // Code points of valid UTF-8 (JSON strings are valid UTF-8 after parsing).
 std::vector<uint32_t> code_points(std::string_view s) {
@@ -88,16 +86,13 @@ void read_pre_tokenizer(const json& root, Tokenizer::Impl& impl) {
       LILY_CHECK(s.contains("pattern") && s["pattern"].contains("Regex"),
                  "pre_tokenizer Split: only a Regex pattern is supported, found {}", s.dump());
       LILY_CHECK(lower(s.value("behavior", "")) == "isolated",
-                 "pre_tokenizer Split: only behavior Isolated is supported, found '{}'",
-                 s.value("behavior", ""));
+                 "pre_tokenizer Split: only behavior Isolated is supported, found '{}'", s.value("behavior", ""));
       LILY_CHECK(!flag(s, "invert"), "pre_tokenizer Split: invert=true is not supported");
       LILY_CHECK(!byte_level, "pre_tokenizer: Split after ByteLevel is not supported");
       impl.split = std::make_unique<SplitPretokenizer>(s["pattern"]["Regex"].get<std::string>());
     } else if (type == "ByteLevel") {
-      LILY_CHECK(!flag(s, "add_prefix_space"),
-                 "pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
-      LILY_CHECK(!flag(s, "use_regex"),
-                 "pre_tokenizer ByteLevel: use_regex=true (the GPT-2 regex) is not supported");
+      LILY_CHECK(!flag(s, "add_prefix_space"), "pre_tokenizer ByteLevel: add_prefix_space=true is not supported");
+      LILY_CHECK(!flag(s, "use_regex"), "pre_tokenizer ByteLevel: use_regex=true (the GPT-2 regex) is not supported");
       byte_level = true;
     } else {
       fail("pre_tokenizer: step type '{}' is not supported", type);
@@ -106,20 +101,16 @@ void read_pre_tokenizer(const json& root, Tokenizer::Impl& impl) {
   LILY_CHECK(byte_level, "pre_tokenizer: a ByteLevel step is required");
 }
 
-void read_model(const json& root, Tokenizer::Impl& impl,
-                std::unordered_map<std::string, int32_t>& vocab) {
+void read_model(const json& root, Tokenizer::Impl& impl, std::unordered_map<std::string, int32_t>& vocab) {
   LILY_CHECK(root.contains("model") && root["model"].is_object(), "model: missing");
   const json& m = root["model"];
-  LILY_CHECK(m.value("type", "BPE") == "BPE", "model: type '{}' is not supported (BPE only)",
-             m.value("type", ""));
-  LILY_CHECK(m.contains("dropout") == false || m["dropout"].is_null() ||
-                 m["dropout"].get<double>() == 0.0,
+  LILY_CHECK(m.value("type", "BPE") == "BPE", "model: type '{}' is not supported (BPE only)", m.value("type", ""));
+  LILY_CHECK(m.contains("dropout") == false || m["dropout"].is_null() || m["dropout"].get<double>() == 0.0,
              "model: BPE dropout is not supported");
   LILY_CHECK(!flag(m, "byte_fallback"), "model: byte_fallback=true is not supported");
   LILY_CHECK(is_null_or_empty_string(m, "continuing_subword_prefix"),
              "model: continuing_subword_prefix is not supported");
-  LILY_CHECK(is_null_or_empty_string(m, "end_of_word_suffix"),
-             "model: end_of_word_suffix is not supported");
+  LILY_CHECK(is_null_or_empty_string(m, "end_of_word_suffix"), "model: end_of_word_suffix is not supported");
   impl.bpe.ignore_merges = flag(m, "ignore_merges");
 
   LILY_CHECK(m.contains("vocab") && m["vocab"].is_object(), "model.vocab: missing");
@@ -164,13 +155,12 @@ void read_model(const json& root, Tokenizer::Impl& impl,
       right = merge[1].get<std::string>();
     }
     // Later duplicates overwrite earlier ones, as in HF's HashMap collect.
-    impl.bpe.merges[BpeModel::pair_key(lookup(left, rank), lookup(right, rank))] =
-        BpeMerge{int32_t(rank), lookup(left + right, rank)};
+    impl.bpe.merges[BpeModel::pair_key(lookup(left, rank), lookup(right, rank))] = BpeMerge{int32_t(rank),
+                                                                                            lookup(left + right, rank)};
   }
 }
 
-void read_added_tokens(const json& root, Tokenizer::Impl& impl,
-                       std::vector<std::pair<int32_t, std::string>>& added) {
+void read_added_tokens(const json& root, Tokenizer::Impl& impl, std::vector<std::pair<int32_t, std::string>>& added) {
   if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return;
   for (const json& t : root["added_tokens"]) {
     const int32_t id = t.at("id").get<int32_t>();
@@ -208,8 +198,8 @@ std::shared_ptr<Tokenizer::Impl> parse_tokenizer_json(std::string_view json_text
     read_normalizer(root, *impl);
     read_pre_tokenizer(root, *impl);
     if (root.contains("decoder") && !root["decoder"].is_null()) {
-      LILY_CHECK(root["decoder"].value("type", "") == "ByteLevel",
-                 "decoder: only ByteLevel is supported, found {}", root["decoder"].dump());
+      LILY_CHECK(root["decoder"].value("type", "") == "ByteLevel", "decoder: only ByteLevel is supported, found {}",
+                 root["decoder"].dump());
     }
     std::unordered_map<std::string, int32_t> vocab;
     read_model(root, *impl, vocab);

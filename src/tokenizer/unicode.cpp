@@ -110,10 +110,9 @@ std::string nfc(std::string_view utf8) {
   if (ascii) return std::string(utf8);
   utf8proc_uint8_t* out = nullptr;
   // An explicit length (no UTF8PROC_NULLTERM), so U+0000 inside the text is kept.
-  const utf8proc_ssize_t len =
-      utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(utf8.data()),
-                   static_cast<utf8proc_ssize_t>(utf8.size()), &out,
-                   utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
+  const utf8proc_ssize_t len = utf8proc_map(reinterpret_cast<const utf8proc_uint8_t*>(utf8.data()),
+                                            static_cast<utf8proc_ssize_t>(utf8.size()), &out,
+                                            utf8proc_option_t(UTF8PROC_STABLE | UTF8PROC_COMPOSE));
   std::unique_ptr<utf8proc_uint8_t, decltype(&std::free)> owned(out, &std::free);
   LILY_CHECK(len >= 0, "NFC normalization failed: {}", utf8proc_errmsg(len));
   return std::string(reinterpret_cast<const char*>(out), static_cast<size_t>(len));

@@ -59,8 +59,8 @@ std::string line_diff(const std::string& expected, const std::string& actual) {
   size_t i = 0;
   while (i < want.size() && i < got.size() && want[i] == got[i]) ++i;
   std::ostringstream out;
-  out << "first difference at line " << i + 1 << " (expected " << expected.size() << " bytes, got "
-      << actual.size() << ")\n";
+  out << "first difference at line " << i + 1 << " (expected " << expected.size() << " bytes, got " << actual.size()
+      << ")\n";
   size_t from = i >= 2 ? i - 2 : 0;
   for (size_t k = from; k < i; ++k) out << "    " << visible(want[k]) << "\n";
   for (size_t k = i; k < std::min(want.size(), i + 3); ++k) out << "  - " << visible(want[k]) << "\n";
@@ -197,17 +197,28 @@ TEST(chat_python_format, float_repr_matches_python) {
     const char* repr;
   };
   const Case table[] = {
-      {1.0, "1.0"},           {0.1, "0.1"},
-      {1e-05, "1e-05"},       {0.0001, "0.0001"},
-      {0.00012, "0.00012"},   {1e16, "1e+16"},
-      {1e15, "1000000000000000.0"}, {9999999999999998.0, "9999999999999998.0"},
-      {123456789.125, "123456789.125"}, {3.141592653589793, "3.141592653589793"},
-      {-2.5e-10, "-2.5e-10"}, {0.0, "0.0"},
-      {-0.0, "-0.0"},         {5e-324, "5e-324"},
-      {1.7976931348623157e308, "1.7976931348623157e+308"}, {1e100, "1e+100"},
-      {1.5e16, "1.5e+16"},    {100.0, "100.0"},
-      {0.3, "0.3"},           {2.0 / 3.0, "0.6666666666666666"},
-      {1e22, "1e+22"},        {123e-20, "1.23e-18"},
+      {1.0, "1.0"},
+      {0.1, "0.1"},
+      {1e-05, "1e-05"},
+      {0.0001, "0.0001"},
+      {0.00012, "0.00012"},
+      {1e16, "1e+16"},
+      {1e15, "1000000000000000.0"},
+      {9999999999999998.0, "9999999999999998.0"},
+      {123456789.125, "123456789.125"},
+      {3.141592653589793, "3.141592653589793"},
+      {-2.5e-10, "-2.5e-10"},
+      {0.0, "0.0"},
+      {-0.0, "-0.0"},
+      {5e-324, "5e-324"},
+      {1.7976931348623157e308, "1.7976931348623157e+308"},
+      {1e100, "1e+100"},
+      {1.5e16, "1.5e+16"},
+      {100.0, "100.0"},
+      {0.3, "0.3"},
+      {2.0 / 3.0, "0.6666666666666666"},
+      {1e22, "1e+22"},
+      {123e-20, "1.23e-18"},
   };
   for (const Case& c : table) EXPECT_EQ(python::float_repr(c.value), c.repr) << c.repr;
   EXPECT_EQ(python::float_repr(std::numeric_limits<double>::infinity()), "inf");
@@ -218,9 +229,8 @@ TEST(chat_python_format, float_repr_matches_python) {
 TEST(chat_python_format, json_dumps_matches_python) {
   json value = parse(R"({"z": 1, "a": [1, 2.5, "ü", null, true, false], "n": {"k": {}, "l": []},
                         "big": 18446744073709551615, "neg": -9223372036854775808, "f": 1E5})");
-  EXPECT_EQ(python::json_dumps(value),
-            R"({"z": 1, "a": [1, 2.5, "ü", null, true, false], "n": {"k": {}, "l": []}, )"
-            R"("big": 18446744073709551615, "neg": -9223372036854775808, "f": 100000.0})");
+  EXPECT_EQ(python::json_dumps(value), R"({"z": 1, "a": [1, 2.5, "ü", null, true, false], "n": {"k": {}, "l": []}, )"
+                                       R"("big": 18446744073709551615, "neg": -9223372036854775808, "f": 100000.0})");
   EXPECT_EQ(python::json_dumps(json("tab\t nl\n cr\r bs\\ q\" \x01 \x1f \x7f é 🚀 \u2028")),
             "\"tab\\t nl\\n cr\\r bs\\\\ q\\\" \\u0001 \\u001f \x7f é 🚀 \u2028\"");
   EXPECT_EQ(python::json_dumps(json("\b\f/")), "\"\\b\\f/\"");

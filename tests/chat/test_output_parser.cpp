@@ -157,7 +157,8 @@ TEST(output_parser, LeadingThinkTagDropped) {
 }
 
 TEST(output_parser, MissingThinkEndIsAllReasoning) {
-  check_stream("Still thinking about <b>this</b> and < that\n", {"Still thinking about <b>this</b> and < that", "", {}});
+  check_stream("Still thinking about <b>this</b> and < that\n",
+               {"Still thinking about <b>this</b> and < that", "", {}});
 }
 
 TEST(output_parser, PartialTagAtEndIsReleased) {
@@ -181,9 +182,11 @@ TEST(output_parser, WhitespaceInsideTextKept) {
 }
 
 TEST(output_parser, UnicodeAtEverySplit) {
-  check_stream("Размышляю 🤔 über Ünïcode.\n</think>\n\n答案是 42 🙂\n<tool_call>\n<function=get_weather>\n"
-               "<parameter=city>\n東京 🗼\n</parameter>\n</function>\n</tool_call>",
-               {"Размышляю 🤔 über Ünïcode.", "答案是 42 🙂", {{"get_weather", R"({"city": "東京 🗼"})"}}}, with_tools());
+  check_stream(
+      "Размышляю 🤔 über Ünïcode.\n</think>\n\n答案是 42 🙂\n<tool_call>\n<function=get_weather>\n"
+      "<parameter=city>\n東京 🗼\n</parameter>\n</function>\n</tool_call>",
+      {"Размышляю 🤔 über Ünïcode.", "答案是 42 🙂", {{"get_weather", R"({"city": "東京 🗼"})"}}},
+      with_tools());
 }
 
 // ---- tool calls -----------------------------------------------------------------------------
@@ -196,21 +199,20 @@ TEST(output_parser, ContentThenToolCall) {
 }
 
 TEST(output_parser, ValuesTypedBySchema) {
-  std::string stream =
-      "</think>\n\n<tool_call>\n<function=get_weather>\n"
-      "<parameter=city>\nSão Paulo\n</parameter>\n"
-      "<parameter=days>\n7\n</parameter>\n"
-      "<parameter=temp>\n21.5\n</parameter>\n"
-      "<parameter=metric>\nTrue\n</parameter>\n"
-      "<parameter=options>\n{\"units\": \"C\", \"detail\": [1, 2]}\n</parameter>\n"
-      "<parameter=tags>\n['a', 'b']\n</parameter>\n"
-      "<parameter=nothing>\nNone\n</parameter>\n"
-      "<parameter=maybe>\nnull\n</parameter>\n"
-      "<parameter=either>\n12\n</parameter>\n"
-      "<parameter=note>\nnull\n</parameter>\n"
-      "<parameter=extra>\n{\"x\": 1}\n</parameter>\n"
-      "<parameter=extra2>\nhello world\n</parameter>\n"
-      "</function>\n</tool_call>";
+  std::string stream = "</think>\n\n<tool_call>\n<function=get_weather>\n"
+                       "<parameter=city>\nSão Paulo\n</parameter>\n"
+                       "<parameter=days>\n7\n</parameter>\n"
+                       "<parameter=temp>\n21.5\n</parameter>\n"
+                       "<parameter=metric>\nTrue\n</parameter>\n"
+                       "<parameter=options>\n{\"units\": \"C\", \"detail\": [1, 2]}\n</parameter>\n"
+                       "<parameter=tags>\n['a', 'b']\n</parameter>\n"
+                       "<parameter=nothing>\nNone\n</parameter>\n"
+                       "<parameter=maybe>\nnull\n</parameter>\n"
+                       "<parameter=either>\n12\n</parameter>\n"
+                       "<parameter=note>\nnull\n</parameter>\n"
+                       "<parameter=extra>\n{\"x\": 1}\n</parameter>\n"
+                       "<parameter=extra2>\nhello world\n</parameter>\n"
+                       "</function>\n</tool_call>";
   std::string args =
       R"({"city": "São Paulo", "days": 7, "temp": 21.5, "metric": true, "options": {"units": "C", "detail": [1, 2]}, )"
       R"("tags": ["a", "b"], "nothing": null, "maybe": null, "either": 12, "note": null, "extra": {"x": 1}, )"
@@ -226,9 +228,9 @@ TEST(output_parser, StringValuesKeepTheirText) {
 }
 
 TEST(output_parser, TwoToolCallsAndNoArguments) {
-  check_stream("Two calls.\n</think>\n\n" + kOsloCall +
-                   "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n",
-               {"Two calls.", "", {{"get_weather", R"({"city": "Oslo"})"}, {"get_time", "{}"}}}, with_tools());
+  check_stream(
+      "Two calls.\n</think>\n\n" + kOsloCall + "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n",
+      {"Two calls.", "", {{"get_weather", R"({"city": "Oslo"})"}, {"get_time", "{}"}}}, with_tools());
 }
 
 TEST(output_parser, NoSchemaTriesJsonThenString) {
@@ -257,10 +259,10 @@ TEST(output_parser, ThinkingOffToolCall) {
 }
 
 TEST(output_parser, TextAroundToolCalls) {
-  check_stream("</think>\n\nA\n\n" + kOsloCall + "\n\nB\n",
-               {"", "A\n\nB", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
-  check_stream("</think>\n\n" + kOsloCall + "\nAfter.",
-               {"", "After.", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
+  check_stream("</think>\n\nA\n\n" + kOsloCall + "\n\nB\n", {"", "A\n\nB", {{"get_weather", R"({"city": "Oslo"})"}}},
+               with_tools());
+  check_stream("</think>\n\n" + kOsloCall + "\nAfter.", {"", "After.", {{"get_weather", R"({"city": "Oslo"})"}}},
+               with_tools());
 }
 
 TEST(output_parser, ParsingOffKeepsToolCallText) {

@@ -130,8 +130,8 @@ Px at(const Decoded& d, int x, int y) {
 }
 bool is_white(Px p) { return p.r == 255 && p.g == 255 && p.b == 255; }
 bool is_dark(Px p) { return p.r + p.g + p.b < 150; }
-bool is_blue(Px p) { return p.b > 150 && p.r < 100; }   // the prefill series
-bool is_red(Px p) { return p.r > 150 && p.b < 100; }    // the decode series
+bool is_blue(Px p) { return p.b > 150 && p.r < 100; }  // the prefill series
+bool is_red(Px p) { return p.r > 150 && p.b < 100; }   // the decode series
 
 Decoded render_and_decode(const std::vector<BenchPoint>& pts, const std::string& title) {
   RgbImage img = render_bench_plot(pts, title);
@@ -140,8 +140,11 @@ Decoded render_and_decode(const std::vector<BenchPoint>& pts, const std::string&
 
 // prefill: 256 -> 100, 512 -> 250, 1024 -> 500 tokens/s: x range [2^8, 2^10], y range [0, 500].
 std::vector<BenchPoint> known_points() {
-  return {{"prefill", 256, 100, 12.5}, {"prefill", 512, 250, 25}, {"prefill", 1024, 500, 50},
-          {"decode", 16, 35, 3}, {"decode", 64, 20, 2}};
+  return {{"prefill", 256, 100, 12.5},
+          {"prefill", 512, 250, 25},
+          {"prefill", 1024, 500, 50},
+          {"decode", 16, 35, 3},
+          {"decode", 64, 20, 2}};
 }
 
 // ---- the encoder ----
@@ -229,12 +232,12 @@ TEST(BenchPlot, MarkersSitAtTheExpectedPixels) {
 TEST(BenchPlot, InvalidInputStillGivesAValidImage) {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const std::vector<std::vector<BenchPoint>> cases = {
-      {},                                                              // no rows
-      {{"prefill", 0, 100, 1}, {"decode", -4, 10, 1}},                 // non-positive lengths
+      {},                                                                            // no rows
+      {{"prefill", 0, 100, 1}, {"decode", -4, 10, 1}},                               // non-positive lengths
       {{"prefill", 256, 0, 0}, {"decode", 256, -3, -1}, {"decode", 512, nan, nan}},  // bad rates
       {{"prefill", 300, 10, 1}, {"prefill", 1000, 29, 1}, {"decode", 100, 5, 0}},    // not powers of two
       {{"prefill", 1, 1e-3, 1}, {"decode", int64_t(1) << 40, 1e12, 1e9}},            // extremes, one point each
-      {{"other", 256, 100, 1}},                                        // unknown kind
+      {{"other", 256, 100, 1}},                                                      // unknown kind
   };
   std::string long_title(500, 'x');
   for (size_t i = 0; i < cases.size(); ++i) {
@@ -271,7 +274,8 @@ TEST(BenchPlot, LilyBenchWritesAReadablePlot) {
   auto path = std::filesystem::temp_directory_path() / ("lily_bench_plot_" + std::to_string(::getpid()) + ".png");
   std::string cmd = std::string(LILY_BINARY) + " bench -m " + LILY_FIXTURES_DIR +
                     "/models/tiny-a/mlx-q4 --backend cpu --prefill-lengths 64,128 --decode-depths 16,32"
-                    " --decode-tokens 2 --repeats 1 --plot " + path.string() + " > /dev/null 2>&1";
+                    " --decode-tokens 2 --repeats 1 --plot " +
+                    path.string() + " > /dev/null 2>&1";
   ASSERT_EQ(std::system(cmd.c_str()), 0) << cmd;
   std::ifstream in(path, std::ios::binary);
   std::vector<uint8_t> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());

@@ -18,10 +18,10 @@
 
 namespace lily::test {
 
-#define CUDA_OK(expr)                                                              \
-  do {                                                                             \
-    cudaError_t _e = (expr);                                                       \
-    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e);         \
+#define CUDA_OK(expr)                                                      \
+  do {                                                                     \
+    cudaError_t _e = (expr);                                               \
+    ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e); \
   } while (0)
 
 inline bool gpu_present() {
@@ -42,7 +42,9 @@ class DeviceArray {
   ~DeviceArray() { cudaFree(p_); }
   DeviceArray(const DeviceArray&) = delete;
   DeviceArray& operator=(const DeviceArray&) = delete;
-  void upload(const std::vector<T>& host) { cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice); }
+  void upload(const std::vector<T>& host) {
+    cudaMemcpy(p_, host.data(), host.size() * sizeof(T), cudaMemcpyHostToDevice);
+  }
   std::vector<T> download() const {
     std::vector<T> h(n_);
     cudaMemcpy(h.data(), p_, n_ * sizeof(T), cudaMemcpyDeviceToHost);
@@ -110,7 +112,8 @@ inline double relative_error(const std::vector<float>& a, const std::vector<floa
 }
 
 // Every output within its bound; reports the worst one (index, values, bound).
-inline void expect_within(const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& bound) {
+inline void expect_within(const std::vector<float>& got, const std::vector<double>& want,
+                          const std::vector<double>& bound) {
   ASSERT_EQ(got.size(), want.size());
   double worst = 0;
   size_t at = 0;

@@ -18,9 +18,18 @@ struct TestMoe {
   int E, H, I, Is;
   TestQMatrix router, gate, up, down, sgate, sup, sdown, egate;
   TestMoe(int E_, int H_, int I_, int Is_, uint32_t seed, float router_scale = 0.05f)
-      : E(E_), H(H_), I(I_), Is(Is_), router(1, E, H, 8, seed, router_scale), gate(E, I, H, 4, seed + 1),
-        up(E, I, H, 4, seed + 2), down(E, H, I, 4, seed + 3), sgate(1, Is, H, 4, seed + 4), sup(1, Is, H, 4, seed + 5),
-        sdown(1, H, Is, 4, seed + 6), egate(1, 1, H, 8, seed + 7) {}
+      : E(E_),
+        H(H_),
+        I(I_),
+        Is(Is_),
+        router(1, E, H, 8, seed, router_scale),
+        gate(E, I, H, 4, seed + 1),
+        up(E, I, H, 4, seed + 2),
+        down(E, H, I, 4, seed + 3),
+        sgate(1, Is, H, 4, seed + 4),
+        sup(1, Is, H, 4, seed + 5),
+        sdown(1, H, Is, 4, seed + 6),
+        egate(1, 1, H, 8, seed + 7) {}
   cuda::GpuMoe gpu() const {
     cuda::GpuMoe w;
     w.router = router.gpu(), w.experts_gate = gate.gpu(), w.experts_up = up.gpu(), w.experts_down = down.gpu();
@@ -41,8 +50,8 @@ struct TestMoe {
     return w;
   }
   // out[t] += routed (given ids, weights) + gated shared expert, all in fp32.
-  void reference(const std::vector<float>& x, const std::vector<int32_t>& ids, const std::vector<float>& weights,
-                 int T, int k, std::vector<float>& out) const {
+  void reference(const std::vector<float>& x, const std::vector<int32_t>& ids, const std::vector<float>& weights, int T,
+                 int k, std::vector<float>& out) const {
     std::vector<float> g(static_cast<size_t>(std::max(I, Is))), u(g.size()), y(static_cast<size_t>(H));
     for (int t = 0; t < T; ++t) {
       const float* xt = x.data() + static_cast<size_t>(t) * H;
@@ -51,13 +60,15 @@ struct TestMoe {
         const int e = ids[static_cast<size_t>(t) * k + s];
         cpu::linear(gate.cpu(e), xt, 1, g.data());
         cpu::linear(up.cpu(e), xt, 1, u.data());
-        for (int i = 0; i < I; ++i) g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+        for (int i = 0; i < I; ++i)
+          g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
         cpu::linear(down.cpu(e), g.data(), 1, y.data());
         for (int h = 0; h < H; ++h) ot[h] += weights[static_cast<size_t>(t) * k + s] * y[static_cast<size_t>(h)];
       }
       cpu::linear(sgate.cpu(), xt, 1, g.data());
       cpu::linear(sup.cpu(), xt, 1, u.data());
-      for (int i = 0; i < Is; ++i) g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
+      for (int i = 0; i < Is; ++i)
+        g[static_cast<size_t>(i)] = cpu::silu(g[static_cast<size_t>(i)]) * u[static_cast<size_t>(i)];
       cpu::linear(sdown.cpu(), g.data(), 1, y.data());
       float logit = 0;
       cpu::linear(egate.cpu(), xt, 1, &logit);

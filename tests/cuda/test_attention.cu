@@ -21,11 +21,11 @@ namespace {
 
 constexpr int kD = 256, kRot = 64;
 constexpr float kTheta = 1e7f, kEps = 1e-6f;
-constexpr double kOutTolerance = 2e-3;   // decode: same bf16 K/V on both sides; fp32 arithmetic
+constexpr double kOutTolerance = 2e-3;  // decode: same bf16 K/V on both sides; fp32 arithmetic
 // Prefill (T > 1) on the tensor cores also rounds the prepared queries and the softmax weights
 // to bf16 (flash_prefill_kernel): ~1e-3 relative in the scores' exponent and in each weight.
 constexpr double kPrefillOutTolerance = 5e-3;
-constexpr double kCacheTolerance = 1e-2; // one bf16 rounding step
+constexpr double kCacheTolerance = 1e-2;  // one bf16 rounding step
 
 struct Attn {
   int nq, nkv, capacity;
@@ -219,10 +219,10 @@ TEST(CudaAttention, PrefillFull) {
 // that divides its 64 rows (1, 2, 4, 8), and a group that does not (3: the simple kernel).
 TEST(CudaAttention, PrefillLongAndGroups) {
   REQUIRE_GPU();
-  check_blocks(16, 2, 4096, 3000, {300}, 20);  // 52 key tiles, 300 tokens (a partial last block)
-  check_blocks(2, 2, 1024, 100, {130}, 21);    // group 1: 64 tokens per block
-  check_blocks(8, 2, 1024, 0, {77}, 22);       // group 4
-  check_blocks(6, 2, 1024, 10, {50}, 23);      // group 3: not a divisor of 64, simple kernel
+  check_blocks(16, 2, 4096, 3000, {300}, 20);     // 52 key tiles, 300 tokens (a partial last block)
+  check_blocks(2, 2, 1024, 100, {130}, 21);       // group 1: 64 tokens per block
+  check_blocks(8, 2, 1024, 0, {77}, 22);          // group 4
+  check_blocks(6, 2, 1024, 10, {50}, 23);         // group 3: not a divisor of 64, simple kernel
   check_blocks(16, 2, 1100, 1000, {64, 36}, 24);  // up to the capacity, two passes
 }
 

@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include "../model/fixture.h"
 #include "backend/backend.h"
 #include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/cuda_backend.h"
 #include "cuda_test_util.h"
-#include "../model/fixture.h"
 #include "model/checkpoint/load.h"
 #include "tokenizer/tokenizer.h"
 
@@ -195,8 +195,7 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Layouts, CudaForward,
-                         ::testing::Values(Layout{"hf-fused", "hf"}, Layout{"mlx-q4", "mlx"}),
+INSTANTIATE_TEST_SUITE_P(Layouts, CudaForward, ::testing::Values(Layout{"hf-fused", "hf"}, Layout{"mlx-q4", "mlx"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
                            std::replace(n.begin(), n.end(), '-', '_');

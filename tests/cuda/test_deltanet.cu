@@ -95,8 +95,18 @@ std::vector<float> reference(const Layer& l, State& st, const Inputs& in, int T)
   const int ratio = l.Hv / l.Hk;
   for (int h = 0; h < l.Hv; ++h) {
     const int kh = h / ratio;
-    cpu::DeltaRuleInputs dr{u.data() + kh * kD, u.data() + key_dim + kh * kD, u.data() + 2 * key_dim + h * kD,
-                            g.data() + h, beta.data() + h, C, C, C, l.Hv, T, kD, kD};
+    cpu::DeltaRuleInputs dr{u.data() + kh * kD,
+                            u.data() + key_dim + kh * kD,
+                            u.data() + 2 * key_dim + h * kD,
+                            g.data() + h,
+                            beta.data() + h,
+                            C,
+                            C,
+                            C,
+                            l.Hv,
+                            T,
+                            kD,
+                            kD};
     cpu::delta_rule_recurrent(dr, st.ssm.data() + size_t(h) * kD * kD, o.data() + h * kD, l.Hv * kD);
   }
   cpu::gated_rms_norm(o.data(), in.z.data(), l.norm_w.data(), int64_t(T) * l.Hv, kD, 1e-6f, y.data());
@@ -108,8 +118,13 @@ struct GpuLayer {
   DeviceArray<float> conv_w, A_log, dt_bias, norm_w, conv, ssm;
   const Layer& l;
   GpuLayer(const Layer& layer, const State& st)
-      : conv_w(layer.conv_w), A_log(layer.A_log), dt_bias(layer.dt_bias), norm_w(layer.norm_w), conv(st.conv),
-        ssm(st.ssm), l(layer) {}
+      : conv_w(layer.conv_w),
+        A_log(layer.A_log),
+        dt_bias(layer.dt_bias),
+        norm_w(layer.norm_w),
+        conv(st.conv),
+        ssm(st.ssm),
+        l(layer) {}
   cuda::DeltaNetParams params(int T) const {
     cuda::DeltaNetParams p;
     p.T = T, p.num_key_heads = l.Hk, p.num_value_heads = l.Hv, p.head_dim = kD, p.conv_kernel = kK, p.eps = 1e-6f;
@@ -150,8 +165,8 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
     Inputs in(layer, T, seed + 100 + uint32_t(i) * 7);
     const auto want = reference(layer, host, in, T);
     const auto got = gpu.run(in, T, mode, prefill_one);
-    SCOPED_TRACE(testing::Message() << (mode == Mode::chunked ? "chunked" : "recurrent") << " Hk " << Hk << " Hv "
-                                    << Hv << " block " << i << " T " << T << " decay shift " << decay_shift);
+    SCOPED_TRACE(testing::Message() << (mode == Mode::chunked ? "chunked" : "recurrent") << " Hk " << Hk << " Hv " << Hv
+                                    << " block " << i << " T " << T << " decay shift " << decay_shift);
     const double ey = relative_error(got, want), ec = relative_error(gpu.conv.download(), host.conv),
                  es = relative_error(gpu.ssm.download(), host.ssm);
     EXPECT_LT(ey, kTolerance) << "y";
@@ -295,8 +310,18 @@ void check_chunked_rule(int Hk, int Hv, const std::vector<int>& lengths, uint32_
     }
     for (int h = 0; h < Hv; ++h) {
       const int kh = h / (Hv / Hk);
-      cpu::DeltaRuleInputs dr{u.data() + kh * kD, u.data() + key_dim + kh * kD, u.data() + 2 * key_dim + h * kD,
-                              g.data() + h, beta.data() + h, C, C, C, Hv, n, kD, kD};
+      cpu::DeltaRuleInputs dr{u.data() + kh * kD,
+                              u.data() + key_dim + kh * kD,
+                              u.data() + 2 * key_dim + h * kD,
+                              g.data() + h,
+                              beta.data() + h,
+                              C,
+                              C,
+                              C,
+                              Hv,
+                              n,
+                              kD,
+                              kD};
       cpu::delta_rule_recurrent(dr, S_host.data() + size_t(h) * kD * kD, want.data() + h * kD, Hv * kD);
     }
     DeviceArray<float> u_d(u), b_d(b), a_d(a), o(size_t(n) * Hv * kD);

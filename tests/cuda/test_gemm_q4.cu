@@ -36,7 +36,8 @@ Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<float>& x, 
       const size_t g = static_cast<size_t>(n) * (K / 64) + k / 64;
       const uint32_t word = W.host.codes[(static_cast<size_t>(n) * K + k) / per_word];
       const float q = float((word >> (bits * (k % per_word))) & mask);
-      w[static_cast<size_t>(n) * K + k] = round_bf16(std::fmaf(to_float(W.host.scales[g]), q, to_float(W.host.biases[g])));
+      w[static_cast<size_t>(n) * K + k] = round_bf16(
+          std::fmaf(to_float(W.host.scales[g]), q, to_float(W.host.biases[g])));
     }
   for (size_t i = 0; i < x.size(); ++i) xb[i] = round_bf16(x[i]);
   Bf16Reference r;
@@ -94,7 +95,8 @@ void check_swiglu(int I, int K, int T) {
     const double sg = g.y[i] / (1.0 + std::exp(-g.y[i]));
     want[i] = sg * u.y[i];
     // silu' <= 1.1: an error e_g in g moves silu(g) * u by at most 1.1 |u| e_g.
-    bound[i] = 1.1 * std::fabs(u.y[i]) * kBound * g.l1[i] + std::fabs(sg) * kBound * u.l1[i] + 1e-6 * std::fabs(want[i]);
+    bound[i] = 1.1 * std::fabs(u.y[i]) * kBound * g.l1[i] + std::fabs(sg) * kBound * u.l1[i] +
+               1e-6 * std::fabs(want[i]);
   }
 
   DeviceArray<float> dx(x), dy(want.size());

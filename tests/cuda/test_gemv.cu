@@ -94,7 +94,8 @@ TEST(CudaGemv, RmsNormGemvEdgeSizes) {
   REQUIRE_GPU();
   for (int bits : {4, 8})
     for (int rows : {1, 2, 3, 63, 64, 65, 111, 989})
-      for (int cols : {64, 128, 192, 256, 1024, 1088, 2048, 4096}) check_rms_norm_gemv(kernel_for(bits), rows, cols, bits);
+      for (int cols : {64, 128, 192, 256, 1024, 1088, 2048, 4096})
+        check_rms_norm_gemv(kernel_for(bits), rows, cols, bits);
 }
 
 // The model's decode shapes on the kernels the plan gives them: out_proj / o_proj (+=), the shared
@@ -130,9 +131,9 @@ TEST(CudaGemv, KernelsTakeTheirFormats) {
   };
   for (auto [rows, cols] : {std::pair{12352, 2048}, {9216, 2048}, {2048, 4096}, {2048, 512}, {21120, 2048}})
     EXPECT_TRUE(takes(GemvKernel::prefetch, rows, cols, 4)) << rows << " x " << cols;
-  EXPECT_FALSE(takes(GemvKernel::prefetch, 21121, 2048, 4));   // 11 tiles for some block of 132
-  EXPECT_FALSE(takes(GemvKernel::prefetch, 248320, 2048, 4));  // lm_head: mma
-  EXPECT_FALSE(takes(GemvKernel::prefetch, 64, 1088, 4));      // not a multiple of 512 columns
+  EXPECT_FALSE(takes(GemvKernel::prefetch, 21121, 2048, 4));       // 11 tiles for some block of 132
+  EXPECT_FALSE(takes(GemvKernel::prefetch, 248320, 2048, 4));      // lm_head: mma
+  EXPECT_FALSE(takes(GemvKernel::prefetch, 64, 1088, 4));          // not a multiple of 512 columns
   EXPECT_FALSE(takes(GemvKernel::prefetch, 2048, 4096, 4, true));  // the RMSNorm form only
   EXPECT_FALSE(takes(GemvKernel::prefetch, 2048, 2048, 8));
   EXPECT_TRUE(takes(GemvKernel::mma, 248320, 2048, 4));

@@ -140,8 +140,8 @@ TEST(CudaMoe, Route) {
 
 // act[s] of `kernel` against the host's, the experts chosen from `logits` by the CPU's rule.
 void check_gate_up(GateUpKernel kernel, const TestMoe& m, int k, const std::vector<float>& logits, uint32_t seed) {
-  SCOPED_TRACE(testing::Message() << cuda::kernel_name(kernel) << " E " << m.E << " I " << m.I << " H " << m.H
-                                  << " k " << k);
+  SCOPED_TRACE(testing::Message() << cuda::kernel_name(kernel) << " E " << m.E << " I " << m.I << " H " << m.H << " k "
+                                  << k);
   const cuda::GpuMoe w = m.gpu();
   ASSERT_TRUE(cuda::moe_decode_supports(w, k, kernel));
   const auto x = random_floats(size_t(m.H), seed);
@@ -167,7 +167,9 @@ void check_gate_up(GateUpKernel kernel, const TestMoe& m, int k, const std::vect
 
 TEST(CudaMoe, GateUp) {
   REQUIRE_GPU();
-  struct Shape { int E, I, H, k; };
+  struct Shape {
+    int E, I, H, k;
+  };
   for (GateUpKernel kernel : {GateUpKernel::staged, GateUpKernel::mma})
     check_gate_up(kernel, model_block(), 8, separated_logits(256, 1), 7);
   // Both kernels: E = k + 1, I over 512, 6 pairs (not a multiple of the 4 warps), k = 1, the widest H.
@@ -234,7 +236,9 @@ void check_down(const TestQMatrix& down, const TestQMatrix& sdown, int k, const 
 
 TEST(CudaMoe, Down) {
   REQUIRE_GPU();
-  struct Shape { int E, H, I, k; };
+  struct Shape {
+    int E, H, I, k;
+  };
   check_down(model_block().down, model_block().sdown, 8, separated_logits(256, 2), 10);
   // H of one row, not a multiple of 16, partial 256-column pairs of I, several load steps, E = k.
   for (const Shape& s : {Shape{8, 2048, 512, 8}, Shape{256, 128, 64, 8}, Shape{256, 65, 64, 2}, Shape{8, 1, 2048, 8},
@@ -266,16 +270,15 @@ void check_block(const TestMoe& m, int k, uint32_t seed) {
   cpu::linear(m.router.cpu(), in.x.data(), 1, cpu_logits.data());
 
   const cuda::GpuMoe w = m.gpu();
-  const GateUpKernel gate_up =
-      cuda::moe_decode_supports(w, k, GateUpKernel::staged) ? GateUpKernel::staged : GateUpKernel::mma;
+  const GateUpKernel gate_up = cuda::moe_decode_supports(w, k, GateUpKernel::staged) ? GateUpKernel::staged
+                                                                                     : GateUpKernel::mma;
   GpuBlock b(m, in.h, in.gain, k);
   const cuda::MoeDecodeArgs args = b.args(w, k);
   cuda::moe_route(args, nullptr);
   cuda::moe_gate_up(gate_up, args, nullptr);
   cuda::moe_down(args, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
-  ASSERT_EQ(host_choice(b.logits.download(), k).ids, host_choice(cpu_logits, k).ids)
-      << "routing differs (near-tie?)";
+  ASSERT_EQ(host_choice(b.logits.download(), k).ids, host_choice(cpu_logits, k).ids) << "routing differs (near-tie?)";
   const double err = relative_error(b.h.download(), expected);
   EXPECT_LT(err, 1e-4) << "max |gpu - cpu| / max |cpu| = " << err;
 }
@@ -312,7 +315,7 @@ TEST(CudaMoe, KernelsTakeTheirFormats) {
   EXPECT_FALSE(cuda::moe_decode_supports(model, 9, GateUpKernel::mma));
   EXPECT_FALSE(cuda::moe_decode_supports(model, 0, GateUpKernel::mma));
   EXPECT_FALSE(cuda::moe_decode_supports(block(4, 2048, 512, 4), 8, GateUpKernel::mma));  // k > E
-  const cuda::GpuMoe tiny = block(16, 256, 128, 4);  // lily-tiny's
+  const cuda::GpuMoe tiny = block(16, 256, 128, 4);                                       // lily-tiny's
   EXPECT_FALSE(cuda::moe_decode_supports(tiny, 4, GateUpKernel::staged));
   EXPECT_TRUE(cuda::moe_decode_supports(tiny, 4, GateUpKernel::mma));
   EXPECT_FALSE(cuda::moe_decode_supports(block(256, 2048, 512, 8), 8, GateUpKernel::mma));

@@ -36,7 +36,8 @@ std::vector<int32_t> make_ids(int T, int k, int E, Load load, uint32_t seed) {
       auto it = std::find(perm.begin(), perm.end(), E / 2);
       std::iter_swap(perm.begin(), it);  // slot 0 is always expert E/2
     }
-    for (int s = 0; s < k; ++s) ids[static_cast<size_t>(t) * k + s] = perm[static_cast<size_t>(s)] * (load == Load::few_experts ? E / pool : 1);
+    for (int s = 0; s < k; ++s)
+      ids[static_cast<size_t>(t) * k + s] = perm[static_cast<size_t>(s)] * (load == Load::few_experts ? E / pool : 1);
   }
   return ids;
 }
@@ -66,14 +67,16 @@ TEST(CudaMoeGrouped, TopkMatchesHostRule) {
         for (auto& v : p) v = float(v / sum);
         std::vector<int> order(static_cast<size_t>(E));
         std::iota(order.begin(), order.end(), 0);
-        std::stable_sort(order.begin(), order.end(), [&](int a, int b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
+        std::stable_sort(order.begin(), order.end(),
+                         [&](int a, int b) { return p[static_cast<size_t>(a)] > p[static_cast<size_t>(b)]; });
         float chosen = 0;
         for (int i = 0; i < k; ++i) chosen += p[static_cast<size_t>(order[static_cast<size_t>(i)])];
         for (int i = 0; i < k; ++i) {
           const size_t j = static_cast<size_t>(t) * k + i;
           const int want = order[static_cast<size_t>(i)];
           if (ids[j] != want) {  // fp32 exp/sum order may differ: only a near-tie may swap
-            EXPECT_NEAR(p[static_cast<size_t>(ids[j])], p[static_cast<size_t>(want)], 1e-6f) << "token " << t << " slot " << i;
+            EXPECT_NEAR(p[static_cast<size_t>(ids[j])], p[static_cast<size_t>(want)], 1e-6f)
+                << "token " << t << " slot " << i;
             continue;
           }
           EXPECT_NEAR(w[j], p[static_cast<size_t>(want)] / chosen, 1e-5f) << "token " << t << " slot " << i;
@@ -90,8 +93,8 @@ void check_plan(int T, int k, int E, int tile_rows, Load load) {
   cuda::MoePlan plan;
   plan.tile_rows = tile_rows;
   plan.max_tiles = cuda::moe_max_tiles(P, E, tile_rows);
-  DeviceArray<int32_t> did(ids), offsets(static_cast<size_t>(E + 1)), sorted(static_cast<size_t>(P)), position(static_cast<size_t>(P)),
-      tiles(static_cast<size_t>(plan.max_tiles) * 4), num(1);
+  DeviceArray<int32_t> did(ids), offsets(static_cast<size_t>(E + 1)), sorted(static_cast<size_t>(P)),
+      position(static_cast<size_t>(P)), tiles(static_cast<size_t>(plan.max_tiles) * 4), num(1);
   offsets.poison(), sorted.poison(), position.poison(), tiles.poison(), num.poison();
   plan.offsets = offsets.get(), plan.sorted = sorted.get(), plan.position = position.get();
   plan.tiles = tiles.get(), plan.num_tiles = num.get();
@@ -106,7 +109,8 @@ void check_plan(int T, int k, int E, int tile_rows, Load load) {
     for (int i = 0; i < P; ++i)
       if (ids[static_cast<size_t>(i)] == e) want_sorted.push_back(i);
     const int first = want_offsets[static_cast<size_t>(e)], end = want_offsets[static_cast<size_t>(e) + 1];
-    for (int r = first; r < end; r += tile_rows) want_tiles.insert(want_tiles.end(), {e, r, std::min(end, r + tile_rows), 0});
+    for (int r = first; r < end; r += tile_rows)
+      want_tiles.insert(want_tiles.end(), {e, r, std::min(end, r + tile_rows), 0});
   }
   EXPECT_EQ(offsets.download(), want_offsets);
   EXPECT_EQ(sorted.download(), want_sorted);
@@ -130,8 +134,8 @@ TEST(CudaMoeGrouped, Plan) {
 }
 
 void check_experts(const TestMoe& m, int T, int k, Load load) {
-  SCOPED_TRACE(testing::Message() << "E " << m.E << " H " << m.H << " I " << m.I << " T " << T << " k " << k
-                                  << " load " << int(load));
+  SCOPED_TRACE(testing::Message() << "E " << m.E << " H " << m.H << " I " << m.I << " T " << T << " k " << k << " load "
+                                  << int(load));
   const uint32_t seed = uint32_t(T * 7 + k + int(load) * 1000);
   const auto x = random_floats(static_cast<size_t>(T) * m.H, seed);
   const auto ids = make_ids(T, k, m.E, load, seed + 1);
@@ -200,7 +204,8 @@ TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
     for (int t = 0; t < T; ++t) {
       double d = 0, r = 0;
       for (int h = 0; h < H; ++h) {
-        d = std::max(d, double(std::fabs(got[static_cast<size_t>(t) * H + h] - expected[static_cast<size_t>(t) * H + h])));
+        d = std::max(d,
+                     double(std::fabs(got[static_cast<size_t>(t) * H + h] - expected[static_cast<size_t>(t) * H + h])));
         r = std::max(r, double(std::fabs(expected[static_cast<size_t>(t) * H + h])));
       }
       if (std::isnan(d) || d > 5 * kTolerance * r) {

@@ -22,9 +22,8 @@ namespace {
 
 namespace fs = std::filesystem;
 const std::string kModel = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
-const std::string kText =
-    "Hello, how are you? The weather in Paris is fine today.\n"
-    "What is 12 + 30? It is 42. Thank you, goodbye!\n";
+const std::string kText = "Hello, how are you? The weather in Paris is fine today.\n"
+                          "What is 12 + 30? It is 42. Thank you, goodbye!\n";
 
 struct Result {
   int status = -1;
@@ -114,8 +113,8 @@ TEST_F(Eval, LilyLogitsAsReferenceAgreeExactly) {
   EXPECT_GT(r["max_abs_ref_logit"].get<double>(), 0.0);
 
   // The table prints the same numbers.
-  Result table = lily("eval -m " + kModel + " --backend cpu --text " + (dir_ / "text.txt").string() +
-                   " --ref-logits " + (dir_ / "ref.f32").string());
+  Result table = lily("eval -m " + kModel + " --backend cpu --text " + (dir_ / "text.txt").string() + " --ref-logits " +
+                      (dir_ / "ref.f32").string());
   ASSERT_EQ(table.status, 0) << table.err;
   EXPECT_NE(table.out.find("perplexity"), std::string::npos) << table.out;
   EXPECT_NE(table.out.find("(100.00%)"), std::string::npos) << table.out;
@@ -127,7 +126,7 @@ TEST_F(Eval, WrongSizedReferenceFailsWithAMessage) {
   logits.resize(logits.size() - 384);  // one row short
   write_floats("short.f32", logits);
   Result r = lily("eval -m " + kModel + " --backend cpu --text " + (dir_ / "text.txt").string() + " --ref-logits " +
-               (dir_ / "short.f32").string());
+                  (dir_ / "short.f32").string());
   EXPECT_NE(r.status, 0);
   EXPECT_NE(r.err.find("expected float32 [T="), std::string::npos) << r.err;
   EXPECT_NE(r.err.find("vocab=384"), std::string::npos) << r.err;

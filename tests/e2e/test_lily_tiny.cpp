@@ -110,8 +110,8 @@ TEST_F(LilyTiny, HeldOutArithmeticWithThinking) {
     EXPECT_EQ(r.finish_reason, "stop") << test["messages"][0]["content"];
     EXPECT_FALSE(r.reasoning.empty()) << test["messages"][0]["content"];
     if (got != want)
-      std::printf("  wrong: %-28s expected %-6s content \"%s\"\n", test["messages"][0]["content"].get<std::string>().c_str(),
-                  want.c_str(), r.content.c_str());
+      std::printf("  wrong: %-28s expected %-6s content \"%s\"\n",
+                  test["messages"][0]["content"].get<std::string>().c_str(), want.c_str(), r.content.c_str());
   }
   const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const double accuracy = double(right) / double(n);

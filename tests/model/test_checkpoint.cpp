@@ -20,7 +20,8 @@ class ScratchModel {
   explicit ScratchModel(const std::string& layout) {
     dir_ = fs::temp_directory_path() / ("lily-ckpt-" + std::to_string(::getpid()) + "-" + std::to_string(counter_++));
     fs::create_directories(dir_);
-    for (auto& e : fs::directory_iterator(test::fixture_dir("tiny-a") + "/" + layout)) fs::copy(e.path(), dir_ / e.path().filename());
+    for (auto& e : fs::directory_iterator(test::fixture_dir("tiny-a") + "/" + layout))
+      fs::copy(e.path(), dir_ / e.path().filename());
   }
   ~ScratchModel() { fs::remove_all(dir_); }
   std::string dir() const { return dir_.string(); }
@@ -77,8 +78,9 @@ TEST(Safetensors, RejectsCorruptHeaders) {
       {header_file(R"({"a":{"dtype":"Q9","shape":[2],"data_offsets":[0,8]}})", std::string(8, '\0')), "unknown dtype"},
       {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", std::string(8, '\0')), "reversed"},
       {header_file(R"({"a":{"dtype":"F32","shape":[-2],"data_offsets":[0,8]}})", std::string(8, '\0')), "negative"},
-      {header_file(R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
-                   std::string(12, '\0')),
+      {header_file(
+           R"({"a":{"dtype":"F32","shape":[2],"data_offsets":[0,8]},"b":{"dtype":"F32","shape":[2],"data_offsets":[4,12]}})",
+           std::string(12, '\0')),
        "overlap"},
   };
   for (const auto& c : cases) {

@@ -46,14 +46,23 @@ TEST(Config, RejectsWhatLilyCannotRun) {
       {[](auto& j) { j["text_config"]["hidden_size"] = "128"; }, "'hidden_size' must be an integer"},
       {[](auto& j) { j["text_config"]["head_dim"] = 128; }, "head_dim"},
       {[](auto& j) { j["text_config"]["rope_parameters"]["rope_type"] = "yarn"; }, "rope_type"},
-      {[](auto& j) { j["text_config"]["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}}; }, "rope"},
+      {[](auto& j) {
+         j["text_config"]["rope_scaling"] = {{"type", "linear"}, {"factor", 4.0}};
+       },
+       "rope"},
       {[](auto& j) { j["text_config"]["layer_types"][0] = "sliding_attention"; }, "sliding_attention"},
       {[](auto& j) { j["text_config"]["num_hidden_layers"] = 8; }, "layer_types"},
       {[](auto& j) { j["text_config"]["linear_key_head_dim"] = 64; }, "linear_key_head_dim"},
       {[](auto& j) { j["text_config"]["num_experts_per_tok"] = 99; }, "num_experts_per_tok"},
       {[](auto& j) { j["text_config"]["hidden_act"] = "gelu"; }, "hidden_act"},
-      {[](auto& j) { j["quantization"] = {{"group_size", 64}, {"bits", 3}}; }, "bits = 3"},
-      {[](auto& j) { j["quantization"] = {{"group_size", 64}, {"bits", 4}, {"mode", "mxfp4"}}; }, "mode"},
+      {[](auto& j) {
+         j["quantization"] = {{"group_size", 64}, {"bits", 3}};
+       },
+       "bits = 3"},
+      {[](auto& j) {
+         j["quantization"] = {{"group_size", 64}, {"bits", 4}, {"mode", "mxfp4"}};
+       },
+       "mode"},
   };
   for (auto& c : cases) {
     auto j = base_config();
@@ -64,7 +73,8 @@ TEST(Config, RejectsWhatLilyCannotRun) {
 }
 
 TEST(Config, GenerationConfig) {
-  GenerationConfig g = parse_generation_config(nlohmann::json::parse(R"({"eos_token_id":[5,6],"top_k":20,"temperature":0.7})"));
+  GenerationConfig g = parse_generation_config(
+      nlohmann::json::parse(R"({"eos_token_id":[5,6],"top_k":20,"temperature":0.7})"));
   EXPECT_EQ(g.eos_token_ids, (std::vector<int>{5, 6}));
   EXPECT_EQ(*g.top_k, 20);
   EXPECT_FLOAT_EQ(*g.temperature, 0.7f);

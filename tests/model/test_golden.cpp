@@ -193,7 +193,8 @@ TEST(GoldenLoad, QuantizeAtLoadMatchesMlxConversion) {
       for (int64_t c = 0; c < a.cols; ++c) differ += ra[size_t(c)] != rb[size_t(c)];
     }
     // A value may differ where rounding lands exactly between two codes; allow 1 in 1000.
-    EXPECT_LE(differ, a.rows * a.cols / 1000) << name << ": " << differ << " of " << a.rows * a.cols << " values differ";
+    EXPECT_LE(differ, a.rows * a.cols / 1000)
+        << name << ": " << differ << " of " << a.rows * a.cols << " values differ";
   };
   check(q->embed_tokens, mlx->embed_tokens, "embed_tokens");
   check(q->lm_head, mlx->lm_head, "lm_head");

@@ -101,10 +101,8 @@ TEST(Generate, CandidatePathGivesTheWholeRowTokens) {
   SamplingParams whole_row;  // no top-k: the whole distribution
   whole_row.temperature = 0.8f, whole_row.top_p = 0.9f;
   const Case cases[] = {
-      {"greedy", greedy, -1, 1},          {"qwen", qwen, -1, 20},
-      {"min_p", min_p, -1, 7},            {"hot", hot, -1, 50},
-      {"penalties", penalised, -1, 0},    {"no top-k", whole_row, -1, 0},
-      {"logprobs", qwen, 3, 0},
+      {"greedy", greedy, -1, 1},       {"qwen", qwen, -1, 20},         {"min_p", min_p, -1, 7},  {"hot", hot, -1, 50},
+      {"penalties", penalised, -1, 0}, {"no top-k", whole_row, -1, 0}, {"logprobs", qwen, 3, 0},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);

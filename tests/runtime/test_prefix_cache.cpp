@@ -26,9 +26,7 @@ struct FakeState final : SequenceState {
     s->seen = seen;
     return s;
   }
-  void restore(const RecurrentSnapshot& snapshot) override {
-    seen = dynamic_cast<const FakeSnapshot&>(snapshot).seen;
-  }
+  void restore(const RecurrentSnapshot& snapshot) override { seen = dynamic_cast<const FakeSnapshot&>(snapshot).seen; }
   void reset() override { seen.clear(); }
 };
 

@@ -195,8 +195,9 @@ TEST(Sampler, TopKAtTheRealVocabularyMatchesAFullSort) {
   for (auto& v : l) v = d(rng);
   std::vector<int32_t> order(static_cast<size_t>(V));
   std::iota(order.begin(), order.end(), 0);
-  std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                    [&](int32_t a, int32_t b) { return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b); });
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int32_t a, int32_t b) {
+    return l[size_t(a)] > l[size_t(b)] || (l[size_t(a)] == l[size_t(b)] && a < b);
+  });
   const std::set<int32_t> best(order.begin(), order.begin() + k);
   auto h = histogram(params(50.0f, k), l, 600);  // hot: every one of the 20 gets drawn
   for (auto [token, count] : h) EXPECT_TRUE(best.count(token)) << "token " << token << " drawn " << count;

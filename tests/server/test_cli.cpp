@@ -20,7 +20,8 @@ std::pair<int, std::string> run(const std::string& command) {
 }
 
 TEST(Cli, RunPrintsTheAnswerAndIsDeterministicWhenGreedy) {
-  const std::string cmd = std::string(LILY_BINARY) + " run -m " + kModel + " -p 'Hello' -n 12 --temperature 0 --no-think 2>/dev/null";
+  const std::string cmd = std::string(LILY_BINARY) + " run -m " + kModel +
+                          " -p 'Hello' -n 12 --temperature 0 --no-think 2>/dev/null";
   auto [status, out] = run(cmd);
   EXPECT_EQ(status, 0);
   EXPECT_FALSE(out.empty());
@@ -28,8 +29,8 @@ TEST(Cli, RunPrintsTheAnswerAndIsDeterministicWhenGreedy) {
 }
 
 TEST(Cli, ChatHandlesTurnsAndCommands) {
-  const std::string cmd = "printf 'Hello\\n/think off\\nHi again\\n/reset\\n/help\\nBye\\n' | " + std::string(LILY_BINARY) +
-                          " chat -m " + kModel + " -n 6 --temperature 0 2>/dev/null";
+  const std::string cmd = "printf 'Hello\\n/think off\\nHi again\\n/reset\\n/help\\nBye\\n' | " +
+                          std::string(LILY_BINARY) + " chat -m " + kModel + " -n 6 --temperature 0 2>/dev/null";
   auto [status, out] = run(cmd);
   EXPECT_EQ(status, 0);
   EXPECT_NE(out.find("(thinking off)"), std::string::npos) << out;

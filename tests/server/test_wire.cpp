@@ -80,14 +80,17 @@ TEST(Wire, StreamOptionsNeedStream) {
 
 TEST(Wire, ErrorObjectShape) {
   json e = error_json(400, "bad", "temperature", "");
-  EXPECT_EQ(e.dump(), R"({"error":{"message":"bad","type":"invalid_request_error","param":"temperature","code":null}})");
+  EXPECT_EQ(e.dump(),
+            R"({"error":{"message":"bad","type":"invalid_request_error","param":"temperature","code":null}})");
   EXPECT_EQ(error_json(503, "busy")["error"]["type"], "server_overloaded");
   EXPECT_EQ(error_json(401, "key")["error"]["type"], "authentication_error");
 }
 
 TEST(Wire, UsageShape) {
   json u = usage_json(Usage{10, 5, 7});
-  EXPECT_EQ(u.dump(), R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7}})");
+  EXPECT_EQ(
+      u.dump(),
+      R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7}})");
 }
 
 }  // namespace

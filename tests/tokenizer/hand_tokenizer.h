@@ -11,11 +11,11 @@
 
 #include <nlohmann/json.hpp>
 
+#include <unistd.h>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <string>
-#include <unistd.h>
 
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/unicode.h"
@@ -33,9 +33,9 @@ inline nlohmann::json hand_tokenizer_json(bool merges_as_pairs) {
   json vocab = json::object();
   for (int b = 0; b < 256; ++b) vocab[byte_symbol(static_cast<unsigned char>(b))] = b;
   const std::string G = byte_symbol(' ');  // "Ġ"
-  const std::pair<std::string, std::string> merges[] = {
-      {"h", "e"}, {"l", "l"}, {"he", "ll"}, {"hell", "o"}, {G, "w"},
-      {"o", "r"}, {G + "w", "or"}, {"l", "d"}, {G + "wor", "ld"}};
+  const std::pair<std::string, std::string> merges[] = {{"h", "e"},      {"l", "l"}, {"he", "ll"},
+                                                        {"hell", "o"},   {G, "w"},   {"o", "r"},
+                                                        {G + "w", "or"}, {"l", "d"}, {G + "wor", "ld"}};
   json merge_list = json::array();
   int next = 256;
   for (const auto& [a, b] : merges) {
@@ -47,29 +47,27 @@ inline nlohmann::json hand_tokenizer_json(bool merges_as_pairs) {
     }
   }
   auto added = [](int id, const char* content, bool special, bool normalized) {
-    return json{{"id", id}, {"content", content}, {"single_word", false}, {"lstrip", false},
+    return json{{"id", id},        {"content", content},       {"single_word", false}, {"lstrip", false},
                 {"rstrip", false}, {"normalized", normalized}, {"special", special}};
   };
   return json{
       {"version", "1.0"},
       {"truncation", nullptr},
       {"padding", nullptr},
-      {"added_tokens",
-       json::array({added(265, "<|endoftext|>", true, false), added(266, "<|im_start|>", true, false),
-                    added(267, "<|im_end|>", true, false), added(268, "<think>", false, false),
-                    added(269, "</think>", false, false), added(270, "<y>", false, true)})},
+      {"added_tokens", json::array({added(265, "<|endoftext|>", true, false), added(266, "<|im_start|>", true, false),
+                                    added(267, "<|im_end|>", true, false), added(268, "<think>", false, false),
+                                    added(269, "</think>", false, false), added(270, "<y>", false, true)})},
       {"normalizer", {{"type", "NFC"}}},
       {"pre_tokenizer",
        {{"type", "Sequence"},
-        {"pretokenizers",
-         json::array({json{{"type", "Split"},
-                           {"pattern", {{"Regex", kQwen35SplitPattern}}},
-                           {"behavior", "Isolated"},
-                           {"invert", false}},
-                      json{{"type", "ByteLevel"},
-                           {"add_prefix_space", false},
-                           {"trim_offsets", false},
-                           {"use_regex", false}}})}}},
+        {"pretokenizers", json::array({json{{"type", "Split"},
+                                            {"pattern", {{"Regex", kQwen35SplitPattern}}},
+                                            {"behavior", "Isolated"},
+                                            {"invert", false}},
+                                       json{{"type", "ByteLevel"},
+                                            {"add_prefix_space", false},
+                                            {"trim_offsets", false},
+                                            {"use_regex", false}}})}}},
       {"post_processor", nullptr},
       {"decoder", {{"type", "ByteLevel"}, {"add_prefix_space", true}, {"trim_offsets", true}, {"use_regex", true}}},
       {"model",
@@ -87,8 +85,7 @@ inline nlohmann::json hand_tokenizer_json(bool merges_as_pairs) {
 
 // Writes `j` to a fresh file under the temp dir and returns its path.
 inline std::string write_temp_json(const nlohmann::json& j, const std::string& name) {
-  const auto dir = std::filesystem::temp_directory_path() /
-                   ("lily_tok_test_" + std::to_string(::getpid()));
+  const auto dir = std::filesystem::temp_directory_path() / ("lily_tok_test_" + std::to_string(::getpid()));
   const auto path = dir / name;
   std::filesystem::create_directories(path.parent_path());
   std::ofstream(path) << j.dump(1);

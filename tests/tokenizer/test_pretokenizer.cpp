@@ -63,8 +63,14 @@ TEST(tokenizer_split_regex, white_space_is_the_unicode_property) {
   // U+0085 (NEL) is White_Space (Oniguruma's \s) but not in PCRE2's UCP \s: the rewrite matters.
   EXPECT_EQ(split("x\xC2\x85\xC2\x85y"), (V{"x", "\xC2\x85", "\xC2\x85y"}));
   // U+00A0 and U+3000 are spaces; U+200B (Cf) is not.
-  EXPECT_EQ(split("a\xC2\xA0\xC2\xA0" "b"), (V{"a", "\xC2\xA0", "\xC2\xA0" "b"}));
-  EXPECT_EQ(split("a\xE2\x80\x8B\xE2\x80\x8B" "b"), (V{"a", "\xE2\x80\x8B\xE2\x80\x8B", "b"}));
+  EXPECT_EQ(split("a\xC2\xA0\xC2\xA0"
+                  "b"),
+            (V{"a", "\xC2\xA0",
+               "\xC2\xA0"
+               "b"}));
+  EXPECT_EQ(split("a\xE2\x80\x8B\xE2\x80\x8B"
+                  "b"),
+            (V{"a", "\xE2\x80\x8B\xE2\x80\x8B", "b"}));
 }
 
 TEST(tokenizer_split_regex, pieces_cover_the_input) {

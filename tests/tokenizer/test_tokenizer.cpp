@@ -25,8 +25,8 @@ const Tokenizer& hand() {
 TEST(tokenizer_hand, merges_in_rank_order) {
   EXPECT_EQ(hand().encode("hello"), (Ids{259}));
   EXPECT_EQ(hand().encode("hello world"), (Ids{259, 264}));
-  EXPECT_EQ(hand().encode(" hello"), (Ids{32, 259}));          // no "Ġh" merge
-  EXPECT_EQ(hand().encode("world"), (Ids{119, 261, 263}));     // "w or" is not a merge, "Ġw or" is
+  EXPECT_EQ(hand().encode(" hello"), (Ids{32, 259}));       // no "Ġh" merge
+  EXPECT_EQ(hand().encode("world"), (Ids{119, 261, 263}));  // "w or" is not a merge, "Ġw or" is
   EXPECT_EQ(hand().encode("hello  world"), (Ids{259, 32, 264}));
   EXPECT_EQ(hand().encode("hellohello"), (Ids{259, 259}));
 }
@@ -47,8 +47,7 @@ TEST(tokenizer_hand, empty_and_whitespace) {
 
 TEST(tokenizer_hand, added_tokens_are_matched_first) {
   EXPECT_EQ(hand().encode("<|im_end|>"), (Ids{267}));
-  EXPECT_EQ(hand().encode("<|im_start|>user\nhello<|im_end|>"),
-            (Ids{266, 117, 115, 101, 114, 10, 259, 267}));
+  EXPECT_EQ(hand().encode("<|im_start|>user\nhello<|im_end|>"), (Ids{266, 117, 115, 101, 114, 10, 259, 267}));
   EXPECT_EQ(hand().encode("<think></think>"), (Ids{268, 269}));
   EXPECT_EQ(hand().encode("<|im_end|><|im_end|>"), (Ids{267, 267}));
   // Half a special token is plain text: "<|", "im", "_end".
@@ -70,8 +69,13 @@ TEST(tokenizer_hand, nfc_before_bpe) {
 }
 
 TEST(tokenizer_hand, invalid_utf8_input_is_replaced) {
-  EXPECT_EQ(hand().encode("a\xFF" "b"), (Ids{97, 239, 191, 189, 98}));
-  EXPECT_EQ(hand().encode("a\xFF" "b"), hand().encode("a\xEF\xBF\xBD" "b"));
+  EXPECT_EQ(hand().encode("a\xFF"
+                          "b"),
+            (Ids{97, 239, 191, 189, 98}));
+  EXPECT_EQ(hand().encode("a\xFF"
+                          "b"),
+            hand().encode("a\xEF\xBF\xBD"
+                          "b"));
   EXPECT_EQ(hand().encode("\xE4\xB8"), (Ids{239, 191, 189}));
 }
 
@@ -92,8 +96,9 @@ TEST(tokenizer_hand, decode) {
 }
 
 TEST(tokenizer_hand, round_trip_is_nfc) {
-  for (const std::string& text : std::vector<std::string>{"hello world", "  x\r\n\ty", "e\xCC\x81t\xC3\xA9", "🎉 你好 สวัสดี",
-                                 "<|im_start|>a<|im_end|>", "<|im_e", std::string("nul\0x", 5)}) {
+  for (const std::string& text :
+       std::vector<std::string>{"hello world", "  x\r\n\ty", "e\xCC\x81t\xC3\xA9", "🎉 你好 สวัสดี",
+                                "<|im_start|>a<|im_end|>", "<|im_e", std::string("nul\0x", 5)}) {
     const std::string nfc = text == "e\xCC\x81t\xC3\xA9" ? "\xC3\xA9t\xC3\xA9" : text;
     EXPECT_EQ(hand().decode(hand().encode(text)), nfc);
   }
@@ -145,7 +150,8 @@ TEST(tokenizer_streaming, holds_back_then_flushes_as_replacement) {
   // A byte that can never complete is emitted (as U+FFFD) at once, like decode() does.
   EXPECT_EQ(decoder.push(0xFF), "\xEF\xBF\xBD");
   EXPECT_EQ(decoder.push(0xE4), "");
-  EXPECT_EQ(decoder.push('a'), "\xEF\xBF\xBD" "a");
+  EXPECT_EQ(decoder.push('a'), "\xEF\xBF\xBD"
+                               "a");
 }
 
 TEST(tokenizer_streaming, matches_decode_on_every_byte_sequence) {
@@ -238,12 +244,11 @@ std::string run_shell(const std::string& command) {
 
 TEST(tokenizer_cli, tokenize_and_detokenize) {
   if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "lily binary not built";
-  const auto dir = std::filesystem::path(test::write_temp_json(test::hand_tokenizer_json(false), "cli/tokenizer.json")).parent_path();
+  const auto dir = std::filesystem::path(test::write_temp_json(test::hand_tokenizer_json(false), "cli/tokenizer.json"))
+                       .parent_path();
   const std::string lily = std::string(LILY_BINARY) + " ";
-  EXPECT_EQ(run_shell("printf 'hello world<|im_end|>' | " + lily + "tokenize -m " + dir.string()),
-            "259 264 267\n");
-  EXPECT_EQ(run_shell("echo '259, 264 267' | " + lily + "detokenize -m " + dir.string()),
-            "hello world<|im_end|>");
+  EXPECT_EQ(run_shell("printf 'hello world<|im_end|>' | " + lily + "tokenize -m " + dir.string()), "259 264 267\n");
+  EXPECT_EQ(run_shell("echo '259, 264 267' | " + lily + "detokenize -m " + dir.string()), "hello world<|im_end|>");
   EXPECT_EQ(run_shell("echo 9999 | " + lily + "detokenize -m " + dir.string() + " 2>&1; echo \"rc=$?\""),
             "error: token id 9999 is not defined by this tokenizer (vocab size 271)\nrc=1\n");
 }

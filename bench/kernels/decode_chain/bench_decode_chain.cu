@@ -13,9 +13,9 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/common/device_info.h"
-#include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_graph.h"
+#include "backend/cuda/decode/gemv.h"
 
 #include <algorithm>
 #include <cstdio>
@@ -110,20 +110,22 @@ int main() {
   CUDA_CHECK(cudaMemset(gain, 0, 4096 * 4));
   CUDA_CHECK(cudaMemset(y, 0, 16384 * 4));
 
-  struct Shape { const char* name; int rows, cols; bool norm; };
+  struct Shape {
+    const char* name;
+    int rows, cols;
+    bool norm;
+  };
   std::printf("%-34s %-9s %9s %9s %9s %9s\n", "kernel", "path", "alone", "chain", "after 5us", "after 10us");
-  for (const Shape& sh : {Shape{"in_proj [12352, 2048] + norm", 12352, 2048, true},
-                          Shape{"qkv [9216, 2048] + norm", 9216, 2048, true},
-                          Shape{"out_proj [2048, 4096] += ", 2048, 4096, false}}) {
+  for (const Shape& sh :
+       {Shape{"in_proj [12352, 2048] + norm", 12352, 2048, true}, Shape{"qkv [9216, 2048] + norm", 9216, 2048, true},
+        Shape{"out_proj [2048, 4096] += ", 2048, 4096, false}}) {
     std::vector<cuda::QMatrix> m;
     for (int i = 0; i < kReps; ++i) m.push_back(bench::random_qmatrix(1, sh.rows, sh.cols, 4, 1000 + i));
     for (cuda::GemvKernel kernel : {cuda::GemvKernel::prefetch, cuda::GemvKernel::mma}) {
       if (!sh.norm && kernel == cuda::GemvKernel::prefetch) continue;  // y += x @ W^T: mma only
       auto op = [&](int i) {
-        if (sh.norm)
-          cuda::rms_norm_gemv(kernel, m[size_t(i)], x, gain, 1e-6f, y, s);
-        else
-          cuda::gemv_accumulate(kernel, m[size_t(i)], x, y, s);
+        if (sh.norm) cuda::rms_norm_gemv(kernel, m[size_t(i)], x, gain, 1e-6f, y, s);
+        else cuda::gemv_accumulate(kernel, m[size_t(i)], x, y, s);
       };
       const double alone = graph_us(s, 1, op);
       const double chain = graph_us(s, kReps, op);
@@ -137,8 +139,8 @@ int main() {
         });
         after[j] = pair - busy;
       }
-      std::printf("%-34s %-9s %9.2f %9.2f %9.2f %9.2f\n", sh.name, kernel == cuda::GemvKernel::prefetch ? "prefetch" : "mma_gemv", alone,
-                  chain, after[0], after[1]);
+      std::printf("%-34s %-9s %9.2f %9.2f %9.2f %9.2f\n", sh.name,
+                  kernel == cuda::GemvKernel::prefetch ? "prefetch" : "mma_gemv", alone, chain, after[0], after[1]);
     }
     for (auto& q : m) bench::free_random_qmatrix(q);
   }

@@ -66,7 +66,10 @@ int main() {
   for (int e = 0; e < 256; ++e) h_logits[size_t(e)] = float((e * 37) % 256) / 64.f;  // a spread of experts
   CUDA_CHECK(cudaMemcpy(logits, h_logits.data(), 256 * 4, cudaMemcpyHostToDevice));
 
-  struct Shape { const char* name; int rows, cols, bits; };
+  struct Shape {
+    const char* name;
+    int rows, cols, bits;
+  };
   const cuda::DeviceLimits device = cuda::current_device_limits();
   for (const Shape& s : {Shape{"[8192, 2048] q4", 8192, 2048, 4}, Shape{"[2048, 4096] q4", 2048, 4096, 4},
                          Shape{"[12352, 2048] q4 (DeltaNet in_proj)", 12352, 2048, 4},
@@ -79,9 +82,8 @@ int main() {
     for (cuda::GemvKernel k : {cuda::GemvKernel::prefetch, cuda::GemvKernel::mma, cuda::GemvKernel::fp32}) {
       const std::string name = std::string(cuda::kernel_name(k)) + " " + s.name;
       if (cuda::gemv_supports(k, m[0], false, device))
-        report((name + ", RMSNorm").c_str(), bytes, time_us(copies, [&](int i) {
-                 cuda::rms_norm_gemv(k, m[size_t(i)], x, gain, 1e-6f, y, nullptr);
-               }));
+        report((name + ", RMSNorm").c_str(), bytes,
+               time_us(copies, [&](int i) { cuda::rms_norm_gemv(k, m[size_t(i)], x, gain, 1e-6f, y, nullptr); }));
       if (cuda::gemv_supports(k, m[0], true, device))
         report((name + ", +=").c_str(), bytes,
                time_us(copies, [&](int i) { cuda::gemv_accumulate(k, m[size_t(i)], x, y, nullptr); }));

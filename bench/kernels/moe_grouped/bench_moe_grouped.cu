@@ -88,7 +88,8 @@ int main() {
   w.router = random_qmatrix(1, E, H, 8, 1);
   w.experts_gate = random_qmatrix(E, I, H, 4, 2), w.experts_up = random_qmatrix(E, I, H, 4, 3);
   w.experts_down = random_qmatrix(E, H, I, 4, 4);
-  w.shared_gate = random_qmatrix(1, I, H, 4, 5), w.shared_up = random_qmatrix(1, I, H, 4, 6), w.shared_down = random_qmatrix(1, H, I, 4, 7);
+  w.shared_gate = random_qmatrix(1, I, H, 4, 5), w.shared_up = random_qmatrix(1, I, H, 4, 6),
+  w.shared_down = random_qmatrix(1, H, I, 4, 7);
   w.shared_expert_gate = random_qmatrix(1, 1, H, 8, 8);
   const int maxT = 8192;  // the prefill pass (the default chunk_tokens of kernel_plan.h)
   float *x, *out, *weights;
@@ -112,9 +113,8 @@ int main() {
       for (int tile : {16, 32, 64}) {
         void* scratch;
         CUDA_CHECK(cudaMalloc(&scratch, cuda::moe_grouped_scratch_bytes(w, T, k, tile)));
-        const double ms = median_ms([&] {
-          cuda::moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, nullptr, tile);
-        });
+        const double ms = median_ms(
+            [&] { cuda::moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, nullptr, tile); });
         std::printf(" %7.3f %6.1f TF", ms, flops / ms / 1e9);
         CUDA_CHECK(cudaFree(scratch));
       }
@@ -146,7 +146,8 @@ int main() {
       CUDA_CHECK(cudaMemcpyAsync(plan.num_tiles, &n, 4, cudaMemcpyHostToDevice));
     });
     std::printf("T %5d: GPU plan %.3f ms, host plan %.3f ms (per layer; x 40 layers per pass)\n", T, gpu_ms, host_ms);
-    cudaFree(plan.offsets), cudaFree(plan.sorted), cudaFree(plan.position), cudaFree(plan.tiles), cudaFree(plan.num_tiles);
+    cudaFree(plan.offsets), cudaFree(plan.sorted), cudaFree(plan.position), cudaFree(plan.tiles),
+        cudaFree(plan.num_tiles);
   }
   return 0;
 }

@@ -65,8 +65,8 @@ void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCach
   for (int64_t t = 0; t < T; ++t) {
     float* row = u.data() + t * C;
     for (int64_t h = 0; h < Hk; ++h) {
-      l2_normalize(row + h * dk, dk, q_scale);          // q
-      l2_normalize(row + key_dim + h * dk, dk, 1.f);    // k
+      l2_normalize(row + h * dk, dk, q_scale);        // q
+      l2_normalize(row + key_dim + h * dk, dk, 1.f);  // k
     }
   }
   std::vector<float> beta(size_t(T * Hv)), g(size_t(T * Hv));  // [T, Hv]
@@ -82,8 +82,18 @@ void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCach
   parallel_for(Hv, 1, [&](int64_t h0, int64_t h1) {
     for (int64_t h = h0; h < h1; ++h) {
       const int64_t kh = h / heads_per_key;
-      DeltaRuleInputs in{u.data() + kh * dk, u.data() + key_dim + kh * dk, u.data() + 2 * key_dim + h * dv,
-                         g.data() + h, beta.data() + h, C, C, C, Hv, T, dk, dv};
+      DeltaRuleInputs in{u.data() + kh * dk,
+                         u.data() + key_dim + kh * dk,
+                         u.data() + 2 * key_dim + h * dv,
+                         g.data() + h,
+                         beta.data() + h,
+                         C,
+                         C,
+                         C,
+                         Hv,
+                         T,
+                         dk,
+                         dv};
       float* S = cache.ssm.data() + h * dk * dv;
       if (T == 1) delta_rule_recurrent(in, S, o.data() + h * dv, Hv * dv);
       else delta_rule_chunked(in, S, o.data() + h * dv, Hv * dv);

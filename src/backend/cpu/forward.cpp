@@ -163,8 +163,7 @@ class CpuBackend final : public Backend {
     cpu::rms_norm(h, layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed);
     if (layer.kind == LayerKind::full_attention)
       cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed, T, mixed);
-    else
-      cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed, T, mixed);
+    else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed, T, mixed);
     for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[j];
 
     cpu::rms_norm(h, layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed);

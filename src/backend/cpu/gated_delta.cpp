@@ -24,11 +24,11 @@ void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t
     const float alpha = std::exp(in.g[t * in.g_stride]);
     const float beta = in.beta[t * in.g_stride];
     for (int64_t i = 0; i < dk * dv; ++i) S[i] *= alpha;  // decay first
-    std::fill(m.begin(), m.end(), 0.f);                    // m = S^T k
+    std::fill(m.begin(), m.end(), 0.f);                   // m = S^T k
     for (int64_t a = 0; a < dk; ++a)
       for (int64_t b = 0; b < dv; ++b) m[size_t(b)] += S[a * dv + b] * k[a];
     for (int64_t b = 0; b < dv; ++b) m[size_t(b)] = beta * (v[b] - m[size_t(b)]);  // delta
-    for (int64_t a = 0; a < dk; ++a)                                                 // S += k delta^T
+    for (int64_t a = 0; a < dk; ++a)                                               // S += k delta^T
       for (int64_t b = 0; b < dv; ++b) S[a * dv + b] += k[a] * m[size_t(b)];
     float* ot = o + t * o_stride;  // o = S^T q (updated state)
     std::fill(ot, ot + dv, 0.f);
@@ -47,7 +47,8 @@ void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t
 // processed as is.
 void delta_rule_chunked(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, int64_t chunk) {
   const int64_t dk = in.dk, dv = in.dv;
-  std::vector<float> gamma(static_cast<size_t>(chunk)), A(size_t(chunk * chunk)), U(size_t(chunk * dv)), W(size_t(chunk * dk));
+  std::vector<float> gamma(static_cast<size_t>(chunk)), A(size_t(chunk * chunk)), U(size_t(chunk * dv)),
+      W(size_t(chunk * dk));
   std::vector<float> S_next(size_t(dk * dv));
   for (int64_t t0 = 0; t0 < in.T; t0 += chunk) {
     const int64_t n = std::min(chunk, in.T - t0);

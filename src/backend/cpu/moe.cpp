@@ -15,8 +15,8 @@ namespace lily::cpu {
 namespace {
 
 struct Routing {
-  std::vector<int> experts;     // [T, k]
-  std::vector<float> weights;   // [T, k]
+  std::vector<int> experts;    // [T, k]
+  std::vector<float> weights;  // [T, k]
 };
 
 Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T) {
@@ -36,8 +36,9 @@ Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t
     for (auto& v : p) v = float(v / sum);
     std::iota(order.begin(), order.end(), 0);
     // Ties go to the lower expert index.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(),
-                      [&](int a, int b) { return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b); });
+    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+      return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
+    });
     float chosen = 0;
     for (int64_t i = 0; i < k; ++i) chosen += p[size_t(order[size_t(i)])];
     for (int64_t i = 0; i < k; ++i) {
@@ -83,9 +84,10 @@ void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64
     const int64_t n = int64_t(rows.size());
     xs.resize(size_t(n * H));
     ys.resize(size_t(n * H));
-    for (int64_t i = 0; i < n; ++i) std::copy(x + rows[size_t(i)].first * H, x + (rows[size_t(i)].first + 1) * H, xs.begin() + i * H);
-    swiglu_mlp(w.experts.gate_proj[size_t(e)], w.experts.up_proj[size_t(e)], w.experts.down_proj[size_t(e)], xs.data(), n,
-               ys.data());
+    for (int64_t i = 0; i < n; ++i)
+      std::copy(x + rows[size_t(i)].first * H, x + (rows[size_t(i)].first + 1) * H, xs.begin() + i * H);
+    swiglu_mlp(w.experts.gate_proj[size_t(e)], w.experts.up_proj[size_t(e)], w.experts.down_proj[size_t(e)], xs.data(),
+               n, ys.data());
     for (int64_t i = 0; i < n; ++i) {
       float* dst = out + rows[size_t(i)].first * H;
       const float weight = rows[size_t(i)].second;

@@ -22,8 +22,7 @@ void rms_norm(const float* x, const float* gain, int64_t rows, int64_t n, float 
   }
 }
 
-void gated_rms_norm(const float* x, const float* z, const float* weight, int64_t rows, int64_t n, float eps,
-                    float* y) {
+void gated_rms_norm(const float* x, const float* z, const float* weight, int64_t rows, int64_t n, float eps, float* y) {
   for (int64_t r = 0; r < rows; ++r) {
     const float* xr = x + r * n;
     const float* zr = z + r * n;

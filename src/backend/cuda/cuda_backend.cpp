@@ -143,8 +143,7 @@ std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeight
   return make_cuda_backend(GpuWeights::upload(*weights), options);
 }
 
-std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights,
-                                               const CudaBackendOptions& options) {
+std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weights, const CudaBackendOptions& options) {
   return std::make_unique<CudaBackendImpl>(std::move(weights), options);
 }
 

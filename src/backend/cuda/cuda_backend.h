@@ -44,9 +44,11 @@ struct CudaBackendOptions {
 };
 
 // The backend over weights uploaded from a loaded model, or over weights already on the GPU.
-std::unique_ptr<CudaBackend> make_cuda_backend(std::shared_ptr<const ModelWeights> weights,
-                                               const CudaBackendOptions& options = CudaBackendOptions::from_environment());
-std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<cuda::GpuWeights> weights,
-                                               const CudaBackendOptions& options = CudaBackendOptions::from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(
+    std::shared_ptr<const ModelWeights> weights,
+    const CudaBackendOptions& options = CudaBackendOptions::from_environment());
+std::unique_ptr<CudaBackend> make_cuda_backend(
+    std::unique_ptr<cuda::GpuWeights> weights,
+    const CudaBackendOptions& options = CudaBackendOptions::from_environment());
 
 }  // namespace lily

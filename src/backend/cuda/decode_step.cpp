@@ -86,10 +86,8 @@ void DecodeStep::record(CudaSequenceState& s, cudaStream_t stream) {
   size_t attention_index = 0, deltanet_index = 0;
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const GpuLayer& layer = w_.layers[i];
-    if (layer.kind == LayerKind::full_attention)
-      gated_attention(layer, plan_.layers[i], s, attention_index++);
-    else
-      gated_deltanet(layer, plan_.layers[i], s, deltanet_index++);
+    if (layer.kind == LayerKind::full_attention) gated_attention(layer, plan_.layers[i], s, attention_index++);
+    else gated_deltanet(layer, plan_.layers[i], s, deltanet_index++);
     sparse_moe(layer, plan_.layers[i]);
   }
   mark(DecodePart::advance);

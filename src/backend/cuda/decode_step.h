@@ -38,7 +38,7 @@ class DecodeStep {
   void record(CudaSequenceState& s, cudaStream_t stream);
 
   int32_t* token() const { return token_.as<int32_t>(); }  // device int32 [1]
-  float* logits() const { return logits_.as<float>(); }   // device fp32 [vocab]
+  float* logits() const { return logits_.as<float>(); }    // device fp32 [vocab]
 
   void set_observer(DecodeStepObserver* observer) { observer_ = observer; }
   DecodeStepObserver* observer() const { return observer_; }

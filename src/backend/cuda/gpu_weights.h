@@ -32,11 +32,11 @@ struct GpuAttention {
 
 struct GpuDeltaNet {
   QMatrix in_proj_qkv, in_proj_z, in_proj_b, in_proj_a, out_proj;
-  QMatrix in_proj_all;            // fused [qkv; z; b; a]: [8192 + 4096 + 32 + 32, 2048]
-  const float* conv1d = nullptr;  // [conv_dim, K]
-  const float* A_log = nullptr;   // [Hv]
-  const float* dt_bias = nullptr; // [Hv]
-  const float* norm = nullptr;    // [128]
+  QMatrix in_proj_all;             // fused [qkv; z; b; a]: [8192 + 4096 + 32 + 32, 2048]
+  const float* conv1d = nullptr;   // [conv_dim, K]
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  const float* norm = nullptr;     // [128]
 };
 
 struct GpuLayer {

@@ -82,11 +82,11 @@ std::string layer_line(const DecodeLayerPlan& p) {
   for (const PlannedGemv& g : p.input)
     inputs += fmt::format("{}{} {}", inputs.empty() ? "" : " + ", kernel_name(g.kernel), format_of(g.W));
   const bool attention = p.kind == LayerKind::full_attention;
-  return fmt::format(
-      "    input projections  {}\n    core               {}\n    {:<18} {} {}\n"
-      "    MoE                moe_route_norm, {}, moe_down_mma\n",
-      inputs, attention ? "attention_split + attention_combine" : "deltanet_decode", attention ? "o_proj" : "out_proj",
-      kernel_name(p.output.kernel), format_of(p.output.W), kernel_name(p.gate_up));
+  return fmt::format("    input projections  {}\n    core               {}\n    {:<18} {} {}\n"
+                     "    MoE                moe_route_norm, {}, moe_down_mma\n",
+                     inputs, attention ? "attention_split + attention_combine" : "deltanet_decode",
+                     attention ? "o_proj" : "out_proj", kernel_name(p.output.kernel), format_of(p.output.W),
+                     kernel_name(p.gate_up));
 }
 
 }  // namespace
@@ -100,14 +100,15 @@ int DecodePlan::launches() const {
 
 KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens) {
   const ModelConfig& c = w.config();
-  LILY_CHECK(prefill_chunk_tokens >= 64 && prefill_chunk_tokens <= kMaxPrefillChunkTokens &&
-                 prefill_chunk_tokens % 64 == 0,
-             "prefill pass of {} tokens: a multiple of 64 in [64, {}]", prefill_chunk_tokens, kMaxPrefillChunkTokens);
+  LILY_CHECK(
+      prefill_chunk_tokens >= 64 && prefill_chunk_tokens <= kMaxPrefillChunkTokens && prefill_chunk_tokens % 64 == 0,
+      "prefill pass of {} tokens: a multiple of 64 in [64, {}]", prefill_chunk_tokens, kMaxPrefillChunkTokens);
   LILY_CHECK(w.layers.size() == c.layer_types.size(), "{} layers of weights for {} in the config", w.layers.size(),
              c.layer_types.size());
   KernelPlan plan;
   for (size_t i = 0; i < w.layers.size(); ++i)
-    plan.decode.layers.push_back(with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
+    plan.decode.layers.push_back(
+        with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
   plan.decode.lm_head = plan_rms_norm_gemv(w.lm_head, device, "lm_head");
   check_prefill_projection(w.lm_head, "lm_head");
   plan.prefill.chunk_tokens = prefill_chunk_tokens;
@@ -125,8 +126,8 @@ std::string KernelPlan::describe() const {
   std::map<std::string, std::vector<size_t>> layers_of;  // kernels -> layers
   for (size_t i = 0; i < decode.layers.size(); ++i) {
     const DecodeLayerPlan& l = decode.layers[i];
-    const std::string text =
-        fmt::format("{}\n{}", l.kind == LayerKind::full_attention ? "attention" : "DeltaNet", layer_line(l));
+    const std::string text = fmt::format("{}\n{}", l.kind == LayerKind::full_attention ? "attention" : "DeltaNet",
+                                         layer_line(l));
     if (!layers_of.count(text)) kinds.push_back(text);
     layers_of[text].push_back(i);
   }

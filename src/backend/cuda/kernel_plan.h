@@ -45,13 +45,13 @@ struct DecodeLayerPlan {
 
 struct DecodePlan {
   std::vector<DecodeLayerPlan> layers;
-  PlannedGemv lm_head;  // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
+  PlannedGemv lm_head;   // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
   int launches() const;  // kernels of one step, argmax included
 };
 
 struct PrefillPlan {
-  int chunk_tokens = 8192;            // tokens per pass
-  int chunked_delta_rule_from = 48;   // passes of fewer tokens run the token loop
+  int chunk_tokens = 8192;           // tokens per pass
+  int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
   DeltaRulePrefill delta_rule(int T) const {
     return T < chunked_delta_rule_from ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;

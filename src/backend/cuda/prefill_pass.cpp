@@ -69,10 +69,8 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
   size_t attention_index = 0, deltanet_index = 0;
   for (const GpuLayer& layer : w_.layers) {
-    if (layer.kind == LayerKind::full_attention)
-      gated_attention(layer, s, attention_index++, T);
-    else
-      gated_deltanet(layer, s, deltanet_index++, T);
+    if (layer.kind == LayerKind::full_attention) gated_attention(layer, s, attention_index++, T);
+    else gated_deltanet(layer, s, deltanet_index++, T);
     sparse_moe(layer, T);
   }
   advance_position(s.position(), T, stream);
@@ -142,8 +140,8 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
   for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
     const int n = std::min(kLogitRows, rows - r0);
     gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_);
-    CUDA_CHECK(cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost,
-                               stream_));
+    CUDA_CHECK(
+        cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost, stream_));
   }
 }
 

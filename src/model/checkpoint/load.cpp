@@ -70,9 +70,24 @@ class TensorReader {
     const std::byte* p = t.data.data();
     for (size_t i = 0; i < v.size(); ++i) {
       switch (t.dtype) {
-        case DType::F32: { float f; std::memcpy(&f, p + 4 * i, 4); v[i] = f; break; }
-        case DType::BF16: { bf16 b; std::memcpy(&b, p + 2 * i, 2); v[i] = to_float(b); break; }
-        case DType::F16: { uint16_t h; std::memcpy(&h, p + 2 * i, 2); v[i] = half_to_float(h); break; }
+        case DType::F32: {
+          float f;
+          std::memcpy(&f, p + 4 * i, 4);
+          v[i] = f;
+          break;
+        }
+        case DType::BF16: {
+          bf16 b;
+          std::memcpy(&b, p + 2 * i, 2);
+          v[i] = to_float(b);
+          break;
+        }
+        case DType::F16: {
+          uint16_t h;
+          std::memcpy(&h, p + 2 * i, 2);
+          v[i] = half_to_float(h);
+          break;
+        }
         default: fail("tensor '{}' has dtype {}; expected a float dtype", t.name, dtype_name(t.dtype));
       }
       v[i] += add;
@@ -87,7 +102,10 @@ class TensorReader {
 
  private:
   void detect_layout() {
-    struct Candidate { const char* prefix; const char* lm_head; };
+    struct Candidate {
+      const char* prefix;
+      const char* lm_head;
+    };
     const Candidate candidates[] = {
         {"language_model.model.", "language_model.lm_head"},  // mlx-lm / mlx-vlm conversions
         {"model.language_model.", "lm_head"},                 // official HF (multimodal wrapper)
@@ -125,7 +143,9 @@ class TensorReader {
       case DType::F32: m.format = MatrixFormat::f32; break;
       case DType::BF16: m.format = MatrixFormat::bf16; break;
       case DType::F16: m.format = MatrixFormat::f16; break;
-      default: fail("tensor '{}' has dtype {}; expected F32, BF16 or F16 (or a quantized triple)", t.name, dtype_name(t.dtype));
+      default:
+        fail("tensor '{}' has dtype {}; expected F32, BF16 or F16 (or a quantized triple)", t.name,
+             dtype_name(t.dtype));
     }
     m.data = t.data.data() + size_t(first_row * cols) * elem;
     return m;
@@ -140,11 +160,13 @@ class TensorReader {
     auto lead = [&](int64_t r, int64_t c) -> std::vector<int64_t> {
       return stacked ? std::vector<int64_t>{num_experts, r, c} : std::vector<int64_t>{r, c};
     };
-    if (w.dtype != DType::U32) fail("tensor '{}.weight' is quantized (has .scales) but has dtype {}, expected U32", base, dtype_name(w.dtype));
+    if (w.dtype != DType::U32)
+      fail("tensor '{}.weight' is quantized (has .scales) but has dtype {}, expected U32", base, dtype_name(w.dtype));
     if (scales->dtype != DType::BF16 && scales->dtype != DType::F16 && scales->dtype != DType::F32)
       fail("tensor '{}.scales' has dtype {}", base, dtype_name(scales->dtype));
     if (scales->dtype != DType::BF16 || biases.dtype != DType::BF16)
-      fail("tensor '{}': lily reads bf16 scales and biases, found {} / {}", base, dtype_name(scales->dtype), dtype_name(biases.dtype));
+      fail("tensor '{}': lily reads bf16 scales and biases, found {} / {}", base, dtype_name(scales->dtype),
+           dtype_name(biases.dtype));
     if (w.shape.empty() || scales->shape.empty()) fail("tensor '{}': empty shape", base);
     const int64_t word_cols = w.shape.back(), group_cols = scales->shape.back();
     if (group_cols <= 0 || word_cols <= 0 || cols % group_cols != 0 || (word_cols * 32) % cols != 0)
@@ -166,8 +188,7 @@ class TensorReader {
     expect_shape(*scales, lead(r_total, cols / group_size));
     expect_shape(biases, lead(r_total, cols / group_size));
     if (!stacked && first_row != 0) fail("internal: row offset into an unstacked tensor");
-    if (first_row + rows > (stacked ? num_experts * r_total : r_total))
-      fail("tensor '{}': rows out of range", base);
+    if (first_row + rows > (stacked ? num_experts * r_total : r_total)) fail("tensor '{}': rows out of range", base);
     Matrix m;
     m.rows = rows;
     m.cols = cols;
@@ -230,8 +251,10 @@ ExpertWeights load_experts(const TensorReader& r, const ModelConfig& c, const st
   if (ck.contains(base + "switch_mlp.gate_proj.weight")) form = switch_mlp;
   else if (ck.contains(base + "experts.gate_up_proj")) form = fused;
   else if (ck.contains(base + "experts.0.gate_proj.weight")) form = per_expert;
-  else fail("missing expert tensors: none of '{0}switch_mlp.gate_proj.weight', '{0}experts.gate_up_proj', "
-            "'{0}experts.0.gate_proj.weight'", base);
+  else
+    fail("missing expert tensors: none of '{0}switch_mlp.gate_proj.weight', '{0}experts.gate_up_proj', "
+         "'{0}experts.0.gate_proj.weight'",
+         base);
   for (int x = 0; x < E; ++x) {
     switch (form) {
       case switch_mlp:
@@ -303,7 +326,8 @@ void quantize_weights(ModelWeights& w, int bits) {
   if (w.lm_head.data != w.embed_tokens.data) jobs.push_back({&w.lm_head, bits});
   for (LayerWeights& l : w.layers) {
     if (l.kind == LayerKind::full_attention)
-      for (Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj}) jobs.push_back({m, bits});
+      for (Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj})
+        jobs.push_back({m, bits});
     else
       for (Matrix* m : {&l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
                         &l.deltanet.out_proj})

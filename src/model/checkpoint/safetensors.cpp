@@ -21,10 +21,10 @@ struct DTypeInfo {
 };
 
 constexpr DTypeInfo kDTypes[] = {
-    {"BOOL", DType::BOOL, 1}, {"U8", DType::U8, 1},   {"I8", DType::I8, 1},     {"F8_E4M3", DType::F8_E4M3, 1},
+    {"BOOL", DType::BOOL, 1},       {"U8", DType::U8, 1},   {"I8", DType::I8, 1},   {"F8_E4M3", DType::F8_E4M3, 1},
     {"F8_E5M2", DType::F8_E5M2, 1}, {"I16", DType::I16, 2}, {"U16", DType::U16, 2}, {"F16", DType::F16, 2},
-    {"BF16", DType::BF16, 2}, {"I32", DType::I32, 4}, {"U32", DType::U32, 4},   {"F32", DType::F32, 4},
-    {"I64", DType::I64, 8},   {"U64", DType::U64, 8}, {"F64", DType::F64, 8},
+    {"BF16", DType::BF16, 2},       {"I32", DType::I32, 4}, {"U32", DType::U32, 4}, {"F32", DType::F32, 4},
+    {"I64", DType::I64, 8},         {"U64", DType::U64, 8}, {"F64", DType::F64, 8},
 };
 
 DType parse_dtype(const std::string& name) {
@@ -49,7 +49,8 @@ TensorView parse_entry(const std::string& name, const json& entry, std::span<con
   auto offsets = entry.find("data_offsets");
   if (dt == entry.end() || !dt->is_string()) fail("missing or non-string 'dtype'");
   if (shape == entry.end() || !shape->is_array()) fail("missing or non-list 'shape'");
-  if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2) fail("'data_offsets' must be [begin, end]");
+  if (offsets == entry.end() || !offsets->is_array() || offsets->size() != 2)
+    fail("'data_offsets' must be [begin, end]");
 
   TensorView t;
   t.name = name;
@@ -71,7 +72,8 @@ TensorView parse_entry(const std::string& name, const json& entry, std::span<con
          data_block.size());
   uint64_t expected = count * dtype_size(t.dtype);
   if (end - begin != expected)
-    fail("holds {} bytes but dtype {} x shape {} needs {}", end - begin, dt->get<std::string>(), shape->dump(), expected);
+    fail("holds {} bytes but dtype {} x shape {} needs {}", end - begin, dt->get<std::string>(), shape->dump(),
+         expected);
   t.data = data_block.subspan(begin, end - begin);
   return t;
 }
@@ -125,7 +127,8 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
           if (v.is_string()) metadata_[k] = v.get<std::string>();
         continue;
       }
-      TensorView t = with_context(fmt::format("tensor '{}'", name), [&] { return parse_entry(name, entry, data_block); });
+      TensorView t = with_context(fmt::format("tensor '{}'", name),
+                                  [&] { return parse_entry(name, entry, data_block); });
       t.file = path;
       uint64_t begin = uint64_t(t.data.data() - data_block.data());
       if (!t.data.empty()) ranges.emplace_back(begin, begin + t.data.size());

@@ -12,8 +12,8 @@
 #include <string>
 #include <vector>
 
-#include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/bench/cuda_bench.h"
 
 namespace lily::cuda::bench {
 
@@ -36,8 +36,10 @@ std::set<DecodePart> parse_parts(const std::string& list) {
     bool known = false;
     for (DecodePart p : kParts)
       if (name == part_name(p)) parts.insert(p), known = true;
-    LILY_CHECK(known, "--decode-skip: unknown part \"{}\" (embed, in_proj, mixer, out_proj, moe, route, gate_up, "
-               "down, advance, lm_head)", name);
+    LILY_CHECK(known,
+               "--decode-skip: unknown part \"{}\" (embed, in_proj, mixer, out_proj, moe, route, gate_up, "
+               "down, advance, lm_head)",
+               name);
   }
   return parts;
 }

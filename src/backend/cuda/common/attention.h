@@ -10,17 +10,17 @@
 namespace lily::cuda {
 
 struct AttentionParams {
-  int T = 1;                  // tokens in this block
-  int num_heads = 16;         // nq
-  int num_kv_heads = 2;       // nkv; q head h uses kv head h / (nq / nkv)
+  int T = 1;             // tokens in this block
+  int num_heads = 16;    // nq
+  int num_kv_heads = 2;  // nkv; q head h uses kv head h / (nq / nkv)
   int head_dim = 256;
-  int rotary_dim = 64;        // NEOX rotate-half on dims [0, rotary_dim), pairs (j, j + rotary_dim/2)
+  int rotary_dim = 64;  // NEOX rotate-half on dims [0, rotary_dim), pairs (j, j + rotary_dim/2)
   float rope_theta = 1e7f;
   float eps = 1e-6f;
-  const float* q_norm = nullptr;     // [head_dim] effective gain (1 + w)
-  const float* k_norm = nullptr;     // [head_dim] effective gain
-  const int32_t* position = nullptr; // device: position of the block's first token (= cached length)
-  int capacity = 0;                  // rows the caches can hold
+  const float* q_norm = nullptr;      // [head_dim] effective gain (1 + w)
+  const float* k_norm = nullptr;      // [head_dim] effective gain
+  const int32_t* position = nullptr;  // device: position of the block's first token (= cached length)
+  int capacity = 0;                   // rows the caches can hold
 };
 
 // Throws lily::Error naming what the kernels do not implement (head_dim other than 256, more than

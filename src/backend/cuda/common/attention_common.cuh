@@ -15,9 +15,9 @@
 namespace lily::cuda::attention_detail {
 
 constexpr int kHeadDim = 256;
-constexpr int kGroup = 8;          // query-head slots per KV head
-constexpr int kThreads = 256;      // 8 warps; one thread per dim in the V pass
-constexpr int kTile = 64;          // keys per tile, 8 per warp
+constexpr int kGroup = 8;      // query-head slots per KV head
+constexpr int kThreads = 256;  // 8 warps; one thread per dim in the V pass
+constexpr int kTile = 64;      // keys per tile, 8 per warp
 constexpr int kRowsPerWarp = kTile / (kThreads / 32);
 // Decode: the grid has min(kMaxSplits, capacity / kSplitMinRows) splits per KV head (fixed by
 // the capacity, so the launch can be captured in a graph); at most SMs / nkv of them get keys,
@@ -29,26 +29,40 @@ constexpr float kLog2e = 1.4426950408889634f;
 struct AttnArgs {
   int T, nq, nkv, group, rotary_dim, capacity;
   float eps, rope_theta;
-  const float* q_norm;          // [256] effective gain
-  const float* k_norm;          // [256]
-  const int32_t* position;      // device: position of token 0
-  const float* qg;              // [T, nq, 512]
-  const float* k;               // [T, nkv, 256]
-  const float* v;               // [T, nkv, 256]
-  uint16_t* k_cache;            // [capacity, nkv, 256] bf16 bits
+  const float* q_norm;      // [256] effective gain
+  const float* k_norm;      // [256]
+  const int32_t* position;  // device: position of token 0
+  const float* qg;          // [T, nq, 512]
+  const float* k;           // [T, nkv, 256]
+  const float* v;           // [T, nkv, 256]
+  uint16_t* k_cache;        // [capacity, nkv, 256] bf16 bits
   uint16_t* v_cache;
-  float* out;                   // [T, nq, 256]
-  float* part_acc;              // decode: [nkv, S, 8, 256] unnormalised accumulators
-  float* part_ml;               // decode: [nkv, S, 8, 2]  (max, sum) in log2 units
+  float* out;       // [T, nq, 256]
+  float* part_acc;  // decode: [nkv, S, 8, 256] unnormalised accumulators
+  float* part_ml;   // decode: [nkv, S, 8, 2]  (max, sum) in log2 units
 };
 
 inline AttnArgs attn_args(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
                           bf16* v_cache, float* out) {
-  return AttnArgs{p.T,        p.num_heads, p.num_kv_heads, p.num_heads / p.num_kv_heads,
-                  p.rotary_dim, p.capacity,  p.eps,          p.rope_theta,
-                  p.q_norm,   p.k_norm,    p.position,     qg,
-                  k,          v,           reinterpret_cast<uint16_t*>(k_cache), reinterpret_cast<uint16_t*>(v_cache),
-                  out,        nullptr,     nullptr};
+  return AttnArgs{p.T,
+                  p.num_heads,
+                  p.num_kv_heads,
+                  p.num_heads / p.num_kv_heads,
+                  p.rotary_dim,
+                  p.capacity,
+                  p.eps,
+                  p.rope_theta,
+                  p.q_norm,
+                  p.k_norm,
+                  p.position,
+                  qg,
+                  k,
+                  v,
+                  reinterpret_cast<uint16_t*>(k_cache),
+                  reinterpret_cast<uint16_t*>(v_cache),
+                  out,
+                  nullptr,
+                  nullptr};
 }
 
 __device__ __forceinline__ float bf16_to_float(uint16_t b) { return __uint_as_float(uint32_t(b) << 16); }
@@ -73,7 +87,8 @@ __device__ __forceinline__ float warp_max(float v) {
 
 // One warp: dst = RoPE(RMSNorm_zc(src; gain)) for one 256-value head at `position` (spec §2.2.1,
 // §2.5); dst is shared memory. Lane l holds dims 8l..8l+7 for the norm.
-inline __device__ void norm_rope_head(const AttnArgs& p, const float* src, const float* gain, int position, float* dst) {
+inline __device__ void norm_rope_head(const AttnArgs& p, const float* src, const float* gain, int position,
+                                      float* dst) {
   const int lane = threadIdx.x % 32;
   const float4 x0 = reinterpret_cast<const float4*>(src)[2 * lane];
   const float4 x1 = reinterpret_cast<const float4*>(src)[2 * lane + 1];
@@ -138,7 +153,8 @@ __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)
 __device__ __forceinline__ void bf16x8_to_float(const uint4& r, float (&f)[8]) {
   const uint32_t w[4] = {r.x, r.y, r.z, r.w};
 #pragma unroll
-  for (int e = 0; e < 4; ++e) f[2 * e] = __uint_as_float(w[e] << 16), f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
+  for (int e = 0; e < 4; ++e)
+    f[2 * e] = __uint_as_float(w[e] << 16), f[2 * e + 1] = __uint_as_float(w[e] & 0xffff0000u);
 }
 
 // dot[h] = sum_e q[h][e] k[e] over this lane's 8 dims of one K row (8 bf16 in kr).
@@ -152,6 +168,5 @@ __device__ __forceinline__ void key_dots(const uint4& kr, const float (&q)[kGrou
     for (int e = 0; e < 8; ++e) dot[h] += q[h][e] * kf[e];
   }
 }
-
 
 }  // namespace lily::cuda::attention_detail

@@ -14,10 +14,10 @@
 
 #include "base/error.h"
 
-#define CUDA_CHECK(expr)                                                                         \
-  do {                                                                                           \
-    cudaError_t _lily_err = (expr);                                                              \
-    if (_lily_err != cudaSuccess)                                                                \
+#define CUDA_CHECK(expr)                                                                                     \
+  do {                                                                                                       \
+    cudaError_t _lily_err = (expr);                                                                          \
+    if (_lily_err != cudaSuccess)                                                                            \
       ::lily::fail("CUDA error at {}:{}: {}: {}", __FILE__, __LINE__, #expr, cudaGetErrorString(_lily_err)); \
   } while (0)
 

@@ -8,12 +8,12 @@
 namespace lily::cuda {
 
 struct DeltaNetParams {
-  int T = 1;                    // tokens in this block
-  int num_key_heads = 16;       // Hk
-  int num_value_heads = 32;     // Hv (v-head n reads q/k head n / (Hv/Hk))
-  int head_dim = 128;           // dk = dv = 128
-  int conv_kernel = 4;          // K
-  float eps = 1e-6f;            // the gated RMSNorm's epsilon
+  int T = 1;                           // tokens in this block
+  int num_key_heads = 16;              // Hk
+  int num_value_heads = 32;            // Hv (v-head n reads q/k head n / (Hv/Hk))
+  int head_dim = 128;                  // dk = dv = 128
+  int conv_kernel = 4;                 // K
+  float eps = 1e-6f;                   // the gated RMSNorm's epsilon
   const float* conv_weight = nullptr;  // [conv_dim, K] fp32, w[c, K-1] multiplies the current token
   const float* A_log = nullptr;        // [Hv]
   const float* dt_bias = nullptr;      // [Hv]

@@ -16,11 +16,11 @@ namespace lily::cuda::deltanet_detail {
 // One block owns (v-head h, a slice of 32 dv columns): 128 threads, warp w holds the state rows
 // a in [32w, 32w + 32) of the block's columns, lane = column, so each thread keeps 32 state
 // values in registers and every warp load or store is one 128-byte line.
-constexpr int kHeadDim = 128;                 // dk = dv
-constexpr int kConvK = 4;                     // the model's conv kernel (template parameter K)
-constexpr int kCols = 32;                     // dv columns per block, one per lane
-constexpr int kSlices = kHeadDim / kCols;     // blocks per v-head
-constexpr int kThreads = 128;                 // 4 warps x 32 dk rows
+constexpr int kHeadDim = 128;                      // dk = dv
+constexpr int kConvK = 4;                          // the model's conv kernel (template parameter K)
+constexpr int kCols = 32;                          // dv columns per block, one per lane
+constexpr int kSlices = kHeadDim / kCols;          // blocks per v-head
+constexpr int kThreads = 128;                      // 4 warps x 32 dk rows
 constexpr int kRows = kHeadDim / (kThreads / 32);  // state rows per thread
 
 struct CoreArgs {
@@ -42,9 +42,23 @@ struct CoreArgs {
 
 inline CoreArgs core_args(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
                           float* conv_state, float* ssm_state, float* y, float* u) {
-  return CoreArgs{p.T,     p.num_key_heads, p.num_value_heads, p.conv_dim(), p.eps,     p.conv_weight,
-                  p.A_log, p.dt_bias,       p.norm_weight,     mixed,        z,         b,
-                  a,       conv_state,      ssm_state,         y,            u};
+  return CoreArgs{p.T,
+                  p.num_key_heads,
+                  p.num_value_heads,
+                  p.conv_dim(),
+                  p.eps,
+                  p.conv_weight,
+                  p.A_log,
+                  p.dt_bias,
+                  p.norm_weight,
+                  mixed,
+                  z,
+                  b,
+                  a,
+                  conv_state,
+                  ssm_state,
+                  y,
+                  u};
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }

@@ -55,12 +55,12 @@ struct QMatrix {
 
 // The matrices of one sparse MoE block (spec §2.7), as the decode and prefill launchers take them.
 struct GpuMoe {
-  QMatrix router;                                  // [E, H] (8-bit in mlx)
-  QMatrix experts_gate, experts_up;                // stacks [E, I, H]
-  QMatrix experts_down;                            // stack [E, H, I]
-  QMatrix shared_gate, shared_up;                  // [Is, H]
-  QMatrix shared_down;                             // [H, Is]
-  QMatrix shared_expert_gate;                      // [1, H] (8-bit in mlx)
+  QMatrix router;                    // [E, H] (8-bit in mlx)
+  QMatrix experts_gate, experts_up;  // stacks [E, I, H]
+  QMatrix experts_down;              // stack [E, H, I]
+  QMatrix shared_gate, shared_up;    // [Is, H]
+  QMatrix shared_down;               // [H, Is]
+  QMatrix shared_expert_gate;        // [1, H] (8-bit in mlx)
 };
 
 }  // namespace lily::cuda

@@ -11,8 +11,8 @@
 //                          then writes the same elements, so y may alias x.
 // Tested:   tests/cuda/test_norm.cu against backend/cpu (rms_norm) and host loops.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/norm.h"
+#include "backend/cuda/common/pdl.cuh"
 
 #include <algorithm>
 
@@ -26,9 +26,9 @@ struct EmbedParams {
   const uint4* codes;      // [V, cpr] chunks of 16 bytes
   const uint16_t* scales;  // [V, H/64] bf16 bits
   const uint16_t* biases;
-  const int32_t* tokens;   // [T]
+  const int32_t* tokens;  // [T]
   int V, H;
-  float* h;                // [T, H]
+  float* h;  // [T, H]
 };
 
 template <int BITS>
@@ -105,12 +105,15 @@ void embed_tokens(const QMatrix& table, const int32_t* tokens, int T, float* h, 
              table.group_size);
   LILY_CHECK(aligned16(h), "embed_tokens: h must be 16-byte aligned");
   if (T <= 0) return;
-  const EmbedParams p{reinterpret_cast<const uint4*>(table.codes), reinterpret_cast<const uint16_t*>(table.scales),
-                      reinterpret_cast<const uint16_t*>(table.biases), tokens, table.rows, table.cols, h};
-  if (table.bits == 4)
-    embed_kernel<4><<<T, 128, 0, stream>>>(p);
-  else
-    embed_kernel<8><<<T, 128, 0, stream>>>(p);
+  const EmbedParams p{reinterpret_cast<const uint4*>(table.codes),
+                      reinterpret_cast<const uint16_t*>(table.scales),
+                      reinterpret_cast<const uint16_t*>(table.biases),
+                      tokens,
+                      table.rows,
+                      table.cols,
+                      h};
+  if (table.bits == 4) embed_kernel<4><<<T, 128, 0, stream>>>(p);
+  else embed_kernel<8><<<T, 128, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

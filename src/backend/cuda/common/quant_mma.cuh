@@ -39,9 +39,9 @@
 
 namespace lily::cuda::quant_mma {
 
-constexpr int kBlockCols = 128;        // 4 chunks, 2 groups
-constexpr int kPairCols = 256;         // 2 blocks, 4 groups: one mma chain
-constexpr int kFragU4PerChunk = 4;     // 16 bf16x2 of one part (hi or lo) of a chunk of x
+constexpr int kBlockCols = 128;     // 4 chunks, 2 groups
+constexpr int kPairCols = 256;      // 2 blocks, 4 groups: one mma chain
+constexpr int kFragU4PerChunk = 4;  // 16 bf16x2 of one part (hi or lo) of a chunk of x
 
 // Pairs per warp when `warps` warps split `pairs` pairs of a row and each load step takes `step`
 // pairs: a multiple of step (a warp's last step would otherwise run into the next warp's pairs
@@ -134,7 +134,7 @@ __device__ __forceinline__ void stage_input_row(const float* x, const float* gai
     const int j = threadIdx.x + i * THREADS;
     if (j < n4)
       reinterpret_cast<float4*>(xs)[j] = NORM ? make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y,
-                                                             xv[i].z * inv * gv[i].z, xv[i].w * inv * gv[i].w)
+                                                            xv[i].z * inv * gv[i].z, xv[i].w * inv * gv[i].w)
                                               : xv[i];
   }
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
@@ -145,7 +145,7 @@ __device__ __forceinline__ void stage_input_row(const float* x, const float* gai
 // The codes, scales and biases a lane needs for NPAIR pairs of blocks of rows g and g + 8.
 template <int NPAIR>
 struct TileLoad {
-  uint4 q[NPAIR][2][2];               // [pair][block][row g, g + 8]
+  uint4 q[NPAIR][2][2];                   // [pair][block][row g, g + 8]
   float scale[NPAIR][2], bias[NPAIR][2];  // group 4 pair + t, rows g and g + 8
 };
 

@@ -34,8 +34,8 @@
 // Tested:   tests/cuda/test_attention.cu (decode at lengths on both sides of the split size,
 //           many steps, small capacities, 69K keys, the caller's scratch).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
-#include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/pdl.cuh"
 
 #include "backend/cuda/common/attention_common.cuh"
 #include "backend/cuda/common/mma.cuh"
@@ -55,10 +55,10 @@ constexpr int kCombineWarps = 8;
 constexpr int kCombineDims = kHeadDim / 2;  // dims per combine block (a float4 per lane)
 
 constexpr int kSplitWarps = 4, kSplitThreads = 32 * kSplitWarps;
-constexpr int kSplitKeys = 16 * kSplitWarps;             // keys per tile, 16 per warp
-constexpr int kStages = 3;                               // tiles in the cp.async pipeline
-constexpr int kRowStride = kHeadDim + 8;                 // bf16 per shared row (528 bytes)
-constexpr int kTileElems = kSplitKeys * kRowStride;      // bf16 per K (or V) tile
+constexpr int kSplitKeys = 16 * kSplitWarps;                                        // keys per tile, 16 per warp
+constexpr int kStages = 3;                                                          // tiles in the cp.async pipeline
+constexpr int kRowStride = kHeadDim + 8;                                            // bf16 per shared row (528 bytes)
+constexpr int kTileElems = kSplitKeys * kRowStride;                                 // bf16 per K (or V) tile
 constexpr size_t kSplitSmem = size_t(kStages) * 2 * kTileElems * sizeof(uint16_t);  // 202,752 bytes
 static_assert(size_t(kSplitWarps) * kGroup * kHeadDim * sizeof(float) <= kSplitSmem, "merge buffer");
 static_assert(kSplitMinRows % kSplitKeys == 0, "splits hold whole tiles");
@@ -81,13 +81,13 @@ __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnA
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ uint4 split_smem[];
-  uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);  // [kStages][64 keys][kRowStride]
-  uint16_t* Vs = Ks + kStages * kTileElems;                 // [kStages][64 keys][kRowStride]
-  __shared__ __align__(16) float q_s[kGroup][kHeadDim];     // prepared queries (fp32)
-  __shared__ __align__(16) float k_s[kHeadDim];             // the new K row
+  uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);      // [kStages][64 keys][kRowStride]
+  uint16_t* Vs = Ks + kStages * kTileElems;                    // [kStages][64 keys][kRowStride]
+  __shared__ __align__(16) float q_s[kGroup][kHeadDim];        // prepared queries (fp32)
+  __shared__ __align__(16) float k_s[kHeadDim];                // the new K row
   __shared__ __align__(16) uint16_t qh_s[kGroup][kRowStride];  // Q x log2(e)/16, bf16 hi part
   __shared__ __align__(16) uint16_t ql_s[kGroup][kRowStride];  // and the lo part
-  __shared__ float ml_s[kSplitWarps][kGroup][2];            // each warp's (m, l) per head slot
+  __shared__ float ml_s[kSplitWarps][kGroup][2];               // each warp's (m, l) per head slot
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
   const int split = blockIdx.x, S = gridDim.x, kv = blockIdx.y;
@@ -342,8 +342,8 @@ void gated_attention_decode(const AttentionParams& p, const float* qg, const flo
   LILY_CHECK(p.T == 1, "gated_attention_decode: one token, {} given", p.T);
   LILY_CHECK(scratch != nullptr, "gated_attention_decode: no scratch");
   static const bool configured = [] {  // once: the shared memory opt-in
-    CUDA_CHECK(cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kSplitSmem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
     return true;
   }();
   (void)configured;
@@ -354,7 +354,7 @@ void gated_attention_decode(const AttentionParams& p, const float* qg, const flo
   // The splits that run at once: one per SM of a KV head's share.
   const int max_splits = std::min(S, std::max(1, multiprocessor_count() / args.nkv));
   attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
-                                                                                                   max_splits);
+                                                                                                       max_splits);
   CUDA_CHECK_LAUNCH();
   attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(kHeadDim / kCombineDims)),
                              32 * kCombineWarps, size_t(S) * sizeof(float), stream>>>(args, S, max_splits);

@@ -75,7 +75,7 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const float zc = p.z[h * kHeadDim + col];
   float alpha, beta;  // loaded here with z and mixed: one round of loads after the wait, not two
   gate_values(p.b[h], p.a[h], A_log, dt_bias, alpha, beta);  // A_log, dt_bias loaded before the wait
-  auto conv = [&](int c, float (&x)[K], const float (&w)[K]) {
+  auto conv = [&](int c, float(&x)[K], const float(&w)[K]) {
     x[K - 1] = p.mixed[c];
     float acc = 0.f;
 #pragma unroll

@@ -40,8 +40,8 @@ namespace {
 
 using namespace quant;
 
-constexpr int kRows = 4;   // rows per lane group (staged_gemv_kernel)
-constexpr int kUnroll = 2; // chunks per row loaded together per step (with 4 rows: 8 loads in flight)
+constexpr int kRows = 4;    // rows per lane group (staged_gemv_kernel)
+constexpr int kUnroll = 2;  // chunks per row loaded together per step (with 4 rows: 8 loads in flight)
 
 constexpr int kNormThreads = 256;
 constexpr int kNormMaxCols = 4096;
@@ -54,7 +54,7 @@ struct RmsNormGemvParams {
   const float* x;          // [cols] the raw (un-normalized) row
   const float* gain;       // [cols] effective gain
   float eps;
-  float* y;                // [rows]
+  float* y;  // [rows]
   int rows, cols;
 };
 
@@ -63,8 +63,8 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
   {  // This thread's first chunks into L2 while the predecessor finishes: weights depend on nothing.
     constexpr int kCodes = 128 / BITS;
     const int cpr = p.cols / kCodes, lane = threadIdx.x % 32, sub = lane % LPR;
-    const int64_t row0 =
-        ((int64_t(blockIdx.x) * (kNormThreads / 32) + threadIdx.x / 32) * (32 / LPR) + lane / LPR) * kRows;
+    const int64_t row0 = ((int64_t(blockIdx.x) * (kNormThreads / 32) + threadIdx.x / 32) * (32 / LPR) + lane / LPR) *
+                         kRows;
 #pragma unroll
     for (int r = 0; r < kRows; ++r)
 #pragma unroll
@@ -89,8 +89,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
     xv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.x) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
     if constexpr (NORM)
       gv[i] = j < n4 ? __ldg(reinterpret_cast<const float4*>(p.gain) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
-    else
-      gv[i] = make_float4(1.f, 1.f, 1.f, 1.f);
+    else gv[i] = make_float4(1.f, 1.f, 1.f, 1.f);
   }
   float inv = 1.f;
   if constexpr (NORM) inv = block_inv_rms<kNormPerThread, kNormThreads>(xv, p.cols, p.eps, partial);
@@ -101,8 +100,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
       if constexpr (NORM)
         xs[swizzle(j)] = make_float4(xv[i].x * inv * gv[i].x, xv[i].y * inv * gv[i].y, xv[i].z * inv * gv[i].z,
                                      xv[i].w * inv * gv[i].w);
-      else
-        xs[swizzle(j)] = xv[i];
+      else xs[swizzle(j)] = xv[i];
     }
   }
   __syncthreads();
@@ -190,7 +188,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
 
   // Stage x (NORM: x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) as rms_norm).
   stage_input_row<NORM, kNormThreads, kNormMaxCols, 4>(p.x, p.gain, p.eps, p.cols, xs, frag, group_sum, zero,
-                                                    &partial[0][0]);
+                                                       &partial[0][0]);
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -226,10 +224,15 @@ int resident_blocks() {
 }
 
 RmsNormGemvParams params_of(const QMatrix& W, const float* x, const float* gain, float eps, float* y) {
-  return {W.codes, reinterpret_cast<const uint16_t*>(W.scales), reinterpret_cast<const uint16_t*>(W.biases),
-          x,       gain,
-          eps,     y,
-          W.rows,  W.cols};
+  return {W.codes,
+          reinterpret_cast<const uint16_t*>(W.scales),
+          reinterpret_cast<const uint16_t*>(W.biases),
+          x,
+          gain,
+          eps,
+          y,
+          W.rows,
+          W.cols};
 }
 
 template <bool NORM, bool ACC>
@@ -314,10 +317,8 @@ void rms_norm_gemv(GemvKernel kernel, const QMatrix& W, const float* x, const fl
 void gemv_accumulate(GemvKernel kernel, const QMatrix& W, const float* x, float* y, cudaStream_t stream) {
   check_supported(kernel, W, true, "gemv_accumulate");
   LILY_CHECK(aligned16(x), "gemv_accumulate: x must be 16-byte aligned");
-  if (kernel == GemvKernel::mma)
-    launch_mma_gemv<false, true>(W, x, nullptr, 0.f, y, stream);
-  else
-    launch_staged<false, true>(W, x, nullptr, 0.f, y, stream);
+  if (kernel == GemvKernel::mma) launch_mma_gemv<false, true>(W, x, nullptr, 0.f, y, stream);
+  else launch_staged<false, true>(W, x, nullptr, 0.f, y, stream);
 }
 
 }  // namespace lily::cuda

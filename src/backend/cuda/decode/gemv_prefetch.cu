@@ -40,8 +40,8 @@ namespace {
 using namespace quant_mma;
 
 constexpr int kMaxCols = 4096;
-constexpr int kMaxUnits = 96;                        // (tile, pair) units of one block
-constexpr uint32_t kMaxWeightBytes = 180 * 1024;     // dynamic shared memory (static: ~39 KB)
+constexpr int kMaxUnits = 96;                     // (tile, pair) units of one block
+constexpr uint32_t kMaxWeightBytes = 180 * 1024;  // dynamic shared memory (static: ~39 KB)
 
 struct PrefetchGemvParams {
   const uint8_t* codes;   // [rows, cols / 2]
@@ -50,7 +50,7 @@ struct PrefetchGemvParams {
   const float* x;         // [cols]
   const float* gain;      // [cols] the norm's effective gain
   float eps;
-  float* y;               // [rows]
+  float* y;  // [rows]
   int rows, cols;
 };
 
@@ -96,8 +96,8 @@ __global__ void __launch_bounds__(kThreads, 2) prefetch_rms_norm_gemv_kernel(Pre
   __syncthreads();  // also publishes the barrier's init to every thread
   ptx::mbarrier_wait(&copied, 0);
 
-  shared_rows_dot<kWarps>(codes_s, scales_s, biases_s, t_end - t_begin, cpr, gpr, p.cols / kPairCols, frag, gsum,
-                          zero, unit_sum);
+  shared_rows_dot<kWarps>(codes_s, scales_s, biases_s, t_end - t_begin, cpr, gpr, p.cols / kPairCols, frag, gsum, zero,
+                          unit_sum);
   __syncthreads();
   write_row_sums(unit_sum, p.cols / kPairCols, nrows, p.y + r_begin);
 }
@@ -146,8 +146,15 @@ void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain,
   }();
   (void)configured;
   const Plan plan = plan_for(W, multiprocessor_count());
-  const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint8_t*>(W.scales),
-                             reinterpret_cast<const uint8_t*>(W.biases), x, gain, eps, y, W.rows, W.cols};
+  const PrefetchGemvParams p{reinterpret_cast<const uint8_t*>(W.codes),
+                             reinterpret_cast<const uint8_t*>(W.scales),
+                             reinterpret_cast<const uint8_t*>(W.biases),
+                             x,
+                             gain,
+                             eps,
+                             y,
+                             W.rows,
+                             W.cols};
   prefetch_rms_norm_gemv_kernel<<<unsigned(plan.grid), kThreads, plan.smem, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

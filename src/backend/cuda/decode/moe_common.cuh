@@ -9,10 +9,10 @@
 #include <cstdint>
 
 #include "backend/cuda/common/cuda_check.h"
-#include "backend/cuda/decode/moe_decode.h"
 #include "backend/cuda/common/gpu_types.h"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/common/route_topk.cuh"
+#include "backend/cuda/decode/moe_decode.h"
 
 namespace lily::cuda::moe_detail {
 

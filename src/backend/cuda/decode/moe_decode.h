@@ -50,7 +50,7 @@ struct MoeDecodeArgs {
   const GpuMoe* w = nullptr;
   const float* gain = nullptr;  // [H] post_attention_layernorm's effective gain
   float eps = 1e-6f;
-  int k = 8;                    // experts per token
+  int k = 8;  // experts per token
   MoeDecodeBuffers buffers;
 };
 

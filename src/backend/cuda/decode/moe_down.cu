@@ -33,22 +33,22 @@ constexpr int kDownMmaPairs = 2;  // pairs of 128-column blocks per load step (I
 constexpr size_t kDownMmaMaxSmem = 200 * 1024;
 
 struct DownParams {
-  QView down;                 // routed stack [E, H, I]
-  QView shared_down;          // the shared expert [H, I] (slot k)
-  const float* act;           // [k + 1, I]
-  const float* logits;        // [E] router logits
-  const float* shared_weight; // [1] the shared expert's gate
+  QView down;                  // routed stack [E, H, I]
+  QView shared_down;           // the shared expert [H, I] (slot k)
+  const float* act;            // [k + 1, I]
+  const float* logits;         // [E] router logits
+  const float* shared_weight;  // [1] the shared expert's gate
   int E, H, I, k;
-  float* out;                 // [H] the residual stream, added to
+  float* out;  // [H] the residual stream, added to
 };
 
 __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) {
   using namespace quant_mma;
   extern __shared__ uint4 down_smem[];
   const int slots = p.k + 1;
-  uint4* frag = down_smem;                                                                 // [slots][fragment_uint4s(I)]
+  uint4* frag = down_smem;                                                               // [slots][fragment_uint4s(I)]
   float* act_s = reinterpret_cast<float*>(frag + size_t(slots) * fragment_uint4s(p.I));  // [slots][I]
-  float* gsum = act_s + size_t(slots) * p.I;                                               // [slots][I / 64]
+  float* gsum = act_s + size_t(slots) * p.I;                                             // [slots][I / 64]
   __shared__ __align__(16) uint4 zero[kFragU4PerChunk];
   __shared__ float partial[kMaxK + 1][16];
   __shared__ float choice_logits[kMaxExperts];
@@ -146,8 +146,8 @@ bool moe_detail::down_supports(const GpuMoe& w, int k) {
 bool moe_decode_supports(const GpuMoe& w, int k, GateUpKernel gate_up) {
   const QMatrix &G = w.experts_gate, &D = w.experts_down;
   return moe_detail::route_supports(w) && moe_detail::gate_up_supports(gate_up, w, k) &&
-         moe_detail::down_supports(w, k) && w.router.rows == G.batch && w.router.cols == G.cols &&
-         D.batch == G.batch && D.rows == G.cols && D.cols == G.rows;
+         moe_detail::down_supports(w, k) && w.router.rows == G.batch && w.router.cols == G.cols && D.batch == G.batch &&
+         D.rows == G.cols && D.cols == G.rows;
 }
 
 void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
@@ -157,8 +157,8 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
              D.bits, a.k);
   check_aligned(a.buffers.act, "moe_down: act");
   static const bool configured = [] {  // once: allow more than 48 KB
-    CUDA_CHECK(cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kDownMmaMaxSmem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDownMmaMaxSmem)));
     return true;
   }();
   (void)configured;

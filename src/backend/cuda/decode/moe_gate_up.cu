@@ -38,7 +38,7 @@ struct GateUpParams {
   const float* x;                // [H]
   const float* logits;           // [E] router logits: each routed block chooses its expert
   int E, I, H, k;
-  float* act;                    // [k + 1, I]
+  float* act;  // [k + 1, I]
 };
 
 __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kernel(GateUpParams p) {
@@ -116,9 +116,10 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
 
 void launch_mma(const MoeDecodeArgs& a, cudaStream_t stream) {
   const GpuMoe& w = *a.w;
-  const GateUpParams p{view(w.experts_gate), view(w.experts_up), view(w.shared_gate), view(w.shared_up),
-                       a.buffers.x,          a.buffers.logits,   w.experts_gate.batch, w.experts_gate.rows,
-                       w.experts_gate.cols,  a.k,                a.buffers.act};
+  const GateUpParams p{
+      view(w.experts_gate), view(w.experts_up),   view(w.shared_gate), view(w.shared_up),   a.buffers.x,
+      a.buffers.logits,     w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols, a.k,
+      a.buffers.act};
   const dim3 grid(unsigned((w.experts_gate.rows + 15) / 16), unsigned(a.k + 1));
   moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
@@ -145,15 +146,14 @@ bool moe_detail::gate_up_supports(GateUpKernel kernel, const GpuMoe& w, int k) {
 
 void moe_gate_up(GateUpKernel kernel, const MoeDecodeArgs& a, cudaStream_t stream) {
   const GpuMoe& w = *a.w;
-  LILY_CHECK(gate_up_supports(kernel, w, a.k), "moe_gate_up: the {} kernel does not take [{}, {}, {}] q{} experts, k {}",
-             kernel_name(kernel), w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols,
-             w.experts_gate.bits, a.k);
+  LILY_CHECK(gate_up_supports(kernel, w, a.k),
+             "moe_gate_up: the {} kernel does not take [{}, {}, {}] q{} experts, k {}", kernel_name(kernel),
+             w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols, w.experts_gate.bits, a.k);
   check_aligned(a.buffers.x, "moe_gate_up: x");
   if (kernel == GateUpKernel::staged)
     moe_gate_up_staged(w.experts_gate, w.experts_up, w.shared_gate, w.shared_up, a.buffers.x, a.buffers.logits, a.k,
                        a.buffers.act, stream);
-  else
-    launch_mma(a, stream);
+  else launch_mma(a, stream);
 }
 
 }  // namespace lily::cuda

@@ -23,11 +23,11 @@
 #include "backend/cuda/decode/moe_gate_up_staged.h"
 
 #include "backend/cuda/common/mma.cuh"
-#include "backend/cuda/decode/moe_common.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
 #include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/common/shared_rows_dot.cuh"
+#include "backend/cuda/decode/moe_common.cuh"
 
 namespace lily::cuda {
 
@@ -52,7 +52,7 @@ struct StagedGateUpParams {
   const float* x;          // [H]
   const float* logits;     // [E] router logits: each routed block chooses its expert
   int E, I, H, k;
-  float* act;              // [k + 1, I]
+  float* act;  // [k + 1, I]
 };
 
 // Dynamic shared memory: G then U, each codes | scales | biases of kRows rows.
@@ -74,7 +74,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   uint8_t* base = reinterpret_cast<uint8_t*>(weights_s);
 
   // One thread: rows [row, row + 16) of G and U into shared memory, completing on `copied`.
-  auto issue = [&](const StagedMatrix (&m)[2], int64_t row) {
+  auto issue = [&](const StagedMatrix(&m)[2], int64_t row) {
     ptx::mbarrier_arrive_expect_tx(&copied, 2 * matrix_bytes(H));
     for (int j = 0; j < 2; ++j) {
       uint8_t* dst = base + j * matrix_bytes(H);
@@ -135,8 +135,8 @@ StagedMatrix bytes_of(const QMatrix& m) {
 }
 
 bool staged_shape(const QMatrix& m, int H, int I) {
-  return m.bits == 4 && m.group_size == 64 && m.cols == H && m.rows == I && aligned16(m.codes) &&
-         aligned16(m.scales) && aligned16(m.biases);
+  return m.bits == 4 && m.group_size == 64 && m.cols == H && m.rows == I && aligned16(m.codes) && aligned16(m.scales) &&
+         aligned16(m.biases);
 }
 
 }  // namespace

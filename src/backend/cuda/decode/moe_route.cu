@@ -12,11 +12,11 @@
 // Tested:   tests/cuda/test_moe.cu (Route: x, logits and the gate against cpu::rms_norm and
 //           cpu::linear; the choice through the expert launches).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/block_rms.cuh"
-#include "backend/cuda/decode/moe_decode.h"
-#include "backend/cuda/decode/moe_common.cuh"
+#include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
+#include "backend/cuda/decode/moe_common.cuh"
+#include "backend/cuda/decode/moe_decode.h"
 
 #include <algorithm>
 
@@ -27,20 +27,20 @@ namespace {
 using namespace quant;
 using namespace moe_detail;
 
-constexpr int kRouteBlocks = 32;    // blocks per token in moe_route_norm_kernel
+constexpr int kRouteBlocks = 32;  // blocks per token in moe_route_norm_kernel
 constexpr int kRouteThreads = 256;
 
 struct RouteParams {
-  QView router;         // [E, H]
-  QView expert_gate;    // the shared expert's gate [1, H]
+  QView router;       // [E, H]
+  QView expert_gate;  // the shared expert's gate [1, H]
   int expert_gate_bits;
-  const float* h;       // [H] the residual stream (un-normalized)
-  const float* gain;    // [H] post_attention_layernorm's effective gain
+  const float* h;     // [H] the residual stream (un-normalized)
+  const float* gain;  // [H] post_attention_layernorm's effective gain
   float eps;
   int E, H;
-  float* normed;        // [H]
-  float* logits;        // [E]
-  float* shared_weight; // [1]
+  float* normed;         // [H]
+  float* logits;         // [E]
+  float* shared_weight;  // [1]
 };
 
 template <int BITS, int LPR>
@@ -49,7 +49,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   constexpr int kRowsPerWarp = 32 / LPR * R;
   constexpr int kPre = 4;  // chunks per row loaded before the wait (the 8-bit router at H = 2048: all)
   constexpr int kPerThread = kMaxHidden / 4 / kRouteThreads;  // float4s of h per thread
-  __shared__ __align__(16) float xs[kMaxHidden];  // x = RMSNorm(h)
+  __shared__ __align__(16) float xs[kMaxHidden];              // x = RMSNorm(h)
   __shared__ float partial[kRouteThreads / 32];
 
   const int rank = blockIdx.x;
@@ -83,8 +83,9 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
     const int bytes = p.H * p.expert_gate_bits / 8;
     for (int off = lane * 128; off < bytes; off += 32 * 128)
       prefetch_l2(reinterpret_cast<const uint8_t*>(p.expert_gate.codes) + off);
-    if (lane < 2) prefetch_l2(lane == 0 ? static_cast<const void*>(p.expert_gate.scales)
-                                        : static_cast<const void*>(p.expert_gate.biases));
+    if (lane < 2)
+      prefetch_l2(lane == 0 ? static_cast<const void*>(p.expert_gate.scales)
+                            : static_cast<const void*>(p.expert_gate.biases));
   }
   pdl_wait();
   pdl_launch_dependents();
@@ -174,8 +175,17 @@ void moe_route(const MoeDecodeArgs& a, cudaStream_t stream) {
   check_aligned(b.h, "moe_route: h");
   check_aligned(a.gain, "moe_route: gain");
   check_aligned(b.x, "moe_route: x");
-  const RouteParams p{view(w.router), view(w.shared_expert_gate), w.shared_expert_gate.bits, b.h, a.gain, a.eps,
-                      w.router.rows,  w.router.cols,             b.x,                         b.logits, b.shared_weight};
+  const RouteParams p{view(w.router),
+                      view(w.shared_expert_gate),
+                      w.shared_expert_gate.bits,
+                      b.h,
+                      a.gain,
+                      a.eps,
+                      w.router.rows,
+                      w.router.cols,
+                      b.x,
+                      b.logits,
+                      b.shared_weight};
   dispatch_bits_lanes(w.router.bits, lanes_per_row(w.router.cols * w.router.bits / 128), [&](auto bits, auto lpr) {
     moe_route_norm_kernel<decltype(bits)::value, decltype(lpr)::value><<<kRouteBlocks, kRouteThreads, 0, stream>>>(p);
   });

@@ -24,7 +24,7 @@ namespace lily::cuda {
 
 namespace {
 
-constexpr int kSortSize = 2048;          // entries sorted per block
+constexpr int kSortSize = 2048;  // entries sorted per block
 constexpr int kSortThreads = kSortSize / 2;
 
 __device__ __forceinline__ bool before(float av, int ai, float bv, int bi) { return av > bv || (av == bv && ai < bi); }
@@ -32,8 +32,8 @@ __device__ __forceinline__ bool before(float av, int ai, float bv, int bi) { ret
 // FROM_LOGITS: block b reads logits [2048 b, 2048 b + 2048) of n; otherwise lists [G b, G b + G)
 // of `count` lists of k2 entries (G = 2048 / k2). Writes its first `keep` entries to out[b].
 template <bool FROM_LOGITS>
-__global__ void __launch_bounds__(kSortThreads) select_kernel(const float* logits, const Candidate* lists, int count,
-                                                              int k2, int keep, Candidate* out) {
+__global__ void __launch_bounds__(kSortThreads)
+    select_kernel(const float* logits, const Candidate* lists, int count, int k2, int keep, Candidate* out) {
   __shared__ float v[kSortSize];
   __shared__ int id[kSortSize];
   const int t = threadIdx.x;

@@ -25,9 +25,9 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/common/attention_common.cuh"
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/prefill/attention_prefill.h"
 
 namespace lily::cuda {
 
@@ -69,7 +69,7 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
     for (int i = 0; i < 8; ++i) q[h][i] = q_s[h][8 * lane + i] * (kLog2e / 16.f);
 
   float m_run = -INFINITY, l_run = 0.f;  // warp h: head slot h's running max and sum
-  float acc[kGroup] = {};                 // thread d: dim d of each head slot
+  float acc[kGroup] = {};                // thread d: dim d of each head slot
   const uint16_t* kbase = p.k_cache + size_t(kv) * kHeadDim;
   const uint16_t* vbase = p.v_cache + size_t(kv) * kHeadDim;
   const size_t row_stride = size_t(p.nkv) * kHeadDim;
@@ -80,7 +80,8 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int j = warp * kRowsPerWarp + i;
-      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + size_t(base + j) * row_stride)[lane] : make_uint4(0, 0, 0, 0);
+      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + size_t(base + j) * row_stride)[lane]
+                    : make_uint4(0, 0, 0, 0);
     }
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
@@ -143,7 +144,6 @@ __global__ void __launch_bounds__(kThreads) kv_prep_kernel(AttnArgs p) {
   }
 }
 
-
 // ---- Prefill: flash attention on the tensor cores ----------------------------------------
 //
 // Block (64 query rows, KV head kv). The rows are (token, head slot) pairs of the KV head's
@@ -170,8 +170,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
   pdl_launch_dependents();
   extern __shared__ uint4 flash_smem[];
   uint16_t* Qs = reinterpret_cast<uint16_t*>(flash_smem);
-  uint16_t* Ks = Qs + kFlashTile;      // [2][64][stride]
-  uint16_t* Vs = Ks + 2 * kFlashTile;  // [2][64][stride]
+  uint16_t* Ks = Qs + kFlashTile;                               // [2][64][stride]
+  uint16_t* Vs = Ks + 2 * kFlashTile;                           // [2][64][stride]
   float* prep = reinterpret_cast<float*>(Vs + 2 * kFlashTile);  // [4][256] fp32
 
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, t4 = lane % 4;
@@ -246,7 +246,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
 #pragma unroll
       for (int jp = 0; jp < kFlashKeys / 16; ++jp) {
         uint32_t r[4];
-        ldmatrix_x4(r, Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(r,
+                    Kb + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kFlashStride + ks * 16 + ((lane >> 3) & 1) * 8);
         mma_bf16(s[2 * jp], a, r[0], r[1]);
         mma_bf16(s[2 * jp + 1], a, r[2], r[3]);
       }
@@ -295,7 +296,8 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
 #pragma unroll
       for (int np = 0; np < kHeadDim / 16; ++np) {
         uint32_t r[4];
-        ldmatrix_x4_trans(r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
+        ldmatrix_x4_trans(
+            r, Vb + (kk * 16 + (lane & 7) + ((lane >> 3) & 1) * 8) * kFlashStride + np * 16 + (lane >> 4) * 8);
         mma_bf16(o[2 * np], a, r[0], r[1]);
         mma_bf16(o[2 * np + 1], a, r[2], r[3]);
       }
@@ -320,15 +322,16 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
     for (int n = 0; n < kHeadDim / 8; ++n) {
       const int d = n * 8 + 2 * t4;
       const float2 gv = *reinterpret_cast<const float2*>(gate + d);
-      *reinterpret_cast<float2*>(out + d) =
-          make_float2(o[n][2 * hr] * inv * sigmoid(gv.x), o[n][2 * hr + 1] * inv * sigmoid(gv.y));
+      *reinterpret_cast<float2*>(out + d) = make_float2(o[n][2 * hr] * inv * sigmoid(gv.x),
+                                                        o[n][2 * hr + 1] * inv * sigmoid(gv.y));
     }
   }
 }
 
 void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
     return true;
   }();
   (void)configured;
@@ -352,8 +355,9 @@ bool attention_prefill_supports(AttentionPrefillKernel kernel, const AttentionPa
 void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParams& p, const float* qg, const float* k,
                              const float* v, bf16* k_cache, bf16* v_cache, float* out, cudaStream_t stream) {
   check_attention_params(p);
-  LILY_CHECK(attention_prefill_supports(kernel, p), "gated_attention_prefill: {} does not take {} query heads per KV head",
-             kernel_name(kernel), p.num_heads / p.num_kv_heads);
+  LILY_CHECK(attention_prefill_supports(kernel, p),
+             "gated_attention_prefill: {} does not take {} query heads per KV head", kernel_name(kernel),
+             p.num_heads / p.num_kv_heads);
   const AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
   kv_prep_kernel<<<unsigned(p.T), kThreads, 0, stream>>>(args);
   CUDA_CHECK_LAUNCH();

@@ -48,8 +48,8 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
 
-#include "backend/cuda/prefill/deltanet_prefill.h"
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/prefill/deltanet_prefill.h"
 
 #include <algorithm>
 
@@ -61,12 +61,12 @@ using ptx::cp_async16;
 using ptx::cp_async_commit;
 using ptx::cp_async_wait;
 
-constexpr int kD = 128;             // dk = dv
-constexpr int kC = 64;              // tokens per chunk (spec §3.2)
+constexpr int kD = 128;  // dk = dv
+constexpr int kC = 64;   // tokens per chunk (spec §3.2)
 constexpr int kThreads = 256;
-constexpr int kLd = kD + 4;         // floats per shared row of a [64][128] tile
-constexpr int kLdA = kC + 4;        // floats per shared row of Aqk in the output kernel
-constexpr int kCols = 32;           // dv columns per block of the state pass and the output
+constexpr int kLd = kD + 4;   // floats per shared row of a [64][128] tile
+constexpr int kLdA = kC + 4;  // floats per shared row of Aqk in the output kernel
+constexpr int kCols = 32;     // dv columns per block of the state pass and the output
 constexpr int kSlices = kD / kCols;
 constexpr int kTileLoads = kC * kD / 4 / kThreads;  // float4 per thread for a [64][128] tile (8)
 
@@ -74,23 +74,23 @@ constexpr int kTileLoads = kC * kD / 4 / kThreads;  // float4 per thread for a [
 constexpr size_t kScratchFloats = size_t(kC) * kD * 2 + size_t(kC) * kC + size_t(kD) * kD + kC;
 
 // Shared memory per kernel, in floats.
-constexpr int kPrepFloats = 2 * kC * kLd + kC * kC + 3 * kC;           // K, Q|V, A, gamma, beta, beta exp(gamma)
-constexpr int kStageFloats = 2 * kC * kLd + kC * kCols + kC;          // W, K, U slice, gamma
+constexpr int kPrepFloats = 2 * kC * kLd + kC * kC + 3 * kC;              // K, Q|V, A, gamma, beta, beta exp(gamma)
+constexpr int kStageFloats = 2 * kC * kLd + kC * kCols + kC;              // W, K, U slice, gamma
 constexpr int kStateFloats = 2 * kStageFloats + kD * kCols + kC * kCols;  // 2 stages, S slice, decayed V'
 constexpr int kOutFloats = kC * kLd + kD * kCols + kC * kLdA + kC * kCols + kC;  // Q, H, Aqk, V', gamma
-constexpr size_t kPrepSmem = kPrepFloats * sizeof(float);    // 84,736 bytes: 2 blocks per SM
-constexpr size_t kStateSmem = kStateFloats * sizeof(float);  // 176,640 bytes
-constexpr size_t kOutSmem = kOutFloats * sizeof(float);      // 76,032 bytes
+constexpr size_t kPrepSmem = kPrepFloats * sizeof(float);                        // 84,736 bytes: 2 blocks per SM
+constexpr size_t kStateSmem = kStateFloats * sizeof(float);                      // 176,640 bytes
+constexpr size_t kOutSmem = kOutFloats * sizeof(float);                          // 76,032 bytes
 
 struct ChunkArgs {
-  int n, Hk, Hv, C, NC;         // tokens, key heads, value heads, conv_dim, chunks
-  const float* u;               // [n, C]
-  const float* b;               // [n, Hv]
-  const float* a;               // [n, Hv]
-  const float* A_log;           // [Hv]
-  const float* dt_bias;         // [Hv]
-  float* S;                     // [Hv, 128, 128]
-  float* o;                     // [n, Hv*128]
+  int n, Hk, Hv, C, NC;          // tokens, key heads, value heads, conv_dim, chunks
+  const float* u;                // [n, C]
+  const float* b;                // [n, Hv]
+  const float* a;                // [n, Hv]
+  const float* A_log;            // [Hv]
+  const float* dt_bias;          // [Hv]
+  float* S;                      // [Hv, 128, 128]
+  float* o;                      // [n, Hv*128]
   float *W, *U, *Aqk, *H, *gam;  // scratch, see the header
 };
 
@@ -142,11 +142,11 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_prep_kernel(ChunkA
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
   float* K_s = reinterpret_cast<float*>(smem4);  // [64][kLd] k rows
-  float* X_s = K_s + kC * kLd;                    // [64][kLd] q rows, then v rows
-  float* A_s = X_s + kC * kLd;                    // [64][64] strictly lower A
-  float* gam_s = A_s + kC * kC;                   // [64] g, then gamma
-  float* beta_s = gam_s + kC;                     // [64]
-  float* bg_s = beta_s + kC;                      // [64] beta exp(gamma)
+  float* X_s = K_s + kC * kLd;                   // [64][kLd] q rows, then v rows
+  float* A_s = X_s + kC * kLd;                   // [64][64] strictly lower A
+  float* gam_s = A_s + kC * kC;                  // [64] g, then gamma
+  float* beta_s = gam_s + kC;                    // [64]
+  float* bg_s = beta_s + kC;                     // [64] beta exp(gamma)
 
   const int c = blockIdx.x, h = blockIdx.y, t = threadIdx.x;
   const int kh = h / (p.Hv / p.Hk), key_dim = p.Hk * kD;
@@ -265,8 +265,8 @@ __global__ void __launch_bounds__(kThreads, 1) deltanet_chunk_state_kernel(Chunk
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
   float* stages = reinterpret_cast<float*>(smem4);  // 2 x {W [64][kLd], K [64][kLd], U [64][32], gamma [64]}
-  float* S_s = stages + 2 * kStageFloats;            // [128][32] S slice
-  float* V_s = S_s + kD * kCols;                     // [64][32] V'_j exp(gamma_63 - gamma_j)
+  float* S_s = stages + 2 * kStageFloats;           // [128][32] S slice
+  float* V_s = S_s + kD * kCols;                    // [64][32] V'_j exp(gamma_63 - gamma_j)
 
   const int h = blockIdx.x / kSlices, col0 = blockIdx.x % kSlices * kCols, t = threadIdx.x;
   const int kh = h / (p.Hv / p.Hk), key_dim = p.Hk * kD;
@@ -281,10 +281,8 @@ __global__ void __launch_bounds__(kThreads, 1) deltanet_chunk_state_kernel(Chunk
     for (int it = 0; it < kTileLoads; ++it) {
       const int idx = t + it * kThreads, row = idx / (kD / 4), col = idx % (kD / 4) * 4;
       cp_async16(W_s + row * kLd + col, p.W + hc * kC * kD + row * kD + col);
-      if (row < nc)
-        cp_async16(K_s + row * kLd + col, p.u + size_t(i0 + row) * p.C + key_dim + kh * kD + col);
-      else
-        st4(K_s + row * kLd + col, make_float4(0.f, 0.f, 0.f, 0.f));
+      if (row < nc) cp_async16(K_s + row * kLd + col, p.u + size_t(i0 + row) * p.C + key_dim + kh * kD + col);
+      else st4(K_s + row * kLd + col, make_float4(0.f, 0.f, 0.f, 0.f));
     }
 #pragma unroll
     for (int it = 0; it < kC * kCols / 4 / kThreads; ++it) {
@@ -349,7 +347,8 @@ __global__ void __launch_bounds__(kThreads, 1) deltanet_chunk_state_kernel(Chunk
         for (int e = 0; e < 4; ++e) s[r][e] = fmaf(at(kv, r), at(vv, e), s[r][e]);
     }
 #pragma unroll
-    for (int r = 0; r < 4; ++r) st4(S_s + (4 * rg + r) * kCols + 4 * cg, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
+    for (int r = 0; r < 4; ++r)
+      st4(S_s + (4 * rg + r) * kCols + 4 * cg, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
   }
 #pragma unroll
   for (int r = 0; r < 4; ++r) st4(S_g + (4 * rg + r) * kD, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
@@ -362,10 +361,10 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
   float* Q_s = reinterpret_cast<float*>(smem4);  // [64][kLd] q rows (rows past n unset, never stored)
-  float* H_s = Q_s + kC * kLd;                    // [128][32] start state, this slice
-  float* A_s = H_s + kD * kCols;                  // [64][kLdA] Aqk
-  float* V_s = A_s + kC * kLdA;                   // [64][32] V', this slice
-  float* g_s = V_s + kC * kCols;                  // [64] gamma
+  float* H_s = Q_s + kC * kLd;                   // [128][32] start state, this slice
+  float* A_s = H_s + kD * kCols;                 // [64][kLdA] Aqk
+  float* V_s = A_s + kC * kLdA;                  // [64][32] V', this slice
+  float* g_s = V_s + kC * kCols;                 // [64] gamma
 
   const int col0 = blockIdx.x * kCols, c = blockIdx.y, h = blockIdx.z, t = threadIdx.x;
   const int kh = h / (p.Hv / p.Hk);
@@ -427,12 +426,12 @@ size_t delta_rule_chunked_scratch_bytes(int n, int num_value_heads) {
 void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
   if (a.n < 1) return;
   static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(deltanet_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kPrepSmem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(deltanet_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrepSmem)));
     CUDA_CHECK(cudaFuncSetAttribute(deltanet_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                     int(kStateSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(deltanet_chunk_output_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kOutSmem)));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(deltanet_chunk_output_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOutSmem)));
     return true;
   }();
   (void)configured;
@@ -440,7 +439,18 @@ void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
   const int NC = (a.n + kC - 1) / kC, Hv = a.num_value_heads;
   const size_t blocks = size_t(NC) * Hv;
   float* scratch = static_cast<float*>(a.scratch);
-  ChunkArgs p{a.n, a.num_key_heads, Hv, a.conv_dim, NC, a.u, a.b, a.a, a.A_log, a.dt_bias, a.ssm_state, a.o,
+  ChunkArgs p{a.n,
+              a.num_key_heads,
+              Hv,
+              a.conv_dim,
+              NC,
+              a.u,
+              a.b,
+              a.a,
+              a.A_log,
+              a.dt_bias,
+              a.ssm_state,
+              a.o,
               scratch,
               scratch + blocks * kC * kD,
               scratch + blocks * kC * kD * 2,

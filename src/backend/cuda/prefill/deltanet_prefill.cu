@@ -59,7 +59,7 @@ __global__ void __launch_bounds__(kConvWarps * 32) deltanet_conv_kernel(CoreArgs
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32, C = p.C;
   const int head = blockIdx.y * kConvWarps + threadIdx.x / 32;  // q heads, k heads, v heads of 128 channels
-  if (head >= C / kHeadDim) return;  // warp-uniform, and no barrier below
+  if (head >= C / kHeadDim) return;                             // warp-uniform, and no barrier below
   const int c = head * kHeadDim + 4 * lane;
   const int r0 = blockIdx.x * kConvRun, len = min(kConvRun, n - r0);  // the run's chunk-local tokens
 

@@ -30,18 +30,18 @@ void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, cons
 // The chunked delta rule alone (deltanet_chunked.cu), as gated_deltanet_prefill calls it for each
 // block of <= 512 tokens; o and the final state equal the token loop's up to rounding.
 struct DeltaRuleChunkedArgs {
-  int n = 0;                      // tokens
-  int num_key_heads = 16;         // Hk
-  int num_value_heads = 32;       // Hv
-  int conv_dim = 0;               // row length of u
-  const float* u = nullptr;       // [n, conv_dim] q (l2-normalised, scaled by 1/sqrt(128)) | k (l2-normalised) | v
-  const float* b = nullptr;       // [n, Hv] beta logits
-  const float* a = nullptr;       // [n, Hv] decay inputs
-  const float* A_log = nullptr;   // [Hv]
-  const float* dt_bias = nullptr; // [Hv]
-  float* ssm_state = nullptr;     // [Hv, 128, 128] fp32 dk-major, updated
-  float* o = nullptr;             // [n, Hv*128] raw delta-rule outputs
-  void* scratch = nullptr;        // delta_rule_chunked_scratch_bytes(n, Hv) bytes
+  int n = 0;                       // tokens
+  int num_key_heads = 16;          // Hk
+  int num_value_heads = 32;        // Hv
+  int conv_dim = 0;                // row length of u
+  const float* u = nullptr;        // [n, conv_dim] q (l2-normalised, scaled by 1/sqrt(128)) | k (l2-normalised) | v
+  const float* b = nullptr;        // [n, Hv] beta logits
+  const float* a = nullptr;        // [n, Hv] decay inputs
+  const float* A_log = nullptr;    // [Hv]
+  const float* dt_bias = nullptr;  // [Hv]
+  float* ssm_state = nullptr;      // [Hv, 128, 128] fp32 dk-major, updated
+  float* o = nullptr;              // [n, Hv*128] raw delta-rule outputs
+  void* scratch = nullptr;         // delta_rule_chunked_scratch_bytes(n, Hv) bytes
 };
 size_t delta_rule_chunked_scratch_bytes(int n, int num_value_heads);
 void delta_rule_chunked(const DeltaRuleChunkedArgs& args, cudaStream_t stream);

@@ -16,10 +16,10 @@
 // Used by:  the prefill router (moe_grouped.cu): N = 256, K = 2048, 8 bits.
 // Tested:   tests/cuda/test_gemm_exact.cu against cpu::linear (bound 2e-5 of max |y|).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
+#include "backend/cuda/prefill/gemm_exact.h"
 
 namespace lily::cuda {
 
@@ -27,25 +27,25 @@ namespace {
 
 using namespace ptx;
 
-constexpr int kRows = 64;       // x rows per block
-constexpr int kCols = 64;       // weight rows per block
-constexpr int kGroup = 64;      // K columns per step (one quantization group)
+constexpr int kRows = 64;            // x rows per block
+constexpr int kCols = 64;            // weight rows per block
+constexpr int kGroup = 64;           // K columns per step (one quantization group)
 constexpr int kStride = kGroup + 8;  // bf16 per shared row (144 bytes: ldmatrix without conflicts)
 constexpr int kThreads = 128;
 
 struct Params {
-  const uint8_t* codes;     // [N, K * bits / 8]
-  const uint16_t* scales;   // [N, K / 64] bf16 bits
+  const uint8_t* codes;    // [N, K * bits / 8]
+  const uint16_t* scales;  // [N, K / 64] bf16 bits
   const uint16_t* biases;
-  const float* x;           // [T, K]
-  float* y;                 // [T, N]
+  const float* x;  // [T, K]
+  float* y;        // [T, N]
   int T, N, K, bits;
 };
 
 struct __align__(16) Stage {
   uint16_t x_hi[kRows][kStride], x_lo[kRows][kStride];  // this group's x as bf16 parts
-  uint16_t w[kCols][kStride];                            // the codes as exact bf16
-  float xsum[kRows];                                     // sum of x over the group, per row
+  uint16_t w[kCols][kStride];                           // the codes as exact bf16
+  float xsum[kRows];                                    // sum of x over the group, per row
   float scale[kCols], bias[kCols];
 };
 
@@ -97,7 +97,8 @@ __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, in
         }
       }
     } else {  // 4 bits: column 8 i + j is nibble j of word i
-      const uint4 w = __ldg(reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup / 2 + half * 16));
+      const uint4 w = __ldg(
+          reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup / 2 + half * 16));
       const uint32_t words[4] = {w.x, w.y, w.z, w.w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
@@ -182,13 +183,20 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
   LILY_CHECK(T >= 0 && (int64_t(T) + kRows - 1) / kRows < 65536, "gemm_exact: T = {}", T);
   if (T == 0) return;
   static const bool configured = [] {
-    CUDA_CHECK(cudaFuncSetAttribute(gemm_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(2 * sizeof(Stage))));
+    CUDA_CHECK(
+        cudaFuncSetAttribute(gemm_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * sizeof(Stage))));
     return true;
   }();
   (void)configured;
-  const Params p{reinterpret_cast<const uint8_t*>(W.codes), reinterpret_cast<const uint16_t*>(W.scales),
-                 reinterpret_cast<const uint16_t*>(W.biases), x, y, T, W.rows, W.cols, W.bits};
+  const Params p{reinterpret_cast<const uint8_t*>(W.codes),
+                 reinterpret_cast<const uint16_t*>(W.scales),
+                 reinterpret_cast<const uint16_t*>(W.biases),
+                 x,
+                 y,
+                 T,
+                 W.rows,
+                 W.cols,
+                 W.bits};
   const dim3 grid(unsigned((W.rows + kCols - 1) / kCols), unsigned((T + kRows - 1) / kRows));
   gemm_exact_kernel<<<grid, kThreads, 2 * sizeof(Stage), stream>>>(p);
   CUDA_CHECK_LAUNCH();

@@ -41,8 +41,8 @@
 // Tested:   tests/cuda/test_gemm_q4.cu against cpu::linear; the grouped form through
 //           tests/cuda/test_moe_grouped.cu.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/gemm_q4.h"
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/prefill/gemm_q4.h"
 
 #include <type_traits>
 
@@ -62,23 +62,23 @@ using Tile16 = Tile<16, 64, 1, 4>;
 using Tile32 = Tile<32, 64, 2, 2>;
 using Tile64 = Tile<64, 128, 2, 4>;
 
-constexpr int kBK = 64;                // columns per K tile = the quantization group
-constexpr int kRowStride = kBK + 8;    // bf16 per shared row: 144 bytes, ldmatrix conflict free
+constexpr int kBK = 64;              // columns per K tile = the quantization group
+constexpr int kRowStride = kBK + 8;  // bf16 per shared row: 144 bytes, ldmatrix conflict free
 
 enum class Epi { store, accumulate, swiglu };
 
 struct Params {
-  const uint8_t* codes[2];     // [E, N, K*bits/8]: matrix 0 (W or G) and 1 (U, SwiGLU only)
-  const uint16_t* scales[2];   // [E, N, K/64] bf16 bits
+  const uint8_t* codes[2];    // [E, N, K*bits/8]: matrix 0 (W or G) and 1 (U, SwiGLU only)
+  const uint16_t* scales[2];  // [E, N, K/64] bf16 bits
   const uint16_t* biases[2];
-  int N, K;                    // rows and columns of one matrix
-  const float* x;              // [rows, K]
-  int T;                       // dense: rows of x and y
-  const int4* tiles;           // grouped: [max_tiles] (expert, first, end, -); nullptr: dense
+  int N, K;           // rows and columns of one matrix
+  const float* x;     // [rows, K]
+  int T;              // dense: rows of x and y
+  const int4* tiles;  // grouped: [max_tiles] (expert, first, end, -); nullptr: dense
   const int32_t* num_tiles;
-  const int32_t* gather;       // x row of position p: gather[p] / gather_div; nullptr: p
+  const int32_t* gather;  // x row of position p: gather[p] / gather_div; nullptr: p
   int gather_div;
-  float* y;                    // [rows, ldy]
+  float* y;  // [rows, ldy]
   int ldy;
 };
 
@@ -105,7 +105,7 @@ __device__ __forceinline__ void dequant_chunk4(const uint4& q, uint16_t scale, u
       const uint32_t v = (__byte_perm(lo, hi, b | (b << 4) | ((4 + b) << 8) | ((4 + b) << 12)) & 0x00FF00FFu) |
                          0x43004300u;
       const uint32_t qq = fma_bf16x2(v, 0x3F803F80u, 0xC300C300u);  // v * 1 - 128 = q, exact
-      out[4 * i + b] = fma_bf16x2(qq, s2, b2);                       // s * q + b, one rounding
+      out[4 * i + b] = fma_bf16x2(qq, s2, b2);                      // s * q + b, one rounding
     }
   }
 }
@@ -133,12 +133,12 @@ __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); 
 
 template <class TL, int BITS>
 struct Smem {
-  static constexpr int kRowBytes = BITS * 8;                  // codes of one row in one K tile
-  static constexpr int kChunks = TL::BN * kRowBytes / 16;     // 16-byte chunks per K tile
+  static constexpr int kRowBytes = BITS * 8;               // codes of one row in one K tile
+  static constexpr int kChunks = TL::BN * kRowBytes / 16;  // 16-byte chunks per K tile
   static constexpr int kStages = BITS == 4 ? 4 : 3;
-  static constexpr int kA = 2 * TL::BM * kRowStride * 2;      // bytes: As[2]
-  static constexpr int kB = 2 * TL::BN * kRowStride * 2;      // bytes: Bs[2]
-  static constexpr int kCodes = kStages * kChunks * 16;       // bytes: the codes ring
+  static constexpr int kA = 2 * TL::BM * kRowStride * 2;  // bytes: As[2]
+  static constexpr int kB = 2 * TL::BN * kRowStride * 2;  // bytes: Bs[2]
+  static constexpr int kCodes = kStages * kChunks * 16;   // bytes: the codes ring
   static constexpr int kBytes = kA + kB + kCodes;
 };
 
@@ -148,14 +148,14 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
   using S = Smem<TL, BITS>;
   constexpr int kStages = S::kStages, kRowBytes = S::kRowBytes, kChunks = S::kChunks;
   constexpr int kChunksPerRow = kRowBytes / 16, kChunkCols = 128 / BITS;
-  constexpr int kCPT = kChunks / kThreads;         // code chunks per thread per K tile
-  constexpr int kA4 = BM * kBK / 4 / kThreads;     // float4 of x per thread per K tile
+  constexpr int kCPT = kChunks / kThreads;      // code chunks per thread per K tile
+  constexpr int kA4 = BM * kBK / 4 / kThreads;  // float4 of x per thread per K tile
   static_assert(kCPT >= 1 && kCPT * kThreads == kChunks && kA4 >= 1 && kA4 * kThreads * 4 == BM * kBK);
   constexpr int kOutN = EPI == Epi::swiglu ? BN / 2 : BN;  // output columns per block
 
   extern __shared__ uint4 smem[];
-  uint16_t* As = reinterpret_cast<uint16_t*>(smem);                                  // [2][BM][kRowStride]
-  uint16_t* Bs = As + 2 * BM * kRowStride;                                            // [2][BN][kRowStride]
+  uint16_t* As = reinterpret_cast<uint16_t*>(smem);                                          // [2][BM][kRowStride]
+  uint16_t* Bs = As + 2 * BM * kRowStride;                                                   // [2][BN][kRowStride]
   uint4* ring = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem) + S::kA + S::kB);  // [kStages][kChunks]
 
   int expert = 0, r0, r1;
@@ -234,7 +234,7 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
 #pragma unroll
     for (int i = 0; i < kCPT; ++i) sc[i] = __ldg(c_scale[i] + kt), bi[i] = __ldg(c_bias[i] + kt);
   };
-  auto dequant = [&](int kt, int buf, const uint16_t (&s)[kCPT], const uint16_t (&b)[kCPT]) {
+  auto dequant = [&](int kt, int buf, const uint16_t(&s)[kCPT], const uint16_t(&b)[kCPT]) {
 #pragma unroll
     for (int i = 0; i < kCPT; ++i) {
       const uint4 q = ring[(kt % kStages) * kChunks + tid + i * kThreads];
@@ -261,7 +261,7 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
 #pragma unroll
       for (int e = 0; e < 4; ++e) acc[mt][j][e] = 0.f;
 
-  // Prologue: codes of tiles 0 .. kStages-2 in flight; tile 0 staged; x and scales of tile 1 loaded.
+        // Prologue: codes of tiles 0 .. kStages-2 in flight; tile 0 staged; x and scales of tile 1 loaded.
 #pragma unroll
   for (int s = 0; s < kStages - 1; ++s) issue_codes(s);
   load_x(0);
@@ -293,7 +293,8 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
 #pragma unroll
       for (int jp = 0; jp < NT / 2; ++jp) {
         uint32_t r[4];
-        ldmatrix_x4(r, Bs_w + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRowStride + s * 16 + ((lane >> 3) & 1) * 8);
+        ldmatrix_x4(r,
+                    Bs_w + (jp * 16 + (lane & 7) + ((lane >> 4) << 3)) * kRowStride + s * 16 + ((lane >> 3) & 1) * 8);
         b[2 * jp][0] = r[0], b[2 * jp][1] = r[1], b[2 * jp + 1][0] = r[2], b[2 * jp + 1][1] = r[3];
       }
 #pragma unroll
@@ -410,7 +411,6 @@ Params make_params(const QMatrix& A, const QMatrix* B, const float* x, float* y,
   return p;
 }
 
-
 template <Epi EPI>
 void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, cudaStream_t stream) {
   LILY_CHECK(T >= 0, "gemm_q4: T = {}", T);
@@ -420,7 +420,9 @@ void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, 
   // M tile from T, made smaller while the grid would not fill the 132 SMs once (small N:
   // the router, in_proj_a/b).
   const int out_n = W.rows, bn_out = EPI == Epi::swiglu ? 32 : 64;  // BN of Tile16/32 (Tile64: twice that)
-  auto blocks = [&](int bm) { return int64_t((T + bm - 1) / bm) * ((out_n + bn_out * (bm == 64 ? 2 : 1) - 1) / (bn_out * (bm == 64 ? 2 : 1))); };
+  auto blocks = [&](int bm) {
+    return int64_t((T + bm - 1) / bm) * ((out_n + bn_out * (bm == 64 ? 2 : 1) - 1) / (bn_out * (bm == 64 ? 2 : 1)));
+  };
   int bm = gemm_q4_tile_rows(T);
   if (bm == 64 && blocks(64) < 132) bm = W.bits == 8 ? 16 : 32;
   if (bm == 32 && blocks(32) < 132) bm = 16;
@@ -429,8 +431,7 @@ void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, 
 }
 
 template <Epi EPI>
-void grouped(const QMatrix& W, const QMatrix* U, const float* x, const GroupedTiles& g, float* y,
-             cudaStream_t stream) {
+void grouped(const QMatrix& W, const QMatrix* U, const float* x, const GroupedTiles& g, float* y, cudaStream_t stream) {
   LILY_CHECK(g.tiles && g.num_tiles && g.max_tiles >= 0, "gemm_q4_grouped: no tile map");
   LILY_CHECK(g.tile_rows == 16 || g.tile_rows == 32 || g.tile_rows == 64,
              "gemm_q4_grouped: tile rows {} (16, 32 or 64)", g.tile_rows);

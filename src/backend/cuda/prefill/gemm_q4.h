@@ -30,9 +30,9 @@ struct GroupedTiles {
   const int32_t* tiles = nullptr;      // [max_tiles, 4] device: expert, first position, end position, unused
   const int32_t* num_tiles = nullptr;  // [1] device
   int max_tiles = 0;
-  int tile_rows = 0;                   // positions per tile (16, 32 or 64): the M tile of the kernel
-  const int32_t* gather = nullptr;     // [positions] device: position p reads x row gather[p] / gather_div;
-  int gather_div = 1;                  //   nullptr: position p reads x row p
+  int tile_rows = 0;                // positions per tile (16, 32 or 64): the M tile of the kernel
+  const int32_t* gather = nullptr;  // [positions] device: position p reads x row gather[p] / gather_div;
+  int gather_div = 1;               //   nullptr: position p reads x row p
 };
 
 // y[p, i] = silu(G_e x_r)_i * (U_e x_r)_i for every position p of every tile (e its expert,

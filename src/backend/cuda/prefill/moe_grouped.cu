@@ -25,9 +25,9 @@
 
 #include <algorithm>
 
+#include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/common/route_topk.cuh"
 
 namespace lily::cuda {
 
@@ -35,8 +35,8 @@ namespace {
 
 constexpr int kMaxExperts = kRouteMaxExperts;  // warp_route_topk's bounds (route_topk.cuh)
 constexpr int kMaxK = kRouteMaxK;
-constexpr int kTopkWarps = 4;        // tokens per block in moe_topk_kernel
-constexpr int kPlanThreads = 1024;   // moe_plan_kernel: one block, 32 warps
+constexpr int kTopkWarps = 4;       // tokens per block in moe_topk_kernel
+constexpr int kPlanThreads = 1024;  // moe_plan_kernel: one block, 32 warps
 constexpr int kCombineThreads = 256;
 
 // ---- Top-k ------------------------------------------------------------------------------
@@ -151,13 +151,13 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
 // ---- Combine ----------------------------------------------------------------------------
 
 struct CombineParams {
-  const float* y;          // [P, H] routed expert outputs in expert order
-  const int32_t* position; // [T, k]
-  const float* weights;    // [T, k]
-  const float* shared;     // [T, H] shared expert output (ungated)
+  const float* y;                  // [P, H] routed expert outputs in expert order
+  const int32_t* position;         // [T, k]
+  const float* weights;            // [T, k]
+  const float* shared;             // [T, H] shared expert output (ungated)
   const float* shared_gate_logit;  // [T]
   int H, k;
-  float* out;              // [T, H]
+  float* out;  // [T, H]
 };
 
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) {
@@ -168,7 +168,8 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombinePar
     for (int s = 0; s < p.k; ++s) {  // slot order: deterministic
       const float w = p.weights[int64_t(t) * p.k + s];
       const float4 v = *reinterpret_cast<const float4*>(p.y + int64_t(p.position[int64_t(t) * p.k + s]) * p.H + h);
-      acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y), acc.z = fmaf(w, v.z, acc.z), acc.w = fmaf(w, v.w, acc.w);
+      acc.x = fmaf(w, v.x, acc.x), acc.y = fmaf(w, v.y, acc.y), acc.z = fmaf(w, v.z, acc.z),
+      acc.w = fmaf(w, v.w, acc.w);
     }
     const float4 sh = *reinterpret_cast<const float4*>(p.shared + int64_t(t) * p.H + h);
     float4* o = reinterpret_cast<float4*>(p.out + int64_t(t) * p.H + h);
@@ -233,8 +234,8 @@ void check_weights(const GpuMoe& w, int k) {
   LILY_CHECK(w.shared_gate.cols == g.cols && w.shared_down.rows == g.cols && w.shared_down.cols == w.shared_gate.rows &&
                  w.shared_expert_gate.rows == 1 && w.shared_expert_gate.cols == g.cols,
              "moe_grouped: shared expert gate [{}, {}] down [{}, {}] expert gate [{}, {}] for hidden {}",
-             w.shared_gate.rows, w.shared_gate.cols, w.shared_down.rows, w.shared_down.cols,
-             w.shared_expert_gate.rows, w.shared_expert_gate.cols, g.cols);
+             w.shared_gate.rows, w.shared_gate.cols, w.shared_down.rows, w.shared_down.cols, w.shared_expert_gate.rows,
+             w.shared_expert_gate.cols, g.cols);
 }
 
 }  // namespace
@@ -262,14 +263,14 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
   LILY_CHECK(plan.tile_rows >= 1 && plan.max_tiles >= moe_max_tiles(T * k, E, plan.tile_rows),
              "moe_plan: room for {} tiles, {} pairs may need {}", plan.max_tiles, T * k,
              moe_max_tiles(T * k, E, plan.tile_rows));
-  const PlanParams p{ids, T * k, E, plan.tile_rows, plan.offsets, plan.sorted, plan.position, plan.tiles, plan.num_tiles};
+  const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
+                     plan.sorted, plan.position, plan.tiles, plan.num_tiles};
   moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
-void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids,
-                                    const float* weights, int T, int k, void* scratch, float* out,
-                                    cudaStream_t stream, int tile_rows) {
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;

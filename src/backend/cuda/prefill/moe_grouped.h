@@ -37,7 +37,7 @@ struct MoePlan {
   int32_t* tiles = nullptr;      // [max_tiles, 4]: expert, first position, end position, 0
   int32_t* num_tiles = nullptr;  // [1]
   int max_tiles = 0;
-  int tile_rows = 0;             // positions per tile
+  int tile_rows = 0;  // positions per tile
 };
 
 // The most tiles T*k pairs over E experts can need with tiles of tile_rows positions.
@@ -47,8 +47,7 @@ int moe_max_tiles(int pairs, int E, int tile_rows);
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream);
 
 // The routed experts and the shared expert for given ids / weights ([T, k] on the device).
-void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids,
-                                    const float* weights, int T, int k, void* scratch, float* out,
-                                    cudaStream_t stream, int tile_rows = 0);
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows = 0);
 
 }  // namespace lily::cuda
