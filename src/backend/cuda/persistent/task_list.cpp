@@ -1,0 +1,198 @@
+// task_list.cpp: see task_list.h.
+#include "backend/cuda/persistent/task_list.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace lily::cuda::persistent {
+
+namespace {
+
+// A task by its place: block b, index i in the block's list.
+struct Place {
+  uint32_t block = 0, index = 0;
+};
+
+// Every task numbered, block by block, with its place and its name for messages.
+class Index {
+ public:
+  explicit Index(const TaskList& list) : list_(list) {
+    for (uint32_t b = 0; b < list.blocks.size(); ++b) {
+      first_.push_back(uint32_t(places_.size()));
+      for (uint32_t i = 0; i < list.blocks[b].size(); ++i) places_.push_back({b, i});
+    }
+  }
+  size_t size() const { return places_.size(); }
+  uint32_t id(uint32_t block, uint32_t index) const { return first_[block] + index; }
+  const Task& task(uint32_t id) const { return list_.blocks[places_[id].block][places_[id].index]; }
+  const Place& place(uint32_t id) const { return places_[id]; }
+  std::string describe(uint32_t id) const {
+    const Task& t = task(id);
+    return fmt::format("'{}' (block {}, task {})", t.name.empty() ? fmt::format("op {}", t.op) : t.name,
+                       places_[id].block, places_[id].index);
+  }
+
+ private:
+  const TaskList& list_;
+  std::vector<uint32_t> first_;
+  std::vector<Place> places_;
+};
+
+// The tasks that signal each counter.
+std::vector<std::vector<uint32_t>> producers_of(const TaskList& list, const Index& index) {
+  std::vector<std::vector<uint32_t>> producers(list.counters);
+  for (uint32_t id = 0; id < index.size(); ++id) {
+    const Task& t = index.task(id);
+    if (t.signal < 0) continue;
+    LILY_CHECK(uint32_t(t.signal) < list.counters, "task list: {} signals counter {} of {}", index.describe(id),
+               t.signal, list.counters);
+    producers[size_t(t.signal)].push_back(id);
+  }
+  return producers;
+}
+
+// Every wait names a counter that has producers, and waits for all of them; every counter that
+// is signalled is waited for.
+void check_counters(const TaskList& list, const Index& index, const std::vector<std::vector<uint32_t>>& producers) {
+  std::vector<bool> waited(list.counters, false);
+  for (uint32_t id = 0; id < index.size(); ++id)
+    for (const Wait& w : index.task(id).waits) {
+      LILY_CHECK(w.counter < list.counters, "task list: {} waits for counter {} of {}", index.describe(id), w.counter,
+                 list.counters);
+      const size_t n = producers[w.counter].size();
+      LILY_CHECK(n > 0, "task list: {} waits for counter {}, which no task signals", index.describe(id), w.counter);
+      LILY_CHECK(w.count == n,
+                 "task list: {} waits for {} signals of counter {}, which {} tasks signal (a wait is for all of "
+                 "them: give a partial wait a counter of its own)",
+                 index.describe(id), w.count, w.counter, n);
+      waited[w.counter] = true;
+    }
+  for (uint32_t c = 0; c < list.counters; ++c)
+    LILY_CHECK(producers[c].empty() || waited[c], "task list: counter {} is signalled by {} and waited for by nobody",
+               c, index.describe(producers[c].front()));
+}
+
+// Runs the list as the resident grid would: every block in order, a task when its waits hold.
+// Returns the tasks in the order they ran (a topological order of program order and waits);
+// throws naming the stuck tasks when some never can.
+std::vector<uint32_t> simulate(const TaskList& list, const Index& index,
+                               const std::vector<std::vector<uint32_t>>& producers) {
+  std::vector<uint32_t> value(list.counters, 0), pc(list.blocks.size(), 0), order;
+  order.reserve(index.size());
+  auto ready = [&](const Task& t) {
+    return std::all_of(t.waits.begin(), t.waits.end(), [&](const Wait& w) { return value[w.counter] >= w.count; });
+  };
+  for (bool progress = true; progress;) {
+    progress = false;
+    for (uint32_t b = 0; b < list.blocks.size(); ++b)
+      while (pc[b] < list.blocks[b].size() && ready(list.blocks[b][pc[b]])) {
+        const Task& t = list.blocks[b][pc[b]];
+        if (t.signal >= 0) ++value[size_t(t.signal)];
+        order.push_back(index.id(b, pc[b]++));
+        progress = true;
+      }
+  }
+  if (order.size() == index.size()) return order;
+  std::string stuck;
+  int shown = 0;
+  for (uint32_t b = 0; b < list.blocks.size() && shown < 4; ++b) {
+    if (pc[b] == list.blocks[b].size()) continue;
+    const uint32_t id = index.id(b, pc[b]);
+    for (const Wait& w : index.task(id).waits) {
+      if (value[w.counter] >= w.count) continue;
+      std::string missing;
+      for (uint32_t p : producers[w.counter])
+        if (index.place(p).index >= pc[index.place(p).block]) {
+          missing = index.describe(p);
+          break;
+        }
+      stuck += fmt::format("\n  {} waits for counter {} ({} of {}; {} has not run)", index.describe(id), w.counter,
+                           value[w.counter], w.count, missing);
+      break;
+    }
+    ++shown;
+  }
+  fail("task list: {} of {} tasks can never run (a cycle through the block order and the waits):{}",
+       index.size() - order.size(), index.size(), stuck);
+}
+
+// The tasks each task happens after (program order and waits), as bitsets over task ids, built
+// in an order where every predecessor comes first.
+class HappensBefore {
+ public:
+  HappensBefore(const Index& index, const std::vector<std::vector<uint32_t>>& producers,
+                const std::vector<uint32_t>& order)
+      : words_((index.size() + 63) / 64), bits_(index.size() * words_, 0) {
+    for (uint32_t id : order) {
+      const Place& at = index.place(id);
+      if (at.index > 0) after(id, index.id(at.block, at.index - 1));
+      for (const Wait& w : index.task(id).waits)
+        for (uint32_t p : producers[w.counter]) after(id, p);
+    }
+  }
+  bool before(uint32_t a, uint32_t b) const { return (bits_[b * words_ + a / 64] >> (a % 64)) & 1u; }
+
+ private:
+  void after(uint32_t id, uint32_t pred) {  // id happens after pred and everything before it
+    uint64_t* dst = &bits_[id * words_];
+    const uint64_t* src = &bits_[pred * words_];
+    for (size_t w = 0; w < words_; ++w) dst[w] |= src[w];
+    dst[pred / 64] |= uint64_t(1) << (pred % 64);
+  }
+  size_t words_;
+  std::vector<uint64_t> bits_;
+};
+
+const char* kind_name(Access::Kind k) {
+  return k == Access::Kind::read ? "reads" : k == Access::Kind::write ? "writes" : "accumulates into";
+}
+
+// Overlapping accesses of one buffer, at least one writing and not both accumulating, are ordered.
+void check_races(const Index& index, const HappensBefore& hb) {
+  struct Use {
+    uint32_t task;
+    Access access;
+  };
+  std::vector<std::vector<Use>> by_buffer;
+  for (uint32_t id = 0; id < index.size(); ++id)
+    for (const Access& a : index.task(id).accesses) {
+      LILY_CHECK(a.begin < a.end, "task list: {} declares an empty access of buffer {}", index.describe(id), a.buffer);
+      if (by_buffer.size() <= a.buffer) by_buffer.resize(a.buffer + 1);
+      by_buffer[a.buffer].push_back({id, a});
+    }
+  for (std::vector<Use>& uses : by_buffer) {
+    std::sort(uses.begin(), uses.end(), [](const Use& x, const Use& y) { return x.access.begin < y.access.begin; });
+    for (size_t i = 0; i < uses.size(); ++i)
+      for (size_t j = i + 1; j < uses.size() && uses[j].access.begin < uses[i].access.end; ++j) {
+        const Use &x = uses[i], &y = uses[j];
+        const Access::Kind kx = x.access.kind, ky = y.access.kind;
+        if (x.task == y.task || (kx == Access::Kind::read && ky == Access::Kind::read)) continue;
+        if (kx == Access::Kind::accumulate && ky == Access::Kind::accumulate) continue;
+        if (hb.before(x.task, y.task) || hb.before(y.task, x.task)) continue;
+        fail("task list: {} {} buffer {} bytes [{}, {}) and {} {} bytes [{}, {}) with nothing ordering them",
+             index.describe(x.task), kind_name(kx), x.access.buffer, x.access.begin, x.access.end,
+             index.describe(y.task), kind_name(ky), y.access.begin, y.access.end);
+      }
+  }
+}
+
+}  // namespace
+
+size_t TaskList::tasks() const {
+  size_t n = 0;
+  for (const auto& b : blocks) n += b.size();
+  return n;
+}
+
+void check_task_list(const TaskList& list) {
+  const Index index(list);
+  const auto producers = producers_of(list, index);
+  check_counters(list, index, producers);
+  const std::vector<uint32_t> order = simulate(list, index, producers);
+  check_races(index, HappensBefore(index, producers, order));
+}
+
+}  // namespace lily::cuda::persistent
