@@ -15,6 +15,8 @@
 //   chain           one task per stage on one block at a time (a hand-off per stage, no data)
 //   layers          every block a task per stage, each waiting for all of the stage before (no data)
 //   layers+stream   the same, each task streaming its 1.8 GB / (254 x SMs) slice
+//   with backoff    the same, the waiting thread sleeping 64 ns between polls
+//   groups+stream   each task waiting only for the 8 tasks of its group of 8 blocks
 //   stream          the slices with no waits at all (this loop's streaming ceiling)
 //   pdl chain       254 kernels, each block its slice, programmatic edges
 // Random bytes (values do not matter); the weights are 30 x the L2, so every stage reads HBM.
@@ -55,6 +57,7 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   return v;
 }
 
+template <bool BACKOFF>
 __global__ void __launch_bounds__(kThreads, 1)
     interpreter(const DeviceTask* tasks, const uint32_t* begin, uint32_t* counters, uint32_t epoch,
                 const uint8_t* weights, uint32_t* out) {
@@ -78,8 +81,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     const DeviceTask t = tasks[first + i];
     if (threadIdx.x == 0 && t.wait_counter != kNone) {
       const uint32_t target = epoch * t.wait_count;
-      while (load_acquire(counters + t.wait_counter) < target) {
-      }
+      while (load_acquire(counters + t.wait_counter) < target)
+        if (BACKOFF) __nanosleep(64);
     }
     __syncthreads();  // the wait, for every thread
     if (t.bytes) {
@@ -136,20 +139,27 @@ __global__ void fill(uint32_t* p, size_t n) {
 }
 
 // The scenarios as checked task lists. stages x blocks; data: each task streams its slice.
-enum class Shape { chain, layers };
+// layers: each task waits for every task of the stage before; groups: for the 8 tasks of its own
+// group of 8 blocks (a dependency that spans a few SMs, not all).
+enum class Shape { chain, layers, groups };
 persistent::TaskList build(Shape shape, int stages, int blocks, uint32_t slice, bool waits) {
   persistent::TaskList l;
   l.blocks.resize(size_t(blocks));
-  l.counters = uint32_t(stages);
+  const int groups = (blocks + 7) / 8;
+  l.counters = uint32_t(stages * groups);
   for (int st = 0; st < stages; ++st) {
     const int on = shape == Shape::chain ? st % blocks : -1;
     for (int b = 0; b < blocks; ++b) {
       if (on >= 0 && b != on) continue;
       persistent::Task t;
       t.op = 1, t.layer = uint16_t(st), t.first = uint32_t(b), t.count = slice;
-      const uint32_t producers = shape == Shape::chain ? 1 : uint32_t(blocks);
-      if (waits && st > 0) t.waits.push_back({uint32_t(st - 1), producers});
-      if (waits && st + 1 < stages) t.signal = st;
+      // The counter of (stage, group): one group of all blocks except in Shape::groups.
+      const int g = shape == Shape::groups ? b / 8 : 0;
+      const uint32_t producers = shape == Shape::chain    ? 1
+                                 : shape == Shape::layers ? uint32_t(blocks)
+                                                          : uint32_t(std::min(8, blocks - 8 * g));
+      if (waits && st > 0) t.waits.push_back({uint32_t((st - 1) * groups + g), producers});
+      if (waits && st + 1 < stages) t.signal = st * groups + g;
       if (slice)
         t.accesses.push_back({persistent::Access::Kind::read, 0, (uint64_t(st) * blocks + b) * slice,
                               (uint64_t(st) * blocks + b + 1) * slice});
@@ -219,10 +229,12 @@ int main() {
   uint32_t *counters = nullptr, *out = nullptr;
   CUDA_CHECK(cudaMalloc(&weights, bytes));
   fill<<<1024, 256>>>(reinterpret_cast<uint32_t*>(weights), bytes / 4);
-  CUDA_CHECK(cudaMalloc(&counters, stages * sizeof(uint32_t)));
+  const size_t counter_bytes = size_t(stages) * ((blocks + 7) / 8) * sizeof(uint32_t);
+  CUDA_CHECK(cudaMalloc(&counters, counter_bytes));
   CUDA_CHECK(cudaMalloc(&out, size_t(blocks) * kThreads * sizeof(uint32_t)));
   const size_t ring = size_t(kStages) * kStageBytes;
-  CUDA_CHECK(cudaFuncSetAttribute(interpreter, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring)));
+  CUDA_CHECK(cudaFuncSetAttribute(interpreter<false>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring)));
+  CUDA_CHECK(cudaFuncSetAttribute(interpreter<true>, cudaFuncAttributeMaxDynamicSharedMemorySize, int(ring)));
   CUDA_CHECK(cudaFuncSetAttribute(pdl_stage, cudaFuncAttributeMaxDynamicSharedMemorySize, int(slice)));
   std::printf("%d SMs, %d stages, %u bytes per task, %.2f GB of weights\n", blocks, stages, slice, double(bytes) / 1e9);
   std::printf("%-16s %10s %10s %10s\n", "scenario", "us/launch", "us/stage", "GB/s");
@@ -230,15 +242,18 @@ int main() {
   struct Scenario {
     const char* name;
     Shape shape;
-    bool data, waits;
+    bool data, waits, backoff;
   };
   for (const Scenario& sc :
-       {Scenario{"chain", Shape::chain, false, true}, Scenario{"layers", Shape::layers, false, true},
-        Scenario{"layers+stream", Shape::layers, true, true}, Scenario{"stream", Shape::layers, true, false}}) {
+       {Scenario{"chain", Shape::chain, false, true, false}, Scenario{"layers", Shape::layers, false, true, false},
+        Scenario{"layers+stream", Shape::layers, true, true, false},
+        Scenario{"  with backoff", Shape::layers, true, true, true},
+        Scenario{"groups+stream", Shape::groups, true, true, false},
+        Scenario{"stream", Shape::layers, true, false, false}}) {
     const persistent::TaskList list = build(sc.shape, stages, blocks, sc.data ? slice : 0, sc.waits);
     persistent::check_task_list(list);  // safe by construction: the same check the step will use
     const DeviceList d = upload(list);
-    CUDA_CHECK(cudaMemset(counters, 0, stages * sizeof(uint32_t)));
+    CUDA_CHECK(cudaMemset(counters, 0, counter_bytes));
     uint32_t epoch = 0;
     auto launch = [&] {
       ++epoch;
@@ -250,9 +265,9 @@ int main() {
       attribute[0].id = cudaLaunchAttributeCooperative;  // every block resident, or no launch
       attribute[0].val.cooperative = 1;
       config.attrs = attribute, config.numAttrs = 1;
-      CUDA_CHECK(cudaLaunchKernelEx(&config, interpreter, static_cast<const DeviceTask*>(d.tasks),
-                                    static_cast<const uint32_t*>(d.begin), counters, epoch,
-                                    static_cast<const uint8_t*>(weights), out));
+      CUDA_CHECK(cudaLaunchKernelEx(&config, sc.backoff ? interpreter<true> : interpreter<false>,
+                                    static_cast<const DeviceTask*>(d.tasks), static_cast<const uint32_t*>(d.begin),
+                                    counters, epoch, static_cast<const uint8_t*>(weights), out));
     };
     const double us = median_us(launch);
     std::printf("%-16s %10.1f %10.3f %10.0f\n", sc.name, us, us / stages, sc.data ? double(bytes) / us / 1e3 : 0.0);
