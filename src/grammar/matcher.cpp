@@ -1,0 +1,195 @@
+// matcher.cpp: the per-state cache and the per-request matcher (see the header).
+#include "grammar/matcher.h"
+
+#include <algorithm>
+#include <cmath>
+#include <limits>
+
+#include "base/error.h"
+
+namespace lily::grammar {
+
+namespace {
+
+// Suffixes kept per entry; past this the entry walks the vocabulary at run time instead.
+constexpr size_t kMaxSuffixes = 400'000;
+
+void set_bit(std::span<uint64_t> mask, int32_t id) { mask[size_t(id) >> 6] |= uint64_t(1) << (id & 63); }
+
+}  // namespace
+
+struct CompiledGrammar::Entry {
+  std::vector<uint64_t> dense;  // the accepted tokens as a mask, when there are many
+  std::vector<int32_t> sparse;  // else as a list
+  TokenTrie suffixes;           // bytes left after the rule ends part-way through a token
+  bool walk_at_run_time = false;
+  size_t bytes() const {
+    return dense.size() * 8 + sparse.size() * 4 + suffixes.nodes.size() * sizeof(TokenTrie::Node) +
+           suffixes.token_ids.size() * 4;
+  }
+};
+
+CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabulary> vocabulary)
+    : grammar_(std::move(grammar)), vocabulary_(std::move(vocabulary)) {
+  LILY_CHECK(vocabulary_ != nullptr, "grammar: no vocabulary");
+  size_t offset = 0;
+  for (const Rule& r : grammar_.rules) {
+    rule_offset_.push_back(offset);
+    offset += size_t(r.num_states);
+  }
+  entries_.resize(offset);
+}
+
+CompiledGrammar::~CompiledGrammar() = default;
+
+size_t CompiledGrammar::cached_states() const {
+  std::lock_guard lock(mutex_);
+  return size_t(std::count_if(entries_.begin(), entries_.end(), [](const auto& e) { return e != nullptr; }));
+}
+
+size_t CompiledGrammar::cache_bytes() const {
+  std::lock_guard lock(mutex_);
+  size_t n = 0;
+  for (const auto& e : entries_)
+    if (e) n += e->bytes();
+  return n;
+}
+
+const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t rule, int32_t state) const {
+  std::lock_guard lock(mutex_);
+  std::unique_ptr<Entry>& slot = entries_[rule_offset_[size_t(rule)] + size_t(state)];
+  if (slot) return *slot;
+
+  // A walk of the whole vocabulary from (rule, state) over an unknown caller.
+  auto entry = std::make_unique<Entry>();
+  const TokenTrie& trie = vocabulary_->trie();
+  NodePool pool;
+  Stepper stepper;
+  Config start;
+  const Top seed{rule, state, kBase};
+  stepper.close(grammar_, pool, std::span(&seed, 1), start);
+  start.base_pop = false;  // ending before the token is the caller's own states (the matcher's closure)
+  std::vector<int32_t> accepted;
+  std::vector<std::pair<std::string, int32_t>> suffixes;
+  std::string path;
+  std::vector<int32_t> ends;
+  stepper.walk(
+      grammar_, pool, trie, start,
+      [&](int32_t node) {
+        const TokenTrie::Node& n = trie.nodes[size_t(node)];
+        accepted.insert(accepted.end(), trie.token_ids.begin() + n.token_begin,
+                        trie.token_ids.begin() + n.token_begin + n.token_count);
+      },
+      [&](int32_t node, int32_t) {
+        if (entry->walk_at_run_time) return;
+        path.clear();
+        ends.clear();
+        for (int32_t y = node + 1; y < trie.nodes[size_t(node)].end; ++y) {
+          const TokenTrie::Node& n = trie.nodes[size_t(y)];
+          while (!ends.empty() && y >= ends.back()) ends.pop_back(), path.pop_back();
+          path.push_back(char(n.byte));
+          ends.push_back(n.end);
+          for (int32_t i = 0; i < n.token_count; ++i)
+            suffixes.emplace_back(path, trie.token_ids[size_t(n.token_begin + i)]);
+        }
+        if (suffixes.size() > kMaxSuffixes) entry->walk_at_run_time = true;
+      });
+  if (entry->walk_at_run_time) {
+    suffixes.clear();
+  } else if (!suffixes.empty()) {
+    entry->suffixes = TokenTrie::build(std::move(suffixes));
+  }
+  const size_t words = vocabulary_->mask_words();
+  if (accepted.size() > words / 2) {
+    entry->dense.assign(words, 0);
+    for (int32_t id : accepted) set_bit(entry->dense, id);
+  } else {
+    std::sort(accepted.begin(), accepted.end());
+    entry->sparse = std::move(accepted);
+  }
+  slot = std::move(entry);
+  return *slot;
+}
+
+GrammarMatcher::GrammarMatcher(std::shared_ptr<const CompiledGrammar> grammar) : grammar_(std::move(grammar)) {
+  LILY_CHECK(grammar_ != nullptr, "grammar matcher: no grammar");
+  Config start;
+  const Top seed{0, 0, kRoot};
+  stepper_.close(grammar_->grammar(), pool_, std::span(&seed, 1), start);
+  tops_ = std::move(start.tops);
+  accepting_ = start.accepting;
+}
+
+void GrammarMatcher::fill_next_token_bitmask(std::span<uint64_t> mask) {
+  const Vocabulary& vocab = grammar_->vocabulary();
+  const Grammar& g = grammar_->grammar();
+  LILY_CHECK(mask.size() >= vocab.mask_words(), "grammar matcher: mask of {} words, the vocabulary needs {}",
+             mask.size(), vocab.mask_words());
+  std::fill(mask.begin(), mask.end(), 0);
+  if (finished_) return;
+  auto set_tokens = [&](const TokenTrie& trie) {
+    return [&mask, &trie](int32_t node) {
+      const TokenTrie::Node& n = trie.nodes[size_t(node)];
+      for (int32_t i = 0; i < n.token_count; ++i) set_bit(mask, trie.token_ids[size_t(n.token_begin + i)]);
+    };
+  };
+  auto no_pop = [](int32_t, int32_t) {};
+  Config from;
+  for (const Top& t : tops_) {
+    const CompiledGrammar::Entry& e = grammar_->entry(t.rule, t.state);
+    if (e.walk_at_run_time) {
+      stepper_.close(g, pool_, std::span(&t, 1), from);
+      stepper_.walk(g, pool_, vocab.trie(), from, set_tokens(vocab.trie()), no_pop);
+      continue;
+    }
+    if (!e.dense.empty()) {
+      for (size_t i = 0; i < e.dense.size(); ++i) mask[i] |= e.dense[i];
+    } else {
+      for (int32_t id : e.sparse) set_bit(mask, id);
+    }
+    if (t.parent != kRoot && e.suffixes.nodes.size() > 1) {
+      const Top caller = pool_[t.parent];
+      stepper_.close(g, pool_, std::span(&caller, 1), from);
+      stepper_.walk(g, pool_, e.suffixes, from, set_tokens(e.suffixes), no_pop);
+    }
+  }
+  if (accepting_)
+    for (int32_t id : vocab.stop_ids()) set_bit(mask, id);
+}
+
+bool GrammarMatcher::accept_bytes(std::string_view bytes) {
+  if (finished_) return false;
+  const Grammar& g = grammar_->grammar();
+  Config cur{tops_, accepting_, false}, next;
+  for (char c : bytes) {
+    stepper_.step(g, pool_, cur, uint8_t(c), next);
+    if (!next.alive()) return false;
+    std::swap(cur, next);
+  }
+  tops_ = std::move(cur.tops);
+  accepting_ = cur.accepting;
+  return true;
+}
+
+bool GrammarMatcher::accept_token(int32_t id) {
+  const Vocabulary& vocab = grammar_->vocabulary();
+  if (finished_ || id < 0 || id >= vocab.size()) return false;
+  if (vocab.is_stop(id)) {
+    if (!accepting_) return false;
+    finished_ = true;
+    tops_.clear();
+    return true;
+  }
+  if (!vocab.is_text(id)) return false;
+  return accept_bytes(vocab.bytes(id));
+}
+
+void apply_token_bitmask(std::span<float> logits, std::span<const uint64_t> mask) {
+  const float minus_inf = -std::numeric_limits<float>::infinity();
+  for (size_t i = 0; i < logits.size(); ++i) {
+    const size_t w = i >> 6;
+    if (w >= mask.size() || !((mask[w] >> (i & 63)) & 1)) logits[i] = minus_inf;
+  }
+}
+
+}  // namespace lily::grammar
