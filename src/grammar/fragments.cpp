@@ -142,9 +142,9 @@ Fragment json_whitespace(GrammarBuilder& b, int max) {
   return f;
 }
 
-Fragment json_string_char(GrammarBuilder& b) {
+Fragment json_string_char(GrammarBuilder& b, bool raw_lt) {
   Fragment f{b.new_state(), b.new_state()};
-  b.bytes(f.start, ByteSet::range(0x20, 0x7F) - ByteSet::of("\"\\"), f.end);
+  b.bytes(f.start, ByteSet::range(0x20, 0x7F) - ByteSet::of(raw_lt ? "\"\\" : "\"\\<"), f.end);
   utf8_multibyte(b, f.start, f.end);
   const int32_t esc = b.new_state(), u = b.new_state(), d = b.new_state();
   b.bytes(f.start, byte('\\'), esc);
@@ -166,23 +166,23 @@ Fragment json_string_char(GrammarBuilder& b) {
   return f;
 }
 
-Fragment json_string(GrammarBuilder& b, int min, int max) {
+Fragment json_string(GrammarBuilder& b, int min, int max, bool raw_lt) {
   Fragment f = b.literal("\"");
   int32_t cur = f.end;
   for (int i = 0; i < min; ++i) {
-    Fragment c = json_string_char(b);
+    Fragment c = json_string_char(b, raw_lt);
     b.epsilon(cur, c.start);
     cur = c.end;
   }
   const int32_t close = b.new_state();
   if (max < 0) {
-    Fragment c = json_string_char(b);
+    Fragment c = json_string_char(b, raw_lt);
     b.epsilon(cur, c.start);
     b.epsilon(c.end, cur);
   } else {
     for (int i = min; i < max; ++i) {
       b.epsilon(cur, close);
-      Fragment c = json_string_char(b);
+      Fragment c = json_string_char(b, raw_lt);
       b.epsilon(cur, c.start);
       cur = c.end;
     }
@@ -193,7 +193,7 @@ Fragment json_string(GrammarBuilder& b, int min, int max) {
   return {f.start, end};
 }
 
-Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excluded) {
+Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excluded, bool raw_lt) {
   // A trie of the excluded contents (quotes off); a key is refused only where it ends on one.
   std::vector<std::map<int, int32_t>> trie(1);
   std::vector<uint8_t> terminal(1, 0);
@@ -207,7 +207,7 @@ Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excl
     }
     terminal[size_t(n)] = 1;
   }
-  const ByteSet ascii_ok = ByteSet::range(0x20, 0x7F) - ByteSet::of("\"\\");
+  const ByteSet ascii_ok = ByteSet::range(0x20, 0x7F) - ByteSet::of(raw_lt ? "\"\\" : "\"\\<");
   constexpr int32_t kFree = -1;
   Fragment f = b.literal("\"");
   const int32_t end = b.new_state();

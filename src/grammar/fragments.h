@@ -19,14 +19,15 @@ Fragment json_whitespace(GrammarBuilder& b, int max);
 // '"', '\' and the controls below U+0020, or an escape: \" \\ \/ \b \f \n \r \t, \uXXXX (any hex
 // case) of a code point outside the surrogates, or a surrogate pair \uD8xx-\uDBxx \uDCxx-\uDFxx.
 // Each is one character for minLength / maxLength, as JSON Schema counts code points.
-Fragment json_string_char(GrammarBuilder& b);
+// raw_lt false: '<' only as an escape (\u003c), so that no markup can appear in the text.
+Fragment json_string_char(GrammarBuilder& b, bool raw_lt = true);
 
 // A JSON string with min..max characters (max < 0: no bound), quotes included.
-Fragment json_string(GrammarBuilder& b, int min, int max);
+Fragment json_string(GrammarBuilder& b, int min, int max, bool raw_lt = true);
 
 // A JSON string used as an object key that is none of `excluded` (their exact texts, quotes
 // included, as JSON::dump writes them) and has no escape: the keys of additional properties.
-Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excluded);
+Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excluded, bool raw_lt = true);
 
 // -?(0|[1-9][0-9]*), then for a number (integer_only false) (\.[0-9]+)?([eE][+-]?[0-9]+)?.
 Fragment json_number(GrammarBuilder& b, bool integer_only);

@@ -40,7 +40,7 @@ const json& resolve(const json& document, const json& schema, const std::string&
 class ToolCallCompiler {
  public:
   ToolCallCompiler(GrammarBuilder& b, const json& parameters, const GrammarOptions& options)
-      : b_(b), document_(parameters), json_(b, parameters, {options.max_whitespace}) {}
+      : b_(b), document_(parameters), json_(b, parameters, {options.max_whitespace, false}) {}
 
   // One parameter's VALUE as the parser reads it back (the header's rules).
   Fragment value(const json& raw_schema, const std::string& path) {

@@ -21,7 +21,8 @@
 //     "</parameter>", "<parameter=", "</function>", "</tool_call>" occurs; with minLength /
 //     maxLength, that many UTF-8 characters none of which is '<'; an enum / const of strings:
 //     one of its values as raw text;
-//   * anything else: JSON text valid for the schema (json_schema.h), e.g. 3, true, {"a": 1}.
+//   * anything else: JSON text valid for the schema (json_schema.h), e.g. 3, true, {"a": 1},
+//     with '<' in its strings only as \u003c (so no "</tool_call>" can end the block early).
 //   * An anyOf / oneOf / type list: any of its options' forms.
 // Calls may be followed by more calls (parallel, unless ToolChoice::parallel is false), each
 // after up to max_whitespace bytes of whitespace; the output ends after the last </tool_call>.

@@ -182,7 +182,7 @@ Fragment JsonSchemaCompiler::typed(const json& schema, const std::string& type, 
     const int min = count_keyword(schema, "minLength", path, 0);
     const int max = count_keyword(schema, "maxLength", path, -1);
     if (max >= 0 && min > max) throw SchemaError("minLength", path, "minLength above maxLength");
-    return json_string(b_, min, max);
+    return json_string(b_, min, max, options_.raw_lt);
   }
   if (type == "integer" || type == "number") return json_number(b_, type == "integer");
   if (type == "boolean") return b_.alternatives({b_.literal("true"), b_.literal("false")});
@@ -247,7 +247,7 @@ Fragment JsonSchemaCompiler::object(const json& schema, const std::string& path)
     b_.epsilon(lane0, member_start);
     separator(member_start);
     Fragment item = additional->is_boolean() ? any_value() : value(*additional, path + "/additionalProperties");
-    Fragment member = b_.sequence({json_key_except(b_, declared), ws(), b_.literal(":"), ws(), item});
+    Fragment member = b_.sequence({json_key_except(b_, declared, options_.raw_lt), ws(), b_.literal(":"), ws(), item});
     b_.epsilon(member_start, member.start);
     b_.epsilon(member.end, lane1);
   }
@@ -345,8 +345,9 @@ Fragment JsonSchemaCompiler::reference(const json& schema, const std::string& pa
 Fragment JsonSchemaCompiler::any_value() {
   if (any_rule_ < 0) {
     any_rule_ = b_.add_rule("any JSON value");
-    b_.set_body(any_rule_, b_.alternatives({json_string(b_, 0, -1), json_number(b_, false), b_.literal("true"),
-                                            b_.literal("false"), b_.literal("null"), any_object(), any_array()}));
+    b_.set_body(any_rule_,
+                b_.alternatives({json_string(b_, 0, -1, options_.raw_lt), json_number(b_, false), b_.literal("true"),
+                                 b_.literal("false"), b_.literal("null"), any_object(), any_array()}));
   }
   return b_.call_rule(any_rule_);
 }
@@ -355,7 +356,9 @@ Fragment JsonSchemaCompiler::any_object() {
   Fragment open = b_.sequence({b_.literal("{"), ws()});
   Fragment close = b_.literal("}");
   b_.epsilon(open.end, close.start);
-  auto member = [&]() { return b_.sequence({json_string(b_, 0, -1), ws(), b_.literal(":"), ws(), any_value()}); };
+  auto member = [&]() {
+    return b_.sequence({json_string(b_, 0, -1, options_.raw_lt), ws(), b_.literal(":"), ws(), any_value()});
+  };
   Fragment first = member();
   b_.epsilon(open.end, first.start);
   Fragment more = b_.sequence({ws(), b_.literal(","), ws(), member()});

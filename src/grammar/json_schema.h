@@ -47,6 +47,7 @@ class SchemaError : public Error {
 
 struct JsonOptions {
   int max_whitespace = 32;
+  bool raw_lt = true;  // false: '<' in strings only as \u003c (JSON inside tool-call markup)
 };
 
 class JsonSchemaCompiler {
