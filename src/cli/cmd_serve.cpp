@@ -1,6 +1,13 @@
 // cmd_serve.cpp: `lily serve`, the OpenAI-compatible HTTP server (src/server/, docs/server.md).
+//
+// The port is bound before the model loads: a port in use is refused at once, and /health
+// answers 503 with the loading phase (and stderr says how long it has taken) until it is loaded.
+#include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <filesystem>
+#include <mutex>
+#include <thread>
 
 #include "base/log.h"
 #include "cli/command.h"
@@ -23,25 +30,71 @@ struct ServeArgs {
 // The context size when --ctx-size is not given: the model's, at most 32768 tokens.
 constexpr int64_t kDefaultContext = 32768;
 
+// While the model loads: a line on stderr every 10 s, so a long load is seen to go on.
+class LoadTicker {
+ public:
+  explicit LoadTicker(server::Server& server) : server_(server) {
+    thread_ = std::thread([this] {
+      const auto start = std::chrono::steady_clock::now();
+      std::unique_lock lock(mutex_);
+      while (!done_cv_.wait_for(lock, std::chrono::seconds(10), [&] { return done_; })) {
+        const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+        std::fprintf(stderr, "lily serve: %s, %.0f s so far (GET /health answers 503 until it is done)\n",
+                     phase_.c_str(), s);
+      }
+    });
+  }
+  ~LoadTicker() {
+    {
+      std::lock_guard lock(mutex_);
+      done_ = true;
+    }
+    done_cv_.notify_all();
+    thread_.join();
+  }
+  void phase(std::string text) {
+    server_.set_phase(text);
+    std::lock_guard lock(mutex_);
+    phase_ = std::move(text);
+  }
+
+ private:
+  server::Server& server_;
+  std::mutex mutex_;
+  std::condition_variable done_cv_;
+  std::string phase_ = "starting";
+  bool done_ = false;
+  std::thread thread_;
+};
+
 int run_serve(ServeArgs& a) {
   if (a.verbose) set_log_level(LogLevel::debug);
-  auto engine = a.model.load_engine();
   const std::string dir = a.model.resolved_model_dir();
-  Tokenizer tokenizer = Tokenizer::load_from_model_dir(dir);
-  ChatServiceOptions options;
-  const int64_t model_max = engine->config().max_position_embeddings;
-  options.context_size = a.ctx_size > 0 ? a.ctx_size : std::min<int64_t>(model_max, kDefaultContext);
-  if (options.context_size > model_max) {
-    LILY_LOG_WARN("--ctx-size {} is beyond the model's max_position_embeddings {}", options.context_size, model_max);
-  }
-  options.cache_bytes = a.cache_mib << 20;
-  ChatService service(*engine, std::move(tokenizer), options);
   if (a.server.model_name.empty()) {
     a.server.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
     if (a.server.model_name.empty()) a.server.model_name = std::filesystem::path(dir).parent_path().filename().string();
   }
   a.server.max_body_bytes = a.max_body_mib << 20;
-  return server::run_server(service, a.server);
+  server::Server server(a.server);  // binds now: "cannot listen on ..." before a long load
+  std::unique_ptr<Engine> engine;
+  std::optional<ChatService> service;
+  {
+    LoadTicker ticker(server);
+    ticker.phase("loading the model weights");
+    engine = a.model.load_engine();
+    ticker.phase("loading the tokenizer");
+    Tokenizer tokenizer = Tokenizer::load_from_model_dir(dir);
+    ChatServiceOptions options;
+    const int64_t model_max = engine->config().max_position_embeddings;
+    options.context_size = a.ctx_size > 0 ? a.ctx_size : std::min<int64_t>(model_max, kDefaultContext);
+    if (options.context_size > model_max) {
+      LILY_LOG_WARN("--ctx-size {} is beyond the model's max_position_embeddings {}", options.context_size, model_max);
+    }
+    options.cache_bytes = a.cache_mib << 20;
+    ticker.phase("starting the chat service");
+    service.emplace(*engine, std::move(tokenizer), options);
+  }
+  return server.serve(*service);
 }
 
 CommandRegistration serve_command{
@@ -50,17 +103,31 @@ CommandRegistration serve_command{
        auto a = std::make_shared<ServeArgs>();
        a->server.model_name.clear();
        a->model.add_to(sub);
-       sub.add_option("--host", a->server.host, "Address to listen on (loopback by default)")->capture_default_str();
-       sub.add_option("--port", a->server.port, "Port (0: any free port)")->capture_default_str();
+       sub.add_option("--host", a->server.host,
+                      "Address to listen on (loopback by default; beyond loopback, use an API key)")
+           ->capture_default_str();
+       sub.add_option("--port", a->server.port, "Port (0: any free port)")
+           ->capture_default_str()
+           ->check(CLI::Range(0, 65535));
        sub.add_option("-c,--ctx-size", a->ctx_size, "Context size in tokens (default: the model's, at most 32768)");
-       sub.add_option("--api-key", a->server.api_key, "Require 'Authorization: Bearer KEY' on every route but /health")
+       sub.add_option("--api-key", a->server.api_key,
+                      "Require 'Authorization: Bearer KEY' on every route but /health (prefer $LILY_API_KEY: "
+                      "a command line is visible to every user of the machine)")
            ->envname("LILY_API_KEY");
        sub.add_option("--alias", a->server.model_name, "Model name in the API (default: the model directory's name)");
        sub.add_option("--cache-mib", a->cache_mib, "Memory budget of the session cache, MiB")->capture_default_str();
        sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while one runs (beyond: 503)")
            ->capture_default_str();
        sub.add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (beyond: 413)")
-           ->capture_default_str();
+           ->capture_default_str()
+           ->check(CLI::Range(size_t(1), size_t(1024)));
+       sub.add_option("--cors-origin", a->server.cors_origins,
+                      "Web origin allowed to call the API from a browser, e.g. http://localhost:3000 (repeatable; "
+                      "'*': any). Without it no page of another origin may");
+       sub.add_option("--drain-seconds", a->server.drain_seconds,
+                      "On SIGTERM/SIGINT, how long a running generation may go on before it is stopped")
+           ->capture_default_str()
+           ->check(CLI::Range(0.0, 3600.0));
        sub.add_flag("-v,--verbose", a->verbose, "Log every request");
        return [a] { return run_serve(*a); };
      },

@@ -1,6 +1,5 @@
-// health_metrics.cpp: GET /health (200 {"status": "ok"} once the model is loaded) and
-// GET /metrics (Prometheus text exposition format 0.0.4).
-#include <httplib.h>
+// health_metrics.cpp: GET /health (200 {"status": "ok"} once the model is loaded; 503 with the
+// loading phase before) and GET /metrics (Prometheus text exposition format 0.0.4).
 
 #include "server/errors.h"
 #include "server/server.h"
@@ -8,9 +7,20 @@
 
 namespace lily::server {
 
-void Metrics::count_request(const std::string& path, int status) {
+std::string escape_label_value(std::string_view value) {
+  std::string out;
+  for (char c : value) {
+    if (c == '\\') out += "\\\\";
+    else if (c == '"') out += "\\\"";
+    else if (c == '\n') out += "\\n";
+    else out += c;
+  }
+  return out;
+}
+
+void Metrics::count_request(const std::string& route_label, int status) {
   std::lock_guard lock(mutex_);
-  ++requests_[{path, status}];
+  ++requests_[{route_label, status}];
 }
 
 void Metrics::count_completion(const CompletionResult& r, double queue_seconds) {
@@ -30,15 +40,17 @@ void Metrics::count_completion(const CompletionResult& r, double queue_seconds) 
   if (r.timings.decode_seconds > 0) last_decode_tps_ = double(r.timings.decoded_tokens) / r.timings.decode_seconds;
 }
 
-std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCacheStats& cache) const {
+std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCacheStats& cache, bool ready,
+                                size_t connections) const {
   std::lock_guard lock(mutex_);
   std::string out;
   auto metric = [&](const char* name, const char* type, const char* help, auto value) {
     out += fmt::format("# HELP {} {}\n# TYPE {} {}\n{} {}\n", name, help, name, type, name, value);
   };
-  out += "# HELP lily_requests_total HTTP requests by path and status.\n# TYPE lily_requests_total counter\n";
+  out += "# HELP lily_requests_total HTTP requests by route and status.\n# TYPE lily_requests_total counter\n";
   for (const auto& [key, n] : requests_) {
-    out += fmt::format("lily_requests_total{{path=\"{}\",status=\"{}\"}} {}\n", key.first, key.second, n);
+    out += fmt::format("lily_requests_total{{path=\"{}\",status=\"{}\"}} {}\n", escape_label_value(key.first),
+                       key.second, n);
   }
   metric("lily_completions_total", "counter", "Completions run (chat and text).", completions_);
   metric("lily_completions_cancelled_total", "counter", "Completions stopped because the client went away.",
@@ -58,19 +70,30 @@ std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCache
   metric("lily_decode_tokens_per_second", "gauge", "Decode speed of the last completion.", last_decode_tps_);
   metric("lily_queue_depth", "gauge", "Requests waiting for their turn.", queue_depth);
   metric("lily_busy", "gauge", "1 while a completion is running.", busy ? 1 : 0);
+  metric("lily_ready", "gauge", "1 once the model is loaded.", ready ? 1 : 0);
+  metric("lily_http_connections", "gauge", "HTTP connections open.", connections);
   metric("lily_session_cache_sequences", "gauge", "Conversations kept in the session cache.", cache.sequences);
   metric("lily_session_cache_bytes", "gauge", "Memory held by the session cache.", cache.bytes);
   metric("lily_session_cache_budget_bytes", "gauge", "Memory budget of the session cache.", cache.budget_bytes);
   return out;
 }
 
-void handle_health(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
-  if (!ctx.ready) throw ApiError(503, "the model is loading");
+void handle_health(ServerContext& ctx, const HttpRequest&, HttpResponse& res) {
+  if (!ctx.ready()) {
+    // Loading: what is being done and for how long (the load has no finer measure of progress).
+    const auto [phase, seconds] = ctx.phase();
+    res.status = 503;
+    res.set_header("Retry-After", "1");
+    res.set_content(dump(json{{"status", "loading"}, {"phase", phase}, {"elapsed_seconds", seconds}}),
+                    "application/json");
+    return;
+  }
   res.set_content(dump(json{{"status", "ok"}}), "application/json");
 }
 
-void handle_metrics(ServerContext& ctx, const httplib::Request&, httplib::Response& res) {
-  res.set_content(ctx.metrics.prometheus(ctx.queue.waiting(), ctx.running, ctx.service.cache_stats()),
+void handle_metrics(ServerContext& ctx, const HttpRequest&, HttpResponse& res) {
+  const PrefixCacheStats cache = ctx.ready() ? ctx.service().cache_stats() : PrefixCacheStats{};
+  res.set_content(ctx.metrics.prometheus(ctx.queue.waiting(), ctx.running, cache, ctx.ready(), ctx.open_connections()),
                   "text/plain; version=0.0.4");
 }
 

@@ -1,207 +1,417 @@
-// http.cpp: the cpp-httplib wiring of `lily serve`: routes, auth, body limit, error bodies,
-// client-disconnect detection, and clean shutdown on SIGINT/SIGTERM.
-#include <httplib.h>
-
-#include <arpa/inet.h>
-#include <dirent.h>
-#include <netdb.h>
-#include <poll.h>
+// http.cpp: `lily serve` over the transport (http_transport.h): the route table, the checks
+// every request passes first (request_policy.h, the API key), error bodies, the worker threads
+// completions run on, and shutdown on SIGINT/SIGTERM with a drain time.
 #include <pthread.h>
-#include <sys/socket.h>
-#include <sys/stat.h>
-#include <unistd.h>
 
+#include <condition_variable>
 #include <csignal>
 #include <cstdio>
+#include <deque>
 #include <thread>
 
 #include "base/log.h"
 #include "server/errors.h"
+#include "server/http_transport.h"
+#include "server/request_policy.h"
 #include "server/server.h"
 #include "server/wire.h"
 
 namespace lily::server {
 
+using Clock = std::chrono::steady_clock;
+
+ChatService& ServerContext::service() const {
+  ChatService* s = service_.load();
+  if (!s) throw ApiError(503, "the model is loading; try again in a moment (GET /health tells the progress)");
+  return *s;
+}
+
+void ServerContext::set_phase(std::string phase) {
+  std::lock_guard lock(phase_mutex_);
+  phase_ = std::move(phase);
+}
+
+std::pair<std::string, double> ServerContext::phase() const {
+  std::lock_guard lock(phase_mutex_);
+  return {phase_, std::chrono::duration<double>(Clock::now() - load_start_).count()};
+}
+
 namespace {
 
-std::string numeric_host(const sockaddr_storage& addr, socklen_t len, int* port) {
-  char host[NI_MAXHOST] = {0}, serv[NI_MAXSERV] = {0};
-  if (getnameinfo(reinterpret_cast<const sockaddr*>(&addr), len, host, sizeof host, serv, sizeof serv,
-                  NI_NUMERICHOST | NI_NUMERICSERV) != 0) {
-    return {};
-  }
-  *port = std::atoi(serv);
-  return host;
-}
+using Handler = void (*)(ServerContext&, const HttpRequest&, HttpResponse&);
 
-}  // namespace
+struct Route {
+  const char* method;
+  const char* path;  // "{id}" stands for one path segment
+  Handler handler;
+  bool worker;     // completions: run on a worker thread (they wait in the queue and generate)
+  bool json_body;  // the body is JSON: Content-Type application/json required
+};
 
-// cpp-httplib 0.11 does not tell a handler whether its client is still there, nor give it the
-// socket. The connection's socket is found by its two endpoints (the handler runs while the
-// connection is open, so the descriptor cannot be reused meanwhile); alive() then peeks at it:
-// a peer that closed reads as end-of-file.
-ClientConnection::ClientConnection(const httplib::Request& req) {
-  DIR* dir = opendir("/proc/self/fd");
-  if (!dir) return;
-  while (dirent* entry = readdir(dir)) {
-    char* end = nullptr;
-    const long fd = std::strtol(entry->d_name, &end, 10);
-    if (*end != '\0' || fd < 0) continue;
-    struct stat st {};
-    if (fstat(int(fd), &st) != 0 || !S_ISSOCK(st.st_mode)) continue;
-    sockaddr_storage peer{}, local{};
-    socklen_t peer_len = sizeof peer, local_len = sizeof local;
-    if (getpeername(int(fd), reinterpret_cast<sockaddr*>(&peer), &peer_len) != 0) continue;
-    if (getsockname(int(fd), reinterpret_cast<sockaddr*>(&local), &local_len) != 0) continue;
-    int peer_port = -1, local_port = -1;
-    const std::string peer_host = numeric_host(peer, peer_len, &peer_port);
-    numeric_host(local, local_len, &local_port);
-    if (peer_port == req.remote_port && local_port == req.local_port && peer_host == req.remote_addr) {
-      fd_ = int(fd);
-      break;
-    }
-  }
-  closedir(dir);
-}
+const Route kRoutes[] = {
+    {"POST", "/v1/chat/completions", handle_chat_completions, true, true},
+    {"POST", "/v1/completions", handle_completions, true, true},
+    {"GET", "/v1/models", handle_models, false, false},
+    {"GET", "/v1/models/{id}", handle_model, false, false},
+    {"GET", "/health", handle_health, false, false},
+    {"GET", "/metrics", handle_metrics, false, false},
+    {"POST", "/cache/clear", handle_cache_clear, true, false},
+};
 
-bool ClientConnection::alive() const {
-  if (fd_ < 0) return true;  // not found: assume the client stays
-  pollfd p{fd_, POLLIN | POLLRDHUP, 0};
-  if (poll(&p, 1, 0) < 0) return true;
-  if (p.revents & (POLLHUP | POLLERR | POLLRDHUP)) return false;
-  if (p.revents & POLLIN) {
-    char c;
-    if (recv(fd_, &c, 1, MSG_PEEK | MSG_DONTWAIT) == 0) return false;
-  }
+// Whether `path` matches `pattern`; the {id} segment goes to `params`.
+bool matches(std::string_view pattern, std::string_view path, std::vector<std::string>* params) {
+  const size_t brace = pattern.find("{id}");
+  if (brace == std::string_view::npos) return pattern == path;
+  if (path.substr(0, brace) != pattern.substr(0, brace)) return false;
+  const std::string_view id = path.substr(brace);
+  if (id.empty() || id.find('/') != std::string_view::npos) return false;
+  if (params) params->assign(1, std::string(id));
   return true;
 }
 
-namespace {
-
-using Handler = void (*)(ServerContext&, const httplib::Request&, httplib::Response&);
-
-void write_error(httplib::Response& res, const ApiError& e) {
-  res.status = e.status;
-  if (e.status == 503) res.set_header("Retry-After", "1");
-  res.set_content(dump(error_json(e)), "application/json");
-}
-
-// Client mistakes (ApiError) become their 4xx; anything else is the server's fault (500).
-httplib::Server::Handler wrap(ServerContext& ctx, Handler handler) {
-  return [&ctx, handler](const httplib::Request& req, httplib::Response& res) {
-    try {
-      handler(ctx, req, res);
-    } catch (const ApiError& e) {
-      write_error(res, e);
-    } catch (const std::exception& e) {
-      LILY_LOG_WARN("{} {}: {}", req.method, req.path, e.what());
-      write_error(res, ApiError(500, std::string("internal error: ") + e.what()));
-    }
-  };
-}
-
-std::string default_message(int status) {
-  switch (status) {
-    case 400: return "bad request";
-    case 404: return "not found: no such route";
-    case 405: return "method not allowed";
-    case 413: return "the request body is too large";
-    case 414: return "the request URI is too long";
-    default: return status >= 500 ? "internal server error" : "request refused";
+// The routes of `path` (any method); empty: no such path.
+std::vector<const Route*> routes_of(std::string_view path) {
+  std::vector<const Route*> out;
+  for (const Route& r : kRoutes) {
+    if (matches(r.path, path, nullptr)) out.push_back(&r);
   }
+  return out;
+}
+
+// The route for the request's method ("HEAD" takes a GET route), or nullptr.
+const Route* find_route(const std::vector<const Route*>& routes, const std::string& method) {
+  for (const Route* r : routes) {
+    if (method == r->method || (method == "HEAD" && std::string_view(r->method) == "GET")) return r;
+  }
+  return nullptr;
+}
+
+std::string allow_header(const std::vector<const Route*>& routes) {
+  std::string allow;
+  for (const Route* r : routes) {
+    allow += allow.empty() ? "" : ", ";
+    allow += r->method;
+    if (std::string_view(r->method) == "GET") allow += ", HEAD";
+  }
+  return allow + ", OPTIONS";
+}
+
+std::string route_label(const HttpRequest& req) {
+  if (req.method == "OPTIONS") return "OPTIONS";
+  auto routes = routes_of(req.path);
+  return routes.empty() ? "other" : routes.front()->path;
+}
+
+// A fixed number of threads for completions; post() is refused (false) when all are taken, so
+// nothing waits for a thread: a request is running, waiting in the RequestQueue, or refused.
+class WorkerPool {
+ public:
+  explicit WorkerPool(size_t n) {
+    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+  }
+  ~WorkerPool() { join(); }
+  bool post(std::function<void()> task) {
+    std::lock_guard lock(mutex_);
+    if (stopping_ || busy_ + tasks_.size() >= threads_.size()) return false;
+    tasks_.push_back(std::move(task));
+    changed_.notify_one();
+    return true;
+  }
+  size_t busy() const {
+    std::lock_guard lock(mutex_);
+    return busy_ + tasks_.size();
+  }
+  void join() {
+    {
+      std::lock_guard lock(mutex_);
+      stopping_ = true;
+    }
+    changed_.notify_all();
+    for (auto& t : threads_) {
+      if (t.joinable()) t.join();
+    }
+  }
+
+ private:
+  void loop() {
+    std::unique_lock lock(mutex_);
+    while (true) {
+      changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
+      if (tasks_.empty()) return;
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      ++busy_;
+      lock.unlock();
+      task();
+      lock.lock();
+      --busy_;
+    }
+  }
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  size_t busy_ = 0;
+  bool stopping_ = false;
+};
+
+// SIGINT/SIGTERM are taken by one thread (sigwait): blocked here, before any thread of the
+// server starts, so that every thread started from here on (the workers', the transport's, the
+// backend's) inherits the mask and none of them is killed by the signal.
+sigset_t block_stop_signals() {
+  sigset_t set;
+  sigemptyset(&set);
+  sigaddset(&set, SIGINT);
+  sigaddset(&set, SIGTERM);
+  pthread_sigmask(SIG_BLOCK, &set, nullptr);
+  return set;
+}
+
+HttpResponse error_response(const ApiError& e, int retry_after) {
+  HttpResponse res;
+  res.status = e.status;
+  if (e.status == 503) res.set_header("Retry-After", std::to_string(retry_after));
+  res.set_content(dump(error_json(e)), "application/json");
+  return res;
 }
 
 }  // namespace
 
-int run_server(ChatService& service, const ServerOptions& options) {
-  // Writes to a client that has gone must fail with EPIPE, not kill the process.
-  std::signal(SIGPIPE, SIG_IGN);
-  // SIGINT/SIGTERM are taken by one thread (sigwait); every other thread, httplib's included,
-  // inherits the mask set here.
-  sigset_t stop_signals;
-  sigemptyset(&stop_signals);
-  sigaddset(&stop_signals, SIGINT);
-  sigaddset(&stop_signals, SIGTERM);
-  pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+struct Server::Impl final : RequestHandler {
+  sigset_t stop_signals;  // first: blocked before the workers start
+  ServerContext ctx;
+  std::unique_ptr<HttpTransport> transport;
+  WorkerPool workers;
+  std::thread signal_thread;
+  std::mutex stop_mutex;
+  std::condition_variable stop_cv;
+  int stop_signal = 0;
+  std::atomic<bool> closing{false};  // the destructor wakes the signal thread: not a signal
 
-  ServerContext ctx(service, options);
-  httplib::Server svr;
-  const size_t threads = options.max_waiting + 8;  // room for /health and /metrics while the line is full
-  svr.new_task_queue = [threads] { return new httplib::ThreadPool(threads); };
-  svr.set_payload_max_length(options.max_body_bytes);
-  svr.set_keep_alive_timeout(2);
-  svr.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+  explicit Impl(ServerOptions options)
+      : stop_signals(block_stop_signals()), ctx(std::move(options)), workers(ctx.options.max_waiting + 3) {}
 
-  svr.set_pre_routing_handler([&ctx](const httplib::Request& req, httplib::Response& res) {
-    if (req.method == "OPTIONS") {  // CORS preflight
-      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
-      res.status = 204;
-      return httplib::Server::HandlerResponse::Handled;
+  // --- RequestHandler ---
+  std::optional<HttpResponse> check_head(const HttpRequest& req) override {
+    std::optional<ApiError> refusal = refuse_head(req);
+    if (!refusal) return std::nullopt;
+    HttpResponse res = error_response(*refusal, ctx.options.retry_after_seconds);
+    if (refusal->status == 405) res.set_header("Allow", allow_header(routes_of(req.path)));
+    if (refusal->status == 204) res = preflight(req);
+    finish(req, res);
+    return res;
+  }
+
+  void handle(std::shared_ptr<Exchange> exchange) override {
+    const HttpRequest& req = exchange->request();
+    const Route* route = find_route(routes_of(req.path), req.method);
+    if (!route) return respond(*exchange, error_response(ApiError(404, "not found"), 1));
+    if (ctx.shutting_down) {
+      exchange->close_after_response();
+      return respond(*exchange, error_response(ApiError(503, "the server is shutting down"), 1));
+    }
+    if (!route->worker) return run(*exchange, *route);
+    const bool posted = workers.post([this, exchange, route] { run(*exchange, *route); });
+    if (!posted) {
+      respond(*exchange, error_response(ApiError(503, "the server is busy: too many requests are waiting"),
+                                        ctx.options.retry_after_seconds));
+    }
+  }
+
+  HttpResponse transport_error(int status, const std::string& message) override {
+    ctx.metrics.count_request("other", status);
+    return error_response(ApiError(status, message), ctx.options.retry_after_seconds);
+  }
+
+  // --- the checks of a request's head, in order ---
+  std::optional<ApiError> refuse_head(const HttpRequest& req) {
+    const ServerOptions& o = ctx.options;
+    if (ctx.shutting_down) return ApiError(503, "the server is shutting down");
+    if (auto r = check_host(req.header("host"), transport->loopback())) return ApiError(r->status, r->message);
+    if (auto r = check_origin(req.header("origin"), req.has_header("origin"), o.cors_origins)) {
+      return ApiError(r->status, r->message);
+    }
+    const auto routes = routes_of(req.path);
+    if (req.method == "OPTIONS") return ApiError(204, "");  // answered by preflight()
+    if (routes.empty()) return ApiError(404, "not found: no route " + req.path, "", "not_found");
+    const Route* route = find_route(routes, req.method);
+    if (!route) {
+      return ApiError(405, fmt::format("{} takes {}, not {}", req.path, allow_header(routes), req.method));
     }
     // With --api-key every route but /health needs "Authorization: Bearer KEY".
-    if (!ctx.options.api_key.empty() && req.path != "/health" &&
-        req.get_header_value("Authorization") != "Bearer " + ctx.options.api_key) {
-      write_error(res,
-                  ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key"));
-      return httplib::Server::HandlerResponse::Handled;
+    if (!o.api_key.empty() && req.path != "/health" && req.header("authorization") != "Bearer " + o.api_key) {
+      return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key");
     }
-    return httplib::Server::HandlerResponse::Unhandled;
-  });
-  // httplib's own refusals (unknown route, body too large, bad request line) get an error object.
-  svr.set_error_handler(httplib::Server::HandlerWithResponse([](const httplib::Request&, httplib::Response& res) {
-    if (!res.body.empty()) return httplib::Server::HandlerResponse::Unhandled;
-    ApiError e(res.status, default_message(res.status), "", res.status == 404 ? "not_found" : "");
-    res.set_content(dump(error_json(e)), "application/json");
-    return httplib::Server::HandlerResponse::Handled;
-  }));
-  svr.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr) {
-    write_error(res, ApiError(500, "internal server error"));
-  });
-  svr.set_logger([&ctx](const httplib::Request& req, const httplib::Response& res) {
-    ctx.metrics.count_request(req.path.rfind("/v1/models/", 0) == 0 ? "/v1/models/{id}" : req.path, res.status);
+    if (route->json_body) {
+      if (auto r = check_json_content_type(req.header("content-type"), req.has_header("content-type"))) {
+        return ApiError(r->status, r->message);
+      }
+    }
+    if (!ctx.ready() && req.path != "/health" && req.path != "/metrics") {
+      return ApiError(503, "the model is loading; try again in a moment (GET /health tells the progress)");
+    }
+    return std::nullopt;
+  }
+
+  HttpResponse preflight(const HttpRequest& req) {
+    HttpResponse res;
+    res.status = 204;
+    const auto routes = routes_of(req.path);
+    res.set_header("Allow", routes.empty() ? "OPTIONS" : allow_header(routes));
+    if (req.has_header("origin")) {  // allowed, or check_origin refused it
+      res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      res.set_header("Access-Control-Max-Age", "600");
+    }
+    return res;
+  }
+
+  // CORS header for an allowed origin; the request counted.
+  void finish(const HttpRequest& req, HttpResponse& res) {
+    if (req.has_header("origin") && origin_allowed(req.header("origin"), ctx.options.cors_origins)) {
+      res.set_header("Access-Control-Allow-Origin", req.header("origin"));
+      res.set_header("Vary", "Origin");
+    }
+    ctx.metrics.count_request(route_label(req), res.status);
     LILY_LOG_DEBUG("{} {} -> {}", req.method, req.path, res.status);
-  });
-
-  svr.Post("/v1/chat/completions", wrap(ctx, handle_chat_completions));
-  svr.Post("/v1/completions", wrap(ctx, handle_completions));
-  svr.Get("/v1/models", wrap(ctx, handle_models));
-  svr.Get(R"(/v1/models/(.+))", wrap(ctx, handle_model));
-  svr.Get("/health", wrap(ctx, handle_health));
-  svr.Get("/metrics", wrap(ctx, handle_metrics));
-
-  int port = options.port;
-  if (port == 0) {
-    port = svr.bind_to_any_port(options.host);
-  } else if (!svr.bind_to_port(options.host, port)) {
-    port = -1;
   }
-  if (port <= 0) {
-    std::fprintf(stderr, "error: cannot listen on %s:%d\n", options.host.c_str(), options.port);
-    return 1;
-  }
-  ctx.ready = true;
-  const bool v6 = options.host.find(':') != std::string::npos;
-  std::printf("lily serve: model '%s', context %lld tokens; listening on http://%s%s%s:%d\n",
-              options.model_name.c_str(), (long long)service.context_size(), v6 ? "[" : "", options.host.c_str(),
-              v6 ? "]" : "", port);
-  std::fflush(stdout);
 
-  std::thread signal_thread([&] {
+  void respond(Exchange& exchange, HttpResponse res) {
+    finish(exchange.request(), res);
+    exchange.respond(std::move(res));
+  }
+
+  // Runs an endpoint. Client mistakes (ApiError) become their 4xx; anything else is the
+  // server's fault (500).
+  void run(Exchange& exchange, const Route& route) {
+    const HttpRequest& req = exchange.request();
+    HttpResponse res;
+    try {
+      std::vector<std::string> params;
+      matches(route.path, req.path, &params);
+      if (params.empty()) {
+        route.handler(ctx, req, res);
+      } else {  // GET /v1/models/{id}: no body to copy
+        HttpRequest with_params = req;
+        with_params.path_params = std::move(params);
+        route.handler(ctx, with_params, res);
+      }
+    } catch (const ApiError& e) {
+      res = error_response(e, ctx.options.retry_after_seconds);
+    } catch (const std::exception& e) {
+      LILY_LOG_WARN("{} {}: {}", req.method, req.path, e.what());
+      res = error_response(ApiError(500, std::string("internal error: ") + e.what()), 1);
+    }
+    if (!res.stream) return respond(exchange, std::move(res));
+    finish(req, res);
+    if (exchange.start_stream(res)) res.stream(exchange);
+    exchange.end_stream();
+  }
+
+  // --- signals and shutdown ---
+  void wait_for_signal() {
     int sig = 0;
     sigwait(&stop_signals, &sig);
-    if (svr.is_running() || !ctx.queue.shutting_down()) {
-      std::fprintf(stderr, "lily serve: %s, shutting down\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+    if (closing) return;
+    if (!ctx.ready()) {
+      std::fprintf(stderr, "lily serve: %s while loading the model, exiting\n", sig == SIGINT ? "SIGINT" : "SIGTERM");
+      std::fflush(stderr);
+      std::_Exit(0);
     }
-    ctx.queue.shutdown();  // waiting requests give up, the running one stops at its next token
-    svr.stop();
-  });
-  const bool ok = svr.listen_after_bind();
-  ctx.queue.shutdown();
-  pthread_kill(signal_thread.native_handle(), SIGTERM);  // wakes the sigwait if no signal came
-  signal_thread.join();
+    std::lock_guard lock(stop_mutex);
+    stop_signal = sig;
+    stop_cv.notify_all();
+  }
+
+  template <typename Pred>
+  bool wait_until(Clock::time_point deadline, Pred done) {
+    while (!done()) {
+      if (Clock::now() >= deadline) return false;
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    return true;
+  }
+
+  // Stops accepting; waiting requests are answered 503 (streams: an error event and [DONE]);
+  // the running generation may finish within --drain-seconds, then it is stopped and its
+  // stream ended the same way; the last bytes are written; the threads are joined.
+  void drain() {
+    ctx.shutting_down = true;
+    transport->stop_accepting();
+    ctx.queue.shutdown();
+    const auto deadline = Clock::now() + std::chrono::milliseconds(int64_t(ctx.options.drain_seconds * 1000));
+    if (!wait_until(deadline, [&] { return workers.busy() == 0; })) {
+      std::fprintf(stderr, "lily serve: the drain time (%.1f s) is over; stopping the running generation\n",
+                   ctx.options.drain_seconds);
+      ctx.stop_generation = true;
+      wait_until(Clock::now() + std::chrono::seconds(5), [&] { return workers.busy() == 0; });
+    }
+    wait_until(Clock::now() + std::chrono::seconds(2), [&] { return transport->responses_in_progress() == 0; });
+    transport->stop();
+    workers.join();
+  }
+};
+
+Server::Server(ServerOptions options) : impl_(std::make_unique<Impl>(std::move(options))) {
+  // Writes to a client that has gone must fail with EPIPE, not kill the process.
+  std::signal(SIGPIPE, SIG_IGN);
+  const ServerOptions& o = impl_->ctx.options;
+  TransportLimits limits;
+  limits.idle_timeout = o.idle_timeout_seconds;
+  limits.read_timeout = o.read_timeout_seconds;
+  limits.write_timeout = o.write_timeout_seconds;
+  limits.max_header_bytes = o.max_header_bytes;
+  limits.max_header_count = o.max_header_count;
+  limits.max_body_bytes = o.max_body_bytes;
+  limits.max_connections = o.max_connections;
+  impl_->transport = std::make_unique<HttpTransport>(o.host, o.port, limits, *impl_);
+  HttpTransport* t = impl_->transport.get();
+  impl_->ctx.open_connections = [t] { return t->connections(); };
+  if (!t->loopback() && o.api_key.empty()) {
+    std::fprintf(stderr,
+                 "lily serve: warning: listening on %s, beyond loopback, without an API key: anyone who can reach "
+                 "this machine can use the model. Set LILY_API_KEY (or --api-key) to require one.\n",
+                 o.host.c_str());
+  }
+  impl_->transport->start(2);
+  impl_->signal_thread = std::thread([this] { impl_->wait_for_signal(); });
+}
+
+Server::~Server() {
+  if (impl_->transport) impl_->transport->stop();
+  impl_->workers.join();
+  if (impl_->signal_thread.joinable()) {
+    impl_->closing = true;
+    pthread_kill(impl_->signal_thread.native_handle(), SIGTERM);  // wakes the sigwait if no signal came
+    impl_->signal_thread.join();
+  }
+}
+
+std::string Server::url() const {
+  const std::string host = impl_->ctx.options.host;
+  const bool v6 = host.find(':') != std::string::npos;
+  return fmt::format("http://{}{}{}:{}", v6 ? "[" : "", host, v6 ? "]" : "", impl_->transport->port());
+}
+
+void Server::set_phase(std::string phase) { impl_->ctx.set_phase(std::move(phase)); }
+
+int Server::serve(ChatService& service) {
+  ServerContext& ctx = impl_->ctx;
+  ctx.attach(service);
+  std::printf("lily serve: model '%s', context %lld tokens; listening on %s\n", ctx.options.model_name.c_str(),
+              (long long)service.context_size(), url().c_str());
+  std::fflush(stdout);
+  int sig = 0;
+  {
+    std::unique_lock lock(impl_->stop_mutex);
+    impl_->stop_cv.wait(lock, [&] { return impl_->stop_signal != 0; });
+    sig = impl_->stop_signal;
+  }
+  std::fprintf(stderr, "lily serve: %s, shutting down (a running generation may finish within %.1f s)\n",
+               sig == SIGINT ? "SIGINT" : "SIGTERM", ctx.options.drain_seconds);
+  impl_->drain();
   std::fprintf(stderr, "lily serve: stopped\n");
-  return ok ? 0 : 1;
+  return 0;
 }
 
 }  // namespace lily::server

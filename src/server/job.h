@@ -2,7 +2,9 @@
 //
 // The endpoint builds the job (the prepared prompt and how to encode what comes out); run_job
 // queues it (503 + Retry-After when the line is full), waits for its turn, runs it, and stops
-// it at the next token when the client goes away or the server shuts down.
+// it at the next token when the client goes away or the drain time of a shutdown is over.
+// A stream starts at once, before its turn: the role chunk and a comment saying how many
+// requests are ahead go out first, then the transport's ": keep-alive" comments while it waits.
 #pragma once
 
 #include <functional>
@@ -23,7 +25,6 @@ struct CompletionJob {
   std::function<json(const CompletionResult&)> body;                  // not streamed
 };
 
-void run_job(ServerContext& ctx, const httplib::Request& req, httplib::Response& res,
-             std::shared_ptr<CompletionJob> job);
+void run_job(ServerContext& ctx, const HttpRequest& req, HttpResponse& res, std::shared_ptr<CompletionJob> job);
 
 }  // namespace lily::server

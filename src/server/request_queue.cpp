@@ -28,6 +28,12 @@ bool RequestQueue::Ticket::wait(const std::function<bool()>& keep_waiting, std::
   }
 }
 
+size_t RequestQueue::Ticket::ahead() const {
+  std::lock_guard lock(queue_.mutex_);
+  auto it = std::find(queue_.line_.begin(), queue_.line_.end(), id_);
+  return size_t(it - queue_.line_.begin());
+}
+
 void RequestQueue::leave(uint64_t id) {
   {
     std::lock_guard lock(mutex_);

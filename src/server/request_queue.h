@@ -30,6 +30,8 @@ class RequestQueue {
     // server shuts down or `keep_waiting` (polled every `poll`) returns false.
     bool wait(const std::function<bool()>& keep_waiting,
               std::chrono::milliseconds poll = std::chrono::milliseconds(100));
+    // Requests in line before this one (0: its turn).
+    size_t ahead() const;
 
    private:
     RequestQueue& queue_;

@@ -2,8 +2,6 @@
 //
 // The request's fields, each validated under the line of OpenAI's documentation it implements.
 // Unknown fields are ignored; known ones lily cannot honour get a 400 that says so.
-#include <httplib.h>
-
 #include <ctime>
 
 #include "server/errors.h"
@@ -186,12 +184,12 @@ json tool_calls_json(const std::vector<ToolCall>& calls) {
 
 }  // namespace
 
-void handle_chat_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
-  ChatCompletionParams params = read_params(body, ctx.service);
+  ChatCompletionParams params = read_params(body, ctx.service());
   auto job = std::make_shared<CompletionJob>();
   try {
-    job->prepared = ctx.service.prepare_chat(params.chat);
+    job->prepared = ctx.service().prepare_chat(params.chat);
   } catch (const TemplateError& e) {
     bad_request(e.what(), "messages");
   } catch (const RequestError& e) {

@@ -1,7 +1,5 @@
 // v1_completions.cpp: POST /v1/completions, the legacy raw-prompt endpoint (spec §6). No chat
 // template: the prompt's text (or token ids) goes to the model as it is.
-#include <httplib.h>
-
 #include <ctime>
 
 #include "server/errors.h"
@@ -114,12 +112,12 @@ json legacy_logprobs(const std::vector<TokenLogprobs>& logprobs, size_t offset) 
 
 }  // namespace
 
-void handle_completions(ServerContext& ctx, const httplib::Request& req, httplib::Response& res) {
+void handle_completions(ServerContext& ctx, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
-  CompletionParams params = read_params(body, ctx.service);
+  CompletionParams params = read_params(body, ctx.service());
   auto job = std::make_shared<CompletionJob>();
   try {
-    job->prepared = ctx.service.prepare_text(params.text);
+    job->prepared = ctx.service().prepare_text(params.text);
   } catch (const RequestError& e) {
     bad_request(e.what(), e.param, e.code);
   }

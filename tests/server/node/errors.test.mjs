@@ -94,13 +94,14 @@ test('a prompt plus max_tokens beyond the context is a 400, not a truncation', a
     (e) => e.status === 400 && e.code === 'context_length_exceeded');
 });
 
-test('an oversized body is a 413, an unknown route a 404, an unknown model a 404', async () => {
+test('an oversized body is a 413, an unknown route a 404, a wrong method a 405, an unknown model a 404', async () => {
   const big = JSON.stringify(chat({ messages: userTurn('x'.repeat(9 << 20)) }));
   const r = await postJson('/v1/chat/completions', big);
   assert.equal(r.status, 413);
   assertError(await postJson('/v1/nothing', {}), 404);
   const get = await fetch(`${BASE}/v1/chat/completions`);
-  assert.equal(get.status, 404);
+  assert.equal(get.status, 405);
+  assert.equal(get.headers.get('allow'), 'POST, OPTIONS');
   assert.ok((await get.json()).error);
   const m = await fetch(`${BASE}/v1/models/not-this-one`);
   assert.equal(m.status, 404);
