@@ -98,7 +98,23 @@ void Stepper::walk(const Grammar& g, NodePool& pool, const TokenTrie& trie, cons
     f.child = n.end;  // next sibling
     if (levels_.size() < d + 2) levels_.resize(levels_.size() * 2);
     Config& c = levels_[d + 1];
-    step(g, pool, levels_[d], n.byte, c);
+    const Config& cur = levels_[d];
+    // Inline fast path: one stack, and the next state has only byte edges.
+    int32_t next = -1;
+    const Rule* rule = nullptr;
+    if (cur.tops.size() == 1) {
+      rule = &g.rules[size_t(cur.tops[0].rule)];
+      next = g.next(*rule, cur.tops[0].state, n.byte);
+      if (next < 0) continue;
+    }
+    if (next >= 0 && rule->flags[size_t(next)] == Rule::kBytes) {
+      c.tops.resize(1);
+      c.tops[0] = {cur.tops[0].rule, next, cur.tops[0].parent};
+      c.accepting = false;
+      c.base_pop = false;
+    } else {
+      step(g, pool, cur, n.byte, c);
+    }
     if (c.base_pop) on_pop(ch, int32_t(d + 1));
     if (!c.alive() && !c.base_pop) continue;
     if (n.token_count > 0) on_token(ch);
