@@ -2,11 +2,12 @@
 
 #include <cmath>
 #include <filesystem>
-#include <fstream>
+#include <limits>
 
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "model/json_file.h"
 
 namespace lily {
 
@@ -22,12 +23,20 @@ const json& require(const json& obj, const char* field) {
   return *it;
 }
 
-int require_int(const json& obj, const char* field, int min_value = 1) {
+// Sizes are bounded so that every product of them the loader and the backends form (heads x
+// head_dim, 2 x key dim + value dim, ...) fits an int: 2^20 is far above the model's sizes.
+constexpr int kMaxSize = 1 << 20;
+
+int require_int(const json& obj, const char* field, int min_value = 1, int max_value = kMaxSize) {
   const json& v = require(obj, field);
   if (!v.is_number_integer())
     fail("config.json: field '{}' must be an integer, found {} ({})", field, v.dump(), type_name(v));
+  // Unsigned values above 2^63 read as negative through get<long long>().
+  if (v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(max_value))
+    fail("config.json: field '{}' = {} is out of range ({}..{})", field, v.dump(), min_value, max_value);
   long long x = v.get<long long>();
-  if (x < min_value || x > (1LL << 31) - 1) fail("config.json: field '{}' = {} is out of range", field, x);
+  if (x < min_value || x > max_value)
+    fail("config.json: field '{}' = {} is out of range ({}..{})", field, x, min_value, max_value);
   return int(x);
 }
 
@@ -37,15 +46,28 @@ double require_number(const json& obj, const char* field) {
   return v.get<double>();
 }
 
+// An optional field of type T (bool, std::string, float or int). A value of another type, or a
+// number T cannot hold, is an error naming the field (nlohmann's get<int>() of 1e300 is
+// undefined behaviour, and get<bool>() of a number a json::exception).
 template <typename T>
 std::optional<T> optional_field(const json& obj, const char* field) {
   auto it = obj.find(field);
   if (it == obj.end() || it->is_null()) return std::nullopt;
-  try {
-    return it->get<T>();
-  } catch (const json::exception&) {
-    fail("field '{}' has the wrong type: {}", field, it->dump());
+  const json& v = *it;
+  if constexpr (std::is_same_v<T, bool>) {
+    if (v.is_boolean()) return v.get<bool>();
+  } else if constexpr (std::is_same_v<T, std::string>) {
+    if (v.is_string()) return v.get<std::string>();
+  } else if constexpr (std::is_floating_point_v<T>) {
+    if (v.is_number() && std::isfinite(v.get<double>()) && std::fabs(v.get<double>()) <= 1e30)
+      return T(v.get<double>());
+  } else {
+    static_assert(std::is_same_v<T, int>);
+    if (v.is_number_integer() && !(v.is_number_unsigned() && v.get<uint64_t>() > uint64_t(INT32_MAX)) &&
+        v.get<int64_t>() >= INT32_MIN && v.get<int64_t>() <= INT32_MAX)
+      return int(v.get<int64_t>());
   }
+  fail("field '{}' has the wrong type or is out of range: {}", field, v.dump());
 }
 
 void expect_value(bool ok, const char* field, const json& found, const char* supported) {
@@ -74,8 +96,12 @@ std::vector<LayerKind> parse_layer_types(const json& text, int num_layers) {
 // RoPE: transformers 5 writes `rope_parameters`; older files `rope_theta` + `rope_scaling`.
 void parse_rope(const json& text, ModelConfig& c) {
   json rope = json::object();
-  if (auto it = text.find("rope_parameters"); it != text.end() && !it->is_null()) rope = *it;
+  if (auto it = text.find("rope_parameters"); it != text.end() && !it->is_null()) {
+    if (!it->is_object()) fail("config.json: 'rope_parameters' must be an object, found {}", it->dump());
+    rope = *it;
+  }
   if (auto it = text.find("rope_scaling"); it != text.end() && !it->is_null()) {
+    if (!it->is_object()) fail("config.json: 'rope_scaling' must be an object, found {}", it->dump());
     // Some exports keep the (m)rope description here; only the default type is supported.
     for (auto& [k, v] : it->items())
       if (!rope.contains(k)) rope[k] = v;
@@ -119,15 +145,81 @@ std::optional<QuantSpec> parse_quant_spec(const json& v, const std::string& wher
   return q;
 }
 
+// Parts of a multimodal checkpoint lily never loads (spec §5a, §5b): the vision tower (mlx-vlm
+// calls it vision_tower, HF model.visual), audio, projectors, and the MTP head. Their
+// quantization entries are not lily's to validate: mlx-vlm may give them a scheme lily has no
+// kernel for (6 bits, mxfp4) without that touching the text model.
+bool lily_never_loads(const std::string& module_path) {
+  static const char* const kPrefixes[] = {"vision_tower",
+                                          "model.visual",
+                                          "visual",
+                                          "audio_tower",
+                                          "model.audio_tower",
+                                          "multi_modal_projector",
+                                          "model.multi_modal_projector",
+                                          "mtp",
+                                          "model.mtp"};
+  for (const char* prefix : kPrefixes) {
+    const std::string_view p(prefix);
+    if (module_path.starts_with(p) && (module_path.size() == p.size() || module_path[p.size()] == '.')) return true;
+  }
+  return false;
+}
+
 QuantizationConfig parse_quantization(const json& q) {
   QuantizationConfig out;
   if (!q.is_object()) fail("config.json: 'quantization' must be an object, found {}", q.dump());
   out.global = *parse_quant_spec(q, "quantization");
   for (auto& [key, value] : q.items()) {
     if (key == "group_size" || key == "bits" || key == "mode" || key == "quant_method") continue;
+    if (lily_never_loads(key)) continue;
     out.overrides[key] = parse_quant_spec(value, key);
   }
   return out;
+}
+
+// Quantized Hugging Face checkpoints say how in quantization_config.quant_method; lily reads none
+// of those formats (only mlx's affine entry, which has no quant_method, or "mlx"). The refusal
+// names the format, so the user knows which checkpoint to fetch instead.
+void refuse_foreign_quantization(const json& q, const char* where) {
+  if (!q.is_object()) return;  // parse_quantization says what is wrong
+  auto it = q.find("quant_method");
+  if (it == q.end() || it->is_null()) return;
+  if (!it->is_string()) fail("config.json: {}.quant_method must be a string, found {}", where, it->dump());
+  const std::string method = it->get<std::string>();
+  if (method == "mlx") return;
+  auto text_of = [&](const char* key) {
+    auto f = q.find(key);
+    return f != q.end() && f->is_string() ? f->get<std::string>() : std::string();
+  };
+  std::string name = method, detail;
+  if (method == "fp8" || method == "fbgemm_fp8") {
+    name = "FP8";
+  } else if (method == "awq" || method == "gptq" || method == "hqq" || method == "eetq" || method == "aqlm") {
+    name.clear();
+    for (char ch : method) name += char(std::toupper(static_cast<unsigned char>(ch)));
+  } else if (method == "mxfp4") {
+    name = "MXFP4";
+  } else if (method == "modelopt") {  // NVIDIA ModelOpt: quant_algo NVFP4, FP8, ...
+    const std::string algo = text_of("quant_algo");
+    name = algo.find("FP4") != std::string::npos ? "NVFP4" : algo.empty() ? "ModelOpt" : algo;
+    if (!algo.empty()) detail = ", quant_algo " + algo;
+  } else if (method == "compressed-tensors") {  // llm-compressor: the format says which
+    std::string format = text_of("format");
+    if (format.empty())
+      if (auto groups = q.find("config_groups"); groups != q.end() && groups->is_object())
+        for (auto& [_, group] : groups->items())
+          if (group.is_object() && group.contains("format") && group["format"].is_string()) {
+            format = group["format"].get<std::string>();
+            break;
+          }
+    name = format.find("nvfp4") != std::string::npos ? "NVFP4"
+           : format == "float-quantized"             ? "FP8"
+                                                     : "compressed-tensors";
+    if (!format.empty()) detail = ", format " + format;
+  }
+  fail("{} (quant_method {}{}) checkpoints are not supported: use the bf16 or mlx 4-bit checkpoint", name, method,
+       detail);
 }
 
 void validate(const ModelConfig& c) {
@@ -201,6 +293,12 @@ ModelConfig parse_model_config(const json& config) {
          model_type.dump());
   const json& text = config.contains("text_config") && config["text_config"].is_object() ? config["text_config"]
                                                                                          : config;
+  // A quantized HF checkpoint is refused by its format before any field is read.
+  for (const char* key : {"quantization_config", "quantization"})
+    if (auto it = config.find(key); it != config.end()) refuse_foreign_quantization(*it, key);
+  if (&text != &config)
+    if (auto it = text.find("quantization_config"); it != text.end())
+      refuse_foreign_quantization(*it, "text_config.quantization_config");
 
   ModelConfig c;
   c.model_type = model_type.get<std::string>();
@@ -208,8 +306,10 @@ ModelConfig parse_model_config(const json& config) {
   c.hidden_size = require_int(text, "hidden_size");
   c.num_layers = require_int(text, "num_hidden_layers");
   c.layer_types = parse_layer_types(text, c.num_layers);
-  c.rms_norm_eps = float(require_number(text, "rms_norm_eps"));
-  c.max_position_embeddings = require_int(text, "max_position_embeddings");
+  const double eps = require_number(text, "rms_norm_eps");
+  if (!(eps > 0 && eps < 1)) fail("config.json: rms_norm_eps = {} must be in (0, 1)", eps);
+  c.rms_norm_eps = float(eps);
+  c.max_position_embeddings = require_int(text, "max_position_embeddings", 1, INT32_MAX);
   if (auto tie = optional_field<bool>(text, "tie_word_embeddings")) c.tie_word_embeddings = *tie;
   else if (auto top = optional_field<bool>(config, "tie_word_embeddings")) c.tie_word_embeddings = *top;
 
@@ -251,12 +351,15 @@ GenerationConfig parse_generation_config(const json& g) {
   if (!g.is_object()) fail("generation_config.json: expected a JSON object");
   return with_context("generation_config.json", [&] {
     if (auto it = g.find("eos_token_id"); it != g.end() && !it->is_null()) {
-      if (it->is_number_integer()) out.eos_token_ids.push_back(it->get<int>());
+      auto token_id = [](const json& v) {
+        const bool ok = v.is_number_unsigned() ? v.get<uint64_t>() <= uint64_t(INT32_MAX)
+                                               : v.is_number_integer() && v.get<int64_t>() >= 0;
+        if (!ok) fail("eos_token_id entries must be token ids (integers 0..2^31-1), found {}", v.dump());
+        return int(v.get<int64_t>());
+      };
+      if (it->is_number_integer()) out.eos_token_ids.push_back(token_id(*it));
       else if (it->is_array())
-        for (const json& v : *it) {
-          if (!v.is_number_integer()) fail("eos_token_id entries must be integers, found {}", v.dump());
-          out.eos_token_ids.push_back(v.get<int>());
-        }
+        for (const json& v : *it) out.eos_token_ids.push_back(token_id(v));
       else fail("eos_token_id must be an integer or a list, found {}", it->dump());
     }
     out.temperature = optional_field<float>(g, "temperature");
@@ -269,18 +372,6 @@ GenerationConfig parse_generation_config(const json& g) {
     return out;
   });
 }
-
-namespace {
-json read_json_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) fail("cannot open {}", path);
-  try {
-    return json::parse(in);
-  } catch (const json::exception& e) {
-    fail("{} is not valid JSON: {}", path, e.what());
-  }
-}
-}  // namespace
 
 ModelConfig load_model_config(const std::string& model_dir) {
   std::string path = model_dir + "/config.json";

@@ -3,6 +3,8 @@
 
 #include <filesystem>
 #include <fstream>
+#include <functional>
+#include <iterator>
 
 #include "base/error.h"
 #include "fixture.h"
@@ -148,6 +150,93 @@ TEST(Checkpoint, QuantizationConfigMustAgreeWithShapes) {
   std::string err = error_of([&] { load_model(m.dir()); });
   EXPECT_NE(err.find("4-bit"), std::string::npos) << err;
   EXPECT_NE(err.find("8-bit"), std::string::npos) << err;
+}
+
+// Issue 17: a GGUF file or a directory of them was refused with "cannot open .../config.json".
+TEST(Checkpoint, regression_gguf_is_named_17) {
+  ScratchModel m("mlx-q4");
+  const std::string gguf = std::string("GGUF\x03\0\0\0", 8) + std::string(64, '\0');
+  write_bytes(m.file("Qwen3.6-35B-A3B-Q4_K_M.gguf"), gguf);
+  std::string err = error_of([&] { load_model(m.file("Qwen3.6-35B-A3B-Q4_K_M.gguf")); });
+  EXPECT_EQ(err.rfind("GGUF is not supported yet: " + m.file("Qwen3.6-35B-A3B-Q4_K_M.gguf") + " is a GGUF file", 0), 0u)
+      << err;
+  // Named by its magic when the extension is gone.
+  write_bytes(m.file("model.bin"), gguf);
+  err = error_of([&] { load_model(m.file("model.bin")); });
+  EXPECT_EQ(err.rfind("GGUF is not supported yet", 0), 0u) << err;
+  // Any other single file is not a model directory either.
+  err = error_of([&] { load_model(m.file("config.json")); });
+  EXPECT_NE(err.find("is a file; lily loads a Hugging Face model directory"), std::string::npos) << err;
+
+  // A directory of GGUF files (split or several quantizations), no safetensors.
+  const fs::path dir = fs::path(m.dir()) / "gguf-dir";
+  fs::create_directories(dir);
+  write_bytes((dir / "Qwen3.6-00001-of-00002.gguf").string(), gguf);
+  write_bytes((dir / "Qwen3.6-00002-of-00002.gguf").string(), gguf);
+  err = error_of([&] { load_model(dir.string()); });
+  EXPECT_EQ(err.rfind("GGUF is not supported yet: " + dir.string() +
+                          " holds GGUF files (Qwen3.6-00001-of-00002.gguf and 1 more) and no .safetensors",
+                      0),
+            0u)
+      << err;
+  // A model directory that also carries a .gguf loads as the safetensors it is.
+  EXPECT_NO_THROW(load_model(m.dir()));
+}
+
+// Rewrites the header of a safetensors file with `edit`, keeping its data block.
+void edit_header(const std::string& path, const std::function<void(nlohmann::json&)>& edit) {
+  std::ifstream in(path, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  uint64_t n = 0;
+  for (int i = 0; i < 8; ++i) n |= uint64_t(uint8_t(bytes[size_t(i)])) << (8 * i);
+  nlohmann::json header = nlohmann::json::parse(bytes.substr(8, n));
+  edit(header);
+  write_bytes(path, header_file(header.dump(), bytes.substr(8 + n)));
+}
+
+// Issue 17: FP8 weights in a checkpoint whose config.json does not say so are named as FP8.
+TEST(Checkpoint, regression_fp8_tensors_are_named_17) {
+  ScratchModel m("hf-fused");
+  const std::string name = "model.language_model.embed_tokens.weight";
+  edit_header(m.file("model-00001-of-00003.safetensors"), [&](nlohmann::json& h) {
+    auto& t = h[name];
+    const uint64_t begin = t["data_offsets"][0];
+    const uint64_t numel = t["shape"][0].get<uint64_t>() * t["shape"][1].get<uint64_t>();
+    t["dtype"] = "F8_E4M3";
+    t["data_offsets"] = {begin, begin + numel};  // one byte per element; the rest of its bytes unused
+  });
+  const std::string err = error_of([&] { load_model(m.dir()); });
+  EXPECT_NE(err.find("tensor '" + name +
+                     "' is F8_E4M3: FP8 checkpoints are not supported: use the bf16 or mlx "
+                     "4-bit checkpoint"),
+            std::string::npos)
+      << err;
+}
+
+// Issue 17: the ids a model directory names must be rows of its vocabulary.
+TEST(Checkpoint, regression_eos_beyond_the_vocabulary_is_refused_17) {
+  ScratchModel m("mlx-q4");
+  auto generation = test::read_json(m.file("generation_config.json"));
+  generation["eos_token_id"] = {2, 384};  // vocab_size 384: ids 0..383
+  write_bytes(m.file("generation_config.json"), generation.dump());
+  const std::string err = error_of([&] { load_model(m.dir()); });
+  EXPECT_NE(err.find("eos_token_id 384 does not fit the model's vocabulary (vocab_size 384)"), std::string::npos)
+      << err;
+  generation["eos_token_id"] = {2, 383};
+  write_bytes(m.file("generation_config.json"), generation.dump());
+  EXPECT_NO_THROW(load_model(m.dir()));
+}
+
+// config.json nested absurdly deep: refused while parsing, naming the file.
+TEST(Checkpoint, DeeplyNestedConfigIsRefused) {
+  ScratchModel m("mlx-q4");
+  auto cfg = test::read_json(m.file("config.json"));
+  std::string text = cfg.dump();
+  text.insert(text.size() - 1, R"(, "x": )" + std::string(100000, '[') + std::string(100000, ']'));
+  write_bytes(m.file("config.json"), text);
+  const std::string err = error_of([&] { load_model(m.dir()); });
+  EXPECT_NE(err.find("config.json"), std::string::npos) << err;
+  EXPECT_NE(err.find("JSON nested deeper than 64 levels"), std::string::npos) << err;
 }
 
 TEST(Checkpoint, NotAModelDirectory) {

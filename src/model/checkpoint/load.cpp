@@ -1,7 +1,10 @@
 #include "model/checkpoint/load.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
+#include <filesystem>
+#include <fstream>
 #include <mutex>
 
 #include "base/error.h"
@@ -143,6 +146,10 @@ class TensorReader {
       case DType::F32: m.format = MatrixFormat::f32; break;
       case DType::BF16: m.format = MatrixFormat::bf16; break;
       case DType::F16: m.format = MatrixFormat::f16; break;
+      case DType::F8_E4M3:
+      case DType::F8_E5M2:
+        fail("tensor '{}' is {}: FP8 checkpoints are not supported: use the bf16 or mlx 4-bit checkpoint", t.name,
+             dtype_name(t.dtype));
       default:
         fail("tensor '{}' has dtype {}; expected F32, BF16 or F16 (or a quantized triple)", t.name,
              dtype_name(t.dtype));
@@ -346,14 +353,58 @@ void quantize_weights(ModelWeights& w, int bits) {
   if (w.lm_head.data == nullptr) w.lm_head = w.embed_tokens;
 }
 
+bool is_gguf_file(const std::filesystem::path& path) {
+  if (path.extension() == ".gguf") return true;
+  char magic[4] = {};
+  std::ifstream in(path, std::ios::binary);
+  return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
+}
+
+// What lily cannot load, said before anything else is read: a GGUF file (llama.cpp's format,
+// spec §5c) or a directory of them, or any other single file.
+void refuse_unsupported_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  constexpr const char* kWhatLilyLoads =
+      "lily loads a Hugging Face model directory of safetensors (Qwen/Qwen3.6-35B-A3B in bf16, or an mlx-community "
+      "4-bit conversion)";
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) {
+    if (is_gguf_file(path)) fail("GGUF is not supported yet: {} is a GGUF file; {}", path, kWhatLilyLoads);
+    fail("{} is a file; {}", path, kWhatLilyLoads);
+  }
+  if (!fs::is_directory(path, ec)) return;  // the config reader names what is missing
+  std::vector<std::string> gguf;
+  bool safetensors = false;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    if (entry.path().extension() == ".safetensors") safetensors = true;
+    else if (entry.path().extension() == ".gguf") gguf.push_back(entry.path().filename().string());
+  }
+  if (!gguf.empty() && !safetensors) {
+    std::sort(gguf.begin(), gguf.end());
+    fail("GGUF is not supported yet: {} holds GGUF files ({}{}) and no .safetensors; {}", path, gguf.front(),
+         gguf.size() > 1 ? fmt::format(" and {} more", gguf.size() - 1) : "", kWhatLilyLoads);
+  }
+}
+
+// Token ids the model directory names must be rows of the model's embedding.
+void check_token_ids(const ModelWeights& w) {
+  for (int id : w.generation.eos_token_ids)
+    if (id >= w.config.vocab_size)
+      fail("generation_config.json: eos_token_id {} does not fit the model's vocabulary (vocab_size {})", id,
+           w.config.vocab_size);
+}
+
 }  // namespace
 
 std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const LoadOptions& options) {
+  refuse_unsupported_path(model_dir);  // the message opens with what is refused ("GGUF is not supported yet")
   return with_context("loading " + model_dir, [&] {
     auto w = std::make_shared<ModelWeights>();
     w->model_dir = model_dir;
     w->config = load_model_config(model_dir);
     w->generation = load_generation_config(model_dir);
+    check_token_ids(*w);
     auto ckpt = std::make_shared<Checkpoint>(model_dir);
     w->storage.push_back(ckpt);
     TensorReader r(*ckpt, *w);

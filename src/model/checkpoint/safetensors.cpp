@@ -2,11 +2,11 @@
 
 #include <algorithm>
 #include <filesystem>
-#include <fstream>
 
 #include <nlohmann/json.hpp>
 
 #include "base/error.h"
+#include "model/json_file.h"
 
 namespace lily {
 
@@ -32,6 +32,9 @@ DType parse_dtype(const std::string& name) {
     if (name == info.name) return info.dtype;
   fail("unknown dtype \"{}\"", name);
 }
+
+// Most elements one tensor may have (and the largest dimension): 2^48, far above any real tensor.
+constexpr uint64_t kMaxElements = uint64_t(1) << 48;
 
 // Largest header we accept; real headers are a few hundred KB (the safetensors library caps at 100 MB).
 constexpr uint64_t kMaxHeaderBytes = 100ull << 20;
@@ -59,7 +62,8 @@ TensorView parse_entry(const std::string& name, const json& entry, std::span<con
   for (const json& d : *shape) {
     if (!d.is_number_unsigned()) fail("shape {} has a non-integer or negative dimension", shape->dump());
     uint64_t dim = d.get<uint64_t>();
-    if (dim != 0 && count > (uint64_t(1) << 48) / dim) fail("shape {} is too large", shape->dump());
+    // Every dimension is bounded too: after a 0, count stays 0 and would not catch a 2^63.
+    if (dim > kMaxElements || (dim != 0 && count > kMaxElements / dim)) fail("shape {} is too large", shape->dump());
     count *= dim;
     t.shape.push_back(int64_t(dim));
   }
@@ -100,31 +104,28 @@ int64_t TensorView::numel() const {
 
 std::string TensorView::shape_string() const { return fmt::format("[{}]", fmt::join(shape, ", ")); }
 
-SafetensorsFile::SafetensorsFile(const std::string& path) {
-  with_context(path, [&] {
-    file_ = std::make_shared<MappedFile>(path);
-    auto bytes = file_->bytes();
+SafetensorsHeader parse_safetensors(std::span<const std::byte> bytes, const std::string& path) {
+  return with_context(path, [&] {
+    SafetensorsHeader out;
     if (bytes.size() < 8) fail("file is {} bytes, too short for a safetensors header", bytes.size());
     uint64_t header_len = read_u64_le(bytes.data());
     if (header_len > kMaxHeaderBytes) fail("header length {} is not plausible (corrupt file?)", header_len);
     if (header_len > bytes.size() - 8)
       fail("header length {} exceeds the file size {} (truncated file?)", header_len, bytes.size());
     std::string_view header(reinterpret_cast<const char*>(bytes.data() + 8), header_len);
-    json doc;
-    try {
-      doc = json::parse(header);
-    } catch (const json::exception& e) {
-      fail("header is not valid JSON: {}", e.what());
-    }
+    const json doc = with_context("header", [&] { return parse_json_limited(header); });
     if (!doc.is_object()) fail("header is not a JSON object");
     auto data_block = bytes.subspan(8 + header_len);
 
     std::vector<std::pair<uint64_t, uint64_t>> ranges;
-    for (auto& [name, entry] : doc.items()) {
+    for (auto& item : doc.items()) {
+      // Not a structured binding: clang 14 (the fuzz build) cannot capture one in the lambda below.
+      const std::string& name = item.key();
+      const json& entry = item.value();
       if (name == "__metadata__") {
         if (!entry.is_object()) fail("__metadata__ must be an object");
         for (auto& [k, v] : entry.items())
-          if (v.is_string()) metadata_[k] = v.get<std::string>();
+          if (v.is_string()) out.metadata[k] = v.get<std::string>();
         continue;
       }
       TensorView t = with_context(fmt::format("tensor '{}'", name),
@@ -132,14 +133,22 @@ SafetensorsFile::SafetensorsFile(const std::string& path) {
       t.file = path;
       uint64_t begin = uint64_t(t.data.data() - data_block.data());
       if (!t.data.empty()) ranges.emplace_back(begin, begin + t.data.size());
-      tensors_.emplace(name, std::move(t));
+      out.tensors.emplace(name, std::move(t));
     }
     std::sort(ranges.begin(), ranges.end());
     for (size_t i = 1; i < ranges.size(); ++i)
       if (ranges[i].first < ranges[i - 1].second)
         fail("tensors overlap in the data block (bytes {}..{} and {}..{})", ranges[i - 1].first, ranges[i - 1].second,
              ranges[i].first, ranges[i].second);
+    return out;
   });
+}
+
+SafetensorsFile::SafetensorsFile(const std::string& path) {
+  file_ = with_context(path, [&] { return std::make_shared<MappedFile>(path); });
+  SafetensorsHeader header = parse_safetensors(file_->bytes(), path);
+  tensors_ = std::move(header.tensors);
+  metadata_ = std::move(header.metadata);
 }
 
 Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
@@ -149,17 +158,11 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
   std::map<std::string, std::string> index_map;  // tensor -> shard file named by the index
   fs::path index_path = fs::path(model_dir) / "model.safetensors.index.json";
   if (fs::exists(index_path)) {
+    const json index = read_json_file(index_path.string());
     with_context(index_path.string(), [&] {
-      std::ifstream in(index_path);
-      json index;
-      try {
-        index = json::parse(in);
-      } catch (const json::exception& e) {
-        fail("not valid JSON: {}", e.what());
-      }
-      if (!index.contains("weight_map") || !index["weight_map"].is_object()) fail("missing 'weight_map'");
+      if (!index.contains("weight_map") || !index.at("weight_map").is_object()) fail("missing 'weight_map'");
       std::vector<std::string> shards;
-      for (auto& [name, file] : index["weight_map"].items()) {
+      for (auto& [name, file] : index.at("weight_map").items()) {
         if (!file.is_string()) fail("weight_map['{}'] is not a file name", name);
         std::string f = file.get<std::string>();
         if (f.find('/') != std::string::npos || f.find("..") != std::string::npos)
@@ -167,7 +170,7 @@ Checkpoint::Checkpoint(const std::string& model_dir) : dir_(model_dir) {
         if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
       }
       for (auto& f : shards) paths.push_back((fs::path(model_dir) / f).string());
-      for (auto& [name, file] : index["weight_map"].items()) index_map[name] = file.get<std::string>();
+      for (auto& [name, file] : index.at("weight_map").items()) index_map[name] = file.get<std::string>();
     });
   } else {
     for (auto& entry : fs::directory_iterator(model_dir))

@@ -36,6 +36,15 @@ struct TensorView {
   std::string shape_string() const;  // "[8192, 2048]"
 };
 
+// The tensors and metadata of a safetensors file's bytes, validated as above; views point into
+// `file_bytes`. `path` names the file in the views and in errors. SafetensorsFile maps a file
+// and calls this (the fuzzer tests/fuzz/fuzz_safetensors.cpp calls it on its inputs).
+struct SafetensorsHeader {
+  std::map<std::string, TensorView> tensors;
+  std::map<std::string, std::string> metadata;
+};
+SafetensorsHeader parse_safetensors(std::span<const std::byte> file_bytes, const std::string& path);
+
 // One .safetensors file, mapped and validated.
 class SafetensorsFile {
  public:

@@ -1,0 +1,34 @@
+#include "model/json_file.h"
+
+#include <fstream>
+#include <iterator>
+
+#include "base/error.h"
+
+namespace lily {
+
+namespace {
+struct TooDeep {};
+}  // namespace
+
+nlohmann::json parse_json_limited(std::string_view text) {
+  try {
+    return nlohmann::json::parse(text, [](int depth, nlohmann::json::parse_event_t, nlohmann::json&) {
+      if (depth > kMaxJsonDepth) throw TooDeep{};
+      return true;
+    });
+  } catch (const TooDeep&) {
+    fail("JSON nested deeper than {} levels", kMaxJsonDepth);
+  } catch (const nlohmann::json::exception& e) {
+    fail("not valid JSON: {}", e.what());
+  }
+}
+
+nlohmann::json read_json_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("cannot open {}", path);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return with_context(path, [&] { return parse_json_limited(text); });
+}
+
+}  // namespace lily
