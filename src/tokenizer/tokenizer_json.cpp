@@ -162,8 +162,13 @@ void read_model(const json& root, Tokenizer::Impl& impl, std::unordered_map<std:
 
 void read_added_tokens(const json& root, Tokenizer::Impl& impl, std::vector<std::pair<int32_t, std::string>>& added) {
   if (!root.contains("added_tokens") || root["added_tokens"].is_null()) return;
+  LILY_CHECK(root["added_tokens"].is_array(), "added_tokens: expected a list");
   for (const json& t : root["added_tokens"]) {
-    const int32_t id = t.at("id").get<int32_t>();
+    // The same bound as model.vocab's ids (a negative id used to index the tables).
+    const json& id_value = t.at("id");
+    LILY_CHECK(id_value.is_number_integer() && id_value.get<int64_t>() >= 0 && id_value.get<int64_t>() < (1 << 30),
+               "added_tokens: token {} has a bad id {}", t.value("content", json()).dump(), id_value.dump());
+    const int32_t id = id_value.get<int32_t>();
     const std::string content = t.at("content").get<std::string>();
     LILY_CHECK(!flag(t, "single_word") && !flag(t, "lstrip") && !flag(t, "rstrip"),
                "added token '{}' (id {}): single_word/lstrip/rstrip are not supported", content, id);

@@ -123,6 +123,26 @@ TEST(tokenizer_hand, undefined_ids_throw) {
   EXPECT_THROW(hand().token_bytes(100000), Error);
 }
 
+// An added token's id is bounded like model.vocab's (0 .. 2^30): a negative one used to index
+// the id tables, a float or a string threw nlohmann's own exception.
+TEST(tokenizer_hand, bad_added_token_ids_are_refused) {
+  for (const nlohmann::json& id :
+       {nlohmann::json(-5), nlohmann::json(1 << 30), nlohmann::json(2.5), nlohmann::json("7")}) {
+    nlohmann::json j = test::hand_tokenizer_json(false);
+    j["added_tokens"][0]["id"] = id;
+    const std::string path = test::write_temp_json(j, "bad_added_id.json");
+    try {
+      Tokenizer::load(path);
+      ADD_FAILURE() << "added token id " << id.dump() << " accepted";
+    } catch (const Error& e) {
+      EXPECT_NE(std::string(e.what()).find("has a bad id " + id.dump()), std::string::npos) << e.what();
+    }
+  }
+  nlohmann::json not_a_list = test::hand_tokenizer_json(false);
+  not_a_list["added_tokens"] = {{"id", 3}};
+  EXPECT_THROW(Tokenizer::load(test::write_temp_json(not_a_list, "bad_added_list.json")), Error);
+}
+
 TEST(tokenizer_streaming, never_emits_half_a_character) {
   const std::string text = "hé🎉 world 你好!";
   const Ids ids = hand().encode(text);
