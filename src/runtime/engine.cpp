@@ -1,5 +1,7 @@
 #include "runtime/engine.h"
 
+#include <filesystem>
+
 #include "base/error.h"
 #include "base/log.h"
 #include "model/checkpoint/load.h"
@@ -13,6 +15,13 @@ namespace lily {
 bool cuda_backend_available() { return false; }
 #endif
 
+void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& what) {
+  if (tokenizer.vocab_size() > config.vocab_size)
+    fail("{} defines {} token ids (0..{}), but the model's vocab_size is {}: ids from {} on have no embedding "
+         "row; the tokenizer belongs to another model",
+         what, tokenizer.vocab_size(), tokenizer.vocab_size() - 1, config.vocab_size, config.vocab_size);
+}
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   std::string backend = options.backend;
   if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
@@ -24,6 +33,11 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   load_options.quantize_bits = options.quantize_bits;
   auto engine = std::unique_ptr<Engine>(new Engine());
   engine->weights_ = load_model(options.model_dir, load_options);
+  const std::string tokenizer_path = options.model_dir + "/tokenizer.json";
+  if (std::filesystem::exists(tokenizer_path)) {
+    engine->tokenizer_ = Tokenizer::load(tokenizer_path);
+    check_tokenizer_fits(*engine->tokenizer_, engine->config(), tokenizer_path);
+  }
 #ifdef LILY_HAVE_CUDA
   if (backend == "cuda") {
     engine->backend_ = make_cuda_backend(engine->weights_);

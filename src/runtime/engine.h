@@ -1,11 +1,19 @@
-// engine.h: a loaded model ready to run: weights + the chosen backend + generation defaults.
+// engine.h: a loaded model ready to run: weights + the chosen backend + generation defaults,
+// and the directory's tokenizer.json when it has one.
+//
+// Loading refuses, before the backend is built, what cannot run: the formats lily does not read
+// (load_model names them: GGUF, FP8 / AWQ / GPTQ / compressed-tensors / NVFP4 checkpoints) and a
+// tokenizer whose ids do not fit the model's vocabulary (an id >= vocab_size has no embedding
+// row, and the backends index embed_tokens and the logits with it).
 #pragma once
 
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "backend/backend.h"
 #include "model/weights.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lily {
 
@@ -24,11 +32,19 @@ class Engine {
   const ModelConfig& config() const { return weights_->config; }
   const GenerationConfig& generation_config() const { return weights_->generation; }
   const std::string& model_dir() const { return weights_->model_dir; }
+  // DIR/tokenizer.json, read and checked at load; nullptr when the directory has none (a
+  // checkpoint used with token ids only: lily logits, generate).
+  const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
 
  private:
   std::shared_ptr<const ModelWeights> weights_;
+  std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
 };
+
+// Throws lily::Error, naming both numbers, when `tokenizer` defines ids the model has no rows
+// for (tokenizer.vocab_size() > config.vocab_size). `what` names the tokenizer in the message.
+void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& what);
 
 // Names of the backends this build can run ("cpu", and "cuda" where compiled in and a GPU is present).
 bool cuda_backend_available();
