@@ -8,6 +8,7 @@
 #include <string_view>
 #include <utility>
 
+#include "chat/json_limits.h"
 #include "chat/python_format.h"
 
 namespace lily {
@@ -57,7 +58,9 @@ const std::string& role_of(const json& message) { return message["role"].get_ref
 // so it needs the object (vLLM chat_utils _postprocess_messages: "" -> {}).
 json parse_arguments(const std::string& text, const std::string& path) {
   if (text.find_first_not_of(" \t\n\r") == std::string::npos) return json::object();
-  json parsed = json::parse(text, nullptr, /*allow_exceptions=*/false);
+  bool too_deep = false;
+  json parsed = parse_json_bounded(text, kMaxJsonNesting, &too_deep);
+  if (too_deep) invalid("{} nests JSON deeper than {} levels", path, kMaxJsonNesting);
   if (parsed.is_discarded()) invalid("{} is not valid JSON", path);
   if (!parsed.is_object()) invalid("{} is not a JSON object", path);
   return parsed;
@@ -99,9 +102,51 @@ void prepare_assistant(json& message, const std::string& path) {
   }
 }
 
-json prepare_messages(const json& messages) {
+// What the template would render without lily being able to honour it: media parts (there is
+// no vision or audio encoder behind the placeholder tokens).
+void refuse_media(const json& message, const std::string& path) {
+  const json* content = find(message, "content");
+  if (!content || !content->is_array()) return;
+  for (size_t j = 0; j < content->size(); ++j) {
+    const json& item = (*content)[j];
+    if (!item.is_object()) continue;  // the renderer names it
+    const json* type = find(item, "type");
+    auto type_is = [&](std::string_view t) { return type && type->is_string() && *type == t; };
+    const std::string part = fmt::format("{}.content[{}]", path, j);
+    // The template's own tests: 'image' in item or 'image_url' in item or item.type == 'image'.
+    if (item.contains("image") || item.contains("image_url") || type_is("image") || type_is("image_url"))
+      invalid("lily has no vision encoder: image inputs are refused ({} is an image)", part);
+    if (item.contains("video") || type_is("video") || type_is("video_url"))
+      invalid("lily has no vision encoder: video inputs are refused ({} is a video)", part);
+    if (item.contains("input_audio") || item.contains("audio") || type_is("input_audio") || type_is("audio"))
+      invalid("lily has no audio encoder: audio inputs are refused ({} is audio)", part);
+  }
+}
+
+bool is_known_role(const json& role) {
+  for (const char* known : {"system", "developer", "user", "assistant", "tool"})
+    if (role == known) return true;
+  return false;
+}
+
+json prepare_messages(const json& messages, const ChatTemplateOptions& options) {
   if (messages.is_null()) return json::array();
   if (!messages.is_array()) invalid("messages must be an array");
+  if (options.lily_refusals) {
+    // Before the copy below, which recurses once per level.
+    if (json_nests_deeper_than(messages, kMaxJsonNesting))
+      invalid("messages nest JSON deeper than {} levels", kMaxJsonNesting);
+    for (size_t i = 0; i < messages.size(); ++i) {
+      const json& message = messages[i];
+      const std::string path = fmt::format("messages[{}]", i);
+      if (!message.is_object()) continue;  // named below
+      auto role = message.find("role");
+      if (role != message.end() && role->is_string() && !is_known_role(*role))
+        invalid("{}.role \"{}\" is not a role lily knows (system, developer, user, assistant, tool)", path,
+                role->get<std::string>());
+      refuse_media(message, path);
+    }
+  }
   json prepared = messages;
   for (size_t i = 0; i < prepared.size(); ++i) {
     json& message = prepared[i];
@@ -304,7 +349,9 @@ void read_bool(const json& object, const char* key, std::string_view path, bool&
 
 std::string render_chat_template(const json& messages, const json& tools, const ChatTemplateOptions& options) {
   if (!tools.is_null() && !tools.is_array()) invalid("tools must be an array");
-  return render_prepared(prepare_messages(messages), tools, options);
+  if (options.lily_refusals && json_nests_deeper_than(tools, kMaxJsonNesting))
+    invalid("tools nest JSON deeper than {} levels", kMaxJsonNesting);
+  return render_prepared(prepare_messages(messages, options), tools, options);
 }
 
 ChatTemplateOptions chat_template_options(const json& request) {

@@ -9,6 +9,13 @@
 //   * role "developer" is treated as "system";
 //   * an assistant's `reasoning` is used as `reasoning_content` when the latter is not a string;
 //   * tool-call `arguments` given as a JSON string (OpenAI) are parsed into an object ("" -> {}).
+// and lily's own refusals (ChatTemplateOptions::lily_refusals, on by default), checked first:
+//   * image / video parts ("lily has no vision encoder: image inputs are refused") and
+//     input_audio parts: the template would render placeholder tokens with nothing behind them;
+//   * a role the template does not know (it would answer "No user query found in messages."
+//     for a lone one): refused naming the role;
+//   * messages or tools nested deeper than kMaxJsonNesting (chat/json_limits.h), before any
+//     of it is copied or dumped; tool-call arguments strings are parsed with the same bound.
 // Every refusal of the template ("No user query found in messages." ...) and every malformed
 // input (naming the field: "messages[2].tool_calls[0].function.arguments is not valid JSON")
 // throws TemplateError, which the server turns into HTTP 400.
@@ -33,6 +40,9 @@ struct ChatTemplateOptions {
   bool add_generation_prompt = true;
   bool enable_thinking = true;     // false: the generation prompt closes an empty think block
   bool preserve_thinking = false;  // true: every assistant turn keeps its <think> block
+  // lily's refusals above. Off, the renderer is the template alone (media placeholders
+  // rendered, unknown roles as the template raises them): the golden corpus compares it so.
+  bool lily_refusals = true;
 };
 
 // messages and tools as in an OpenAI chat-completions request (tools may be null).

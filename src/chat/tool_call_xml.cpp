@@ -5,6 +5,8 @@
 #include <cstdlib>
 #include <vector>
 
+#include "chat/json_limits.h"
+
 namespace lily {
 namespace {
 
@@ -90,7 +92,8 @@ bool is_null_literal(std::string_view raw) {
 }
 
 std::optional<json> parse_json(std::string_view text) {
-  json value = json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
+  // Bounded: the model may write "[[[[..." as deep as its token budget, and dump_to recurses.
+  json value = parse_json_bounded(text);
   if (value.is_discarded()) return std::nullopt;
   return value;
 }
@@ -266,6 +269,7 @@ std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin, Is
 
 ToolSchemas::ToolSchemas(const json& tools) {
   if (!tools.is_array()) return;
+  checks_names_ = true;
   for (const json& tool : tools) {
     if (!tool.is_object()) continue;
     auto fn_it = tool.find("function");
@@ -280,6 +284,10 @@ ToolSchemas::ToolSchemas(const json& tools) {
     }
     properties_[name->get<std::string>()] = std::move(properties);
   }
+}
+
+bool ToolSchemas::allows(std::string_view function) const {
+  return !checks_names_ || properties_.find(function) != properties_.end();
 }
 
 const json* ToolSchemas::find_parameter(std::string_view function, const std::string& parameter) const {
@@ -321,7 +329,7 @@ std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const T
   size_t name_end = body.find('>', pos);
   if (name_end == std::string_view::npos) return std::nullopt;
   std::optional<std::string> name = tag_name(body.substr(pos, name_end - pos));
-  if (!name) return std::nullopt;
+  if (!name || !schemas.allows(*name)) return std::nullopt;  // a function the request did not offer
 
   // The function body ends at the last </function>, which only whitespace may follow.
   std::string_view rest = body.substr(name_end + 1);

@@ -6,7 +6,10 @@
 // or nothing when the block is malformed (the caller then keeps the text as content).
 //
 // Block rules:
-//   * NAME is the text of <function=NAME>, trimmed; it must be non-empty and on one line.
+//   * NAME is the text of <function=NAME>, trimmed; it must be non-empty and on one line, and
+//     the name of one of the request's tools when the schemas were built from a tools array
+//     (a call to a function the client never offered is not a call: issue 17 saw
+//     "_currency" returned for tool_choice "required").
 //   * The function body ends at the last </function>; text other than whitespace after it
 //     makes the block malformed. A missing </function> is tolerated unless
 //     `require_function_end` (used for a block cut off by the end of generation, which is
@@ -68,14 +71,18 @@ struct ParsedToolCall {
 // skipped (the server validates the request, this only looks up types).
 class ToolSchemas {
  public:
-  ToolSchemas() = default;
+  ToolSchemas() = default;  // no tools array: any function name is accepted
   explicit ToolSchemas(const json& tools);
+
+  // Whether a call may name `function`: built from a tools array, only its functions.
+  bool allows(std::string_view function) const;
 
   // The schema of one parameter, or nullptr when the function or the parameter is unknown.
   const json* find_parameter(std::string_view function, const std::string& parameter) const;
 
  private:
   std::map<std::string, json, std::less<>> properties_;  // function name -> "properties"
+  bool checks_names_ = false;                            // built from a tools array
 };
 
 // Parses the text between <tool_call> and </tool_call>; nullopt when it is malformed.

@@ -83,6 +83,14 @@ const json& cases() {
   return all;
 }
 
+// render_chat_request without lily's refusals: the template alone, as jinja2 renders it.
+std::string render_as_template(const json& request) {
+  ChatTemplateOptions options = chat_template_options(request);
+  options.lily_refusals = false;
+  auto field = [&](const char* key) { return request.contains(key) ? request[key] : json(); };
+  return render_chat_template(field("messages"), field("tools"), options);
+}
+
 TEST(chat_template, fixture_corpus_is_large) {
   ASSERT_GE(cases().size(), 40u) << "tests/fixtures/chat/templates/cases.json missing or too small";
 }
@@ -94,7 +102,7 @@ TEST(chat_template, every_fixture_case_matches_jinja2) {
     std::string rendered;
     std::string error;
     try {
-      rendered = render_chat_request(c["request"]);
+      rendered = render_as_template(c["request"]);
     } catch (const TemplateError& e) {
       error = e.what();
     }
@@ -175,6 +183,66 @@ TEST(chat_template, malformed_requests_name_the_field) {
                  "chat_template_kwargs.enable_thinking must be a boolean");
   expect_refusal(R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": []})",
                  "chat_template_kwargs must be an object");
+}
+
+// Issue 17 (8): an image part was rendered as image tokens with nothing behind them and the
+// request answered 200; audio parts got "Unexpected item type in content.".
+TEST(chat_template, regression_media_inputs_are_refused_17) {
+  expect_refusal(R"({"messages": [{"role": "user", "content": [{"type": "text", "text": "what is this?"},
+                    {"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}]})",
+                 "lily has no vision encoder: image inputs are refused (messages[0].content[1] is an image)");
+  expect_refusal(R"({"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "x"},
+                    {"role": "tool", "content": [{"type": "image", "image": "i"}]}]})",
+                 "lily has no vision encoder: image inputs are refused (messages[2].content[0] is an image)");
+  expect_refusal(R"({"messages": [{"role": "user", "content": [{"type": "video", "video": "v"}]}]})",
+                 "lily has no vision encoder: video inputs are refused (messages[0].content[0] is a video)");
+  expect_refusal(R"({"messages": [{"role": "user", "content": [{"type": "input_audio",
+                    "input_audio": {"data": "UklGRg==", "format": "wav"}}]}]})",
+                 "lily has no audio encoder: audio inputs are refused (messages[0].content[0] is audio)");
+  // The template alone still renders the placeholders (lily render --template-only, the corpus).
+  const json messages = parse(R"([{"role": "user", "content": [{"type": "image_url", "image_url": {"url": "u"}}]}])");
+  EXPECT_EQ(render_chat_template(messages, nullptr, {.add_generation_prompt = false, .lily_refusals = false}),
+            "<|im_start|>user\n<|vision_start|><|image_pad|><|vision_end|><|im_end|>\n");
+}
+
+// Issue 17 (12): a lone message with an unknown role was answered "No user query found in
+// messages.", which names neither the message nor the role.
+TEST(chat_template, regression_unknown_role_is_named_17) {
+  expect_refusal(R"({"messages": [{"role": "narrator", "content": "once upon a time"}]})",
+                 "messages[0].role \"narrator\" is not a role lily knows (system, developer, user, assistant, tool)");
+  expect_refusal(R"({"messages": [{"role": "user", "content": "x"}, {"role": "User", "content": "y"}]})",
+                 "messages[1].role \"User\" is not a role lily knows (system, developer, user, assistant, tool)");
+  // Known roles still render, developer as system.
+  EXPECT_EQ(render_chat_request(parse(R"({"messages": [{"role": "developer", "content": "d"},
+                                {"role": "user", "content": "u"}], "add_generation_prompt": false})")),
+            "<|im_start|>system\nd<|im_end|>\n<|im_start|>user\nu<|im_end|>\n");
+}
+
+std::string nested(int levels, const std::string& inner = "1") {
+  return std::string(size_t(levels), '[') + inner + std::string(size_t(levels), ']');
+}
+
+// Issue 17 (1): JSON nested ~25,000 levels in tools[].function.parameters or in tool-call
+// arguments overflowed the stack in the recursive Python-style dumps (SIGSEGV on a worker).
+TEST(chat_template, regression_deep_json_is_refused_not_recursed_17) {
+  const std::string user = R"({"role": "user", "content": "x"})";
+  const std::string deep_tools = R"({"messages": [)" + user +
+                                 R"(], "tools": [{"type": "function", "function": {"name": "f", "parameters": {"p": )" +
+                                 nested(25000) + "}}}]}";
+  // json::parse of the test itself is iterative; the value is then destroyed iteratively too.
+  expect_refusal(deep_tools.c_str(), "tools nest JSON deeper than 128 levels");
+  const std::string deep_message = R"({"messages": [{"role": "user", "content": "x", "extra": )" + nested(25000) +
+                                   "}]}";
+  expect_refusal(deep_message.c_str(), "messages nest JSON deeper than 128 levels");
+  // Arguments as a string are parsed by the template's pre-processing: bounded there.
+  json request = parse(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "",
+                          "tool_calls": [{"function": {"name": "f", "arguments": ""}}]}]})");
+  request["messages"][1]["tool_calls"][0]["function"]["arguments"] = R"({"a": )" + nested(25000) + "}";
+  expect_refusal(request.dump().c_str(),
+                 "messages[1].tool_calls[0].function.arguments nests JSON deeper than 128 levels");
+  // 126 levels inside the object (127 with it) is within the bound and renders.
+  request["messages"][1]["tool_calls"][0]["function"]["arguments"] = R"({"a": )" + nested(126) + "}";
+  EXPECT_NE(render_chat_request(request).find("<parameter=a>\n" + nested(126) + "\n</parameter>"), std::string::npos);
 }
 
 TEST(chat_template, template_errors_are_lily_errors) {

@@ -123,7 +123,8 @@ const json kTools = json::parse(R"([
     "either": {"type": ["integer", "string"]},
     "note": {"type": ["string", "null"]}}}}},
   {"type": "function", "function": {"name": "write_file", "parameters": {"type": "object", "properties": {
-    "path": {"type": "string"}, "text": {"type": "string"}}}}}
+    "path": {"type": "string"}, "text": {"type": "string"}}}}},
+  {"type": "function", "function": {"name": "get_time"}}
 ])");
 
 OutputParserOptions with_tools() {
@@ -231,6 +232,48 @@ TEST(output_parser, TwoToolCallsAndNoArguments) {
   check_stream(
       "Two calls.\n</think>\n\n" + kOsloCall + "\n<tool_call>\n<function=get_time>\n</function>\n</tool_call>\n",
       {"Two calls.", "", {{"get_weather", R"({"city": "Oslo"})"}, {"get_time", "{}"}}}, with_tools());
+}
+
+// Issue 17 (4): tool_choice "required" with several tools returned a call to "_currency", a
+// function not in tools. A call to a function the request did not offer is not a call: the
+// block stays content, verbatim, and a valid call next to it is still returned.
+TEST(output_parser, regression_unknown_function_is_content_17) {
+  const std::string unknown =
+      "<tool_call>\n<function=_currency>\n<parameter=x>\n1\n</parameter>\n</function>\n</tool_call>";
+  check_stream("</think>\n\n" + unknown, {"", unknown, {}}, with_tools());
+  check_stream("</think>\n\n" + kOsloCall + "\n" + unknown, {"", unknown, {{"get_weather", R"({"city": "Oslo"})"}}},
+               with_tools());
+  // Names are compared exactly: a near miss is not the function.
+  const std::string near_miss = "<tool_call>\n<function=Get_Weather>\n</function>\n</tool_call>";
+  check_stream("</think>\n\n" + near_miss, {"", near_miss, {}}, with_tools());
+  // Cut off by the end of generation with its </function>: still checked.
+  const std::string cut = "<tool_call>\n<function=nope>\n</function>";
+  check_stream("</think>\n\n" + cut, {"", cut, {}}, with_tools());
+  // With no tools array there is nothing to check against (the server never parses then).
+  check_stream("</think>\n\n" + unknown, {"", "", {{"_currency", R"({"x": 1})"}}});
+}
+
+// Issue 17 (1): tool-call values are parsed as JSON, and dumped back recursively; a model that
+// writes "[[[[..." thousands deep gets its value kept as text, not a stack overflow.
+TEST(output_parser, regression_deep_value_stays_text_17) {
+  const std::string deep = std::string(20000, '[') + std::string(20000, ']');
+  const std::string call = "<tool_call>\n<function=get_weather>\n<parameter=city>\n" + deep +
+                           "\n</parameter>\n<parameter=tags>\n" + deep + "\n</parameter>\n</function>\n</tool_call>";
+  OutputParser parser(with_tools());
+  ParserOutput out = parser.push("</think>\n\n" + call);
+  ParserOutput end = parser.finish();
+  out.tool_calls.insert(out.tool_calls.end(), end.tool_calls.begin(), end.tool_calls.end());
+  ASSERT_EQ(out.tool_calls.size(), 1u);
+  EXPECT_EQ(out.tool_calls[0].arguments_json, R"({"city": ")" + deep + R"(", "tags": ")" + deep + R"("})");
+  // Within the bound, an array is an array.
+  const std::string shallow = std::string(100, '[') + std::string(100, ']');
+  OutputParser ok(with_tools());
+  ParserOutput a = ok.push("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=tags>\n" + shallow +
+                           "\n</parameter>\n</function>\n</tool_call>");
+  ParserOutput b = ok.finish();
+  a.tool_calls.insert(a.tool_calls.end(), b.tool_calls.begin(), b.tool_calls.end());
+  ASSERT_EQ(a.tool_calls.size(), 1u);
+  EXPECT_EQ(a.tool_calls[0].arguments_json, R"({"tags": )" + shallow + "}");
 }
 
 TEST(output_parser, NoSchemaTriesJsonThenString) {
