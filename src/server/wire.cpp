@@ -3,16 +3,28 @@
 #include <cmath>
 #include <random>
 
+#include "chat/json_limits.h"
 #include "server/errors.h"
 
 namespace lily::server {
 
 json parse_body(const std::string& body) {
-  json j;
-  try {
-    j = json::parse(body);
-  } catch (const json::parse_error& e) {
-    bad_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+  bool too_deep = false;
+  json j = parse_json_bounded(body, kMaxJsonNesting, &too_deep);
+  if (too_deep)
+    bad_request(fmt::format("the request body nests JSON deeper than {} levels", kMaxJsonNesting), "", "invalid_json");
+  if (j.is_discarded()) {
+    // Parsed again for the message only: the bounded parse above says just "not JSON". Its
+    // nesting is bounded now, and a number beyond a double (1e309) throws out_of_range.
+    try {
+      const json reparsed = json::parse(body);
+      (void)reparsed;
+    } catch (const json::out_of_range& e) {
+      bad_request(std::string("the request body holds a number out of range: ") + e.what(), "", "invalid_json");
+    } catch (const json::exception& e) {
+      bad_request(std::string("the request body is not valid JSON: ") + e.what(), "", "invalid_json");
+    }
+    bad_request("the request body is not valid JSON", "", "invalid_json");
   }
   if (!j.is_object()) bad_request("the request body must be a JSON object");
   return j;
@@ -110,6 +122,11 @@ SamplingParams read_sampling(const Fields& f, SamplingParams s) {
   if (auto v = f.number("frequency_penalty", -2, 2)) s.frequency_penalty = float(*v);
   // repetition_penalty (not OpenAI; vLLM, llama.cpp): number > 0, 1 = off.
   if (auto v = f.number("repetition_penalty", 1e-6, 10)) s.repetition_penalty = float(*v);
+  // best_of (legacy completions, vLLM's chat before its V1 engine): integer or null, defaults to
+  // 1. Generates best_of completions server-side and returns the best. lily generates one: a
+  // request for more is refused rather than answered as if it had been honoured.
+  if (auto b = f.integer("best_of", 1, INT32_MAX); b && *b != 1)
+    bad_request("lily generates one completion per request: best_of must be 1", "best_of");
   // seed: integer or null. If specified, repeated requests with the same seed and parameters
   // should return the same result.
   if (const json* v = f.get("seed")) {

@@ -19,7 +19,9 @@ namespace lily::server {
 
 using json = nlohmann::ordered_json;
 
-// The body as a JSON object, or a 400 ("malformed JSON" / "must be an object").
+// The body as a JSON object, or a 400: not valid JSON, JSON nested deeper than kMaxJsonNesting
+// (chat/json_limits.h: nothing recursive downstream can then run out of stack), a number
+// beyond a double's range (1e309), not an object.
 json parse_body(const std::string& body);
 
 class Fields {
@@ -40,7 +42,8 @@ class Fields {
 };
 
 // The sampling fields both completion endpoints share (temperature, top_p, top_k, min_p,
-// presence/frequency/repetition penalties, seed), over the defaults of generation_config.json.
+// presence/frequency/repetition penalties, seed), over the defaults of generation_config.json;
+// best_of other than 1 is refused (lily generates one completion).
 SamplingParams read_sampling(const Fields& f, SamplingParams defaults);
 // stream_options.include_usage (400 when stream_options is given without stream).
 bool read_include_usage(const Fields& f, bool stream);

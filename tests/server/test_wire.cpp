@@ -27,6 +27,66 @@ TEST(Wire, MalformedBodies) {
   EXPECT_TRUE(parse_body("{\"a\": 1}").is_object());
 }
 
+// The message of the 400 that parse_body(body) answers ("" if it accepts the body).
+std::string refusal(const std::string& body) {
+  try {
+    parse_body(body);
+  } catch (const ApiError& e) {
+    EXPECT_EQ(e.status, 400) << e.what();
+    return e.what();
+  }
+  return "";
+}
+
+std::string nested(int levels) { return std::string(size_t(levels), '[') + std::string(size_t(levels), ']'); }
+
+// Issue 17 (1): 25,000 levels of nesting in tools[].function.parameters (50 KB) parsed fine and
+// then overflowed a worker's stack in the template's recursive dumps. Refused while parsing.
+TEST(Wire, regression_deep_nesting_is_a_400_17) {
+  const std::string deep = R"({"messages": [{"role": "user", "content": "x"}], "tools": [{"type": "function",
+      "function": {"name": "f", "parameters": {"type": "object", "properties": {"p": )" +
+                           nested(25000) + "}}}}]}";
+  EXPECT_EQ(refusal(deep), "the request body nests JSON deeper than 128 levels");
+  EXPECT_EQ(refusal(nested(129)), "the request body nests JSON deeper than 128 levels");
+  // 128 containers in all is the bound, objects and arrays alike.
+  EXPECT_EQ(refusal(R"({"a": )" + nested(127) + "}"), "");
+  std::string objects;
+  for (int i = 0; i < 128; ++i) objects += R"({"k": )";
+  objects += "1" + std::string(128, '}');
+  EXPECT_EQ(refusal(objects), "");
+  EXPECT_EQ(refusal(R"({"k": )" + objects + "}"), "the request body nests JSON deeper than 128 levels");
+  // A syntax error before the depth is reached is still named as one.
+  EXPECT_NE(refusal(R"({"a": [1,, )" + nested(1000) + "]}").find("not valid JSON"), std::string::npos);
+}
+
+// Issue 17 (9): a number beyond a double (1e309) anywhere in the body was a 500.
+TEST(Wire, regression_numbers_out_of_range_are_a_400_17) {
+  for (const char* body : {R"({"temperature": 1e309})", R"({"messages": [{"role": "user", "content": "x",
+                           "extra": [1, -1e400]}]})",
+                           R"({"tools": [{"function": {"parameters": {"maximum": 1E999}}}]})"}) {
+    const std::string message = refusal(body);
+    EXPECT_NE(message.find("number out of range"), std::string::npos) << body << ": " << message;
+  }
+  // Integers beyond 64 bits are doubles to nlohmann: in range they parse, beyond 1e308 not.
+  EXPECT_EQ(refusal(R"({"n": 123456789012345678901234567890})"), "");
+  EXPECT_NE(refusal(R"({"n": 1)" + std::string(400, '0') + "}").find("number out of range"), std::string::npos);
+  EXPECT_EQ(refusal(R"({"t": 1e308, "u": -2.2e-308, "v": 5e-324})"), "");
+}
+
+// Issue 17 (12): best_of on chat was accepted and ignored. One completion is all lily makes.
+TEST(Wire, regression_best_of_above_one_is_refused_17) {
+  const SamplingParams defaults;
+  json two{{"best_of", 2}};
+  EXPECT_EQ(refused_param([&] { read_sampling(Fields(two), defaults); }), "best_of");
+  json zero{{"best_of", 0}};
+  EXPECT_EQ(refused_param([&] { read_sampling(Fields(zero), defaults); }), "best_of");
+  json wrong{{"best_of", "3"}};
+  EXPECT_EQ(refused_param([&] { read_sampling(Fields(wrong), defaults); }), "best_of");
+  json one{{"best_of", 1}}, null{{"best_of", nullptr}};
+  EXPECT_NO_THROW(read_sampling(Fields(one), defaults));
+  EXPECT_NO_THROW(read_sampling(Fields(null), defaults));
+}
+
 TEST(Wire, SamplingFieldsOfTheWrongTypeNameTheField) {
   const SamplingParams defaults;
   for (const char* field : {"temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
