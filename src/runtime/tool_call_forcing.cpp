@@ -9,12 +9,12 @@ const json& tool_function(const json& tool) { return tool.contains("function") ?
 std::string forced_call_opening(const ToolChoice& choice, const json& tools) {
   if (choice.mode == ToolChoice::Mode::function) return "<tool_call>\n<function=" + choice.function + ">\n";
   if (choice.mode != ToolChoice::Mode::required) return "";
-  std::string opening = "<tool_call>\n<function=";
   if (tools.is_array() && tools.size() == 1) {
     const json& f = tool_function(tools[0]);
-    if (f.is_object() && f.contains("name") && f["name"].is_string()) opening += f["name"].get<std::string>() + ">\n";
+    if (f.is_object() && f.contains("name") && f["name"].is_string())
+      return "<tool_call>\n<function=" + f["name"].get<std::string>() + ">\n";
   }
-  return opening;
+  return "<tool_call>\n<function";  // not "=": see the header
 }
 
 ToolCallForcing::ToolCallForcing(std::string opening, bool starts_in_reasoning, std::optional<int32_t> think_end)

@@ -4,9 +4,15 @@
 // The forced text is appended to the model's context as if it had written it (the next
 // generation round's prefill computes it) and to the reply's text, so the model must go on
 // with a call:
-//   required  "<tool_call>\n<function=": it picks the function (with one tool there is nothing
+//   required  "<tool_call>\n<function": it picks the function (with one tool there is nothing
 //             to pick, and the opening names it too);
 //   function  "<tool_call>\n<function=NAME>\n": the call is to NAME.
+// Each opening ends where the tokenizer itself ends a token in a written-out call: the
+// pre-tokenizer makes "<function" one piece and "=NAME" the next ("=get" is one token in the
+// Qwen vocabularies), and ">\n" one piece before the next "<". An opening that ended on the
+// "=" put a lone "=" token in the context, which the model never saw before a name: issue 17
+// got "_currency", a function not in tools. Whatever name the model writes, the output parser
+// returns only calls to functions in tools (chat/tool_call_xml.h); a call to another stays text.
 // The opening goes where the answer starts: at once with thinking off, after </think> with
 // thinking on. If the model still writes no parseable call (a tiny model may not), the reply
 // is returned as it is, with finish_reason "stop": nothing constrains what follows the opening.

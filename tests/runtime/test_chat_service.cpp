@@ -172,6 +172,38 @@ TEST(ChatService, AForcedOpeningStartsTheReplyAndARegenerationResumesAtTheBounda
   EXPECT_EQ(again.content, cold.content);
 }
 
+// Issue 17 (4): tool_choice "required" with several tools forced "<tool_call>\n<function=" and
+// got "_currency" back, a function not in tools. The opening now stops before the "=", and
+// only functions in tools come back as calls, with thinking on or off.
+TEST(ChatService, regression_required_with_several_tools_returns_only_their_calls_17) {
+  Fixture f(4096, uint64_t(256) << 20, kLilyTiny);
+  json tools = weather_tools();
+  tools.push_back(json::parse(R"({"type": "function", "function": {"name": "convert_currency",
+      "parameters": {"type": "object", "properties": {"amount": {"type": "number"}}}}})"));
+  const std::vector<int32_t> opening = f.service->tokenizer().encode("<tool_call>\n<function");
+  for (const char* question : {"Convert 20 euros to dollars"}) {
+    for (bool thinking : {false, true}) {
+      ChatRequest r = greedy_request(json::array({json{{"role", "user"}, {"content", question}}}), 160);
+      r.tools = tools;
+      r.tool_choice = {ToolChoice::Mode::required, ""};
+      r.template_options.enable_thinking = thinking;
+      const CompletionResult res = run(*f.service, r);
+      if (!thinking) {
+        EXPECT_EQ(slice(res.tokens, 0, opening.size()), opening) << question;
+      }
+      for (const ToolCall& call : res.tool_calls) {
+        EXPECT_TRUE(call.name == "get_weather" || call.name == "get_time" || call.name == "convert_currency")
+            << question << ": a call to " << call.name;
+      }
+      if (!res.tool_calls.empty()) {
+        EXPECT_EQ(res.finish_reason, "tool_calls");
+      }
+      std::printf("  required, thinking %d: %s -> %s\n", int(thinking), question,
+                  res.tool_calls.empty() ? res.content.c_str() : res.tool_calls[0].name.c_str());
+    }
+  }
+}
+
 TEST(ChatService, WithThinkingTheNamedCallFollowsTheModelsThinkEnd) {
   Fixture f(4096, uint64_t(256) << 20, kLilyTiny);
   const Tokenizer& tokenizer = f.service->tokenizer();

@@ -5,7 +5,10 @@
 
 #include "runtime/tool_call_forcing.h"
 
+#include <algorithm>
+
 #include "base/error.h"
+#include "tokenizer/tokenizer.h"
 
 namespace lily {
 namespace {
@@ -30,14 +33,41 @@ TEST(ForcedCallOpening, ANamedFunctionIsWrittenOutWithItsLineEnd) {
 }
 
 TEST(ForcedCallOpening, RequiredLeavesTheNameToTheModelUnlessThereIsOneTool) {
-  EXPECT_EQ(forced_call_opening({ToolChoice::Mode::required, ""}, tools_named({"a", "b"})), "<tool_call>\n<function=");
+  EXPECT_EQ(forced_call_opening({ToolChoice::Mode::required, ""}, tools_named({"a", "b"})), "<tool_call>\n<function");
   EXPECT_EQ(forced_call_opening({ToolChoice::Mode::required, ""}, tools_named({"only"})),
             "<tool_call>\n<function=only>\n");
   // A tools entry may be the function itself; one without a string name leaves the name open.
   EXPECT_EQ(forced_call_opening({ToolChoice::Mode::required, ""}, json::array({json{{"name", "bare"}}})),
             "<tool_call>\n<function=bare>\n");
   EXPECT_EQ(forced_call_opening({ToolChoice::Mode::required, ""}, json::array({json{{"name", 3}}})),
-            "<tool_call>\n<function=");
+            "<tool_call>\n<function");
+}
+
+// Issue 17 (4): the opening for "required" ended on "=", a token the tokenizer never produces
+// before a name ("=get" is one token), and the model went on with "_currency". Every opening
+// must encode to a prefix of the encoding of the call it opens, on a tokenizer trained with the
+// Qwen3.6 pipeline (models/lily-tiny), for names of every shape.
+TEST(ForcedCallOpening, regression_opening_ends_on_a_token_boundary_17) {
+  const Tokenizer tokenizer = Tokenizer::load(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny/tokenizer.json");
+  const char* names[] = {"get_weather", "convert_currency", "_currency", "a", "f-1", "Run", "x2y", "名前", "9lives"};
+  json tools = json::array();
+  for (const char* name : names) tools.push_back(json{{"type", "function"}, {"function", {{"name", name}}}});
+  for (const char* name : names) {
+    const std::string call = "<tool_call>\n<function=" + std::string(name) +
+                             ">\n<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>";
+    const std::vector<int32_t> whole = tokenizer.encode(call);
+    auto is_token_prefix = [&](const std::string& opening) {
+      const std::vector<int32_t> head = tokenizer.encode(opening);
+      return call.starts_with(opening) && head.size() <= whole.size() &&
+             std::equal(head.begin(), head.end(), whole.begin());
+    };
+    const std::string required = forced_call_opening({ToolChoice::Mode::required, ""}, tools);
+    EXPECT_TRUE(is_token_prefix(required)) << name << ": \"" << required << "\" is not a token prefix of the call";
+    const std::string named = forced_call_opening({ToolChoice::Mode::function, name}, tools);
+    EXPECT_TRUE(is_token_prefix(named)) << name << ": \"" << named << "\" is not a token prefix of the call";
+    const std::string single = forced_call_opening({ToolChoice::Mode::required, ""}, tools_named({name}));
+    EXPECT_EQ(single, named);
+  }
 }
 
 TEST(ToolCallForcing, ThinkingOffForcesAtTheStartAndNeverWaits) {
