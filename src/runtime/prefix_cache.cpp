@@ -1,6 +1,8 @@
 #include "runtime/prefix_cache.h"
 
 #include <algorithm>
+#include <fstream>
+#include <string>
 
 #include "base/error.h"
 
@@ -24,9 +26,41 @@ uint64_t CachedSequence::memory_bytes() const {
   return n;
 }
 
+uint64_t SessionCacheBudget::state_bytes(const ModelConfig& c, int64_t context) {
+  const uint64_t attention_layers = uint64_t(c.num_layers_of(LayerKind::full_attention));
+  const uint64_t deltanet_layers = uint64_t(c.num_layers_of(LayerKind::linear_attention));
+  // KV: k and v rows of [kv_heads, head_dim] per token and attention layer.
+  const uint64_t kv = attention_layers * uint64_t(std::max<int64_t>(context, 0)) * 2 * uint64_t(c.attention_kv_width());
+  // DeltaNet: the conv window [conv_dim, kernel] and the recurrent state [v_heads, k_dim, v_dim].
+  const uint64_t recurrent = deltanet_layers * (uint64_t(c.linear_conv_dim()) * uint64_t(c.linear_conv_kernel_dim) +
+                                                uint64_t(c.linear_num_value_heads) * uint64_t(c.linear_key_head_dim) *
+                                                    uint64_t(c.linear_value_head_dim));
+  return 4 * (kv + recurrent * (1 + PrefixCache::kMaxSnapshotsPerSequence));
+}
+
+uint64_t SessionCacheBudget::limit(const ModelConfig& c, int64_t context, uint64_t free_bytes) {
+  const uint64_t states = kCachedStates * state_bytes(c, context);
+  if (states == 0) return 0;
+  return free_bytes > 0 ? std::min(states, free_bytes / 4) : states;
+}
+
+uint64_t available_host_memory() {
+  std::ifstream in("/proc/meminfo");
+  std::string key, unit;
+  uint64_t value = 0;
+  while (in >> key >> value >> unit) {
+    if (key == "MemAvailable:") return value * 1024;  // kB
+  }
+  return 0;
+}
+
 PrefixCache::PrefixCache(Backend& backend, int64_t capacity, uint64_t budget_bytes)
     : backend_(backend), capacity_(capacity), budget_(budget_bytes) {
   LILY_CHECK(capacity > 0, "the context size must be positive, got {}", capacity);
+  const uint64_t free_bytes = backend.name() == "cpu" ? available_host_memory() : 0;
+  if (const uint64_t limit = SessionCacheBudget::limit(backend.config(), capacity, free_bytes); limit > 0)
+    budget_ = std::min(budget_, limit);
+  else if (budget_ == kAutoBudget) budget_ = free_bytes / 4;  // the state size is unknown: the memory rule alone
 }
 
 int64_t PrefixCache::resumable_length(const CachedSequence& sequence, std::span<const int32_t> prompt) {

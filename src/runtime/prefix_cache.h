@@ -46,11 +46,32 @@ struct PrefixCacheStats {
   uint64_t budget_bytes = 0;
 };
 
+// The memory budget a session cache of this model can use, from the model's state size and the
+// memory that is free:
+//   * at most kCachedStates whole conversations: kCachedStates x (a state at the full context
+//     + kMaxSnapshotsPerSequence snapshots of its recurrent part), fp32 (the CPU backend's
+//     layout; the CUDA backend keeps its KV cache in bf16, so there it is an upper bound);
+//   * at most a quarter of `free_bytes`, the memory free where the states live (0: unknown).
+// 0 when the model's state size is unknown (a config without layers: the tests' fake backend).
+struct SessionCacheBudget {
+  static constexpr uint64_t kCachedStates = 8;
+  static uint64_t state_bytes(const ModelConfig& config, int64_t context);  // one full-context state + snapshots
+  static uint64_t limit(const ModelConfig& config, int64_t context, uint64_t free_bytes);
+};
+
+// MemAvailable of /proc/meminfo, in bytes (0 when it cannot be read).
+uint64_t available_host_memory();
+
 class PrefixCache {
  public:
   static constexpr size_t kMaxSnapshotsPerSequence = 8;
+  // A budget of "as much as the model and the memory allow" (SessionCacheBudget::limit).
+  static constexpr uint64_t kAutoBudget = UINT64_MAX;
 
-  // capacity: the length limit of every state it creates (the context size).
+  // capacity: the length limit of every state it creates (the context size). The budget is
+  // `budget_bytes` capped by SessionCacheBudget::limit (free memory: the host's for the CPU
+  // backend; unknown for the others, whose states live on the device). A fixed 4 GiB used to
+  // be the budget whatever the model: 130 states of lily-tiny, 2 of the real model.
   PrefixCache(Backend& backend, int64_t capacity, uint64_t budget_bytes);
 
   // A sequence ready to extend to `prompt`: the cached one that resumes the most tokens,

@@ -5,6 +5,8 @@
 
 #include "runtime/prefix_cache.h"
 
+#include "model/config.h"
+
 namespace lily {
 namespace {
 
@@ -161,6 +163,29 @@ TEST(PrefixCache, KeepsABoundedNumberOfSnapshots) {
   extend(b, seq, t, points);
   EXPECT_EQ(seq.snapshots.size(), PrefixCache::kMaxSnapshotsPerSequence);
   EXPECT_EQ(seq.snapshots.back()->length(), 39);
+}
+
+// Issue 17 (12): the session cache could grow to 4 GiB whatever the model (130 full states of
+// lily-tiny). Its budget comes from the model's state size and the free memory.
+TEST(PrefixCache, regression_budget_follows_the_models_state_size_17) {
+  FakeBackend b;
+  b.c = load_model_config(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  // 2 attention layers x 4096 tokens x (k, v) x 256; 6 DeltaNet layers x (conv 1024 x 4 +
+  // state 4 x 128 x 128) x (the state + 8 snapshots); fp32.
+  const uint64_t state = 4 * (2ull * 4096 * 2 * 256 + 6ull * (1024 * 4 + 4 * 128 * 128) * 9);
+  EXPECT_EQ(SessionCacheBudget::state_bytes(b.c, 4096), state);
+  EXPECT_EQ(SessionCacheBudget::limit(b.c, 4096, 0), 8 * state);
+  EXPECT_EQ(SessionCacheBudget::limit(b.c, 4096, 400ull << 20), 100ull << 20);  // a quarter of what is free
+  PrefixCache four_gib(b, 4096, 4ull << 30);
+  EXPECT_EQ(four_gib.stats().budget_bytes, 8 * state);
+  PrefixCache automatic(b, 4096, PrefixCache::kAutoBudget);
+  EXPECT_EQ(automatic.stats().budget_bytes, 8 * state);
+  PrefixCache small(b, 4096, 1 << 20);  // a smaller budget asked for is kept
+  EXPECT_EQ(small.stats().budget_bytes, 1u << 20);
+  // The fake config without layers has no state size: the budget is what was asked.
+  FakeBackend unknown;
+  EXPECT_EQ(PrefixCache(unknown, 64, 4ull << 30).stats().budget_bytes, 4ull << 30);
+  EXPECT_GT(available_host_memory(), 0u);
 }
 
 }  // namespace
