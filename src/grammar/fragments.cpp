@@ -90,14 +90,13 @@ struct PatternAutomaton {
       LILY_CHECK(!p.empty(), "grammar: an empty pattern");
       int32_t n = 0;
       for (char c : p) {
-        int32_t& slot = child[size_t(n)][uint8_t(c)];
-        if (slot < 0) {
-          slot = int32_t(child.size());
-          child.emplace_back();
+        if (child[size_t(n)][uint8_t(c)] < 0) {
+          child[size_t(n)][uint8_t(c)] = int32_t(child.size());
+          child.emplace_back();  // may move the rows: no reference into them is held
           child.back().fill(-1);
           done.push_back(0);
         }
-        n = slot;
+        n = child[size_t(n)][uint8_t(c)];
       }
       done[size_t(n)] = 1;
     }

@@ -6,6 +6,7 @@
 #include <memory>
 
 #include "chat/tool_call_xml.h"
+#include "grammar/fragments.h"
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
 #include "json_reference.h"
@@ -264,6 +265,23 @@ TEST(GrammarMatcher, ToolChoiceNoneNeverStartsToolMarkup) {
   EXPECT_TRUE(m.accept_bytes("a <tool_cal"));
   EXPECT_FALSE(m.accept_bytes("l>"));
   EXPECT_TRUE(m.accept_bytes("l"));
+}
+
+// The pattern automaton held a reference into its rows while adding one (a use after free that
+// ASan showed on the first pattern long enough to move them).
+TEST(GrammarMatcher, regression_pattern_automaton_growth_18) {
+  std::vector<std::string> patterns;
+  for (int i = 0; i < 40; ++i) patterns.push_back("<pattern number " + std::to_string(i) + ">");
+  GrammarBuilder b;
+  b.set_body(0, text_avoiding(b, patterns));
+  auto g = std::make_shared<const CompiledGrammar>(b.build(), synthetic_vocabulary());
+  for (int i = 0; i < 40; i += 7) {
+    GrammarMatcher m(g);
+    EXPECT_TRUE(m.accept_bytes("text <pattern number " + std::to_string(i)));
+    EXPECT_FALSE(m.accept_bytes(">"));
+    EXPECT_TRUE(m.accept_bytes(" >"));
+    EXPECT_TRUE(m.is_accepting());
+  }
 }
 
 TEST(GrammarMatcher, ApplyBitmaskLeavesOnlyTheAllowedLogits) {
