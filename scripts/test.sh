@@ -8,6 +8,10 @@
 #                   build-sanitize/: the CPU code and its tests under AddressSanitizer (leaks
 #                   included) and UndefinedBehaviorSanitizer, no CUDA, no benchmarks; ctest. Any
 #                   report fails the test that ran into it; the server tests run the sanitized `lily serve`.
+#   fuzz-build, fuzz
+#                   build-fuzz/: the libFuzzer harnesses of tests/fuzz (clang, ASan + UBSan), then
+#                   each for LILY_FUZZ_SECONDS (default 30) from its committed seed corpus
+#                   (tests/fuzz/run.sh; a finding fails the phase). docs/fuzzing.md: the long runs.
 # Arguments go to both ctest runs (scripts/test.sh -R tokenizer). LILY_BUILD_DIR and
 # LILY_SANITIZE_BUILD_DIR name other build folders; LILY_CMAKE_ARGS adds cmake arguments to the
 # main build (-DLILY_CUDA=OFF).
@@ -50,10 +54,25 @@ sanitize_test() {
     -E '^LilyTiny\.HeldOutArithmeticWithThinking$' "$@"
 }
 
+# The fuzzers link only what they test (model, tokenizer, chat, and the server's and runtime's
+# files that read a request): no backend, no HTTP transport, so this build stays small.
+fuzz_dir=${LILY_FUZZ_BUILD_DIR:-build-fuzz}
+fuzz_build() {
+  if ! command -v clang++ >/dev/null; then
+    echo "fuzz-build: clang++ not found; the fuzzers need the Debian packages clang and libclang-rt-14-dev" >&2
+    return 1
+  fi
+  CC=clang CXX=clang++ cmake -B "$fuzz_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=OFF -DLILY_BENCH=OFF \
+    -DLILY_TESTS=OFF -DLILY_FUZZ=ON -DLILY_SANITIZE=address,undefined >/dev/null
+  cmake --build "$fuzz_dir" -j "$(nproc)" --target lily_fuzzers
+}
+
 phase setup bash scripts/setup.sh
 phase format bash scripts/check_format.sh
 phase build build
 phase test ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
 phase sanitize-build sanitize_build
 phase sanitize-test sanitize_test "$@"
+phase fuzz-build fuzz_build
+phase fuzz bash tests/fuzz/run.sh "$fuzz_dir" "${LILY_FUZZ_SECONDS:-30}"
 printf '%s\n' "== times" "${times[@]}"
