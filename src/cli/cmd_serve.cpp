@@ -76,6 +76,8 @@ int run_serve(ServeArgs& a) {
   }
   a.server.max_body_bytes = a.max_body_mib << 20;
   server::Server server(a.server);  // binds now: "cannot listen on ..." before a long load
+  std::fprintf(stderr, "lily serve: bound to %s; loading the model (GET /health answers 503 until it is loaded)\n",
+               server.url().c_str());
   std::unique_ptr<Engine> engine;
   std::optional<ChatService> service;
   {

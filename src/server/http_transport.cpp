@@ -30,7 +30,7 @@ using Clock = std::chrono::steady_clock;
 namespace {
 
 constexpr size_t kBacklogBytes = 256 << 10;  // a streaming writer waits while this much is unsent
-constexpr size_t kLingerBytes = 16 << 20;    // discarded after refusing an unread body
+constexpr size_t kLingerBytes = 64 << 20;    // discarded after refusing an unread request
 constexpr auto kLingerTime = std::chrono::seconds(2);
 constexpr auto kHeartbeatCheck = std::chrono::seconds(1);
 
@@ -111,6 +111,7 @@ class Session final : public std::enable_shared_from_this<Session> {
       : stream_(std::move(socket)),
         t_(t),
         heartbeat_(stream_.get_executor()),
+        deadline_(stream_.get_executor()),
         buffer_(t.limits.max_header_bytes + 4096) {
     ++t_.connections;
     fd_ = stream_.socket().native_handle();
@@ -143,6 +144,7 @@ class Session final : public std::enable_shared_from_this<Session> {
     stream_.socket().shutdown(tcp::socket::shutdown_both, ec);
     stream_.cancel();
     heartbeat_.cancel();
+    deadline_.cancel();
     std::lock_guard lock(mutex_);
     failed_ = true;
     drained_.notify_all();
@@ -326,7 +328,7 @@ class Session final : public std::enable_shared_from_this<Session> {
       close_after_ = false;
     }
     if (buffer_.size() > 0) return read_head();
-    stream_.expires_after(millis(t_.limits.idle_timeout));
+    arm_deadline(t_.limits.idle_timeout);
     stream_.async_read_some(buffer_.prepare(4096), [self = shared_from_this()](beast::error_code ec, size_t n) {
       if (ec) return self->close();  // idled out, or the client left between requests
       self->buffer_.commit(n);
@@ -334,9 +336,24 @@ class Session final : public std::enable_shared_from_this<Session> {
     });
   }
 
+  // The reads' deadline: when it passes, the pending read is cancelled (its socket stays open,
+  // so that a request too slow to arrive is answered 408 before the connection closes).
+  // Beast's own stream timeout would close the socket first.
+  void arm_deadline(double seconds) {
+    stream_.expires_never();  // the last write's timeout does not apply to the reads
+    deadline_hit_ = false;
+    deadline_.expires_after(millis(seconds));
+    deadline_.async_wait([self = shared_from_this()](beast::error_code ec) {
+      if (ec) return;  // re-armed or cancelled
+      self->deadline_hit_ = true;
+      beast::error_code ignored;
+      self->stream_.socket().cancel(ignored);
+    });
+  }
+
   void read_head() {
     idle_ = false;
-    stream_.expires_after(millis(t_.limits.read_timeout));  // for the whole request, body included
+    arm_deadline(t_.limits.read_timeout);  // for the whole request, body included
     http::async_read_header(stream_, buffer_, *parser_,
                             [self = shared_from_this()](beast::error_code ec, size_t) { self->on_head(ec); });
   }
@@ -397,7 +414,8 @@ class Session final : public std::enable_shared_from_this<Session> {
   void on_body(beast::error_code ec);
 
   void read_failed(beast::error_code ec) {
-    if (ec == beast::error::timeout) {
+    deadline_.cancel();
+    if (deadline_hit_) {
       return refuse(408,
                     fmt::format("the request did not arrive within {} s of its first byte", t_.limits.read_timeout));
     }
@@ -448,6 +466,7 @@ class Session final : public std::enable_shared_from_this<Session> {
   beast::tcp_stream stream_;
   HttpTransport::Impl& t_;
   net::steady_timer heartbeat_;
+  net::steady_timer deadline_;  // of the read in progress (arm_deadline)
   beast::flat_buffer buffer_;
   std::list<std::weak_ptr<Session>>::iterator registered_;
   std::optional<http::request_parser<http::string_body>> parser_;
@@ -457,6 +476,7 @@ class Session final : public std::enable_shared_from_this<Session> {
   bool idle_ = true;           // waiting for the next request
   bool body_unread_ = false;   // the request's body is still on the wire
   bool head_request_ = false;  // HEAD: no body in the response
+  bool deadline_hit_ = false;  // the read was cancelled by its deadline
   std::string inflight_;       // the bytes of the write in flight
   Clock::time_point linger_deadline_;
   size_t lingered_ = 0;
@@ -506,7 +526,7 @@ class SessionExchange final : public Exchange {
 void Session::on_body(beast::error_code ec) {
   if (ec) return read_failed(ec);
   body_unread_ = false;
-  stream_.expires_never();
+  deadline_.cancel();
   HttpRequest request = std::move(head_);
   head_ = HttpRequest();
   request.body = std::move(parser_->get().body());

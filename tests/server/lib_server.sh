@@ -12,7 +12,7 @@ start_lily_server() {
   LILY_PID=$!
   LILY_URL=""
   for _ in $(seq 1 300); do
-    LILY_URL=$(grep -o 'http://[^ ]*' "$log" | head -1 || true)
+    LILY_URL=$(grep -o 'listening on http://[^ ]*' "$log" | head -1 | cut -d' ' -f3 || true)
     if [ -n "$LILY_URL" ] && curl -sf "$LILY_URL/health" >/dev/null 2>&1; then return 0; fi
     if ! kill -0 "$LILY_PID" 2>/dev/null; then break; fi
     sleep 0.1
