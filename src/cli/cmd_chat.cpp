@@ -11,7 +11,9 @@
 #include <atomic>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <iostream>
+#include <string_view>
 
 #include "base/error.h"
 #include "cli/command.h"
@@ -79,11 +81,18 @@ Session open_session(const ModelOptions& model, int64_t ctx_size) {
   return s;
 }
 
+// Whether `out` takes ANSI escapes: a terminal, not TERM=dumb, no NO_COLOR (https://no-color.org).
+// A pipe or a file gets plain text.
+bool ansi(FILE* out) {
+  const char* term = std::getenv("TERM");
+  return isatty(fileno(out)) && !std::getenv("NO_COLOR") && !(term && std::string_view(term) == "dumb");
+}
+
 // Prints a streamed reply: reasoning dimmed (on a terminal) and apart, then the answer.
 class ReplyPrinter {
  public:
   ReplyPrinter(FILE* reasoning_out, FILE* answer_out) : rout_(reasoning_out), aout_(answer_out) {
-    dim_ = isatty(fileno(reasoning_out));
+    dim_ = ansi(reasoning_out);
   }
   bool operator()(const ChatDelta& d) {
     if (!d.reasoning.empty()) {
@@ -198,10 +207,12 @@ int run_chat(const ChatArgs& a) {
       reply["tool_calls"] = calls;
     }
     messages.push_back(reply);
-    std::fprintf(stderr, "\x1b[2m[%lld prompt tokens (%lld cached), %lld generated, %.1f tokens/s]\x1b[0m\n",
-                 (long long)r.usage.prompt_tokens, (long long)r.usage.cached_tokens,
+    const bool dim = ansi(stderr);
+    std::fprintf(stderr, "%s[%lld prompt tokens (%lld cached), %lld generated, %.1f tokens/s]%s\n",
+                 dim ? "\x1b[2m" : "", (long long)r.usage.prompt_tokens, (long long)r.usage.cached_tokens,
                  (long long)r.usage.completion_tokens,
-                 r.timings.decode_seconds > 0 ? double(r.timings.decoded_tokens) / r.timings.decode_seconds : 0.0);
+                 r.timings.decode_seconds > 0 ? double(r.timings.decoded_tokens) / r.timings.decode_seconds : 0.0,
+                 dim ? "\x1b[0m" : "");
   }
   std::fputc('\n', stdout);
   return 0;

@@ -38,6 +38,23 @@ TEST(Cli, ChatHandlesTurnsAndCommands) {
   EXPECT_NE(out.find("commands: /reset"), std::string::npos) << out;
 }
 
+TEST(Cli, regression_chat_piped_ansi_17) {
+  // Piped (stdout and stderr not a terminal): plain text, no ANSI escape anywhere.
+  const std::string cmd = "printf 'Hello\\nAgain\\n' | TERM=xterm-256color " + std::string(LILY_BINARY) + " chat -m " +
+                          kModel + " -n 6 --temperature 0 2>&1";
+  auto [status, out] = run(cmd);
+  EXPECT_EQ(status, 0);
+  EXPECT_NE(out.find("prompt tokens"), std::string::npos) << out;
+  EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+}
+
+TEST(Cli, regression_serve_port_range_17) {
+  auto [status, out] = run(std::string(LILY_BINARY) + " serve -m " + kModel + " --port 99999 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--port"), std::string::npos) << out;
+  EXPECT_EQ(out.find("listening"), std::string::npos) << out;
+}
+
 TEST(Cli, ServeFailsCleanlyWhenItCannotListen) {
   // An address that cannot be bound: the server must fail with a message, not hang.
   auto [status, out] = run(std::string(LILY_BINARY) + " serve -m " + kModel + " --host 256.0.0.1 --port 1 2>&1");
