@@ -86,14 +86,16 @@ class Session;
 struct HttpTransport::Impl {
   RequestHandler& handler;
   TransportLimits limits;
-  net::io_context ioc;
-  tcp::acceptor acceptor{ioc};
-  std::vector<std::thread> threads;
   std::atomic<bool> accepting{true};
   std::atomic<size_t> connections{0}, responses{0};
   bool loopback = false;
   std::mutex sessions_mutex;
   std::list<std::weak_ptr<Session>> sessions;
+  // After the sessions' bookkeeping: the io_context is destroyed first, and the handlers it
+  // still holds destroy their sessions, which unregister themselves from the list above.
+  net::io_context ioc;
+  tcp::acceptor acceptor{ioc};
+  std::vector<std::thread> threads;
 
   Impl(RequestHandler& h, TransportLimits l) : handler(h), limits(l) {}
   void accept();
