@@ -18,6 +18,7 @@
 #include "runtime/generate.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/bench/cuda_bench.h"
+#include "backend/cuda/common/kernel_trace.h"
 #include "backend/cuda/cuda_backend.h"
 #endif
 
@@ -37,6 +38,7 @@ struct BenchArgs {
   std::string plot;                   // PNG path, empty: no plot
   std::string decode_loop = "graph";  // graph | generate (see the option's help)
   std::string decode_skip;            // parts left out of the decode step (measurement only)
+  std::string decode_trace;           // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
 };
 
 double now_seconds() {
@@ -109,12 +111,33 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
 }
 
 #ifdef LILY_HAVE_CUDA
+constexpr int kTracedSteps = 3;
+
+// `steps` more greedy steps with the kernel trace armed; every block's record to `path`.
+void trace_decode_steps(CudaBackend& backend, SequenceState& state, int steps, const std::string& path,
+                        const std::string& comment) {
+  cuda::trace::Session session(1u << 19);
+  backend.decode_greedy(state, 1, steps);
+  uint64_t dropped = 0;
+  const auto records = session.collect(&dropped);
+  LILY_CHECK(dropped == 0, "--decode-trace: {} records did not fit the log", dropped);
+  cuda::trace::write_csv(path, records, comment);
+  std::fprintf(stderr, "wrote %zu block records of %d steps to %s\n", records.size(), steps, path.c_str());
+}
+
+// FILE for one depth; FILE with -DEPTH before its extension for several.
+std::string trace_path(const std::string& path, int32_t depth, size_t depths) {
+  if (depths == 1) return path;
+  const std::filesystem::path p(path);
+  return (p.parent_path() / (p.stem().string() + "-" + std::to_string(depth) + p.extension().string())).string();
+}
+
 std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32_t>& depths, int n, int repeats,
-                                   double peak_bytes_per_second) {
+                                   double peak_bytes_per_second, const std::string& trace) {
   const ModelConfig& c = backend.config();
   std::vector<Row> rows;
   for (int32_t D : depths) {
-    auto state = backend.new_sequence(int64_t(D) + 16 + int64_t(repeats) * n + 1);
+    auto state = backend.new_sequence(int64_t(D) + 16 + int64_t(repeats) * n + kTracedSteps + 1);
     cuda::bench::fake_fill(*state, D);
     backend.decode_greedy(*state, 1, 16);  // warm-up, captures the step graph
     std::vector<double> times;
@@ -128,6 +151,10 @@ std::vector<Row> bench_decode_cuda(CudaBackend& backend, const std::vector<int32
     double gbps = decode_bytes_per_token(c, D) / t / 1e9;
     rows.push_back({"decode", D, t, 1 / t, gbps, 100.0 * gbps * 1e9 / peak_bytes_per_second});
     std::fprintf(stderr, "decode at depth %7d: %.3f ms/token\n", D, t * 1e3);
+    if (!trace.empty())
+      trace_decode_steps(backend, *state, kTracedSteps, trace_path(trace, D, depths.size()),
+                         fmt::format("lily bench --decode-trace: {} steps at depth {}, untraced {:.3f} ms/step",
+                                     kTracedSteps, D, t * 1e3));
   }
   return rows;
 }
@@ -217,6 +244,8 @@ int run_bench(const BenchArgs& a) {
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
   const bool generate_loop = a.decode_loop == "generate";
+  LILY_CHECK(!generate_loop || a.decode_trace.empty(),
+             "--decode-trace traces the graph loop, not --decode-loop generate");
   if (!a.plot.empty()) {  // fail before the sweep, not after it
     const auto plot_dir = std::filesystem::absolute(a.plot).parent_path();
     LILY_CHECK(std::filesystem::is_directory(plot_dir), "--plot {}: no directory {}", a.plot, plot_dir.string());
@@ -250,8 +279,9 @@ int run_bench(const BenchArgs& a) {
     }
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
-    auto d = generate_loop ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
-                           : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak);
+    auto d = generate_loop
+                 ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
+                 : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak, a.decode_trace);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   } else
@@ -259,6 +289,7 @@ int run_bench(const BenchArgs& a) {
   {
     LILY_CHECK(!a.synthetic, "--synthetic needs the CUDA backend (this build or machine has none)");
     LILY_CHECK(a.decode_skip.empty(), "--decode-skip needs the CUDA backend");
+    LILY_CHECK(a.decode_trace.empty(), "--decode-trace needs the CUDA backend");
     auto engine = a.model.load_engine();
     title = a.model.resolved_model_dir() + " on " + engine->backend().name();
     auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
@@ -315,6 +346,10 @@ CommandRegistration bench_command{
                       "Measurement only, WRONG outputs: leave these parts out of every CUDA decode step (comma "
                       "separated: embed, in_proj, mixer, out_proj, moe or route, gate_up, down, advance, lm_head); the "
                       "difference in time is their cost inside the graph");
+       sub.add_option("--decode-trace", a->decode_trace,
+                      "Measurement only, in a build configured with -DLILY_KERNEL_TRACE=ON: after each depth's "
+                      "timing, trace 3 more decode steps block by block into this CSV (-DEPTH added for several "
+                      "depths); tools/decode_trace.py summarizes it");
        sub.add_flag("--json", a->json, "Print JSON instead of a table");
        sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
        return [a] { return run_bench(*a); };

@@ -9,6 +9,7 @@
 //           a time per device.
 // Tested:   tests/cuda/test_norm.cu (Argmax*: ties, limits, NaN) against host loops.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/decode/next_token.h"
 
@@ -56,8 +57,10 @@ __device__ __forceinline__ void block_argmax(float& v, int& i) {
 }
 
 __global__ void __launch_bounds__(kArgmaxThreads) argmax_kernel(const float* logits, int vocab, int32_t* out) {
+  trace::BlockTrace trace(trace::kind_argmax);
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
   // Each thread scans ascending indices, so a strict > keeps the lowest index of a tie.
   float v = -INFINITY;
   int i = INT_MAX;

@@ -35,6 +35,7 @@
 //           many steps, small capacities, 69K keys, the caller's scratch).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 
 #include "backend/cuda/common/attention_common.cuh"
@@ -78,8 +79,10 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int max_spli
 }
 
 __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs p, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_split);
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
   extern __shared__ uint4 split_smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);      // [kStages][64 keys][kRowStride]
   uint16_t* Vs = Ks + kStages * kTileElems;                    // [kStages][64 keys][kRowStride]
@@ -227,6 +230,7 @@ __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnA
   }
   cp_async_wait<0>();
   __syncthreads();  // the pipeline's shared memory becomes the merge buffer
+  trace.mark(4);
 
   // Merge the 4 warps (fixed order) into this split's partials.
   l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
@@ -264,8 +268,10 @@ __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnA
 }
 
 __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_combine);
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
   extern __shared__ float w_s[];  // [S] weights 2^(m_s - M)
   __shared__ float red_s[kCombineWarps][kCombineDims];
   __shared__ float part_s[kCombineWarps];

@@ -22,6 +22,7 @@
 //           decode steps alone and after prefills.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/deltanet_common.cuh"
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/decode/deltanet_decode.h"
 
@@ -36,6 +37,7 @@ using namespace deltanet_detail;
 
 template <int K>
 __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
+  trace::BlockTrace trace(trace::kind_deltanet);
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
   __shared__ float red[2][4][kCols];
@@ -71,6 +73,7 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   const float wc = p.norm_weight[col], A_log = p.A_log[h], dt_bias = p.dt_bias[h];
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   const float zc = p.z[h * kHeadDim + col];
   float alpha, beta;  // loaded here with z and mixed: one round of loads after the wait, not two
@@ -98,10 +101,12 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   q_s[tid] = uq * inv_q;
   k_s[tid] = uk * inv_k;
   __syncthreads();
+  trace.mark(2);
 
   const float o = delta_step(s, q_s, k_s, v_s[lane], alpha, beta, red);
 #pragma unroll
   for (int i = 0; i < kRows; ++i) S[size_t(i) * kHeadDim] = s[i];
+  trace.mark(4);
 
   if (warp == 0) {
     const float ss = warp_sum(o * o);

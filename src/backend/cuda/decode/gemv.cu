@@ -26,6 +26,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/block_rms.cuh"
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
@@ -60,6 +61,7 @@ struct RmsNormGemvParams {
 
 template <int BITS, int LPR, bool NORM, bool ACC>
 __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGemvParams p) {
+  trace::BlockTrace trace(trace::kind_staged_gemv);
   {  // This thread's first chunks into L2 while the predecessor finishes: weights depend on nothing.
     constexpr int kCodes = 128 / BITS;
     const int cpr = p.cols / kCodes, lane = threadIdx.x % 32, sub = lane % LPR;
@@ -74,6 +76,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
   }
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
   constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   __shared__ float4 xs[kNormMaxCols / 4];
   __shared__ float partial[kNormThreads / 32];
@@ -104,6 +107,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) staged_gemv_kernel(RmsNormGem
     }
   }
   __syncthreads();
+  trace.mark(2);
 
   const int cpr = p.cols / kCodes, gpr = p.cols / 64;
   const int64_t cpr64 = cpr;
@@ -162,6 +166,7 @@ constexpr int kMmaPairs = 2;  // pairs of blocks (256 columns each) per warp
 
 template <int KSPLIT, bool NORM, bool ACC>
 __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvParams p) {
+  trace::BlockTrace trace(trace::kind_mma_gemv);
   using namespace quant_mma;
   constexpr int kWarps = kNormThreads / 32, kTilesPerTask = kWarps / KSPLIT;
   __shared__ __align__(16) float xs[kNormMaxCols];
@@ -185,11 +190,13 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
   if (blockIdx.x < tasks) load(t, blockIdx.x);  // weights depend on nothing: before the wait
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   // Stage x (NORM: x * inv * gain, inv = 1 / sqrt(mean(x^2) + eps) as rms_norm).
   stage_input_row<NORM, kNormThreads, kNormMaxCols, 4>(p.x, p.gain, p.eps, p.cols, xs, frag, group_sum, zero,
                                                        &partial[0][0]);
   __syncthreads();
+  trace.mark(2);
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
     if (task != blockIdx.x) load(t, task);
@@ -209,6 +216,7 @@ __global__ void __launch_bounds__(kNormThreads, 2) mma_gemv_kernel(RmsNormGemvPa
     }
     __syncthreads();  // partial is rewritten by the next task
   }
+  trace.mark(4);
 }
 
 // Blocks of `Kernel` (256 threads, static shared memory) resident at once on the current device

@@ -28,6 +28,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
@@ -57,6 +58,7 @@ struct PrefetchGemvParams {
 constexpr int kThreads = 512;  // 16 warps: the units of a block over 16 warps, half the serial math of 8
 
 __global__ void __launch_bounds__(kThreads, 2) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
+  trace::BlockTrace trace(trace::kind_prefetch_gemv);
   constexpr int kWarps = kThreads / 32;
   extern __shared__ __align__(128) uint4 weights_s[];  // codes | scales | biases of the block's rows
   __shared__ __align__(16) float xs[kMaxCols];
@@ -91,14 +93,18 @@ __global__ void __launch_bounds__(kThreads, 2) prefetch_rms_norm_gemv_kernel(Pre
   }
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   stage_input_row<true, kThreads, kMaxCols>(p.x, p.gain, p.eps, p.cols, xs, frag, gsum, zero, red);
   __syncthreads();  // also publishes the barrier's init to every thread
+  trace.mark(2);
   ptx::mbarrier_wait(&copied, 0);
+  trace.mark(3);
 
   shared_rows_dot<kWarps>(codes_s, scales_s, biases_s, t_end - t_begin, cpr, gpr, p.cols / kPairCols, frag, gsum, zero,
                           unit_sum);
   __syncthreads();
+  trace.mark(4);
   write_row_sums(unit_sum, p.cols / kPairCols, nrows, p.y + r_begin);
 }
 

@@ -17,6 +17,7 @@
 // Tested:   tests/cuda/test_moe.cu (Down: edge shapes against cpu::linear with the CPU's top-k;
 //           WholeBlockMatchesCpu: the three launches against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
 #include "backend/cuda/common/route_topk.cuh"
@@ -43,6 +44,7 @@ struct DownParams {
 };
 
 __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) {
+  trace::BlockTrace trace(trace::kind_moe_down);
   using namespace quant_mma;
   extern __shared__ uint4 down_smem[];
   const int slots = p.k + 1;
@@ -74,10 +76,12 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
     if (lane == 0) choice_ids[p.k] = 0, choice_weights[p.k] = __ldcg(p.shared_weight);
   }
   __syncthreads();
+  trace.mark(3);  // the choice made (before the wait)
   const int e = shared ? 0 : min(max(choice_ids[s], 0), p.E - 1);
   load(e, 0);
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   // act of every slot into shared memory in one round of loads (staging each slot's fragments
@@ -105,6 +109,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   // slots x I columns, staged in one call whose batches overlap the slots' shuffle sums.
   stage_x_fragments<4>(act_s, slots * p.I, frag, gsum);
   __syncthreads();
+  trace.mark(2);
 
   const uint4* my_frag = frag + size_t(s) * fragment_uint4s(p.I);
   const float* my_gsum = gsum + s * (p.I / 64);
@@ -117,6 +122,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   y_g8 = quad_sum(y_g8);
   if (lane % 4 == 0) partial[s][g] = y_g, partial[s][g + 8] = y_g8;
   __syncthreads();
+  trace.mark(4);
   if (threadIdx.x < 16) {
     const int row = blockIdx.x * 16 + threadIdx.x;
     float sum = 0.f;

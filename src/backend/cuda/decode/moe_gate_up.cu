@@ -16,6 +16,7 @@
 // Tested:   tests/cuda/test_moe.cu (GateUp: both kernels by name at edge shapes against
 //           cpu::linear, the chosen experts against the CPU's top-k).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
 #include "backend/cuda/common/route_topk.cuh"
@@ -42,6 +43,7 @@ struct GateUpParams {
 };
 
 __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kernel(GateUpParams p) {
+  trace::BlockTrace trace(trace::kind_moe_gate_up);
   using namespace quant_mma;
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
   __shared__ float gsum[kMaxHidden / 64];
@@ -76,6 +78,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
     }
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
   int e = 0;
   if (!shared) {  // this block's expert: rank s of the logits' top-k
     if (warp == 0) {

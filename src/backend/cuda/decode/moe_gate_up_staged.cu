@@ -22,6 +22,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/moe_gate_up_staged.h"
 
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
@@ -59,6 +60,7 @@ struct StagedGateUpParams {
 __host__ __device__ constexpr uint32_t matrix_bytes(int H) { return uint32_t(kRows) * uint32_t(H / 2 + H / 64 * 4); }
 
 __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGateUpParams p) {
+  trace::BlockTrace trace(trace::kind_moe_gate_up);
   extern __shared__ __align__(128) uint4 weights_s[];
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
   __shared__ float gsum[kMaxHidden / 64];
@@ -91,6 +93,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   }
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   // A routed slot: warp 0 chooses the expert and its lane 0 starts the copies at once.
   if (!shared && warp == 0) {
@@ -102,7 +105,9 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   stage_x_fragments(p.x, H, frag, gsum);
   __syncthreads();  // the fragments, zero, and the barrier's init
+  trace.mark(2);
   ptx::mbarrier_wait(&copied, 0);
+  trace.mark(3);
 
   const uint8_t* up_base = base + matrix_bytes(H);
   const uint4* g_codes = reinterpret_cast<const uint4*>(base);
@@ -122,6 +127,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
     store_unit_sum(unit_sum[1], u, u_g, u_g8);
   }
   __syncthreads();
+  trace.mark(4);
   if (threadIdx.x < kRows) {
     float g = 0.f, up = 0.f;
     for (int j = 0; j < pairs; ++j) g += unit_sum[0][j][threadIdx.x], up += unit_sum[1][j][threadIdx.x];

@@ -13,6 +13,7 @@
 //           cpu::linear; the choice through the expert launches).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/block_rms.cuh"
+#include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/decode/moe_common.cuh"
@@ -45,6 +46,7 @@ struct RouteParams {
 
 template <int BITS, int LPR>
 __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RouteParams p) {
+  trace::BlockTrace trace(trace::kind_moe_route);
   constexpr int R = 4, kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
   constexpr int kRowsPerWarp = 32 / LPR * R;
   constexpr int kPre = 4;  // chunks per row loaded before the wait (the 8-bit router at H = 2048: all)
@@ -89,6 +91,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   }
   pdl_wait();
   pdl_launch_dependents();
+  trace.mark(1);
 
   // x = h * rsqrt(mean(h^2) + eps) * gain, as rms_norm (every block; h is L2-resident): h and
   // gain are loaded once, into registers.
@@ -112,6 +115,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
     if (rank == 0) reinterpret_cast<float4*>(p.normed)[j] = y;
   }
   __syncthreads();
+  trace.mark(2);
 
   // logits = x @ Wr^T for rows [first, first + count); warp-uniform loops, rows past the end
   // read a valid row and are not stored.
