@@ -375,7 +375,10 @@ std::string render_chat_request(const json& request) {
   if (!request.is_object()) invalid("the request must be a JSON object");
   const json* messages = find(request, "messages");
   const json* tools = find(request, "tools");
-  return render_chat_template(messages ? *messages : json(), tools ? *tools : json(), chat_template_options(request));
+  // References, not `messages ? *messages : json()`: that copies, and a copy recurses once per
+  // level before render_chat_template can measure the nesting.
+  static const json kNull;
+  return render_chat_template(messages ? *messages : kNull, tools ? *tools : kNull, chat_template_options(request));
 }
 
 }  // namespace lily

@@ -87,7 +87,8 @@ const json& cases() {
 std::string render_as_template(const json& request) {
   ChatTemplateOptions options = chat_template_options(request);
   options.lily_refusals = false;
-  auto field = [&](const char* key) { return request.contains(key) ? request[key] : json(); };
+  static const json kNull;
+  auto field = [&](const char* key) -> const json& { return request.contains(key) ? request[key] : kNull; };
   return render_chat_template(field("messages"), field("tools"), options);
 }
 

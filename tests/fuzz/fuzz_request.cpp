@@ -86,15 +86,17 @@ void run(Fixture& f, const std::string& body) {
   }
   const json* messages = fields.array("messages");
   if (!messages || messages->empty()) return;  // 400
+  static const json kNull;
   const json* tools = fields.array("tools");
+  const json& tools_or_null = tools ? *tools : kNull;
   lily::ToolChoice choice;
   if (const json* c = fields.get("tool_choice")) choice = tool_choice(*c);
   lily::ChatTemplateOptions options = lily::chat_template_options(request);
   options.add_generation_prompt = true;
-  const std::string text = lily::render_chat_template(*messages, tools ? *tools : json(), options);
+  const std::string text = lily::render_chat_template(*messages, tools_or_null, options);
   const std::vector<int32_t> prompt = tokenizer.encode(text);
   (void)tokenizer.decode(prompt);
-  const std::string opening = lily::forced_call_opening(choice, tools ? *tools : json());
+  const std::string opening = lily::forced_call_opening(choice, tools_or_null);
   (void)tokenizer.encode(opening);
 }
 
