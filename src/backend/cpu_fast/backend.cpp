@@ -1,0 +1,198 @@
+// backend.cpp: the fast CPU backend (cpu_fast.h): whole-model forward and its sequence state.
+//
+// The same structure as the reference (backend/cpu/forward.cpp, spec §2.3, §4) with the same
+// caches (cpu::AttentionCache, cpu::DeltaNetCache): a decode step (one token) runs the layers
+// of layers.cpp and the lm_head on the GEMV kernels; a longer block runs the reference layers
+// in chunks of kChunkTokens, so prefill and decode can alternate on one sequence.
+#include <algorithm>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu_fast/cpu_fast.h"
+#include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/layers.h"
+#include "base/error.h"
+#include "model/weights.h"
+
+namespace lily {
+
+namespace {
+
+using cpu::AttentionCache;
+using cpu::DeltaNetCache;
+
+constexpr int64_t kChunkTokens = 256;
+
+struct FastRecurrentSnapshot final : RecurrentSnapshot {
+  int64_t length_ = 0;
+  std::vector<DeltaNetCache> deltanet;
+  int64_t length() const override { return length_; }
+  uint64_t memory_bytes() const override {
+    uint64_t n = 0;
+    for (auto& d : deltanet) n += (d.conv.size() + d.ssm.size()) * 4;
+    return n;
+  }
+};
+
+class FastSequenceState final : public SequenceState {
+ public:
+  FastSequenceState(const ModelConfig& c, int64_t capacity) : config_(&c), capacity_(capacity) {
+    layer_slot_.resize(size_t(c.num_layers));
+    for (int i = 0; i < c.num_layers; ++i) {
+      if (c.layer_types[size_t(i)] == LayerKind::full_attention) {
+        layer_slot_[size_t(i)] = int(attention_.size());
+        attention_.emplace_back();
+      } else {
+        layer_slot_[size_t(i)] = int(deltanet_.size());
+        deltanet_.emplace_back();
+      }
+    }
+    reset();
+  }
+
+  int64_t length() const override { return length_; }
+  int64_t capacity() const override { return capacity_; }
+  uint64_t memory_bytes() const override {
+    uint64_t n = 0;
+    for (auto& a : attention_) n += (a.k.size() + a.v.size()) * 4;
+    for (auto& d : deltanet_) n += (d.conv.size() + d.ssm.size()) * 4;
+    return n;
+  }
+  std::unique_ptr<SequenceState> clone() const override { return std::make_unique<FastSequenceState>(*this); }
+  std::unique_ptr<RecurrentSnapshot> snapshot() const override {
+    auto s = std::make_unique<FastRecurrentSnapshot>();
+    s->length_ = length_;
+    s->deltanet = deltanet_;
+    return s;
+  }
+  void restore(const RecurrentSnapshot& snapshot) override {
+    auto* s = dynamic_cast<const FastRecurrentSnapshot*>(&snapshot);
+    LILY_CHECK(s, "restore: snapshot is not from the fast CPU backend");
+    LILY_CHECK(s->length_ <= length_, "restore: snapshot at {} tokens is past this sequence's {} tokens", s->length_,
+               length_);
+    const int64_t row = int64_t(config_->num_key_value_heads) * config_->head_dim;
+    for (auto& a : attention_) {
+      a.k.resize(size_t(s->length_ * row));
+      a.v.resize(size_t(s->length_ * row));
+    }
+    deltanet_ = s->deltanet;
+    length_ = s->length_;
+  }
+  void reset() override {
+    const ModelConfig& c = *config_;
+    for (auto& a : attention_) {
+      a.k.clear();
+      a.v.clear();
+    }
+    for (auto& d : deltanet_) {
+      d.conv.assign(size_t((c.linear_conv_kernel_dim - 1) * c.linear_conv_dim()), 0.f);
+      d.ssm.assign(size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.f);
+    }
+    length_ = 0;
+  }
+
+  AttentionCache& attention_cache(int layer) { return attention_[size_t(layer_slot_[size_t(layer)])]; }
+  DeltaNetCache& deltanet_cache(int layer) { return deltanet_[size_t(layer_slot_[size_t(layer)])]; }
+  void advance(int64_t n) { length_ += n; }
+
+ private:
+  const ModelConfig* config_;
+  int64_t capacity_;
+  int64_t length_ = 0;
+  std::vector<int> layer_slot_;  // layer -> index into attention_ or deltanet_
+  std::vector<AttentionCache> attention_;
+  std::vector<DeltaNetCache> deltanet_;
+};
+
+class FastCpuBackend final : public Backend {
+ public:
+  explicit FastCpuBackend(std::shared_ptr<const ModelWeights> weights) : w_(std::move(weights)) {}
+
+  // "cpu": what --backend names it, and what the runtime checks to budget host memory.
+  std::string name() const override { return "cpu"; }
+  const ModelConfig& config() const override { return w_->config; }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
+    LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
+    return std::make_unique<FastSequenceState>(w_->config, capacity);
+  }
+
+  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+               std::vector<float>& logits) override {
+    auto* s = dynamic_cast<FastSequenceState*>(&state);
+    LILY_CHECK(s, "forward: sequence state is not from the fast CPU backend");
+    const ModelConfig& c = w_->config;
+    const int64_t T = int64_t(tokens.size()), V = c.vocab_size;
+    LILY_CHECK(s->length() + T <= s->capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
+               s->length(), T, s->capacity());
+    for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+    logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+    if (T == 1) return decode_step(*s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
+    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+      const int64_t n = std::min(kChunkTokens, T - t0);
+      const bool is_last_chunk = t0 + n == T;
+      float* out = nullptr;
+      int64_t first_row = 0;
+      if (wanted == LogitsWanted::all) out = logits.data() + t0 * V;
+      else if (wanted == LogitsWanted::last && is_last_chunk) out = logits.data(), first_row = n - 1;
+      prefill_chunk(*s, tokens.subspan(size_t(t0), size_t(n)), out, first_row);
+    }
+  }
+
+ private:
+  // One token through every layer on the GEMV kernels; its logits into `logits` (or none).
+  void decode_step(FastSequenceState& s, int32_t token, float* logits) {
+    const ModelConfig& c = w_->config;
+    const int64_t H = c.hidden_size;
+    std::vector<float> h(static_cast<size_t>(H)), normed(static_cast<size_t>(H)), mixed(static_cast<size_t>(H));
+    w_->embed_tokens.dequantize_row(token, h.data());
+    for (int i = 0; i < c.num_layers; ++i) {
+      const LayerWeights& layer = w_->layers[size_t(i)];
+      cpu::rms_norm(h.data(), layer.input_layernorm.data(), 1, H, c.rms_norm_eps, normed.data());
+      if (layer.kind == LayerKind::full_attention)
+        cpu_fast::attention_step(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), mixed.data());
+      else cpu_fast::deltanet_step(layer.deltanet, c, s.deltanet_cache(i), normed.data(), mixed.data());
+      for (int64_t j = 0; j < H; ++j) h[size_t(j)] += mixed[size_t(j)];
+      cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), 1, H, c.rms_norm_eps, normed.data());
+      cpu_fast::moe_step(layer.moe, c, normed.data(), mixed.data());
+      for (int64_t j = 0; j < H; ++j) h[size_t(j)] += mixed[size_t(j)];
+    }
+    s.advance(1);
+    if (!logits) return;
+    cpu::rms_norm(h.data(), w_->final_norm.data(), 1, H, c.rms_norm_eps, normed.data());
+    cpu_fast::linear(w_->lm_head, normed.data(), 1, logits);
+  }
+
+  // A block of tokens through the reference layers; logits of rows [first_row, n) into `logits`.
+  void prefill_chunk(FastSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
+    const ModelConfig& c = w_->config;
+    const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
+    std::vector<float> h(size_t(T * H)), normed(size_t(T * H)), mixed(size_t(T * H));
+    for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
+    for (int i = 0; i < c.num_layers; ++i) {
+      const LayerWeights& layer = w_->layers[size_t(i)];
+      cpu::rms_norm(h.data(), layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
+      if (layer.kind == LayerKind::full_attention)
+        cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T, mixed.data());
+      else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data());
+      for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
+      cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
+      cpu::sparse_moe(layer.moe, c, normed.data(), T, mixed.data());
+      for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
+    }
+    s.advance(T);
+    if (!logits) return;
+    const int64_t rows = T - first_row;
+    cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
+    cpu::linear(w_->lm_head, normed.data(), rows, logits);
+  }
+
+  std::shared_ptr<const ModelWeights> w_;
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_fast_backend(std::shared_ptr<const ModelWeights> weights) {
+  return std::make_unique<FastCpuBackend>(std::move(weights));
+}
+
+}  // namespace lily
