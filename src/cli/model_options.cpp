@@ -11,7 +11,10 @@ namespace lily::cli {
 void ModelOptions::add_to(CLI::App& app) {
   app.add_option("-m,--model", model_dir,
                  "Model directory (config.json + safetensors); default: the embedded lily-tiny");
-  app.add_option("--backend", backend, "cpu, cuda or auto")->check(CLI::IsMember({"auto", "cpu", "cuda"}));
+  app.add_option("--backend", backend,
+                 "cpu (the fast CPU path), reference (the fp32 CPU reference), cuda, or auto (cuda where a GPU is "
+                 "visible, else cpu)")
+      ->check(CLI::IsMember({"auto", "cpu", "reference", "cuda"}));
   app.add_option("--quantize", quantize, "Quantize bf16 weights at load: none or q4")
       ->check(CLI::IsMember({"none", "q4"}));
 }
