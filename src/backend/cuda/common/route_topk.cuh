@@ -66,17 +66,8 @@ __device__ __forceinline__ int warp_route_next(float (&v)[kRouteMaxExperts / 32]
 
 // Every lane of the warp calls it: the router logits [E] into logits_s (shared memory), read
 // through L2 (an earlier kernel of the step wrote them; this SM's L1 may hold an older step's).
-// A lane's loads are all issued before it stores any (with a store between two loads the
-// compiler must assume they alias, and waits out each load in turn: 8 latencies at E = 256).
 __device__ __forceinline__ void warp_load_logits(const float* logits, int E, float* logits_s) {
-  constexpr int kPerLane = kRouteMaxExperts / 32;
-  const int lane = threadIdx.x % 32;
-  float v[kPerLane];
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j) v[j] = lane + 32 * j < E ? __ldcg(logits + lane + 32 * j) : 0.f;
-#pragma unroll
-  for (int j = 0; j < kPerLane; ++j)
-    if (lane + 32 * j < E) logits_s[lane + 32 * j] = v[j];
+  for (int j = threadIdx.x % 32; j < E; j += 32) logits_s[j] = __ldcg(logits + j);
   __syncwarp();
 }
 

@@ -76,48 +76,32 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
-// A warp's registers holding one row (lane l: chunks l, l + 32, ...), loaded apart from the dot so
-// that a kernel can load them before its PDL wait.
-template <int BITS>
-struct WarpRow {
-  static constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kMaxChunks = kMaxHidden / kCodes / 32;
-  uint4 q[kMaxChunks];
-  float sc[kMaxChunks], bi[kMaxChunks];
-
-  __device__ void load(const QView& w, int cols) {
-    const int cpr = cols / kCodes, lane = threadIdx.x % 32;
-#pragma unroll
-    for (int i = 0; i < kMaxChunks; ++i) {
-      const int c = min(lane + 32 * i, cpr - 1);  // a valid chunk; unused past the end
-      q[i] = load_codes(w.codes + c);
-      sc[i] = load_bf16(w.scales + c / kChunksPerGroup);
-      bi[i] = load_bf16(w.biases + c / kChunksPerGroup);
-    }
-  }
-  // The row's dot with x [cols] (shared or global memory), in every lane.
-  __device__ float dot(int cols, const float* x) const {
-    const int cpr = cols / kCodes, lane = threadIdx.x % 32;
-    float acc = 0.f;
-#pragma unroll
-    for (int i = 0; i < kMaxChunks; ++i) {
-      const int c = lane + 32 * i;
-      if (c >= cpr) break;
-      float xr[kCodes];
-      const float sx = load_x<kCodes, false>(x + c * kCodes, xr);
-      acc += fmaf(sc[i], chunk_dot<BITS>(q[i], xr), bi[i] * sx);
-    }
-    return group_sum<32>(acc);
-  }
-};
-
 // x . w for a one-row quantized vector [1, H] (4 or 8 bits), by one warp. Every lane's chunks
 // (at most 8 at H <= 4096) are loaded before the first use: the row costs one memory latency,
 // not one per word.
 template <int BITS>
 __device__ inline float warp_row_dot_bits(const QView& w, int cols, const float* x) {
-  WarpRow<BITS> row;
-  row.load(w, cols);
-  return row.dot(cols, x);
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes, kMaxChunks = kMaxHidden / kCodes / 32;
+  const int cpr = cols / kCodes, lane = threadIdx.x % 32;
+  uint4 q[kMaxChunks];
+  float sc[kMaxChunks], bi[kMaxChunks];
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = min(lane + 32 * i, cpr - 1);  // a valid chunk; unused past the end
+    q[i] = load_codes(w.codes + c);
+    sc[i] = load_bf16(w.scales + c / kChunksPerGroup);
+    bi[i] = load_bf16(w.biases + c / kChunksPerGroup);
+  }
+  float acc = 0.f;
+#pragma unroll
+  for (int i = 0; i < kMaxChunks; ++i) {
+    const int c = lane + 32 * i;
+    if (c >= cpr) break;
+    float xr[kCodes];
+    const float sx = load_x<kCodes, false>(x + c * kCodes, xr);
+    acc += fmaf(sc[i], chunk_dot<BITS>(q[i], xr), bi[i] * sx);
+  }
+  return group_sum<32>(acc);
 }
 
 __device__ inline float warp_row_dot(const QView& w, int bits, int cols, const float* x) {

@@ -81,12 +81,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
       }
   }
   const bool gate_warp = rank == kRouteBlocks - 1 && warp == kRouteThreads / 32 - 1;
-  // The shared expert's gate row: into this warp's registers when it has the router's width
-  // (mlx: both 8-bit), else into L2; before the wait either way, read after it (below).
-  WarpRow<BITS> gate_row;
-  const bool gate_in_registers = p.expert_gate_bits == BITS;
-  if (gate_warp && gate_in_registers) gate_row.load(p.expert_gate, p.H);
-  if (gate_warp && !gate_in_registers) {
+  if (gate_warp) {  // the shared expert's gate row into L2 (read after the wait, below)
     const int bytes = p.H * p.expert_gate_bits / 8;
     for (int off = lane * 128; off < bytes; off += 32 * 128)
       prefetch_l2(reinterpret_cast<const uint8_t*>(p.expert_gate.codes) + off);
@@ -161,8 +156,7 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_norm_kernel(RoutePara
   // The shared expert's gate, by the last block's last warp (free: the router rows of a block
   // need at most two warps at E = 256).
   if (gate_warp) {
-    const float d = gate_in_registers ? gate_row.dot(p.H, xs)
-                                      : warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, xs);
+    const float d = warp_row_dot(p.expert_gate, p.expert_gate_bits, p.H, xs);
     if (lane == 0) p.shared_weight[0] = 1.f / (1.f + expf(-d));
   }
 }
