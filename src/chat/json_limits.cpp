@@ -6,26 +6,41 @@
 
 namespace lily {
 namespace {
-struct TooDeep {};
+
+// Whether `text` opens more than `max_nesting` containers inside each other, outside strings.
+// Exact for valid JSON; for invalid JSON the parse fails anyway (and builds no deeper than this
+// counts before it does). One pass, no allocation: nlohmann's callback parser, which could
+// stop at the depth itself, is 14x slower than its plain parser (755 vs 53 ms on 2.4 MB).
+bool text_nests_deeper_than(std::string_view text, int max_nesting) {
+  int depth = 0;
+  bool in_string = false;
+  for (size_t i = 0; i < text.size(); ++i) {
+    const char c = text[i];
+    if (in_string) {
+      if (c == '\\') ++i;  // the escaped character cannot end the string
+      else if (c == '"') in_string = false;
+    } else if (c == '"') {
+      in_string = true;
+    } else if (c == '[' || c == '{') {
+      if (++depth > max_nesting) return true;
+    } else if (c == ']' || c == '}') {
+      --depth;
+    }
+  }
+  return false;
+}
+
 }  // namespace
 
 json parse_json_bounded(std::string_view text, int max_nesting, bool* too_deep) {
-  if (too_deep) *too_deep = false;
-  // The callback's depth is the number of containers open around the event; a container that
-  // starts at depth max_nesting would be one too many.
-  auto limit = [max_nesting](int depth, json::parse_event_t event, json&) {
-    if ((event == json::parse_event_t::object_start || event == json::parse_event_t::array_start) &&
-        depth >= max_nesting)
-      throw TooDeep{};
-    return true;
-  };
+  const bool deep = text_nests_deeper_than(text, max_nesting);
+  if (too_deep) *too_deep = deep;
+  if (deep) return json(json::value_t::discarded);
   try {
-    return json::parse(text.begin(), text.end(), limit, /*allow_exceptions=*/false);
-  } catch (const TooDeep&) {
-    if (too_deep) *too_deep = true;
+    return json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
   } catch (const json::exception&) {  // out_of_range: a number beyond a double
+    return json(json::value_t::discarded);
   }
-  return json(json::value_t::discarded);
 }
 
 bool json_nests_deeper_than(const json& value, int max_nesting) {

@@ -55,8 +55,12 @@ TEST(Wire, regression_deep_nesting_is_a_400_17) {
   objects += "1" + std::string(128, '}');
   EXPECT_EQ(refusal(objects), "");
   EXPECT_EQ(refusal(R"({"k": )" + objects + "}"), "the request body nests JSON deeper than 128 levels");
-  // A syntax error before the depth is reached is still named as one.
-  EXPECT_NE(refusal(R"({"a": [1,, )" + nested(1000) + "]}").find("not valid JSON"), std::string::npos);
+  // Brackets inside strings are text, escaped quotes included.
+  EXPECT_EQ(refusal(R"({"a": ")" + std::string(1000, '[') + R"(\"[[[", "b": [1]})"), "");
+  // Too deep and invalid too: refused as too deep (the scan comes first); shallow and invalid:
+  // named as invalid.
+  EXPECT_EQ(refusal(R"({"a": [1,, )" + nested(1000) + "]}"), "the request body nests JSON deeper than 128 levels");
+  EXPECT_NE(refusal(R"({"a": [1,, 2]})").find("not valid JSON"), std::string::npos);
 }
 
 // Issue 17 (9): a number beyond a double (1e309) anywhere in the body was a 500.
