@@ -4,7 +4,7 @@
 // nlohmann's parser is iterative, but copying a value and dump() (which every error message
 // that quotes a value uses) recurse once per level: a 2,000,000-deep "[[[..." overflows the
 // stack there. No file lily reads nests deeper than a few levels, so anything deeper than
-// kMaxJsonDepth is refused while parsing, before any of it is copied or quoted.
+// kMaxJsonDepth is refused before it is parsed (a scan of the text), so none of it is copied or quoted.
 #pragma once
 
 #include <string>
