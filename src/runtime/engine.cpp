@@ -2,6 +2,7 @@
 
 #include <filesystem>
 
+#include "backend/cpu_fast/cpu_fast.h"
 #include "base/error.h"
 #include "base/log.h"
 #include "model/checkpoint/load.h"
@@ -25,7 +26,8 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config,
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   std::string backend = options.backend;
   if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
-  if (backend != "cpu" && backend != "cuda") fail("unknown backend \"{}\" (choose cpu, cuda or auto)", backend);
+  if (backend != "cpu" && backend != "reference" && backend != "cuda")
+    fail("unknown backend \"{}\" (choose cpu, reference, cuda or auto)", backend);
   if (backend == "cuda" && !cuda_backend_available())
     fail("--backend cuda: this build has no CUDA backend or no GPU is visible");
 
@@ -44,7 +46,9 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
     return engine;
   }
 #endif
-  engine->backend_ = make_cpu_backend(engine->weights_);
+  // cpu: the fast CPU path; reference: the fp32 reference it is tested against.
+  engine->backend_ = backend == "reference" ? make_cpu_backend(engine->weights_)
+                                            : make_cpu_fast_backend(engine->weights_);
   return engine;
 }
 

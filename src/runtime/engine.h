@@ -19,7 +19,7 @@ namespace lily {
 
 struct EngineOptions {
   std::string model_dir;
-  std::string backend = "auto";  // auto | cpu | cuda
+  std::string backend = "auto";  // auto | cpu (fast) | reference (fp32 CPU) | cuda
   int quantize_bits = 0;         // 0: as stored; 4: quantize plain weights at load (--quantize q4)
 };
 
