@@ -2,7 +2,7 @@
 # Builds lily with CUDA for the GPU machine and packs what a run there needs into
 # .carry/carry.tar.xz (name `.carry` in the device call's carry list): the lily binary, the
 # CUDA test binaries (stripped), and the shared libraries the GPU machine's image lacks (it has
-# the CUDA toolkit but not Debian's fmt, PCRE2, utf8proc, cpp-httplib and their OpenSSL/brotli).
+# the CUDA toolkit but not Debian's fmt, PCRE2 and utf8proc).
 # The working tree that travels is limited to 64 MiB, hence the compression.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,7 +22,7 @@ strip "$stage"/.carry/bench/*
 cp $build/tests/runtime/runtime_test_chat_service $build/tests/runtime/runtime_test_generate $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*
 for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |
-             grep -E 'libfmt|libpcre2|libutf8proc|libcpp-httplib|libssl|libcrypto|libbrotli'); do
+             grep -E 'libfmt|libpcre2|libutf8proc'); do
   cp -L "$lib" "$stage/.carry/lib/"
 done
 rm -rf .carry && mkdir -p .carry

@@ -8,7 +8,6 @@ packages=(
   clang-format            # scripts/check_format.sh (.clang-format is written for clang-format 14)
   nlohmann-json3-dev      # JSON: config.json, safetensors headers, the HTTP API
   libboost-dev            # Boost.Beast / Asio (header-only): the HTTP transport of `lily serve`
-  libcpp-httplib-dev      # no longer used by src/; the top-level CMakeLists.txt still looks for httplib.h
   libpcre2-dev            # tokenizer pre-split regex with Unicode properties
   libutf8proc-dev         # NFC normalization
   libcli11-dev            # command line
