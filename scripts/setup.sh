@@ -6,6 +6,7 @@ set -euo pipefail
 packages=(
   build-essential cmake ninja-build pkg-config
   clang-format            # scripts/check_format.sh (.clang-format is written for clang-format 14)
+  clang libclang-rt-14-dev  # libFuzzer and the sanitizers' runtime for the fuzz phase (tests/fuzz)
   nlohmann-json3-dev      # JSON: config.json, safetensors headers, the HTTP API
   libboost-dev            # Boost.Beast / Asio (header-only): the HTTP transport of `lily serve`
   libpcre2-dev            # tokenizer pre-split regex with Unicode properties
