@@ -8,7 +8,6 @@
 
 namespace lily {
 
-
 nlohmann::json parse_json_limited(std::string_view text) {
   if (json_text_nests_deeper_than(text, kMaxJsonDepth)) fail("JSON nested deeper than {} levels", kMaxJsonDepth);
   try {
