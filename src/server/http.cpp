@@ -228,7 +228,7 @@ struct Server::Impl final : RequestHandler {
     const ServerOptions& o = ctx.options;
     if (ctx.shutting_down) return ApiError(503, "the server is shutting down");
     if (auto r = check_host(req.header("host"), transport->loopback())) return ApiError(r->status, r->message);
-    if (auto r = check_origin(req.header("origin"), req.has_header("origin"), o.cors_origins)) {
+    if (auto r = check_origin(req.header("origin"), req.has_header("origin"), req.header("host"), o.cors_origins)) {
       return ApiError(r->status, r->message);
     }
     const auto routes = routes_of(req.path);
