@@ -15,6 +15,7 @@ packages=(
   libfmt-dev              # formatting
   libgtest-dev libgmock-dev libbenchmark-dev
   nodejs npm              # the OpenAI client tests of the server
+  chromium                # the chat page test: a real browser, headless (tests/server/run_browser_test.sh)
   curl
 )
 

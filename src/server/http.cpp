@@ -56,6 +56,7 @@ const Route kRoutes[] = {
     {"GET", "/health", handle_health, false, false},
     {"GET", "/metrics", handle_metrics, false, false},
     {"POST", "/cache/clear", handle_cache_clear, true, false},
+    {"GET", "/", handle_chat_page, false, false},
 };
 
 // Whether `path` matches `pattern`; the {id} segment goes to `params`.
@@ -228,7 +229,7 @@ struct Server::Impl final : RequestHandler {
     const ServerOptions& o = ctx.options;
     if (ctx.shutting_down) return ApiError(503, "the server is shutting down");
     if (auto r = check_host(req.header("host"), transport->loopback())) return ApiError(r->status, r->message);
-    if (auto r = check_origin(req.header("origin"), req.has_header("origin"), o.cors_origins)) {
+    if (auto r = check_origin(req.header("origin"), req.has_header("origin"), req.header("host"), o.cors_origins)) {
       return ApiError(r->status, r->message);
     }
     const auto routes = routes_of(req.path);
@@ -238,8 +239,10 @@ struct Server::Impl final : RequestHandler {
     if (!route) {
       return ApiError(405, fmt::format("{} takes {}, not {}", req.path, allow_header(routes), req.method));
     }
-    // With --api-key every route but /health needs "Authorization: Bearer KEY".
-    if (!o.api_key.empty() && req.path != "/health" && req.header("authorization") != "Bearer " + o.api_key) {
+    // With --api-key every route but /health and the chat page (/: no data; it asks for the key
+    // and sends it) needs "Authorization: Bearer KEY".
+    const bool open_route = req.path == "/health" || req.path == "/";
+    if (!o.api_key.empty() && !open_route && req.header("authorization") != "Bearer " + o.api_key) {
       return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key");
     }
     if (route->json_body) {
@@ -247,7 +250,7 @@ struct Server::Impl final : RequestHandler {
         return ApiError(r->status, r->message);
       }
     }
-    if (!ctx.ready() && req.path != "/health" && req.path != "/metrics") {
+    if (!ctx.ready() && !open_route && req.path != "/metrics") {
       return ApiError(503, "the model is loading; try again in a moment (GET /health tells the progress)");
     }
     return std::nullopt;

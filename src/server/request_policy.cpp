@@ -52,6 +52,27 @@ std::string normalize_origin(std::string_view origin) {
   return o;
 }
 
+bool is_same_origin(std::string_view origin, std::string_view host_header) {
+  if (host_header.empty()) return false;
+  const std::string normalized = normalize_origin(origin);
+  std::string_view authority = normalized;
+  if (authority.rfind("http://", 0) == 0) {
+    authority.remove_prefix(7);
+  } else if (authority.rfind("https://", 0) == 0) {
+    authority.remove_prefix(8);
+  } else {
+    return false;  // "null" (a file or sandboxed page), or not an origin
+  }
+  if (authority != lower(host_header)) return false;
+  // A DNS name could be a rebinding attacker's own (its page is same-origin with the name it
+  // points at this server); an address, or a loopback name, cannot.
+  const std::string name = host_name(host_header);
+  in_addr v4{};
+  in6_addr v6{};
+  return is_loopback_host(host_header) || inet_pton(AF_INET, name.c_str(), &v4) == 1 ||
+         inet_pton(AF_INET6, name.c_str(), &v6) == 1;
+}
+
 bool origin_allowed(std::string_view origin, const std::vector<std::string>& allowed) {
   const std::string o = normalize_origin(origin);
   return std::any_of(allowed.begin(), allowed.end(),
@@ -72,8 +93,9 @@ std::optional<Refusal> check_host(std::string_view host, bool loopback_bind) {
                                   host)};
 }
 
-std::optional<Refusal> check_origin(std::string_view origin, bool has_origin, const std::vector<std::string>& allowed) {
-  if (!has_origin || origin_allowed(origin, allowed)) return std::nullopt;
+std::optional<Refusal> check_origin(std::string_view origin, bool has_origin, std::string_view host,
+                                    const std::vector<std::string>& allowed) {
+  if (!has_origin || is_same_origin(origin, host) || origin_allowed(origin, allowed)) return std::nullopt;
   return Refusal{403, fmt::format("requests from the web origin '{}' are refused; start lily serve with "
                                   "--cors-origin {} to allow that page",
                                   origin, origin)};

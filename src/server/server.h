@@ -5,6 +5,7 @@
 //   GET  /v1/models[/{id}]      v1_models.cpp
 //   GET  /health, /metrics      health_metrics.cpp
 //   POST /cache/clear           session_cache.cpp (lily's own)
+//   GET  /                      chat_page.cpp: the chat page (src/server/web/chat.html)
 // Routes, access checks (request_policy.h), worker threads and shutdown: http.cpp; reading and
 // writing HTTP with its limits and deadlines: http_transport.cpp. Docs: docs/server.md.
 #pragma once
@@ -102,6 +103,7 @@ void handle_model(ServerContext& ctx, const HttpRequest& req, HttpResponse& res)
 void handle_health(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_metrics(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_cache_clear(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_chat_page(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 
 // `lily serve`'s server. Constructed before the model loads: it binds at once (a port in use,
 // an address that cannot be bound: lily::Error "cannot listen on ..."), answers /health with

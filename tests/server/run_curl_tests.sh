@@ -68,6 +68,28 @@ expect "GET on a POST route" 405 'takes POST' -- "$LILY_URL/v1/chat/completions"
 expect "DELETE on a GET route" 405 'takes GET, HEAD' -- -X DELETE "$LILY_URL/v1/models"
 allow=$(curl -s -o /dev/null -D - "$LILY_URL/v1/chat/completions" | tr -d '\r' | grep -i '^allow:' || true)
 if [ "$allow" != "Allow: POST, OPTIONS" ]; then echo "FAIL 405 Allow header: '$allow'"; failures=$((failures + 1)); else echo "ok   405 Allow header"; fi
+# Issue 18 (5): the chat page at /, served without a key (this server has none; the browser test
+# has one that does), its headers, HEAD, and 405 for other methods.
+expect "chat page" 200 '<title>lily</title>' -- "$LILY_URL/"
+page_head=$(curl -s -o /dev/null -D - "$LILY_URL/" | tr -d '\r')
+for want in '^Content-Type: text/html; charset=utf-8$' "^Content-Security-Policy: default-src 'none'; script-src 'sha256-[A-Za-z0-9+/]{43}='; style-src 'sha256-[A-Za-z0-9+/]{43}='; connect-src 'self';" \
+  '^X-Content-Type-Options: nosniff$' '^Cache-Control: no-cache$'; do
+  if ! grep -Eq -- "$want" <<<"$page_head"; then echo "FAIL chat page header /$want/: $page_head"; failures=$((failures + 1)); else echo "ok   chat page header /${want:0:40}/"; fi
+done
+# HEAD: the page's length, no body.
+head_reply=$(curl -s -I -o "$work/head" -w '%{http_code} body %{size_download}' "$LILY_URL/")
+head_length=$(tr -d '\r' <"$work/head" | grep -i '^content-length:' || true)
+if [ "$head_reply" != "200 body 0" ] || ! grep -Eq '^Content-Length: [1-9][0-9]{3,}$' <<<"$head_length"; then
+  echo "FAIL HEAD /: '$head_reply', '$head_length'"; failures=$((failures + 1))
+else
+  echo "ok   HEAD /"
+fi
+expect "POST on the page" 405 'takes GET, HEAD' -- -X POST "$LILY_URL/"
+expect "DELETE on the page" 405 'takes GET, HEAD' -- -X DELETE "$LILY_URL/"
+expect "a path under the page" 404 "$err" -- "$LILY_URL/index.html"
+# The page's own POSTs carry its origin: served without --cors-origin; another port's are not.
+expect "same-origin POST" 200 '"chat.completion"' -- "$LILY_URL/v1/chat/completions" "${json[@]}" -H "Origin: $LILY_URL" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
+expect "same host, other port" 403 'cors-origin' -- "$LILY_URL/v1/chat/completions" "${json[@]}" -H "Origin: http://$host:1" -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 expect "chunked request body" 200 '"chat.completion"' -- "$LILY_URL/v1/chat/completions" "${json[@]}" -H 'Transfer-Encoding: chunked' -d '{"messages":[{"role":"user","content":"hi"}],"max_tokens":2}'
 expect "CORS preflight without an Origin" 204 '' -- -X OPTIONS "$LILY_URL/v1/chat/completions"
 # Issue 17 (7): DNS rebinding: on a loopback bind only loopback names are served.

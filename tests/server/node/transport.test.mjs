@@ -105,7 +105,7 @@ test('regression_metrics_labels_17: /metrics labels are a bounded set of routes,
   await fetch(`${BASE}/v1/models/not-this-one`);
   const text = await (await fetch(`${BASE}/metrics`)).text();
   const known = new Set(['/v1/chat/completions', '/v1/completions', '/v1/models', '/v1/models/{id}', '/health', '/metrics',
-    '/cache/clear', 'OPTIONS', 'other']);
+    '/cache/clear', '/', 'OPTIONS', 'other']);
   const sample = /^[a-zA-Z_:][a-zA-Z0-9_:]*(\{[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*"(,[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\\n]|\\.)*")*\})? [-+0-9.eEaInNf]+$/;
   for (const line of text.split('\n')) {
     if (!line || line.startsWith('# HELP ') || line.startsWith('# TYPE ')) continue;
