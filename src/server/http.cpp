@@ -53,6 +53,7 @@ const Route kRoutes[] = {
     {"POST", "/v1/completions", handle_completions, true, true},
     {"POST", "/v1/messages", handle_messages, true, true},
     {"POST", "/v1/messages/count_tokens", handle_count_tokens, true, true},
+    {"POST", "/v1/responses", handle_responses, true, true},
     {"GET", "/v1/models", handle_models, false, false},
     {"GET", "/v1/models/{id}", handle_model, false, false},
     {"GET", "/health", handle_health, false, false},

@@ -3,6 +3,7 @@
 //   POST /v1/chat/completions   v1_chat_completions.cpp
 //   POST /v1/completions        v1_completions.cpp
 //   POST /v1/messages[/count_tokens]  v1_messages.cpp (Anthropic's Messages API; anthropic_wire.h)
+//   POST /v1/responses          v1_responses.cpp (OpenAI's Responses API; responses_wire.h)
 //   GET  /v1/models[/{id}]      v1_models.cpp
 //   GET  /health, /metrics      health_metrics.cpp
 //   POST /cache/clear           session_cache.cpp (lily's own)
@@ -100,6 +101,7 @@ void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, HttpRes
 void handle_completions(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_messages(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_count_tokens(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_responses(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_models(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_model(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_health(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
