@@ -217,7 +217,7 @@ test('lily-tiny: a tool-use round trip, tool_use -> tool_result -> answer, strea
 });
 
 test('lily-tiny: tool_choice any and tool start a call; none never calls', async () => {
-  const base = { ...GREEDY, max_tokens: 160, tools: TOOLS, messages: user('What time is it in Oslo?') };
+  const base = { ...GREEDY, max_tokens: 100, tools: TOOLS, messages: user('What time is it in Oslo?') };
   const any = await tinyClient.messages.create({ ...base, tool_choice: { type: 'any' } });
   for (const b of any.content.filter((b) => b.type === 'tool_use')) assert.ok(['get_weather', 'get_time'].includes(b.name));
   const named = await tinyClient.messages.create({ ...base, tool_choice: { type: 'tool', name: 'get_weather' } });
