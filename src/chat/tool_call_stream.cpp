@@ -157,6 +157,7 @@ bool ToolCallStream::step_between(bool at_end) {
   }
   if (rest.starts_with(kFunctionClose)) {
     pos_ += kFunctionClose.size();
+    function_closed_ = true;
     close_arguments();
     return true;
   }
@@ -195,6 +196,8 @@ bool ToolCallStream::step_value(bool at_end) {
     if (m.kind == Closer::kMaybe) {
       if (!at_end) return false;
       m = {Closer::kFunctionEnd, buf_.size()};  // the block ended inside a closing tag: not the value's text
+    } else if (m.kind == Closer::kFunctionEnd) {
+      function_closed_ = true;
     }
     close_value();
     pos_ = m.resume;
@@ -300,7 +303,8 @@ void ToolCallStream::emit(std::string_view json_text) {
   unread_ += json_text;
 }
 
-std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas) {
+std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas,
+                                                  bool require_function_end) {
   size_t pos = skip_space(body, 0);
   if (!body.substr(pos).starts_with(tool_call_syntax::kFunctionOpen)) return std::nullopt;
   pos += tool_call_syntax::kFunctionOpen.size();
@@ -309,6 +313,7 @@ std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const T
   ToolCallStream call(name.name, schemas);
   call.push(body.substr(pos + name.end));
   call.finish();
+  if (require_function_end && !call.function_closed()) return std::nullopt;
   return ParsedToolCall{name.name, call.arguments()};
 }
 

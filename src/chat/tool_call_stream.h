@@ -14,7 +14,8 @@
 //                              tool_call_xml.h: integer, number, object, Python literals, ...)
 //   , between parameters, } at the end
 // in Python's json.dumps layout, so the pieces concatenate to the arguments_json that
-// parse_tool_call_xml() gives for the whole text: one code path, whatever the split.
+// parse_tool_call_xml() (tool_call_xml.h) gives for the whole text: one code path, whatever the
+// split.
 //
 // Body rules (each decidable with bounded look-ahead, so nothing waits for the end of the block
 // that need not):
@@ -80,6 +81,7 @@ class ToolCallStream {
   std::string take();                                          // arguments JSON written since the last take()
   const std::string& arguments() const { return arguments_; }  // all of it so far
   const std::string& function() const { return function_; }
+  bool function_closed() const { return function_closed_; }  // a whole </function> ended the arguments
 
  private:
   enum class State { kBetween, kValue, kDone };
@@ -105,7 +107,7 @@ class ToolCallStream {
   std::string buf_;  // body text not yet consumed
   size_t pos_ = 0;   // consumed prefix of buf_ (erased at the end of run())
   std::string arguments_, unread_;
-  bool first_parameter_ = true;
+  bool first_parameter_ = true, function_closed_ = false;
   std::set<std::string, std::less<>> seen_;
   // The open value.
   std::string parameter_;
@@ -114,10 +116,5 @@ class ToolCallStream {
   std::string raw_;  // typed values: the text, converted when the value ends
   JsonStringWriter string_;
 };
-
-// The whole text between <tool_call> and </tool_call> (a call's block as generation left it):
-// nullopt when it does not start with <function=NAME> and an accepted NAME; else the call, its
-// arguments what a ToolCallStream fed that text in any pieces gives.
-std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas);
 
 }  // namespace lily

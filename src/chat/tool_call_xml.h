@@ -74,6 +74,13 @@ class ToolSchemas {
   bool checks_names_ = false;                            // built from a tools array
 };
 
+// The whole text between <tool_call> and </tool_call> (a call's block as generation left it),
+// read by a ToolCallStream (tool_call_stream.h): nullopt when it does not start with
+// <function=NAME> and an accepted NAME (or, with require_function_end, when no </function> ended
+// the arguments); else the call, its arguments what the stream gives for that text in any pieces.
+std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas,
+                                                  bool require_function_end = false);
+
 // Types one parameter's raw text by its schema (nullptr: no schema); see the header comment.
 json convert_parameter_value(const std::string& raw, const json* schema);
 

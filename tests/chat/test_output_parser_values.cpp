@@ -1,6 +1,5 @@
 // test_output_parser_values.cpp: typing of tool-call values by schema, the JSON layout of the
 // arguments, and the block parser on its own (tool_call_xml.h).
-#include "chat/tool_call_stream.h"
 #include "chat/tool_call_xml.h"
 
 #include <gtest/gtest.h>
@@ -114,6 +113,14 @@ TEST(output_parser_xml, Structure) {
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n"), "f {\"a\": \"x\"}");
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</function>"), "f {\"a\": \"x\"}");
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx"), "f {\"a\": \"x\"}");
+  // require_function_end: only arguments a whole </function> ended.
+  auto ended = [&](std::string_view body) { return parse_tool_call_xml(body, none, true).has_value(); };
+  EXPECT_TRUE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n"));
+  EXPECT_TRUE(ended("<function=f>\n<parameter=a>\nx\n</function>"));
+  EXPECT_TRUE(ended("<function=f></function>"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n</func"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx</function>y"));
   // Closers followed by more text are the value's text.
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\ntrailing"),
             "f {\"a\": \"x\\n</parameter>\\n</function>\\ntrailing\"}");
