@@ -194,28 +194,78 @@ bool OutputParser::step_text(ParserOutput& out, bool at_end) {
   return true;
 }
 
-// buffer_ starts with <tool_call>: wait for </tool_call>, then parse the block.
+// buffer_ starts with <tool_call>: the call's name decides whether the block is a call.
 bool OutputParser::step_tool_call(ParserOutput& out, bool at_end) {
-  size_t close = buffer_.find(kToolCallClose, tool_call_scanned_);
+  if (call_) return step_call_body(out, at_end);
+  if (block_refused_) return step_refused_block(out, at_end);
+  return step_call_name(out, at_end);
+}
+
+// Waits for the '>' of <function=NAME>; an accepted NAME starts the call.
+bool OutputParser::step_call_name(ParserOutput& out, bool at_end) {
+  const size_t name_begin = skip_space(buffer_, kToolCallOpen.size()) +
+                            kFunctionOpen.size();  // step_text saw <function=
+  const FunctionName name = read_function_name(std::string_view(buffer_).substr(name_begin), schemas_, at_end);
+  if (name.status == FunctionName::Status::kPending) return false;
+  if (name.status == FunctionName::Status::kRejected) {
+    block_refused_ = true;
+    tool_call_scanned_ = 0;
+    return true;
+  }
+  out.content += content_.end();  // drops the whitespace before the call
+  call_.emplace(name.name, schemas_);
+  add_piece(out, name.name);
+  buffer_.erase(0, name_begin + name.end);
+  return true;
+}
+
+// A block that is not a call goes to content verbatim once it has ended.
+bool OutputParser::step_refused_block(ParserOutput& out, bool at_end) {
+  const size_t close = buffer_.find(kToolCallClose, tool_call_scanned_);
   if (close == std::string::npos && !at_end) {
     tool_call_scanned_ = buffer_.size() - std::min(buffer_.size(), kToolCallClose.size() - 1);
     return false;
   }
-  bool terminated = close != std::string::npos;
-  size_t block_end = terminated ? close + kToolCallClose.size() : buffer_.size();
-  std::string_view body = std::string_view(buffer_).substr(
-      kToolCallOpen.size(), (terminated ? close : buffer_.size()) - kToolCallOpen.size());
-
-  std::optional<ParsedToolCall> call = parse_tool_call_xml(body, schemas_, /*require_function_end=*/!terminated);
-  if (call) {
-    out.content += content_.end();  // drops the whitespace before the call
-    out.tool_calls.push_back(std::move(*call));
-  } else {
-    out.content += content_.write(std::string_view(buffer_).substr(0, block_end));
-  }
+  const size_t block_end = close == std::string::npos ? buffer_.size() : close + kToolCallClose.size();
+  out.content += content_.write(std::string_view(buffer_).substr(0, block_end));
   buffer_.erase(0, block_end);
+  block_refused_ = false;
   mode_ = Mode::kContent;
   return true;
+}
+
+// The body of an accepted call goes through its ToolCallStream until </tool_call> or the end.
+bool OutputParser::step_call_body(ParserOutput& out, bool at_end) {
+  const size_t close = buffer_.find(kToolCallClose);
+  const bool ends = close != std::string::npos || at_end;
+  size_t body_end = close;
+  if (close == std::string::npos) {
+    body_end = buffer_.size() - (at_end ? 0 : partial_tag_suffix(buffer_, {kToolCallClose}));
+  }
+  call_->push(std::string_view(buffer_).substr(0, body_end));
+  if (ends) call_->finish();
+  add_piece(out, "");
+  if (!ends) {
+    buffer_.erase(0, body_end);
+    return false;
+  }
+  out.tool_calls.push_back(ParsedToolCall{call_->function(), call_->arguments()});
+  call_.reset();
+  buffer_.erase(0, close == std::string::npos ? buffer_.size() : close + kToolCallClose.size());
+  mode_ = Mode::kContent;
+  return true;
+}
+
+// The current call's new arguments (and its name when it starts) as one piece of this output.
+void OutputParser::add_piece(ParserOutput& out, std::string name) {
+  std::string arguments = call_->take();
+  const size_t index = name.empty() ? calls_started_ - 1 : calls_started_++;
+  if (name.empty() && arguments.empty()) return;
+  if (!out.tool_call_pieces.empty() && out.tool_call_pieces.back().index == index) {
+    out.tool_call_pieces.back().arguments += arguments;
+    return;
+  }
+  out.tool_call_pieces.push_back(ToolCallPiece{index, std::move(name), std::move(arguments)});
 }
 
 }  // namespace lily

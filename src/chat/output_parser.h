@@ -19,11 +19,14 @@
 //      An opening in content starts a call block; one inside reasoning (Qwen3.5/3.6 sometimes
 //      skip </think>) ends the reasoning there and starts the block too, as vLLM and SGLang do.
 //      After such an implicit end, the first </think> seen later in content is dropped.
-//      The block ends at the first </tool_call>; it is parsed by parse_tool_call_xml
-//      (tool_call_xml.h, which also says how values are typed by the tool schema). A block that
-//      does not parse goes to content verbatim, tags included: nothing is dropped. A block cut
-//      off by the end of generation is accepted when its </function> is there, else it goes
-//      to content. With parse_tool_calls off, <tool_call> is plain text everywhere.
+//      The call starts when the '>' of <function=NAME> arrives and NAME is accepted
+//      (read_function_name, tool_call_stream.h: one of the request's tools): from then on the
+//      block is a call, and its arguments stream as the model writes them (tool_call_pieces:
+//      the start with the name, then JSON pieces; tool_call_stream.h says how the body is
+//      read). It ends at the first </tool_call>, or at the end of generation (a call cut off
+//      keeps what it wrote, closed). A block whose name is not accepted goes to content
+//      verbatim, tags included, once its </tool_call> (or the end) arrives: nothing is
+//      dropped. With parse_tool_calls off, <tool_call> is plain text everywhere.
 //   3. Whitespace, so the text round-trips through the chat template (which writes
 //      "<think>\n" + reasoning + "\n</think>\n\n" + content + "\n\n<tool_call>..." and trims
 //      both on re-render):
@@ -33,16 +36,19 @@
 //          text between or after tool calls disappears; other text after a tool call is
 //          content, with the newlines before it kept when content was already emitted.
 //   4. Held back: a suffix that may be the start of a tag (</think>, <tool_call>, a leading
-//      <think>), a <tool_call> waiting for its <function=, a whole tool-call block, trailing
-//      whitespace (see 3) and an incomplete UTF-8 character (so every delta is valid UTF-8
-//      even when a push splits a character). finish() releases what is left.
+//      <think>), a <tool_call> waiting for its <function=, a block until its name is decided
+//      (and a refused one until its end), what of a call's body may still be a closing tag
+//      (tool_call_stream.h), trailing whitespace (see 3) and an incomplete UTF-8 character (so
+//      every delta is valid UTF-8 even when a push splits a character). finish() releases
+//      what is left.
 //
-// Tool-call ids are the caller's: the parser returns name + arguments. Stop strings are applied
-// by the server before the text reaches the parser.
+// Tool-call ids are the caller's: the parser returns name + arguments, and the index of each
+// call in the reply. Stop strings are applied by the server before the text reaches the parser.
 #pragma once
 
-#include "chat/tool_call_xml.h"
+#include "chat/tool_call_stream.h"
 
+#include <optional>
 #include <string>
 #include <string_view>
 #include <utility>
@@ -50,11 +56,20 @@
 
 namespace lily {
 
+// A tool call as it streams. A call's first piece has its name (the call starts); the
+// concatenated `arguments` of its pieces are its ParsedToolCall's arguments_json.
+struct ToolCallPiece {
+  size_t index = 0;       // the call's place among the reply's calls: 0, 1, ...
+  std::string name;       // the first piece only
+  std::string arguments;  // the next piece of the arguments JSON (may be empty)
+};
+
 // What one push()/finish() produced.
 struct ParserOutput {
-  std::string reasoning;                   // reasoning text delta
-  std::string content;                     // content text delta
-  std::vector<ParsedToolCall> tool_calls;  // tool calls completed by this push
+  std::string reasoning;                        // reasoning text delta
+  std::string content;                          // content text delta
+  std::vector<ParsedToolCall> tool_calls;       // tool calls completed by this push
+  std::vector<ToolCallPiece> tool_call_pieces;  // tool calls as they stream, in order (one per call and push)
 };
 
 struct OutputParserOptions {
@@ -69,6 +84,9 @@ class OutputParser {
 
   ParserOutput push(std::string_view text);  // decoded text as it streams
   ParserOutput finish();                     // end of generation: flush what was held back
+  // Whether the reply is still in its reasoning (what is pushed next would be reasoning, or
+  // the tag that ends it): the server counts reasoning tokens by it.
+  bool in_reasoning() const { return mode_ == Mode::kReasoning; }
 
  private:
   // One section of text (reasoning or content) as it is emitted: applies the whitespace
@@ -92,12 +110,19 @@ class OutputParser {
   bool step_think_open(bool at_end);
   bool step_text(ParserOutput& out, bool at_end);
   bool step_tool_call(ParserOutput& out, bool at_end);
+  bool step_call_name(ParserOutput& out, bool at_end);
+  bool step_refused_block(ParserOutput& out, bool at_end);
+  bool step_call_body(ParserOutput& out, bool at_end);
+  void add_piece(ParserOutput& out, std::string name);
 
   OutputParserOptions options_;
   ToolSchemas schemas_;
   Mode mode_;
-  std::string buffer_;            // text received and not yet decided
-  size_t tool_call_scanned_ = 0;  // kToolCall: buffer_ bytes searched for </tool_call> already
+  std::string buffer_;                  // text received and not yet decided
+  size_t tool_call_scanned_ = 0;        // a refused block: buffer_ bytes searched for </tool_call> already
+  bool block_refused_ = false;          // kToolCall: the block's name was not accepted
+  std::optional<ToolCallStream> call_;  // kToolCall: the call whose body streams
+  size_t calls_started_ = 0;
   bool think_open_checked_ = false;
   bool implicit_reasoning_end_ = false;  // reasoning ended at a <tool_call>, not at </think>
   bool stray_think_end_dropped_ = false;

@@ -1,4 +1,4 @@
-// tool_call_xml.cpp: parsing of one Qwen XML tool call and typing of its values (see the header).
+// tool_call_xml.cpp: the tool schemas of a request and the typing of tool-call values (see the header).
 #include "chat/tool_call_xml.h"
 
 #include <cmath>
@@ -10,12 +10,7 @@
 namespace lily {
 namespace {
 
-constexpr std::string_view kFunctionClose = "</function>";
-constexpr std::string_view kParameterOpen = "<parameter=";
-constexpr std::string_view kParameterClose = "</parameter>";
-
 using tool_call_syntax::is_space;
-using tool_call_syntax::kFunctionOpen;
 using tool_call_syntax::skip_space;
 
 std::string_view trim(std::string_view s) {
@@ -31,13 +26,6 @@ std::string to_lower(std::string_view s) {
     if (c >= 'A' && c <= 'Z') c = char(c - 'A' + 'a');
   }
   return out;
-}
-
-// A tag name: the text of <function=NAME> or <parameter=NAME>, trimmed, one line, no '<'.
-std::optional<std::string> tag_name(std::string_view raw) {
-  std::string_view name = trim(raw);
-  if (name.empty() || name.find_first_of("\n<") != std::string_view::npos) return std::nullopt;
-  return std::string(name);
 }
 
 // ---- value typing ---------------------------------------------------------------------------
@@ -236,35 +224,6 @@ void dump_to(const json& value, std::string& out) {
   }
 }
 
-// ---- block structure ------------------------------------------------------------------------
-
-// Where the value starting at `begin` of `body` ends: {end of the value text, where the next
-// parameter may start}. See the header for the rule; `is_other_parameter(name)` says whether
-// "\n<parameter=name>" before the closer shows a missing </parameter>.
-template <typename IsOtherParameter>
-std::pair<size_t, size_t> find_value_end(std::string_view body, size_t begin, IsOtherParameter is_other_parameter) {
-  size_t closer = std::string_view::npos;
-  for (size_t close = body.find(kParameterClose, begin); close != std::string_view::npos;
-       close = body.find(kParameterClose, close + 1)) {
-    size_t after = skip_space(body, close + kParameterClose.size());
-    if (after == body.size() || body.substr(after).starts_with(kParameterOpen)) {
-      closer = close;
-      break;
-    }
-  }
-  // Missing </parameter>: the next parameter opens before the closer (or there is none).
-  for (size_t open = body.find("\n<parameter=", begin); open != std::string_view::npos && open < closer;
-       open = body.find("\n<parameter=", open + 1)) {
-    size_t name_begin = open + 1 + kParameterOpen.size();
-    size_t name_end = body.find('>', name_begin);
-    if (name_end == std::string_view::npos) break;
-    std::optional<std::string> name = tag_name(body.substr(name_begin, name_end - name_begin));
-    if (closer == std::string_view::npos || (name && is_other_parameter(*name))) return {open + 1, open + 1};
-  }
-  if (closer != std::string_view::npos) return {closer, closer + kParameterClose.size()};
-  return {body.size(), body.size()};
-}
-
 }  // namespace
 
 ToolSchemas::ToolSchemas(const json& tools) {
@@ -315,55 +274,29 @@ json convert_parameter_value(const std::string& raw, const json* schema) {
   return untyped_value(raw);
 }
 
+bool value_is_plain_string(const json* schema) {
+  std::vector<ValueType> types;
+  if (schema != nullptr) add_types_of(*schema, types, 0);
+  if (!has_type(types, ValueType::kString)) return false;
+  for (ValueType t : {ValueType::kNull, ValueType::kInteger, ValueType::kNumber, ValueType::kBoolean,
+                      ValueType::kObject, ValueType::kArray}) {
+    if (has_type(types, t)) return false;
+  }
+  return true;
+}
+
 std::string dump_json_python_style(const json& value) {
   std::string out;
   dump_to(value, out);
   return out;
 }
 
-std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas,
-                                                  bool require_function_end) {
-  size_t pos = skip_space(body, 0);
-  if (!body.substr(pos).starts_with(kFunctionOpen)) return std::nullopt;
-  pos += kFunctionOpen.size();
-  size_t name_end = body.find('>', pos);
-  if (name_end == std::string_view::npos) return std::nullopt;
-  std::optional<std::string> name = tag_name(body.substr(pos, name_end - pos));
-  if (!name || !schemas.allows(*name)) return std::nullopt;  // a function the request did not offer
-
-  // The function body ends at the last </function>, which only whitespace may follow.
-  std::string_view rest = body.substr(name_end + 1);
-  size_t function_end = rest.rfind(kFunctionClose);
-  if (function_end != std::string_view::npos && skip_space(rest, function_end + kFunctionClose.size()) != rest.size()) {
-    return std::nullopt;  // text after the function
-  }
-  if (function_end == std::string_view::npos) {
-    if (require_function_end) return std::nullopt;
-    function_end = rest.size();
-  }
-  std::string_view params = rest.substr(0, function_end);
-
-  json arguments = json::object();
-  size_t p = 0;
-  while ((p = skip_space(params, p)) < params.size()) {
-    if (!params.substr(p).starts_with(kParameterOpen)) return std::nullopt;
-    p += kParameterOpen.size();
-    size_t param_name_end = params.find('>', p);
-    if (param_name_end == std::string_view::npos) return std::nullopt;
-    std::optional<std::string> param = tag_name(params.substr(p, param_name_end - p));
-    if (!param) return std::nullopt;
-    size_t value_begin = param_name_end + 1;
-    if (value_begin < params.size() && params[value_begin] == '\n') ++value_begin;
-    auto is_other_parameter = [&](const std::string& other) {
-      return other != *param && schemas.find_parameter(*name, other) != nullptr;
-    };
-    auto [value_end, next] = find_value_end(params, value_begin, is_other_parameter);
-    std::string raw(params.substr(value_begin, value_end - value_begin));
-    if (!raw.empty() && raw.back() == '\n') raw.pop_back();
-    arguments[*param] = convert_parameter_value(raw, schemas.find_parameter(*name, *param));
-    p = next;
-  }
-  return ParsedToolCall{*name, dump_json_python_style(arguments)};
+namespace tool_call_syntax {
+std::optional<std::string> tag_name(std::string_view raw) {
+  std::string_view name = trim(raw);
+  if (name.empty() || name.find_first_of("\n<") != std::string_view::npos) return std::nullopt;
+  return std::string(name);
 }
+}  // namespace tool_call_syntax
 
 }  // namespace lily

@@ -1,28 +1,12 @@
-// tool_call_xml.h: one Qwen XML tool call -> an OpenAI tool call (name + JSON arguments).
+// tool_call_xml.h: what a Qwen XML tool call's arguments become: the request's tool schemas,
+// the typing of each parameter's text, and the JSON layout of the arguments.
 //
 // The model writes a call as (spec tokenizer-chat-api.md §3.4)
 //   <tool_call>\n<function=NAME>\n<parameter=ARG>\nVALUE\n</parameter>\n...</function>\n</tool_call>
-// parse_tool_call_xml() takes the text between <tool_call> and </tool_call> and returns the call,
-// or nothing when the block is malformed (the caller then keeps the text as content).
-//
-// Block rules:
-//   * NAME is the text of <function=NAME>, trimmed; it must be non-empty and on one line, and
-//     the name of one of the request's tools when the schemas were built from a tools array
-//     (a call to a function the client never offered is not a call: issue 17 saw
-//     "_currency" returned for tool_choice "required").
-//   * The function body ends at the last </function>; text other than whitespace after it
-//     makes the block malformed. A missing </function> is tolerated unless
-//     `require_function_end` (used for a block cut off by the end of generation, which is
-//     accepted only when its function is complete).
-//   * A value is the text after <parameter=ARG>, less exactly one leading and one trailing "\n".
-//     It ends at the first </parameter> that is followed, modulo whitespace, by the next
-//     <parameter= or by the end of the body: so a literal </parameter> or </function> inside a
-//     value (code that writes this format) is kept. A missing </parameter> is tolerated: the
-//     value ends at a "\n<parameter=NAME>" that comes first when NAME is another parameter of
-//     the function's schema; without any structural closer, at the next "\n<parameter=", else
-//     at the end of the body.
-//   * Anything else between parameters (stray text, an unclosed tag) makes the block malformed.
-//   * A value cannot contain a literal </tool_call>: the caller ends the block at the first one.
+// tool_call_stream.h reads that text as it streams (the block rules are there) and uses what
+// is here. NAME must be the name of one of the request's tools when the schemas were built from
+// a tools array (a call to a function the client never offered is not a call: issue 17 saw
+// "_currency" returned for tool_choice "required").
 //
 // Value types come from the request's tool schema, parameters.properties[ARG]:
 //   "type" (a name or a list of names) and anyOf/oneOf options (their "type"s) give the allowed
@@ -51,12 +35,17 @@ using json = nlohmann::ordered_json;
 // The lexical pieces of the tool-call format, shared with the output parser.
 namespace tool_call_syntax {
 inline constexpr std::string_view kFunctionOpen = "<function=";
+inline constexpr std::string_view kFunctionClose = "</function>";
+inline constexpr std::string_view kParameterOpen = "<parameter=";
+inline constexpr std::string_view kParameterClose = "</parameter>";
 // Whitespace as the format uses it: space, tab, CR, LF.
 inline bool is_space(char c) { return c == ' ' || c == '\t' || c == '\n' || c == '\r'; }
 inline size_t skip_space(std::string_view s, size_t pos) {
   while (pos < s.size() && is_space(s[pos])) ++pos;
   return pos;
 }
+// A tag name: the text of <function=NAME> or <parameter=NAME>, trimmed, one line, no '<'.
+std::optional<std::string> tag_name(std::string_view raw);
 }  // namespace tool_call_syntax
 
 // One parsed call. arguments_json is a JSON object in Python's json.dumps layout
@@ -85,12 +74,20 @@ class ToolSchemas {
   bool checks_names_ = false;                            // built from a tools array
 };
 
-// Parses the text between <tool_call> and </tool_call>; nullopt when it is malformed.
+// The whole text between <tool_call> and </tool_call> (a call's block as generation left it),
+// read by a ToolCallStream (tool_call_stream.h): nullopt when it does not start with
+// <function=NAME> and an accepted NAME (or, with require_function_end, when no </function> ended
+// the arguments); else the call, its arguments what the stream gives for that text in any pieces.
 std::optional<ParsedToolCall> parse_tool_call_xml(std::string_view body, const ToolSchemas& schemas,
-                                                  bool require_function_end);
+                                                  bool require_function_end = false);
 
 // Types one parameter's raw text by its schema (nullptr: no schema); see the header comment.
 json convert_parameter_value(const std::string& raw, const json* schema);
+
+// Whether convert_parameter_value always gives the raw text as a JSON string for this schema:
+// it allows "string" and none of the types tried before it (null, integer, number, boolean,
+// object, array). Such values can be streamed as they are written.
+bool value_is_plain_string(const json* schema);
 
 // `value` as Python's json.dumps(value, ensure_ascii=False) writes it; invalid UTF-8 in
 // strings becomes U+FFFD.

@@ -287,9 +287,11 @@ CompletionResult ChatService::finish(Completion& c, FinishReason reason) {
   r.logprobs = std::move(whole.logprobs);
   r.tokens.assign(c.seq.reply().begin(), c.seq.reply().end());
   r.finish_reason = finish_reason(reason, c.reply.stopped(), r.tool_calls);
+  if (c.reply.stopped()) r.stop_sequence = c.reply.stop_string();
   r.cancelled = c.reply.cancelled();
   r.usage = c.usage;
   r.usage.completion_tokens = int64_t(r.tokens.size());
+  r.usage.reasoning_tokens = c.reply.reasoning_tokens();
   r.timings = c.timings;
 
   if (c.p.options.use_cache) cache_.release(std::move(c.seq).take());

@@ -80,16 +80,31 @@ struct TokenLogprobs {
   std::vector<LogprobAlternative> top;
 };
 
+// A tool call as it streams (chat/output_parser.h's ToolCallPiece, with its id). A call's first
+// delta has its id and name; the `arguments` of a call's deltas, concatenated, are the
+// arguments of its ToolCall, byte for byte.
+struct ToolCallDelta {
+  int index = 0;          // the call's place among the reply's calls: 0, 1, ...
+  std::string id, name;   // the first delta of a call only
+  std::string arguments;  // the next piece of the arguments JSON (may be empty)
+};
+
 // What one step of the reply added. Text is whole UTF-8 characters.
 struct ChatDelta {
   std::string reasoning, content;
-  std::vector<ToolCall> tool_calls;  // complete calls
+  std::vector<ToolCall> tool_calls;             // calls completed by this step (ids as in tool_call_deltas)
+  std::vector<ToolCallDelta> tool_call_deltas;  // calls as they stream, in order
   std::vector<TokenLogprobs> logprobs;
-  bool empty() const { return reasoning.empty() && content.empty() && tool_calls.empty() && logprobs.empty(); }
+  bool empty() const {
+    return reasoning.empty() && content.empty() && tool_calls.empty() && tool_call_deltas.empty() && logprobs.empty();
+  }
 };
 
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
+  // Of completion_tokens: those generated while the reply was in its reasoning (its </think>
+  // included; forced text not).
+  int64_t reasoning_tokens = 0;
 };
 
 struct Timings {
@@ -105,6 +120,7 @@ struct CompletionResult {
   std::vector<TokenLogprobs> logprobs;
   std::vector<int32_t> tokens;  // the reply's token ids: generated and forced, stop token included
   std::string finish_reason;    // "stop", "length", "tool_calls"
+  std::string stop_sequence;    // the stop string that ended the reply, if one did
   bool cancelled = false;       // the callback asked to stop (client gone)
   Usage usage;
   Timings timings;

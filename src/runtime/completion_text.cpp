@@ -15,13 +15,18 @@ std::string StopStrings::push(std::string_view text) {
   held_ += text;
   // The earliest complete stop string wins (at equal positions the longest).
   size_t best = std::string::npos;
+  const std::string* best_stop = nullptr;
   for (const std::string& stop : stops_) {
     size_t pos = held_.find(stop);
-    if (pos < best) best = pos;
+    if (pos < best || (pos == best && pos != std::string::npos && stop.size() > best_stop->size())) {
+      best = pos;
+      best_stop = &stop;
+    }
   }
   if (best != std::string::npos) {
     std::string out = held_.substr(0, best);
     held_.clear();
+    matched_ = *best_stop;
     stopped_ = true;
     return out;
   }

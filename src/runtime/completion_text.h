@@ -23,10 +23,11 @@ class StopStrings {
   // End of generation: releases what was held back (nothing once stopped).
   std::string flush();
   bool stopped() const { return stopped_; }
+  const std::string& matched() const { return matched_; }  // the stop string, once stopped()
 
  private:
   std::vector<std::string> stops_;
-  std::string held_;
+  std::string held_, matched_;
   bool stopped_ = false;
 };
 

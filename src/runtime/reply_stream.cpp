@@ -9,6 +9,7 @@ ReplyStream::ReplyStream(const Tokenizer& tokenizer, std::optional<OutputParserO
 }
 
 bool ReplyStream::push_token(const GeneratedToken& token) {
+  if (parser_ && parser_->in_reasoning()) ++reasoning_tokens_;
   std::vector<TokenLogprobs> logprobs;
   if (token.logprob) logprobs.push_back(logprobs_of(token));
   return deliver(stops_.push(decoder_.push(token.id)), std::move(logprobs));
@@ -55,11 +56,21 @@ ChatDelta ReplyStream::parse(std::string_view released, bool at_end) {
     out.reasoning += tail.reasoning;
     out.content += tail.content;
     for (auto& c : tail.tool_calls) out.tool_calls.push_back(std::move(c));
+    for (auto& p : tail.tool_call_pieces) out.tool_call_pieces.push_back(std::move(p));
   }
   d.reasoning = std::move(out.reasoning);
   d.content = std::move(out.content);
-  for (auto& c : out.tool_calls)
-    d.tool_calls.push_back({new_tool_call_id(), std::move(c.name), std::move(c.arguments_json)});
+  for (ToolCallPiece& p : out.tool_call_pieces) {
+    ToolCallDelta delta{int(p.index), "", std::move(p.name), std::move(p.arguments)};
+    if (!delta.name.empty()) {  // the call starts
+      call_ids_.push_back(new_tool_call_id());
+      delta.id = call_ids_.back();
+    }
+    d.tool_call_deltas.push_back(std::move(delta));
+  }
+  for (auto& c : out.tool_calls) {
+    d.tool_calls.push_back({call_ids_.at(calls_completed_++), std::move(c.name), std::move(c.arguments_json)});
+  }
   return d;
 }
 

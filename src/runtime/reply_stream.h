@@ -6,7 +6,9 @@
 // (reasoning / content / tool calls, chat/output_parser.h). What one push releases goes to the
 // caller as one ChatDelta, with the pushed token's logprobs even when its text is held back (a
 // possible stop string, an unfinished tag): they describe the token, not the text. A push that
-// releases nothing and has no logprobs sends nothing. whole() is the sum of every delta made.
+// releases nothing and has no logprobs sends nothing. whole() is the sum of every delta made
+// (its tool_call_deltas left empty: whole.tool_calls has the calls). Each tool call gets its id
+// when it starts; its deltas and its complete ToolCall carry the same one.
 //
 // The reply ends early in two ways, told apart because they finish differently: a stop string
 // completed (stopped(): the rest of the text is dropped, finish_reason "stop"), or the callback
@@ -42,7 +44,10 @@ class ReplyStream {
   // ended: a stop string that only this tail completes cuts the text, not the finish reason.
   void finish();
 
-  bool stopped() const { return stopped_; }  // by a stop string, while streaming
+  bool stopped() const { return stopped_; }                            // by a stop string, while streaming
+  const std::string& stop_string() const { return stops_.matched(); }  // the one, when stopped()
+  // Tokens pushed while the reply was in its reasoning (chat/output_parser.h in_reasoning()).
+  int64_t reasoning_tokens() const { return reasoning_tokens_; }
   bool cancelled() const { return cancelled_; }
   bool open() const { return !stopped_ && !cancelled_; }
   const ChatDelta& whole() const { return whole_; }
@@ -64,6 +69,9 @@ class ReplyStream {
   std::optional<OutputParser> parser_;
   DeltaCallback on_delta_;
   ChatDelta whole_;
+  std::vector<std::string> call_ids_;  // by call index, given when a call starts
+  size_t calls_completed_ = 0;
+  int64_t reasoning_tokens_ = 0;
   bool stopped_ = false, cancelled_ = false;
 };
 

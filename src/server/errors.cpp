@@ -37,4 +37,27 @@ json error_json(int status, const std::string& message, const std::string& param
   return error_json(ApiError(status, message, param, code));
 }
 
+std::string anthropic_error_type(int status) {
+  switch (status) {
+    case 401: return "authentication_error";
+    case 403: return "permission_error";
+    case 404: return "not_found_error";
+    case 413: return "request_too_large";
+    case 429: return "rate_limit_error";
+    case 503:
+    case 529: return "overloaded_error";
+    default: return status >= 500 ? "api_error" : "invalid_request_error";
+  }
+}
+
+json anthropic_error_json(const ApiError& e) {
+  return json{{"type", "error"}, {"error", json{{"type", anthropic_error_type(e.status)}, {"message", e.what()}}}};
+}
+
+bool is_anthropic_path(std::string_view path) { return path == "/v1/messages" || path.starts_with("/v1/messages/"); }
+
+json error_json_for_path(const ApiError& e, std::string_view path) {
+  return is_anthropic_path(path) ? anthropic_error_json(e) : error_json(e);
+}
+
 }  // namespace lily::server

@@ -51,6 +51,9 @@ struct Route {
 const Route kRoutes[] = {
     {"POST", "/v1/chat/completions", handle_chat_completions, true, true},
     {"POST", "/v1/completions", handle_completions, true, true},
+    {"POST", "/v1/messages", handle_messages, true, true},
+    {"POST", "/v1/messages/count_tokens", handle_count_tokens, true, true},
+    {"POST", "/v1/responses", handle_responses, true, true},
     {"GET", "/v1/models", handle_models, false, false},
     {"GET", "/v1/models/{id}", handle_model, false, false},
     {"GET", "/health", handle_health, false, false},
@@ -168,12 +171,19 @@ sigset_t block_stop_signals() {
   return set;
 }
 
-HttpResponse error_response(const ApiError& e, int retry_after) {
+// The error in the shape of the API the request was for (errors.h: error_json_for_path).
+HttpResponse error_response(const ApiError& e, int retry_after, std::string_view path = {}) {
   HttpResponse res;
   res.status = e.status;
   if (e.status == 503) res.set_header("Retry-After", std::to_string(retry_after));
-  res.set_content(dump(error_json(e)), "application/json");
+  res.set_content(dump(error_json_for_path(e, path)), "application/json");
   return res;
+}
+
+// With --api-key: "Authorization: Bearer KEY" (OpenAI's clients) or "x-api-key: KEY" (Anthropic's).
+bool has_api_key(const HttpRequest& req, const std::string& key) {
+  return req.header("authorization") == "Bearer " + key ||
+         (req.has_header("x-api-key") && req.header("x-api-key") == key);
 }
 
 }  // namespace
@@ -196,7 +206,7 @@ struct Server::Impl final : RequestHandler {
   std::optional<HttpResponse> check_head(const HttpRequest& req) override {
     std::optional<ApiError> refusal = refuse_head(req);
     if (!refusal) return std::nullopt;
-    HttpResponse res = error_response(*refusal, ctx.options.retry_after_seconds);
+    HttpResponse res = error_response(*refusal, ctx.options.retry_after_seconds, req.path);
     if (refusal->status == 405) res.set_header("Allow", allow_header(routes_of(req.path)));
     if (refusal->status == 204) res = preflight(req);
     finish(req, res);
@@ -206,16 +216,16 @@ struct Server::Impl final : RequestHandler {
   void handle(std::shared_ptr<Exchange> exchange) override {
     const HttpRequest& req = exchange->request();
     const Route* route = find_route(routes_of(req.path), req.method);
-    if (!route) return respond(*exchange, error_response(ApiError(404, "not found"), 1));
+    if (!route) return respond(*exchange, error_response(ApiError(404, "not found"), 1, req.path));
     if (ctx.shutting_down) {
       exchange->close_after_response();
-      return respond(*exchange, error_response(ApiError(503, "the server is shutting down"), 1));
+      return respond(*exchange, error_response(ApiError(503, "the server is shutting down"), 1, req.path));
     }
     if (!route->worker) return run(*exchange, *route);
     const bool posted = workers.post([this, exchange, route] { run(*exchange, *route); });
     if (!posted) {
       respond(*exchange, error_response(ApiError(503, "the server is busy: too many requests are waiting"),
-                                        ctx.options.retry_after_seconds));
+                                        ctx.options.retry_after_seconds, req.path));
     }
   }
 
@@ -240,10 +250,11 @@ struct Server::Impl final : RequestHandler {
       return ApiError(405, fmt::format("{} takes {}, not {}", req.path, allow_header(routes), req.method));
     }
     // With --api-key every route but /health and the chat page (/: no data; it asks for the key
-    // and sends it) needs "Authorization: Bearer KEY".
+    // and sends it) needs "Authorization: Bearer KEY" or "x-api-key: KEY".
     const bool open_route = req.path == "/health" || req.path == "/";
-    if (!o.api_key.empty() && !open_route && req.header("authorization") != "Bearer " + o.api_key) {
-      return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY)", "", "invalid_api_key");
+    if (!o.api_key.empty() && !open_route && !has_api_key(req, o.api_key)) {
+      return ApiError(401, "missing or wrong API key (send Authorization: Bearer KEY, or x-api-key: KEY)", "",
+                      "invalid_api_key");
     }
     if (route->json_body) {
       if (auto r = check_json_content_type(req.header("content-type"), req.has_header("content-type"))) {
@@ -263,7 +274,11 @@ struct Server::Impl final : RequestHandler {
     res.set_header("Allow", routes.empty() ? "OPTIONS" : allow_header(routes));
     if (req.has_header("origin")) {  // allowed, or check_origin refused it
       res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
-      res.set_header("Access-Control-Allow-Headers", "Authorization, Content-Type");
+      // x-api-key and anthropic-*: what Anthropic's clients send (anthropic-dangerous-direct-browser-access
+      // from a page).
+      res.set_header("Access-Control-Allow-Headers",
+                     "Authorization, Content-Type, x-api-key, anthropic-version, anthropic-beta, "
+                     "anthropic-dangerous-direct-browser-access");
       res.set_header("Access-Control-Max-Age", "600");
     }
     return res;
@@ -300,10 +315,10 @@ struct Server::Impl final : RequestHandler {
         route.handler(ctx, with_params, res);
       }
     } catch (const ApiError& e) {
-      res = error_response(e, ctx.options.retry_after_seconds);
+      res = error_response(e, ctx.options.retry_after_seconds, req.path);
     } catch (const std::exception& e) {
       LILY_LOG_WARN("{} {}: {}", req.method, req.path, e.what());
-      res = error_response(ApiError(500, std::string("internal error: ") + e.what()), 1);
+      res = error_response(ApiError(500, std::string("internal error: ") + e.what()), 1, req.path);
     }
     if (!res.stream) return respond(exchange, std::move(res));
     finish(req, res);

@@ -2,6 +2,8 @@
 //
 //   POST /v1/chat/completions   v1_chat_completions.cpp
 //   POST /v1/completions        v1_completions.cpp
+//   POST /v1/messages[/count_tokens]  v1_messages.cpp (Anthropic's Messages API; anthropic_wire.h)
+//   POST /v1/responses          v1_responses.cpp (OpenAI's Responses API; responses_wire.h)
 //   GET  /v1/models[/{id}]      v1_models.cpp
 //   GET  /health, /metrics      health_metrics.cpp
 //   POST /cache/clear           session_cache.cpp (lily's own)
@@ -30,7 +32,7 @@ namespace lily::server {
 struct ServerOptions {
   std::string host = "127.0.0.1";
   int port = 8080;      // 0: any free port
-  std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY"
+  std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY" (or "x-api-key: KEY")
   std::string model_name = "lily";
   size_t max_waiting = 16;                  // queue length beyond the running request
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
@@ -98,6 +100,9 @@ struct ServerContext {
 // Endpoint handlers.
 void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_completions(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_messages(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_count_tokens(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
+void handle_responses(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_models(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_model(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);
 void handle_health(ServerContext& ctx, const HttpRequest& req, HttpResponse& res);

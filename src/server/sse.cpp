@@ -7,7 +7,11 @@ bool SseWriter::send(const std::string& text) {
   return ok_;
 }
 
-bool SseWriter::event(const json& data) { return send("data: " + dump(data) + "\n\n"); }
+bool SseWriter::event(const json& data, std::string_view name) {
+  std::string text;
+  if (!name.empty()) text = "event: " + std::string(name) + "\n";
+  return send(text + "data: " + dump(data) + "\n\n");
+}
 
 bool SseWriter::comment(const std::string& text) { return send(": " + text + "\n\n"); }
 

@@ -205,7 +205,11 @@ void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, HttpRes
   job->body = [=](const CompletionResult& r) {
     json message{{"role", "assistant"}};
     message["content"] = r.content.empty() && !r.tool_calls.empty() ? json(nullptr) : json(r.content);
-    if (!r.reasoning.empty()) message["reasoning_content"] = r.reasoning;
+    // reasoning_content (DeepSeek, llama.cpp, SGLang) and reasoning (vLLM, OpenRouter): clients read one or the other.
+    if (!r.reasoning.empty()) {
+      message["reasoning_content"] = r.reasoning;
+      message["reasoning"] = r.reasoning;
+    }
     if (!r.tool_calls.empty()) message["tool_calls"] = tool_calls_json(r.tool_calls);
     json choice{{"index", 0},
                 {"message", message},
@@ -229,26 +233,32 @@ void handle_chat_completions(ServerContext& ctx, const HttpRequest& req, HttpRes
   job->opening = [=] {
     return std::vector<json>{chunk(choice(json{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr))};
   };
-  auto tool_index = std::make_shared<int>(0);  // index of the next tool call in the stream
   job->delta_events = [=](const ChatDelta& d) {
     std::vector<json> events;
     json lp = logprobs && !d.logprobs.empty() ? chat_logprobs_json(d.logprobs) : json(nullptr);
     if (!d.reasoning.empty() || !d.content.empty() || !lp.is_null()) {
       json delta = json::object();
-      if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+      if (!d.reasoning.empty()) {
+        delta["reasoning_content"] = d.reasoning;
+        delta["reasoning"] = d.reasoning;
+      }
       if (!d.content.empty() || !lp.is_null()) delta["content"] = d.content;
       events.push_back(chunk(choice(std::move(delta), std::move(lp), nullptr)));
     }
-    // Tool calls as OpenAI streams them: a header (id, type, name, empty arguments), then the arguments.
-    for (const ToolCall& c : d.tool_calls) {
-      const int index = (*tool_index)++;
-      json header{{"index", index},
-                  {"id", c.id},
-                  {"type", "function"},
-                  {"function", json{{"name", c.name}, {"arguments", ""}}}};
-      json args{{"index", index}, {"function", json{{"arguments", c.arguments}}}};
-      events.push_back(chunk(choice(json{{"tool_calls", json::array({header})}}, nullptr, nullptr)));
-      events.push_back(chunk(choice(json{{"tool_calls", json::array({args})}}, nullptr, nullptr)));
+    // Tool calls as OpenAI streams them: when a call starts, a header (index, id, type, name,
+    // empty arguments); then its arguments in pieces as the model writes them.
+    for (const ToolCallDelta& t : d.tool_call_deltas) {
+      if (!t.name.empty()) {
+        json header{{"index", t.index},
+                    {"id", t.id},
+                    {"type", "function"},
+                    {"function", json{{"name", t.name}, {"arguments", ""}}}};
+        events.push_back(chunk(choice(json{{"tool_calls", json::array({header})}}, nullptr, nullptr)));
+      }
+      if (!t.arguments.empty()) {
+        json args{{"index", t.index}, {"function", json{{"arguments", t.arguments}}}};
+        events.push_back(chunk(choice(json{{"tool_calls", json::array({args})}}, nullptr, nullptr)));
+      }
     }
     return events;
   };

@@ -165,7 +165,8 @@ json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
-              {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}}};
+              {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}},
+              {"completion_tokens_details", json{{"reasoning_tokens", u.reasoning_tokens}}}};
 }
 
 json ResponseEnvelope::chunk(json choices) const {

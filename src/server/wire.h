@@ -52,6 +52,8 @@ bool read_include_usage(const Fields& f, bool stream);
 std::string dump(const json& j);
 
 std::string new_response_id(const std::string& prefix);  // prefix + 24 hex digits
+// OpenAI's usage object: prompt / completion / total tokens, prompt_tokens_details.cached_tokens,
+// completion_tokens_details.reasoning_tokens.
 json usage_json(const Usage& usage);
 
 // The fields every object of one response carries (id, object, created, model,

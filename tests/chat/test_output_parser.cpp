@@ -2,7 +2,8 @@
 //
 // Every crafted stream is fed whole, split at every byte position, one byte at a time and in
 // random multi-splits; the concatenated outputs must equal the expected (reasoning, content,
-// tool calls) each time, and every delta must be valid UTF-8.
+// tool calls) each time, every delta must be valid UTF-8, and each call's streamed pieces
+// (start with its name, then argument pieces) must add up to the call returned whole.
 #include "chat/output_parser.h"
 
 #include "base/error.h"
@@ -46,18 +47,33 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-// Feeds `pieces` and collects the outputs; `utf8_ok` turns false if a delta is not valid UTF-8.
-Result run(const OutputParserOptions& options, const std::vector<std::string_view>& pieces, bool& utf8_ok) {
+// Feeds `pieces` and collects the outputs; `utf8_ok` turns false if a delta is not valid UTF-8,
+// `pieces_ok` if the streamed tool-call pieces do not add up to the calls.
+Result run(const OutputParserOptions& options, const std::vector<std::string_view>& pieces, bool& utf8_ok,
+           bool& pieces_ok) {
   OutputParser parser(options);
   Result result;
+  std::vector<std::pair<std::string, std::string>> streamed;  // name, arguments, from the pieces
   auto add = [&](ParserOutput out) {
     utf8_ok = utf8_ok && valid_utf8(out.reasoning) && valid_utf8(out.content);
     result.reasoning += out.reasoning;
     result.content += out.content;
+    for (const ToolCallPiece& piece : out.tool_call_pieces) {
+      if (!piece.name.empty()) {  // a call starts: the next index
+        pieces_ok = pieces_ok && piece.index == streamed.size();
+        streamed.emplace_back(piece.name, "");
+      }
+      if (piece.index >= streamed.size()) {
+        pieces_ok = false;
+        continue;
+      }
+      streamed[piece.index].second += piece.arguments;
+    }
     for (ParsedToolCall& call : out.tool_calls) result.calls.emplace_back(call.name, call.arguments_json);
   };
   for (std::string_view piece : pieces) add(parser.push(piece));
   add(parser.finish());
+  pieces_ok = pieces_ok && streamed == result.calls;
   return result;
 }
 
@@ -78,12 +94,13 @@ std::string describe(const std::vector<std::string_view>& pieces) {
 // Checks one split; reports at most one failure per call.
 bool check_split(const OutputParserOptions& options, const std::vector<std::string_view>& pieces,
                  const Result& expected) {
-  bool utf8_ok = true;
-  Result got = run(options, pieces, utf8_ok);
-  if (got == expected && utf8_ok) return true;
+  bool utf8_ok = true, pieces_ok = true;
+  Result got = run(options, pieces, utf8_ok, pieces_ok);
+  if (got == expected && utf8_ok && pieces_ok) return true;
   ADD_FAILURE() << "split " << describe(pieces) << "\nexpected:\n"
                 << show(expected) << "\ngot:\n"
-                << show(got) << (utf8_ok ? "" : "\n(a delta was not valid UTF-8)");
+                << show(got) << (utf8_ok ? "" : "\n(a delta was not valid UTF-8)")
+                << (pieces_ok ? "" : "\n(the streamed pieces do not add up to the calls)");
   return false;
 }
 
@@ -317,9 +334,7 @@ TEST(output_parser, ParsingOffKeepsToolCallText) {
 
 // ---- malformed and cut-off calls ------------------------------------------------------------
 
-TEST(output_parser, MalformedCallsStayContent) {
-  std::string bad_tag = "<tool_call>\n<function=get_weather>\n<oops>\n</function>\n</tool_call>";
-  check_stream("</think>\n\nTry: " + bad_tag + " done", {"", "Try: " + bad_tag + " done", {}}, with_tools());
+TEST(output_parser, BlocksWithoutAnAcceptedNameStayContent) {
   std::string no_name_end = "<tool_call>\n<function=get_weather\n</tool_call>";
   check_stream("</think>\n\n" + no_name_end, {"", no_name_end, {}}, with_tools());
   std::string stray_text = "<tool_call>\n<function=f>\nhello\n</function>\n</tool_call>";
@@ -329,15 +344,36 @@ TEST(output_parser, MalformedCallsStayContent) {
   check_stream("</think>\n\n" + empty_name, {"", empty_name, {}}, with_tools());
 }
 
+// Once its name is accepted a call has gone out (streamed): what follows cannot turn it back
+// into text. Text inside it that is no parameter is dropped.
+TEST(output_parser, AnAcceptedCallStaysACall) {
+  std::string bad_tag = "<tool_call>\n<function=get_weather>\n<oops>\n</function>\n</tool_call>";
+  check_stream("</think>\n\nTry: " + bad_tag + " done", {"", "Try: done", {{"get_weather", "{}"}}}, with_tools());
+  check_stream("</think>\n\n<tool_call><function=get_weather>x <b><parameter=city\n>Oslo</parameter></function>"
+               "</tool_call>",
+               {"", "", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
+  // Written twice: the first value went out, it stays.
+  check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=days>\n1\n</parameter>\n"
+               "<parameter=city>\nA\n</parameter>\n<parameter=days>\n2\n</parameter>\n</function>\n</tool_call>",
+               {"", "", {{"get_weather", R"({"days": 1, "city": "A"})"}}}, with_tools());
+}
+
 TEST(output_parser, CutOffCalls) {
   // Complete function, no </tool_call>: accepted.
   check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo\n</parameter>\n</function>\n",
                {"", "", {{"get_weather", R"({"city": "Oslo"})"}}}, with_tools());
-  // Cut inside a value: kept as content.
+  // Cut inside a value: the call keeps what it wrote, closed.
   check_stream("</think>\n\nX <tool_call>\n<function=get_weather>\n<parameter=city>\nOs",
-               {"", "X <tool_call>\n<function=get_weather>\n<parameter=city>\nOs", {}}, with_tools());
+               {"", "X", {{"get_weather", R"({"city": "Os"})"}}}, with_tools());
+  // Cut inside a closing tag: the unfinished tag is not the value's.
+  check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=days>\n12\n</para",
+               {"", "", {{"get_weather", R"({"days": 12})"}}}, with_tools());
+  check_stream("</think>\n\n<tool_call>\n<function=get_weather>\n<parameter=city>\nA\n</parameter>\n</fun",
+               {"", "", {{"get_weather", R"({"city": "A"})"}}}, with_tools());
   // Cut off inside reasoning: the reasoning still ends at the call.
-  check_stream("R\n<tool_call>\n<function=get_weather>\n", {"R", "<tool_call>\n<function=get_weather>", {}},
+  check_stream("R\n<tool_call>\n<function=get_weather>\n", {"R", "", {{"get_weather", "{}"}}}, with_tools());
+  // Cut off before the name is whole: not a call.
+  check_stream("</think>\n\nX <tool_call>\n<function=get_wea", {"", "X <tool_call>\n<function=get_wea", {}},
                with_tools());
 }
 
@@ -364,12 +400,29 @@ TEST(output_parser, EmitsAsSoonAsDecided) {
   EXPECT_EQ(parser.push("b>").content, " <b>");
   EXPECT_EQ(parser.push("\xC3").content, "");  // half of "é"
   EXPECT_EQ(parser.push("\xA9!").content, "\xC3\xA9!");
-  ParserOutput out = parser.push("\n\n<tool_call>\n<function=get_weather>\n");
+  ParserOutput out = parser.push("\n\n<tool_call>\n<function=get_weather");
   EXPECT_EQ(out.content, "");
+  EXPECT_TRUE(out.tool_call_pieces.empty());  // the name may go on
+  out = parser.push(">\n");
   EXPECT_TRUE(out.tool_calls.empty());
-  out = parser.push("<parameter=city>\nOslo\n</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(out.tool_call_pieces.size(), 1u);  // the call starts
+  EXPECT_EQ(out.tool_call_pieces[0].name, "get_weather");
+  EXPECT_EQ(out.tool_call_pieces[0].arguments, "{");
+  out = parser.push("<parameter=city>\nOs");
+  ASSERT_EQ(out.tool_call_pieces.size(), 1u);  // a string value streams as it is written
+  EXPECT_EQ(out.tool_call_pieces[0].name, "");
+  EXPECT_EQ(out.tool_call_pieces[0].arguments, R"("city": "Os)");
+  out = parser.push("lo\n</param");
+  ASSERT_EQ(out.tool_call_pieces.size(), 1u);
+  EXPECT_EQ(out.tool_call_pieces[0].arguments, "lo");  // the newline may be the format's
+  out = parser.push("eter>\n<parameter=days>\n3");
+  ASSERT_EQ(out.tool_call_pieces.size(), 1u);  // an integer goes out whole
+  EXPECT_EQ(out.tool_call_pieces[0].arguments, R"(", "days": )");
+  out = parser.push("\n</parameter>\n</function>\n</tool_call>");
+  ASSERT_EQ(out.tool_call_pieces.size(), 1u);
+  EXPECT_EQ(out.tool_call_pieces[0].arguments, "3}");
   ASSERT_EQ(out.tool_calls.size(), 1u);
-  EXPECT_EQ(out.tool_calls[0].arguments_json, R"({"city": "Oslo"})");
+  EXPECT_EQ(out.tool_calls[0].arguments_json, R"({"city": "Oslo", "days": 3})");
   out = parser.finish();
   EXPECT_EQ(out.content, "");
   EXPECT_THROW(parser.push("x"), Error);

@@ -94,30 +94,47 @@ TEST(output_parser_xml, SchemasFromEitherToolShape) {
   ASSERT_NE(schemas.find_parameter("g", "s"), nullptr);
   EXPECT_EQ(schemas.find_parameter("f", "s"), nullptr);
   EXPECT_EQ(schemas.find_parameter("h", "n"), nullptr);
-  auto call = parse_tool_call_xml("\n<function=g>\n<parameter=s>\n12\n</parameter>\n</function>\n", schemas, true);
+  auto call = parse_tool_call_xml("\n<function=g>\n<parameter=s>\n12\n</parameter>\n</function>\n", schemas);
   ASSERT_TRUE(call);
   EXPECT_EQ(call->arguments_json, R"({"s": "12"})");
 }
 
 TEST(output_parser_xml, Structure) {
   ToolSchemas none;
-  auto parse = [&](std::string_view body, bool require_end = false) {
-    auto call = parse_tool_call_xml(body, none, require_end);
-    return call ? call->name + " " + call->arguments_json : std::string("malformed");
+  auto parse = [&](std::string_view body) {
+    auto call = parse_tool_call_xml(body, none);
+    return call ? call->name + " " + call->arguments_json : std::string("not a call");
   };
   EXPECT_EQ(parse("<function=f></function>"), "f {}");
   EXPECT_EQ(parse("\n<function= f >\n<parameter= a >\n1\n</parameter>\n</function>\n"), "f {\"a\": 1}");
+  // Written twice: the first value stays (it may have been streamed already).
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\n1\n</parameter>\n<parameter=a>\n2\n</parameter>\n</function>"),
-            "f {\"a\": 2}");
+            "f {\"a\": 1}");
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n"), "f {\"a\": \"x\"}");
-  EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n", true), "malformed");
   EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</function>"), "f {\"a\": \"x\"}");
-  EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\ntrailing"), "malformed");
-  EXPECT_EQ(parse("text <function=f></function>"), "malformed");
-  EXPECT_EQ(parse("<function=f>junk</function>"), "malformed");
-  EXPECT_EQ(parse("<function=f>\n<parameter=a\n</function>"), "malformed");
-  EXPECT_EQ(parse("<function=\n>\n</function>"), "malformed");
-  EXPECT_EQ(parse("{\"name\": \"f\"}"), "malformed");
+  EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx"), "f {\"a\": \"x\"}");
+  // require_function_end: only arguments a whole </function> ended.
+  auto ended = [&](std::string_view body) { return parse_tool_call_xml(body, none, true).has_value(); };
+  EXPECT_TRUE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\n"));
+  EXPECT_TRUE(ended("<function=f>\n<parameter=a>\nx\n</function>"));
+  EXPECT_TRUE(ended("<function=f></function>"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx\n</parameter>\n</func"));
+  EXPECT_FALSE(ended("<function=f>\n<parameter=a>\nx</function>y"));
+  // Closers followed by more text are the value's text.
+  EXPECT_EQ(parse("<function=f>\n<parameter=a>\nx\n</parameter>\n</function>\ntrailing"),
+            "f {\"a\": \"x\\n</parameter>\\n</function>\\ntrailing\"}");
+  // Text between parameters and after the function is dropped.
+  EXPECT_EQ(parse("<function=f>junk</function>"), "f {}");
+  EXPECT_EQ(parse("<function=f>\n<parameter=a\n</function>"), "f {}");
+  EXPECT_EQ(parse("<function=f>x <b>\n<parameter=a>\n1\n</parameter>\n<parameter=b>\n2\n</parameter>"),
+            "f {\"a\": 1, \"b\": 2}");
+  EXPECT_EQ(parse("<function=f></function> <parameter=a>\n1\n</parameter>"), "f {}");
+  EXPECT_EQ(parse("text <function=f></function>"), "not a call");
+  EXPECT_EQ(parse("<function=\n>\n</function>"), "not a call");
+  EXPECT_EQ(parse("<function=f<x>\n</function>"), "not a call");
+  EXPECT_EQ(parse("<function=f"), "not a call");
+  EXPECT_EQ(parse("{\"name\": \"f\"}"), "not a call");
 }
 
 }  // namespace

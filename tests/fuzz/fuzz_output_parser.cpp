@@ -8,13 +8,15 @@
 //
 // A finding: a crash, a sanitizer report, a leak, an exception, or a broken promise of the
 // header: (1) the outputs do not depend on how the text is split into pushes (one push vs
-// pushes of 1..16 bytes); (2) for valid UTF-8 text, every delta is valid UTF-8.
+// pushes of 1..16 bytes); (2) for valid UTF-8 text, every delta is valid UTF-8; (3) each tool
+// call's streamed pieces (its start, then argument pieces) add up to the call returned whole.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <string>
 #include <string_view>
+#include <vector>
 
 #include "chat/output_parser.h"
 
@@ -49,6 +51,7 @@ bool valid_utf8(std::string_view s) {
 
 struct Totals {
   std::string reasoning, content, calls;
+  std::vector<std::string> streamed;  // name + '\0' + arguments per call, from the pieces
 };
 
 void add(Totals& t, const lily::ParserOutput& out, bool check_utf8) {
@@ -58,7 +61,28 @@ void add(Totals& t, const lily::ParserOutput& out, bool check_utf8) {
   }
   t.reasoning += out.reasoning;
   t.content += out.content;
+  for (const auto& p : out.tool_call_pieces) {
+    if (!p.name.empty()) {
+      if (p.index != t.streamed.size()) {
+        std::fprintf(stderr, "a tool call started with index %zu, not %zu\n", p.index, t.streamed.size());
+        std::abort();
+      }
+      t.streamed.push_back(p.name + '\0');
+    }
+    if (p.index >= t.streamed.size()) {
+      std::fprintf(stderr, "a tool-call piece for index %zu, which never started\n", p.index);
+      std::abort();
+    }
+    t.streamed[p.index] += p.arguments;
+  }
   for (const auto& c : out.tool_calls) t.calls += c.name + '\0' + c.arguments_json + '\0';
+}
+
+// The calls as the pieces gave them, in Totals::calls' form.
+std::string streamed_calls(const Totals& t) {
+  std::string calls;
+  for (const std::string& call : t.streamed) calls += call + '\0';
+  return calls;
 }
 
 }  // namespace
@@ -104,6 +128,10 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         stderr,
         "the split changed the output:\n  whole: reasoning [%s] content [%s]\n  split: reasoning [%s] content [%s]\n",
         whole.reasoning.c_str(), whole.content.c_str(), split.reasoning.c_str(), split.content.c_str());
+    std::abort();
+  }
+  if (streamed_calls(whole) != whole.calls || streamed_calls(split) != split.calls) {
+    std::fprintf(stderr, "the streamed tool-call pieces do not add up to the calls\n");
     std::abort();
   }
   return 0;

@@ -162,5 +162,72 @@ TEST(ReplyStream, ReasoningThenAForcedOpeningBecomeOneToolCall) {
   EXPECT_EQ(calls, 1u);
 }
 
+// Issue 18 (2): a call goes out when its name is known, then its arguments as they are
+// written; its deltas and its complete ToolCall carry one id, and the pieces add up to its
+// arguments. Two calls get two ids and the indexes 0 and 1.
+TEST(ReplyStream, ToolCallsStreamUnderOneIdEach) {
+  const json tools = json::parse(R"([{"type": "function", "function": {"name": "get_weather",
+      "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}])");
+  Client client;
+  ReplyStream reply(tokenizer(), OutputParserOptions{false, tools, true}, {}, client.callback());
+  const std::string call = "<tool_call>\n<function=get_weather>\n<parameter=city>\nOslo \"Nord\"\n</parameter>\n"
+                           "</function>\n</tool_call>";
+  for (int32_t id : char_tokens("Sure.\n\n" + call + "\n" + call)) EXPECT_TRUE(reply.push_token(token(id)));
+  reply.finish();
+
+  const ChatDelta& whole = reply.whole();
+  ASSERT_EQ(whole.tool_calls.size(), 2u);
+  EXPECT_TRUE(whole.tool_call_deltas.empty());
+  std::vector<std::string> ids, arguments;
+  size_t deltas = 0;
+  for (const ChatDelta& d : client.deltas) {
+    for (const ToolCallDelta& t : d.tool_call_deltas) {
+      ++deltas;
+      if (!t.name.empty()) {
+        EXPECT_EQ(t.index, int(ids.size()));
+        EXPECT_EQ(t.name, "get_weather");
+        ids.push_back(t.id);
+        arguments.emplace_back();
+      } else {
+        EXPECT_TRUE(t.id.empty());
+      }
+      ASSERT_LT(size_t(t.index), arguments.size());
+      arguments[size_t(t.index)] += t.arguments;
+    }
+  }
+  ASSERT_EQ(ids.size(), 2u);
+  EXPECT_NE(ids[0], ids[1]);
+  EXPECT_GT(deltas, 10u);  // streamed, not one piece per call
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(whole.tool_calls[i].id, ids[i]);
+    EXPECT_EQ(whole.tool_calls[i].arguments, arguments[i]);
+    EXPECT_EQ(whole.tool_calls[i].arguments, R"({"city": "Oslo \"Nord\""})");
+  }
+}
+
+// Issue 18 (6): the tokens pushed while the reply is in its reasoning, its </think> included.
+TEST(ReplyStream, CountsTheReasoningTokens) {
+  Client client;
+  ReplyStream reply(tokenizer(), OutputParserOptions{true, nullptr, false}, {}, client.callback());
+  for (int32_t id : char_tokens("Hm, 1+1.\n</think>\n\n2")) EXPECT_TRUE(reply.push_token(token(id)));
+  reply.finish();
+  EXPECT_EQ(reply.whole().reasoning, "Hm, 1+1.");
+  EXPECT_EQ(reply.reasoning_tokens(), int64_t(std::string("Hm, 1+1.\n</think>").size()));
+
+  Client off;
+  ReplyStream answer(tokenizer(), OutputParserOptions{false, nullptr, false}, {}, off.callback());
+  for (int32_t id : char_tokens("2")) EXPECT_TRUE(answer.push_token(token(id)));
+  EXPECT_EQ(answer.reasoning_tokens(), 0);
+}
+
+TEST(ReplyStream, TellsWhichStopStringEndedIt) {
+  Client client;
+  ReplyStream reply = text_stream(client, {"XY", "Z", "XYZ"});
+  EXPECT_TRUE(reply.push_text("aX"));
+  EXPECT_FALSE(reply.push_text("YZb"));  // "XY" and "XYZ" start at once: the longer one
+  EXPECT_TRUE(reply.stopped());
+  EXPECT_EQ(reply.stop_string(), "XYZ");
+}
+
 }  // namespace
 }  // namespace lily

@@ -151,10 +151,11 @@ TEST(Wire, ErrorObjectShape) {
 }
 
 TEST(Wire, UsageShape) {
-  json u = usage_json(Usage{10, 5, 7});
+  json u = usage_json(Usage{10, 5, 7, 3});
   EXPECT_EQ(
       u.dump(),
-      R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7}})");
+      R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7},)"
+      R"("completion_tokens_details":{"reasoning_tokens":3}})");
 }
 
 }  // namespace

@@ -114,3 +114,23 @@ test('lily-tiny: held-out tool calls with thinking on', async () => {
     `(issue 5's bar: 2 of 3)`);
   assert.ok(3 * exact >= 2 * TOOL_CALLS.length, `${exact} of ${TOOL_CALLS.length} exact tool calls`);
 });
+
+// Issue 18 (2): a streamed call's arguments arrive as the model writes them, and add up to the
+// bytes of the call returned whole.
+test('lily-tiny: a streamed tool call, its arguments in pieces, the same bytes', async () => {
+  const params = {
+    model, temperature: 0, max_tokens: 320, tools: TOOLS, messages: [{ role: 'user', content: TOOL_CALLS[0][0] }],
+  };
+  const whole = (await openai.chat.completions.create(params)).choices[0].message.tool_calls;
+  assert.equal(whole.length, 1);
+  const stream = await openai.chat.completions.create({ ...params, stream: true });
+  const pieces = [];
+  for await (const chunk of stream) {
+    for (const d of chunk.choices[0]?.delta?.tool_calls ?? []) {
+      if (d.id) assert.equal(d.function.name, whole[0].function.name);
+      else pieces.push(d.function.arguments);
+    }
+  }
+  assert.ok(pieces.length > 3, `the arguments came in ${pieces.length} piece(s)`);
+  assert.equal(pieces.join(''), whole[0].function.arguments);
+});
