@@ -97,7 +97,7 @@ void run(Fixture& f, const std::string& body) {
   const std::string text = lily::render_chat_template(*messages, tools_or_null, options);
   const std::vector<int32_t> prompt = tokenizer.encode(text);
   (void)tokenizer.decode(prompt);
-  const lily::ResponseFormat format;  // text until the server reads response_format
+  const lily::ResponseFormat format = lily::server::read_response_format(fields);
   const bool parallel = fields.boolean("parallel_tool_calls").value_or(true);
   if (auto constraint = lily::chat_constraint(format, tools_or_null, choice, parallel, text.ends_with("<think>\n"))) {
     try {
