@@ -24,10 +24,10 @@ bool is_nonempty_array(const json& j) { return j.is_array() && !j.empty(); }
 // Grammar refusals become a 400 on the request field they came from: a SchemaError ("json_schema:
 // unsupported keyword 'pattern' at #/properties/a"), or a grammar past the builder's size limits
 // (a schema whose bounds make it too large).
-std::string schema_message(const OutputConstraint& c, const Error& e) {
-  if (c.kind == OutputConstraint::Kind::tool_call)
-    return fmt::format("tools cannot be used for tool_choice: {}", e.what());
-  return fmt::format("response_format: {}", e.what());
+RequestError schema_refusal(const OutputConstraint& c, const std::string& what, const std::string& refused_at) {
+  const std::string param = c.param(refused_at);
+  if (param == "tools") return RequestError(fmt::format("tools cannot be compiled into a grammar: {}", what), param);
+  return RequestError(fmt::format("{}: {}", param, what), param);
 }
 
 bool has_tool_named(const json& tools, const std::string& name) {
@@ -176,10 +176,12 @@ std::shared_ptr<const grammar::CompiledGrammar> ChatService::compile(
   if (!constraint) return nullptr;
   try {
     return grammars_.get(*constraint);
-  } catch (const Error& e) {
-    throw RequestError(schema_message(*constraint, e), constraint->param());
+  } catch (const grammar::SchemaError& e) {
+    throw schema_refusal(*constraint, e.what(), e.path());
+  } catch (const Error& e) {  // the grammar past its size limits
+    throw schema_refusal(*constraint, e.what(), "");
   } catch (const json::exception& e) {  // a schema value of a type the compiler did not expect
-    throw RequestError(schema_message(*constraint, Error(e.what())), constraint->param());
+    throw schema_refusal(*constraint, e.what(), "");
   }
 }
 

@@ -21,7 +21,7 @@ std::optional<OutputConstraint> format_constraint(const ResponseFormat& format, 
     case ResponseFormat::Type::json_object: c.kind = OutputConstraint::Kind::json_object; return c;
     case ResponseFormat::Type::json_schema:
       c.kind = OutputConstraint::Kind::json_schema;
-      c.spec = format.schema;
+      c.schema = format.schema;
       return c;
   }
   return std::nullopt;
@@ -37,7 +37,7 @@ std::optional<OutputConstraint> chat_constraint(const ResponseFormat& format, co
     case ToolChoice::Mode::required:
     case ToolChoice::Mode::function:
       c.kind = OutputConstraint::Kind::tool_call;
-      c.spec = tools;
+      c.tools = tools;
       // A named choice asks for that function's call, not for several (OpenAI's behaviour).
       if (choice.mode == ToolChoice::Mode::function) c.tool_call = {choice.function, false};
       else c.tool_call = {std::nullopt, parallel_tool_calls};
@@ -45,7 +45,14 @@ std::optional<OutputConstraint> chat_constraint(const ResponseFormat& format, co
     case ToolChoice::Mode::none:
     case ToolChoice::Mode::automatic: break;
   }
-  if (auto json_answer = format_constraint(format, thinking)) return json_answer;
+  auto json_answer = format_constraint(format, thinking);
+  if (json_answer && choice.mode == ToolChoice::Mode::automatic && is_nonempty_array(tools)) {
+    json_answer->kind = OutputConstraint::Kind::tool_call_or_json;  // schema stays null for json_object
+    json_answer->tools = tools;
+    json_answer->tool_call = {std::nullopt, parallel_tool_calls};
+    return json_answer;
+  }
+  if (json_answer) return json_answer;
   if (choice.mode == ToolChoice::Mode::none && is_nonempty_array(tools)) {
     c.kind = OutputConstraint::Kind::no_tool_call;
     return c;
@@ -59,13 +66,14 @@ std::optional<OutputConstraint> text_constraint(const ResponseFormat& format) {
 
 std::string OutputConstraint::key() const {
   std::string k = std::to_string(int(kind)) + (thinking ? " thinking" : " answer");
-  if (kind == Kind::tool_call) {
+  if (kind == Kind::tool_call || kind == Kind::tool_call_or_json) {
     k += tool_call.parallel ? " parallel" : " single";
     k += tool_call.function ? " function=" + *tool_call.function : " any";
   }
   // Replace, not throw, on invalid UTF-8: the server's JSON parser lets none through, but a key
   // is no place to fail.
-  return k + "\n" + spec.dump(-1, ' ', false, json::error_handler_t::replace);
+  const auto compact = [](const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); };
+  return k + "\n" + compact(schema) + "\n" + compact(tools);
 }
 
 grammar::Grammar OutputConstraint::build() const {
@@ -73,14 +81,18 @@ grammar::Grammar OutputConstraint::build() const {
   options.thinking = thinking;
   switch (kind) {
     case Kind::json_object: return grammar::json_object_grammar(options);
-    case Kind::json_schema: return grammar::json_schema_grammar(spec, options);
-    case Kind::tool_call: return grammar::tool_call_grammar(spec, tool_call, options);
+    case Kind::json_schema: return grammar::json_schema_grammar(schema, options);
+    case Kind::tool_call: return grammar::tool_call_grammar(tools, tool_call, options);
+    case Kind::tool_call_or_json:
+      return grammar::tool_calls_or_json_grammar(tools, tool_call.parallel, schema.is_null() ? nullptr : &schema,
+                                                 options);
     case Kind::no_tool_call: return grammar::no_tool_call_grammar(options);
   }
   throw Error("internal: an output constraint of an unknown kind");
 }
 
-const char* OutputConstraint::param() const {
+const char* OutputConstraint::param(const std::string& refused_at) const {
+  if (kind == Kind::tool_call_or_json) return refused_at.starts_with("#/tools/") ? "tools" : "response_format";
   return kind == Kind::tool_call ? "tools" : kind == Kind::no_tool_call ? "tool_choice" : "response_format";
 }
 

@@ -6,9 +6,11 @@
 //   tool_choice required      a call to one of `tools`, its arguments valid for its parameters
 //                             (more calls may follow unless parallel_tool_calls is false);
 //   tool_choice {function}    one call to that function;
+//   response_format json_schema / json_object, tool_choice auto with tools given
+//                             either tool calls (as required) or the JSON answer: the model
+//                             calls tools or gives its final answer in the format;
 //   response_format json_schema / json_object
-//                             JSON valid for the schema / any JSON object (tool calls then
-//                             cannot be written, whatever tool_choice "auto" allowed);
+//                             JSON valid for the schema / any JSON object;
 //   tool_choice none, tools given
 //                             any text in which "<tool_call>" never occurs (the template still
 //                             lists the tools, so an unconstrained model may start one);
@@ -60,19 +62,21 @@ struct ResponseFormat {
 
 // One request's constraint, before it is compiled.
 struct OutputConstraint {
-  enum class Kind { json_object, json_schema, tool_call, no_tool_call };
+  enum class Kind { json_object, json_schema, tool_call, tool_call_or_json, no_tool_call };
   Kind kind = Kind::json_object;
-  json spec;                      // json_schema: the schema; tool_call: the tools
+  json schema;                    // json_schema, tool_call_or_json: the schema (null: any object)
+  json tools;                     // tool_call, tool_call_or_json
   grammar::ToolChoice tool_call;  // tool_call: the named function (if any), parallel calls
   bool thinking = false;          // the reply starts inside <think>: free up to </think>
 
-  // The cache's key: the kind, the options and the compact JSON of the spec (properties keep the
-  // request's order, which is the order the grammar writes them in).
+  // The cache's key: the kind, the options and the compact JSON of the schema and tools
+  // (properties keep the request's order, which is the order the grammar writes them in).
   std::string key() const;
   // Throws grammar::SchemaError naming what the grammar compiler refuses.
   grammar::Grammar build() const;
-  // The request field a refusal is reported on ("response_format", "tools").
-  const char* param() const;
+  // The request field a refusal is reported on ("response_format", "tools"); refused_at: the
+  // SchemaError's path (the tools' are "#/tools/...").
+  const char* param(const std::string& refused_at = "") const;
 };
 
 // The constraint of a chat reply (the table above); nullopt: none.

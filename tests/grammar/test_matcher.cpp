@@ -253,6 +253,52 @@ TEST(GrammarMatcher, ToolCallsNameAGivenToolWithValidArguments) {
   EXPECT_THROW(tool_call_grammar(kTools, {std::string("_currency"), true}), SchemaError);
 }
 
+// tool_choice auto with a response_format: either calls or the JSON answer, never both, never text.
+TEST(GrammarMatcher, ToolCallsOrTheJsonAnswer) {
+  const json schema = json::parse(R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"]})");
+  const std::string call = "<tool_call>\n<function=ping>\n</function>\n</tool_call>";
+  for (const json* s : {&schema, static_cast<const json*>(nullptr)}) {
+    auto g = std::make_shared<const CompiledGrammar>(tool_calls_or_json_grammar(kTools, true, s),
+                                                     synthetic_vocabulary());
+    auto accepts = [&](std::string_view text) {
+      GrammarMatcher m(g);
+      return m.accept_bytes(text) && m.is_accepting();
+    };
+    EXPECT_TRUE(accepts(call));
+    EXPECT_TRUE(accepts("\n" + call + "\n" + call));
+    EXPECT_TRUE(accepts("\n\n{\"id\": 3}"));
+    EXPECT_EQ(accepts("{\"x\": true}"), s == nullptr);  // any object without a schema
+    EXPECT_FALSE(accepts("{\"id\": 3}" + call));
+    EXPECT_FALSE(accepts(call + "{\"id\": 3}"));
+    EXPECT_FALSE(accepts("Sure: {\"id\": 3}"));
+    RefGenerator gen(9);
+    int calls = 0, answers = 0;
+    for (int w = 0; w < 16; ++w) {
+      auto [text, done] = walk(g, gen, 120);
+      if (HasFailure()) return;
+      if (!done) continue;
+      if (text[text.find_first_not_of(" \t\r\n")] == '<') {  // a JSON answer may hold "<tool_call>" in a string
+        ++calls;
+        check_tool_calls(text, std::nullopt);
+        continue;
+      }
+      ++answers;
+      auto v = RefParser(text, 32).document();
+      ASSERT_TRUE(v) << text;
+      if (s) {
+        EXPECT_TRUE(RefValidator(*s).valid(*s, *v)) << text;
+      } else {
+        EXPECT_EQ(v->kind, test::JValue::kObject) << text;
+      }
+    }
+    EXPECT_GT(calls + answers, 4);
+  }
+  GrammarMatcher single(std::make_shared<const CompiledGrammar>(tool_calls_or_json_grammar(kTools, false, &schema),
+                                                                synthetic_vocabulary()));
+  EXPECT_TRUE(single.accept_bytes(call + "\n"));
+  EXPECT_FALSE(single.accept_bytes("<"));  // one call only
+}
+
 TEST(GrammarMatcher, ToolChoiceNoneNeverStartsToolMarkup) {
   auto g = std::make_shared<const CompiledGrammar>(no_tool_call_grammar(), synthetic_vocabulary());
   RefGenerator gen(6);

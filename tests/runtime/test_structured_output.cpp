@@ -268,6 +268,44 @@ TEST(StructuredOutput, NoneNeverWritesToolMarkup) {
   }
 }
 
+// tool_choice auto with tools and a response_format: a call or the answer in the format. The
+// trained model still calls its tool for the weather; the random one, at several seeds, writes
+// both kinds, each valid. (lily-tiny was never trained on JSON: asked for arithmetic, the
+// grammar's only ways out are a call or "{", and it takes the call and never ends the city.)
+TEST(StructuredOutput, AutoWithAResponseFormatCallsToolsOrAnswersInTheFormat) {
+  const json schema = json::parse(kSchemas[1]);
+  {
+    ChatService& s = *lily_tiny().service;
+    ChatRequest r = request("What's the weather in Reykjavik?", 0.0f, 1, false);
+    r.tools = tools();
+    r.response_format = schema_format(schema);
+    expect_valid_calls(r.tools, complete(s, r).result);
+  }
+  ChatService& s = *tiny_chat().service;
+  const json bounded = json::parse(R"([{"type": "function", "function": {"name": "set_light", "parameters": {
+      "type": "object", "properties": {"room": {"enum": ["kitchen", "hall"]}}, "required": ["room"]}}}])");
+  int calls = 0, answers = 0;
+  for (uint64_t seed = 1; seed <= 8; ++seed) {
+    ChatRequest r = request("Answer.", 1.0f, seed, false);
+    r.tools = bounded;
+    r.parallel_tool_calls = false;  // one call: a random model given more would call on
+    r.response_format = schema_format(schema);
+    const Reply reply = complete(s, r);
+    if (!reply.result.tool_calls.empty()) {
+      expect_valid_calls(bounded, reply.result);
+      ++calls;
+      continue;
+    }
+    ++answers;
+    EXPECT_EQ(reply.result.finish_reason, "stop");
+    const auto doc = RefParser(reply.result.content, 32).document();
+    ASSERT_TRUE(doc) << reply.result.content;
+    EXPECT_TRUE(RefValidator(schema).valid(schema, *doc)) << reply.result.content;
+  }
+  EXPECT_GT(calls, 0);
+  EXPECT_GT(answers, 0);
+}
+
 TEST(StructuredOutput, UnsupportedKeywordsAreRequestErrorsNamingThem) {
   ChatService& s = *tiny_chat().service;
   ChatRequest r = request("hi", 0.0f, 1, false);
@@ -293,6 +331,16 @@ TEST(StructuredOutput, UnsupportedKeywordsAreRequestErrorsNamingThem) {
     EXPECT_EQ(e.param, "tools");
     EXPECT_NE(std::string(e.what()).find("'minimum'"), std::string::npos) << e.what();
   }
+  // Auto with a response_format compiles both: each refusal is reported on its own field.
+  r.tool_choice = {};
+  r.response_format = schema_format(json::parse(R"({"type": "string"})"));
+  try {
+    s.prepare_chat(r);
+    FAIL() << "expected a RequestError";
+  } catch (const RequestError& e) {
+    EXPECT_EQ(e.param, "tools") << e.what();
+  }
+  r.tools = nullptr;
   // A schema past the grammar's size limits is the client's too (a 400, not a 500).
   r.tool_choice = {};
   r.response_format = schema_format(json::parse(R"({"type": "string", "maxLength": 1000000})"));
@@ -332,7 +380,8 @@ TEST(StructuredOutput, WhichConstraintARequestGets) {
   EXPECT_EQ(kind(text, nullptr, {ToolChoice::Mode::none, ""}), -1);  // no tools: nothing to keep out
   EXPECT_EQ(kind(text, t, {ToolChoice::Mode::none, ""}), int(Kind::no_tool_call));
   EXPECT_EQ(kind(object, t, {ToolChoice::Mode::none, ""}), int(Kind::json_object));
-  EXPECT_EQ(kind(object, t, {}), int(Kind::json_object));
+  EXPECT_EQ(kind(object, nullptr, {}), int(Kind::json_object));
+  EXPECT_EQ(kind(object, t, {}), int(Kind::tool_call_or_json));  // auto with tools: a call or the answer
   EXPECT_EQ(kind(object, t, {ToolChoice::Mode::required, ""}), int(Kind::tool_call));
   EXPECT_EQ(kind(text, t, {ToolChoice::Mode::function, "get_time"}), int(Kind::tool_call));
   const auto named = chat_constraint(text, t, {ToolChoice::Mode::function, "get_time"}, true, false);

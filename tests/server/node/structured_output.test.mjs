@@ -381,6 +381,32 @@ test('lily-tiny: tool_choice none never returns tool markup', async () => {
   }
 });
 
+test('tool_choice auto with a response_format: a valid call or a valid answer, both seen (random model)', async () => {
+  const schema = SCHEMAS.color;
+  const kinds = new Set();
+  for (const seed of [1, 2, 3, 4, 5, 6]) {
+    const reply = await ask(openai, { model: 'test', temperature: 1, seed, max_tokens: 600, ...NO_THINKING,
+      messages: userTurn('Answer.'), tools: BOUNDED_TOOLS, parallel_tool_calls: false,
+      response_format: { type: 'json_schema', json_schema: { name: 'color', schema } } }, seed % 2 === 0);
+    if (reply.tool_calls.length > 0) {
+      checkCalls(reply, BOUNDED_TOOLS, `auto, seed ${seed}`, { single: true });
+      kinds.add('call');
+    } else {
+      checkJson(reply, schema, `auto, seed ${seed}`);
+      kinds.add('answer');
+    }
+  }
+  assert.equal(kinds.size, 2, `only ${[...kinds]} seen`);
+});
+
+test('lily-tiny: tool_choice auto with a response_format still calls its tool', async () => {
+  const schema = { type: 'object', properties: { answer: { type: 'integer' } }, required: ['answer'] };
+  const reply = await ask(tiny, { model: tinyModel, temperature: 0, max_tokens: 400, tools: TRAINED_TOOLS, ...NO_THINKING,
+    messages: userTurn("What's the weather in Reykjavik?"),
+    response_format: { type: 'json_schema', json_schema: { name: 'sum', schema } } }, true);
+  checkCalls(reply, TRAINED_TOOLS, 'auto, weather');
+});
+
 test('lily-tiny: json_schema after free reasoning', async () => {
   const schema = { type: 'object', properties: { answer: { type: 'integer' } }, required: ['answer'] };
   const reply = await ask(tiny, { model: tinyModel, temperature: 0, max_tokens: 400, messages: userTurn('Compute 947+377'),
