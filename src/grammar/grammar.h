@@ -10,7 +10,8 @@
 // then build() turns every rule into a DFA (subset construction over byte classes: bytes that
 // no edge tells apart share a column), drops the states that cannot reach an accepting one, and
 // refuses grammars the matcher cannot run: a rule that matches nothing, or a rule that can call
-// itself before reading a byte (left recursion; the matcher's closure would not end).
+// itself before reading a byte (left recursion; the matcher's closure would not end), and
+// grammars too large to serve (more than 500K NFA or 400K DFA states: schemas come from clients).
 #pragma once
 
 #include <array>

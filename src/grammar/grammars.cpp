@@ -1,7 +1,9 @@
 // grammars.cpp: response formats and tool choices as grammars (see the header).
 #include "grammar/grammars.h"
 
+#include <memory>
 #include <set>
+#include <vector>
 
 #include "grammar/fragments.h"
 
@@ -138,7 +140,12 @@ Grammar json_object_grammar(const GrammarOptions& options) {
   return finish(b, b.sequence({c.ws(), v, c.ws()}), options);
 }
 
-Grammar tool_call_grammar(const json& tools, const ToolChoice& choice, const GrammarOptions& options) {
+namespace {
+
+// The calls a tool choice allows: ws call (ws call)* ws (one call unless parallel). The compilers
+// of the tools' parameters are kept in `compilers` until the grammar is built.
+Fragment tool_calls(GrammarBuilder& b, const json& tools, const ToolChoice& choice, const GrammarOptions& options,
+                    std::vector<std::unique_ptr<ToolCallCompiler>>& compilers) {
   if (!tools.is_array() || tools.empty()) throw SchemaError("tools", "#", "tool_choice needs a non-empty 'tools'");
   struct Tool {
     std::string name;
@@ -161,20 +168,40 @@ Grammar tool_call_grammar(const json& tools, const ToolChoice& choice, const Gra
   if (selected.empty())
     throw SchemaError("tool_choice", "#", "tool_choice names '" + choice.function.value_or("") + "', not in 'tools'");
 
-  GrammarBuilder b;
-  std::vector<std::unique_ptr<ToolCallCompiler>> compilers;
+  const size_t first = compilers.size();
   for (const Tool& t : selected) compilers.push_back(std::make_unique<ToolCallCompiler>(b, *t.parameters, options));
   auto any_call = [&]() {
     std::vector<Fragment> calls;
     for (size_t i = 0; i < selected.size(); ++i)
-      calls.push_back(compilers[i]->call(selected[i].name, selected[i].path));
+      calls.push_back(compilers[first + i]->call(selected[i].name, selected[i].path));
     return b.alternatives(calls);
   };
   auto ws = [&]() { return json_whitespace(b, options.max_whitespace); };
   std::vector<Fragment> parts{ws(), any_call()};
   if (choice.parallel) parts.push_back(b.star(b.sequence({ws(), any_call()})));
   parts.push_back(ws());
-  return finish(b, b.sequence(parts), options);
+  return b.sequence(parts);
+}
+
+}  // namespace
+
+Grammar tool_call_grammar(const json& tools, const ToolChoice& choice, const GrammarOptions& options) {
+  GrammarBuilder b;
+  std::vector<std::unique_ptr<ToolCallCompiler>> compilers;
+  Fragment calls = tool_calls(b, tools, choice, options, compilers);
+  return finish(b, calls, options);
+}
+
+Grammar tool_calls_or_json_grammar(const json& tools, bool parallel, const json* schema,
+                                   const GrammarOptions& options) {
+  GrammarBuilder b;
+  std::vector<std::unique_ptr<ToolCallCompiler>> compilers;
+  Fragment calls = tool_calls(b, tools, {std::nullopt, parallel}, options, compilers);
+  static const json kNone = json::object();
+  JsonSchemaCompiler c(b, schema ? *schema : kNone, {options.max_whitespace});
+  Fragment value = schema ? c.value(*schema, "#") : c.any_object();
+  Fragment answer = b.sequence({c.ws(), value, c.ws()});
+  return finish(b, b.alternatives({calls, answer}), options);
 }
 
 Grammar no_tool_call_grammar(const GrammarOptions& options) {

@@ -3,6 +3,8 @@
 //   response_format json_schema  -> json_schema_grammar(schema)
 //   response_format json_object  -> json_object_grammar()
 //   tool_choice required / named -> tool_call_grammar(tools, choice)
+//   tool_choice auto, tools given, and a response_format
+//                                -> tool_calls_or_json_grammar(tools, schema or none)
 //   tool_choice none             -> no_tool_call_grammar()
 //
 // GrammarOptions::thinking: the model's output starts inside Qwen's thinking block (the prompt
@@ -54,6 +56,12 @@ struct ToolChoice {
 };
 // tools: the request's `tools` array ({"type": "function", "function": {name, parameters}}).
 Grammar tool_call_grammar(const json& tools, const ToolChoice& choice, const GrammarOptions& options = {});
+
+// Either tool calls (as tool_call_grammar with any of the tools; more than one when parallel)
+// or the JSON answer (as json_schema_grammar(*schema), or json_object_grammar without a schema):
+// tool_choice "auto" with a response_format, where the model calls tools or gives its answer.
+Grammar tool_calls_or_json_grammar(const json& tools, bool parallel, const json* schema,
+                                   const GrammarOptions& options = {});
 
 Grammar no_tool_call_grammar(const GrammarOptions& options = {});
 

@@ -46,9 +46,12 @@ class CompiledGrammar {
   const Entry& entry(int32_t rule, int32_t state) const;
 
  private:
+  struct DensePool;
   Grammar grammar_;
   std::shared_ptr<const Vocabulary> vocabulary_;
-  std::vector<size_t> rule_offset_;  // index of (rule, state) = rule_offset_[rule] + state
+  std::unique_ptr<DensePool> dense_pool_;  // guarded by mutex_
+  std::vector<size_t> rule_offset_;        // index of (rule, state) = rule_offset_[rule] + state
+  std::vector<bool> called_;               // [rule]: some call edge reaches it (the root: none)
   mutable std::mutex mutex_;
   mutable std::vector<std::unique_ptr<Entry>> entries_;
 };

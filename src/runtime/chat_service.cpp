@@ -21,6 +21,15 @@ bool ends_with(const std::string& s, std::string_view suffix) {
 
 bool is_nonempty_array(const json& j) { return j.is_array() && !j.empty(); }
 
+// Grammar refusals become a 400 on the request field they came from: a SchemaError ("json_schema:
+// unsupported keyword 'pattern' at #/properties/a"), or a grammar past the builder's size limits
+// (a schema whose bounds make it too large).
+RequestError schema_refusal(const OutputConstraint& c, const std::string& what, const std::string& refused_at) {
+  const std::string param = c.param(refused_at);
+  if (param == "tools") return RequestError(fmt::format("tools cannot be compiled into a grammar: {}", what), param);
+  return RequestError(fmt::format("{}: {}", param, what), param);
+}
+
 bool has_tool_named(const json& tools, const std::string& name) {
   if (!tools.is_array()) return false;
   for (const json& t : tools) {
@@ -45,7 +54,7 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
       tokenizer_(std::move(tokenizer)),
       context_size_(options.context_size > 0 ? options.context_size : engine.config().max_position_embeddings),
       cache_(engine.backend(), context_size_, options.cache_bytes),
-      think_end_(tokenizer_.token_id("</think>")) {
+      grammars_(tokenizer_, engine.config().vocab_size, options.grammar_cache_entries) {
   LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size, "the tokenizer has {} ids but the model only {}",
              tokenizer_.vocab_size(), engine.config().vocab_size);
   stats_ = cache_.stats();
@@ -134,7 +143,8 @@ PreparedCompletion ChatService::prepare_chat(const ChatRequest& request) const {
   p.starts_in_reasoning = ends_with(text, "<think>\n");
   p.tools = request.tools;
   p.parse_tool_calls = have_tools && choice.mode != ToolChoice::Mode::none;
-  p.forced_text = forced_call_opening(choice, request.tools);
+  p.grammar = compile(chat_constraint(request.response_format, request.tools, choice, request.parallel_tool_calls,
+                                      p.starts_in_reasoning));
   // The template boundary: the generation prompt's <|im_start|> (see prefix_cache.h).
   if (auto im_start = tokenizer_.token_id("<|im_start|>")) {
     auto it = std::find(p.prompt.rbegin(), p.prompt.rend(), *im_start);
@@ -156,8 +166,23 @@ PreparedCompletion ChatService::prepare_text(const TextRequest& request) const {
   } else {
     p.prompt = tokenizer_.encode(request.prompt);
   }
+  p.grammar = compile(text_constraint(request.response_format));
   fit_context(p, context_size_, "prompt");
   return p;
+}
+
+std::shared_ptr<const grammar::CompiledGrammar> ChatService::compile(
+    const std::optional<OutputConstraint>& constraint) const {
+  if (!constraint) return nullptr;
+  try {
+    return grammars_.get(*constraint);
+  } catch (const grammar::SchemaError& e) {
+    throw schema_refusal(*constraint, e.what(), e.path());
+  } catch (const Error& e) {  // the grammar past its size limits
+    throw schema_refusal(*constraint, e.what(), "");
+  } catch (const json::exception& e) {  // a schema value of a type the compiler did not expect
+    throw schema_refusal(*constraint, e.what(), "");
+  }
 }
 
 namespace {
@@ -190,9 +215,9 @@ struct ChatService::Completion {
   Clock::time_point start;
   SequenceTokens seq;
   ReplyStream reply;
-  ToolCallForcing forcing;
-  std::vector<int32_t> stop_ids;  // end the reply, outside its text (none with ignore_eos)
-  Usage usage;                    // prompt and cached tokens; the completion's are counted at the end
+  std::optional<grammar::GrammarMatcher> grammar;  // constrained decoding: p.grammar's state
+  std::vector<int32_t> stop_ids;                   // end the reply, outside its text
+  Usage usage;                                     // prompt and cached tokens; the completion's are counted at the end
   Timings timings;
   bool first_token = true;
 
@@ -208,11 +233,14 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
       .start = start,
       .seq = SequenceTokens(options.use_cache ? cache_.acquire(p.prompt) : cache_.fresh(), p.prompt),
       .reply = ReplyStream(tokenizer_, parser_options(p), options.stop, on_delta),
-      .forcing = ToolCallForcing(p.forced_text, p.starts_in_reasoning, think_end_),
-      .stop_ids = options.ignore_eos ? std::vector<int32_t>{} : stop_tokens(),
+      .grammar = std::nullopt,
+      // ignore_eos keeps generating past the stop tokens, except under a grammar: there a stop
+      // token is where the grammar has ended, and nothing may follow it.
+      .stop_ids = options.ignore_eos && !p.grammar ? std::vector<int32_t>{} : stop_tokens(),
       .usage = {},
       .timings = {},
   };
+  if (p.grammar) c.grammar.emplace(p.grammar);
   c.usage.prompt_tokens = c.seq.prompt_length();
   c.usage.cached_tokens = c.seq.in_state();
   c.timings.prefilled_tokens = c.usage.prompt_tokens - c.usage.cached_tokens;
@@ -222,59 +250,35 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   return finish(c, reason);
 }
 
-// Rounds of generation until the reply ends. A round ends at a stop token; while the tool-call
-// opening waits for the end of the reasoning it ends at </think> too, and the next round goes
-// on from the forced opening.
+// One generation: it ends at a stop token, at the grammar's end, a stop string, the client
+// leaving, or max_tokens.
 FinishReason ChatService::generate_reply(Completion& c) {
-  if (const std::string opening = c.forcing.at_start(); !opening.empty()) force(c, opening);
-  FinishReason reason = FinishReason::length;
-  while (c.reply.open() && c.remaining() > 0) {
-    const GenerateResult round = generate_round(c);
-    reason = round.finish;
-    if (reason != FinishReason::stop || !c.reply.open() || round.tokens.empty()) break;
-    if (!c.forcing.waits_for() || c.remaining() <= 0) break;
-    const ToolCallForcing::Step step = c.forcing.after_round(round.tokens.back());
-    if (step.replaces_last) c.seq.drop_last();
-    if (!force(c, step.text)) break;
-    // The opening took what max_tokens left: the reply is cut short, not finished.
-    if (c.remaining() <= 0) reason = FinishReason::length;
-  }
-  return reason;
-}
-
-GenerateResult ChatService::generate_round(Completion& c) {
+  if (c.remaining() <= 0) return FinishReason::length;
   GenerateRequest g;
   g.max_new_tokens = c.remaining();
   g.sampling = c.p.options.sampling;
   g.stop_tokens = c.stop_ids;
-  if (const auto think_end = c.forcing.waits_for()) g.stop_tokens.push_back(*think_end);
   g.vocab_limit = tokenizer_.vocab_size();
   g.top_logprobs = c.p.options.top_logprobs;
-  GenerateResult round = c.seq.generate(engine_.backend(), std::move(g),
-                                        [&](const GeneratedToken& t) { return on_token(c, t); });
-  c.timings.prefill_seconds += round.prefill_seconds;
-  c.timings.decode_seconds += round.decode_seconds;
-  c.timings.decoded_tokens += int64_t(round.tokens.size());
-  return round;
+  g.grammar = c.grammar ? &*c.grammar : nullptr;
+  GenerateResult r = c.seq.generate(engine_.backend(), std::move(g),
+                                    [&](const GeneratedToken& t) { return on_token(c, t); });
+  c.timings.prefill_seconds += r.prefill_seconds;
+  c.timings.decode_seconds += r.decode_seconds;
+  c.timings.grammar_seconds += r.grammar_seconds;
+  c.timings.decoded_tokens += int64_t(r.tokens.size());
+  return r.finish;
 }
 
 bool ChatService::on_token(Completion& c, const GeneratedToken& token) {
   if (c.first_token) {
     c.first_token = false;
     c.timings.first_token_seconds = seconds_since(c.start);
-    // The end of the prompt, where a tool result or a regenerated answer resumes. Not taken
-    // when forced text went in first: the state is past the prompt by then.
+    // The end of the prompt, where a tool result or a regenerated answer resumes.
     if (c.p.options.use_cache && c.seq.in_state() == c.seq.prompt_length()) c.seq.snapshot_here();
   }
   if (c.is_stop_id(token.id)) return true;  // ends the reply; never part of its text
   return c.reply.push_token(token);
-}
-
-// Puts text in the model's mouth: its tokens join the sequence (the next round computes them)
-// and its text the reply.
-bool ChatService::force(Completion& c, const std::string& text) {
-  c.seq.append(tokenizer_.encode(text));
-  return c.reply.push_text(text);
 }
 
 CompletionResult ChatService::finish(Completion& c, FinishReason reason) {

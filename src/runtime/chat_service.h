@@ -10,9 +10,9 @@
 // prepare_*() functions are const and may run on any thread.
 //
 // How complete() is put together: SequenceTokens (sequence_tokens.h) owns which tokens the
-// sequence state holds; ReplyStream (reply_stream.h) turns tokens into deltas; ToolCallForcing
-// (tool_call_forcing.h, which also says what tool_choice does) decides when a call is started
-// for the model.
+// sequence state holds; ReplyStream (reply_stream.h) turns tokens into deltas; a grammar
+// (output_constraint.h, which also says what tool_choice and response_format do) holds the
+// reply to a tool call or a JSON answer when the request asks for one.
 #pragma once
 
 #include <cstdint>
@@ -25,9 +25,9 @@
 #include "chat/chat_template.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
+#include "runtime/output_constraint.h"
 #include "runtime/prefix_cache.h"
 #include "runtime/sampler.h"
-#include "runtime/tool_call_forcing.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lily {
@@ -53,6 +53,8 @@ struct ChatRequest {
   json messages = json::array();
   json tools = nullptr;  // null or an array
   ToolChoice tool_choice;
+  bool parallel_tool_calls = true;  // tool_choice required: more than one call allowed
+  ResponseFormat response_format;
   ChatTemplateOptions template_options;
   CompletionOptions options;
 };
@@ -61,6 +63,7 @@ struct TextRequest {
   std::string prompt;  // used when prompt_tokens is empty
   std::vector<int32_t> prompt_tokens;
   CompletionOptions options;
+  ResponseFormat response_format;
 };
 
 struct ToolCall {
@@ -112,13 +115,14 @@ struct Timings {
   int64_t decoded_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
   double first_token_seconds = 0;  // from the start of the completion to the first token
+  double grammar_seconds = 0;      // of decode_seconds: the grammar's masks (constrained decoding)
 };
 
 struct CompletionResult {
   std::string reasoning, content;  // whole texts (text completions: content)
   std::vector<ToolCall> tool_calls;
   std::vector<TokenLogprobs> logprobs;
-  std::vector<int32_t> tokens;  // the reply's token ids: generated and forced, stop token included
+  std::vector<int32_t> tokens;  // the reply's token ids, the stop token included
   std::string finish_reason;    // "stop", "length", "tool_calls"
   std::string stop_sequence;    // the stop string that ended the reply, if one did
   bool cancelled = false;       // the callback asked to stop (client gone)
@@ -136,7 +140,8 @@ struct PreparedCompletion {
   int64_t reuse_boundary = 0;  // snapshot point before the generation prompt (0: none)
   bool chat = false;
   bool starts_in_reasoning = false;  // the prompt opened <think>
-  std::string forced_text;           // tool_choice required/named: the start of the call (forced_call_opening)
+  // Constrained decoding (output_constraint.h): the reply's grammar, or none.
+  std::shared_ptr<const grammar::CompiledGrammar> grammar;
   json tools = nullptr;
   bool parse_tool_calls = false;
   CompletionOptions options;
@@ -145,6 +150,7 @@ struct PreparedCompletion {
 struct ChatServiceOptions {
   int64_t context_size = 0;                  // 0: the model's max_position_embeddings
   uint64_t cache_bytes = uint64_t(4) << 30;  // memory budget of the session cache
+  size_t grammar_cache_entries = 32;         // compiled grammars kept (schemas, tool sets)
 };
 
 class ChatService {
@@ -158,8 +164,10 @@ class ChatService {
   // Safe to call from any thread (updated after each completion).
   PrefixCacheStats cache_stats() const;
   void clear_cache();
+  GrammarCache::Stats grammar_cache_stats() const { return grammars_.stats(); }
 
-  // Render + tokenize + check. Throws RequestError or TemplateError (both: HTTP 400).
+  // Render + tokenize + check, and compile the reply's grammar (from the cache when the same
+  // constraint came before). Throws RequestError or TemplateError (both: HTTP 400).
   PreparedCompletion prepare_chat(const ChatRequest& request) const;
   PreparedCompletion prepare_text(const TextRequest& request) const;
 
@@ -169,22 +177,22 @@ class ChatService {
   }
 
  private:
-  struct Completion;  // one complete() call's sequence, reply and forcing (chat_service.cpp)
+  struct Completion;  // one complete() call's sequence, reply and grammar (chat_service.cpp)
 
   std::vector<int32_t> stop_tokens() const;
-  // complete(), by role: the rounds of generation with the forced call between them, one
-  // round, one generated token, forced text, and the result (what goes back into the cache).
+  // The compiled grammar of a constraint; a refused schema is a RequestError naming it.
+  std::shared_ptr<const grammar::CompiledGrammar> compile(const std::optional<OutputConstraint>& constraint) const;
+  // complete(), by role: the generation, one generated token, and the result (what goes back
+  // into the cache).
   FinishReason generate_reply(Completion& c);
-  GenerateResult generate_round(Completion& c);
   bool on_token(Completion& c, const GeneratedToken& token);
-  bool force(Completion& c, const std::string& text);
   CompletionResult finish(Completion& c, FinishReason reason);
 
   Engine& engine_;
   Tokenizer tokenizer_;
   int64_t context_size_;
   PrefixCache cache_;
-  std::optional<int32_t> think_end_;  // </think>
+  mutable GrammarCache grammars_;  // refers to tokenizer_
   mutable std::mutex stats_mutex_;
   PrefixCacheStats stats_;
 };

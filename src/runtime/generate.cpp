@@ -4,6 +4,7 @@
 #include <chrono>
 
 #include "base/error.h"
+#include "grammar/matcher.h"
 
 namespace lily {
 
@@ -17,9 +18,33 @@ const char* to_string(FinishReason reason) {
 }
 
 namespace {
+
 double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
+
+// Sets the logits the grammar does not allow next to -inf; returns the seconds it took.
+double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask, std::span<float> logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  mask.resize(grammar.compiled().vocabulary().mask_words());
+  grammar.fill_next_token_bitmask(mask);
+  grammar::apply_token_bitmask(logits, mask);
+  return seconds_since(t0);
+}
+
+// Advances the grammar by the token sampled from its masked logits. A token it refuses means
+// the sampler drew outside the mask: no allowed logit was a number (NaN or -inf everywhere).
+void advance(grammar::GrammarMatcher& grammar, int32_t token) {
+  if (!grammar.accept_token(token))
+    throw Error(fmt::format("constrained decoding: token {} was sampled but the grammar does not allow it (the "
+                            "model gave no usable logit for any allowed token)",
+                            token));
+}
+
+bool grammar_ended(const grammar::GrammarMatcher* grammar) {
+  return grammar && (grammar->must_stop() || grammar->is_finished());
+}
+
 }  // namespace
 
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
@@ -37,6 +62,13 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   result.cached_tokens = cached;
   const int32_t vocab = backend.config().vocab_size;
   const int32_t limit = request.vocab_limit > 0 ? std::min(request.vocab_limit, vocab) : vocab;
+  if (request.grammar) {
+    const int32_t grammar_ids = request.grammar->compiled().vocabulary().size();
+    LILY_CHECK(grammar_ids >= limit,
+               "constrained decoding: the grammar's vocabulary has {} ids, fewer than the {} sampled", grammar_ids,
+               limit);
+    LILY_CHECK(!grammar_ended(request.grammar), "constrained decoding: the grammar has already ended");
+  }
 
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
@@ -46,8 +78,10 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
 
   Sampler sampler(request.sampling, limit);
   // Decode steps hand the sampler only the best few logits when that decides its draw and the
-  // backend can select them where the logits are (no whole row copied off the GPU).
-  const int candidate_count = request.top_logprobs < 0 ? sampler.candidates_needed() : 0;
+  // backend can select them where the logits are (no whole row copied off the GPU). A grammar
+  // needs the whole row: the best few may all be tokens it forbids.
+  const int candidate_count = request.top_logprobs < 0 && !request.grammar ? sampler.candidates_needed() : 0;
+  std::vector<uint64_t> mask;
   std::vector<TokenLogit> candidates;
   bool have_candidates = false;  // this step's input: candidates (true) or logits
   auto t1 = std::chrono::steady_clock::now();
@@ -61,12 +95,15 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
         token.top = top_logprobs(logits, request.top_logprobs, limit);
       }
       std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
+      if (request.grammar) result.grammar_seconds += mask_logits(*request.grammar, mask, logits);
       token.id = sampler.sample(logits, result.tokens);
+      if (request.grammar) advance(*request.grammar, token.id);
       if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
     }
     result.tokens.push_back(token.id);
     const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
-                         request.stop_tokens.end();
+                             request.stop_tokens.end() ||
+                         grammar_ended(request.grammar);
     if (!on_token(token)) {
       result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
       break;

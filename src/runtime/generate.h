@@ -9,6 +9,10 @@
 #include "backend/backend.h"
 #include "runtime/sampler.h"
 
+namespace lily::grammar {
+class GrammarMatcher;
+}
+
 namespace lily {
 
 struct GenerateRequest {
@@ -18,6 +22,12 @@ struct GenerateRequest {
   std::vector<int32_t> stop_tokens;  // generation ends after one of these (not fed back)
   int32_t vocab_limit = 0;           // ids >= this are never sampled (0: the model's vocab_size)
   int top_logprobs = -1;             // -1: no logprobs; 0: the chosen token's; n: and the n most likely
+  // Constrained decoding (grammar/matcher.h), or none. Each step the logits the grammar forbids
+  // become -inf before the sampler sees them (its penalties, temperature and filters then act
+  // on the allowed tokens only; the whole row is sampled, never the backend's candidates); the
+  // token drawn advances the grammar, and the grammar's end (must_stop, or a stop token it
+  // accepted) ends the generation with FinishReason::stop. Logprobs stay the model's own.
+  grammar::GrammarMatcher* grammar = nullptr;
 };
 
 struct GeneratedToken {
@@ -35,6 +45,7 @@ struct GenerateResult {
   int64_t prompt_tokens = 0;  // the whole prompt
   int64_t cached_tokens = 0;  // prompt tokens already in the state (not recomputed)
   double prefill_seconds = 0, decode_seconds = 0;
+  double grammar_seconds = 0;  // of decode_seconds: filling and applying the grammar's masks
 };
 
 // Called for every generated token; return false to stop (client gone, stop string seen).

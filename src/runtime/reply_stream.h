@@ -1,7 +1,7 @@
-// reply_stream.h: a reply's text as it streams: token ids and forced text in, ChatDeltas out.
+// reply_stream.h: a reply's text as it streams: token ids and text in, ChatDeltas out.
 //
 // Generated ids go through the incremental decoder (StreamingDecoder: whole UTF-8 characters);
-// forced text (tool_call_forcing.h) is text already and joins after it. Then the stop strings
+// text pushed as such (push_text, e.g. by tests) joins after it. Then the stop strings
 // (completion_text.h: nothing of a stop string is released) and, for chats, the output parser
 // (reasoning / content / tool calls, chat/output_parser.h). What one push releases goes to the
 // caller as one ChatDelta, with the pushed token's logprobs even when its text is held back (a
@@ -37,7 +37,7 @@ class ReplyStream {
   // A generated token other than a stop token (those end the reply outside its text).
   // Returns false when the reply ends here (stopped() or cancelled()).
   bool push_token(const GeneratedToken& token);
-  // Forced text. Returns false when the reply ends here.
+  // Text that did not come from the model's tokens. Returns false when the reply ends here.
   bool push_text(std::string_view text);
   // The end of generation: releases what the decoder, the stop strings and the parser held
   // back, as one last delta. Nothing once cancelled. stopped() keeps telling how streaming

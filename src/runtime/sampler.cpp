@@ -50,10 +50,18 @@ struct ByLogit {
   return best;
 }
 
+// How many of the first n logits are above -inf (not NaN, not masked out by a grammar).
+size_t count_finite(std::span<const float> logits, int32_t n) {
+  size_t k = 0;
+  for (float v : logits.first(size_t(n))) k += v > -INFINITY;
+  return k;
+}
+
 // The `count` best of the first n tokens in ByLogit order, without sorting the vocabulary: the
 // candidates are the tokens within `margin` of the best logit `best` (the margin grows until at
 // least `count` are in; tokens below it cannot be among the best), then a partial sort of those.
-// Fewer than `count` only if some logits are NaN (never candidates).
+// Fewer than `count` only if some logits are NaN or -inf (never candidates: a grammar's mask
+// leaves most of the row at -inf, and fewer allowed tokens than `count` is then common).
 void best_tokens(std::span<const float> logits, int32_t n, size_t count, float best, std::vector<int32_t>& ids) {
   const float* v = logits.data();
   count = std::min(count, size_t(n));
@@ -63,6 +71,10 @@ void best_tokens(std::span<const float> logits, int32_t n, size_t count, float b
     for (int32_t i = 0; i < n; ++i)
       if (v[i] >= floor) ids.push_back(i);
     if (ids.size() >= count || std::isinf(floor)) break;
+    // Too few within the margin: counted once, so that a row with fewer usable tokens than
+    // `count` stops here instead of widening the margin ~40 times to the float range.
+    if (margin == 8.0f) count = std::min(count, count_finite(logits, n));
+    if (ids.size() >= count) break;
   }
   count = std::min(count, ids.size());
   std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(count), ids.end(), ByLogit{logits});
@@ -173,7 +185,7 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
     for (size_t i = 0; i < ids_.size(); ++i) probs[i] = double(weights_[size_t(ids_[i])]) / total;
     cut = filter_cut(probs, params_.top_p, params_.min_p);
     if (cut > 0) break;
-    if (want == size_t(n) || ids_.size() < want) {  // everything sorted (NaN logits aside)
+    if (want == size_t(n) || ids_.size() < want) {  // everything sorted (NaN and -inf logits aside)
       cut = ids_.size();
       break;
     }

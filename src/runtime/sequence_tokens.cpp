@@ -42,13 +42,6 @@ void SequenceTokens::append(std::span<const int32_t> ids) {
   produced_ += int64_t(ids.size());
 }
 
-void SequenceTokens::drop_last() {
-  LILY_CHECK(int64_t(tokens_.size()) > prompt_length_ && in_state() < int64_t(tokens_.size()),
-             "internal: the last token cannot be dropped ({} tokens, {} of the prompt, {} in the state)",
-             tokens_.size(), prompt_length_, in_state());
-  tokens_.pop_back();
-}
-
 CachedSequence SequenceTokens::take() && {
   sequence_.tokens.assign(tokens_.begin(), tokens_.begin() + in_state());
   return std::move(sequence_);

@@ -1,12 +1,12 @@
 // sequence_tokens.h: the one record of which tokens a completion's sequence state holds.
 //
-// A completion's tokens are its prompt, then its reply: every token generated or forced (put
-// in the model's mouth, tool_call_forcing.h). The state runs behind that list: a sequence
-// resumed from the cache holds only a prefix of the prompt, a stop token is never fed back,
-// and forced tokens are computed by the next round's prefill. Whatever the state holds is
-// always tokens()[0 : in_state()]: each round hands generate() the whole list as its prompt
-// (generate.h's contract) and appends what it generated. The cache's own list
-// (CachedSequence::tokens) is cut from it when the sequence goes back, not kept beside it.
+// A completion's tokens are its prompt, then its reply: every token generated. The state runs
+// behind that list: a sequence resumed from the cache holds only a prefix of the prompt, and the
+// last token generated (a stop token, the grammar's end, the last of max_tokens) is never fed
+// back. Whatever the state holds is always tokens()[0 : in_state()]: each round hands generate()
+// the whole list as its prompt (generate.h's contract) and appends what it generated. The
+// cache's own list (CachedSequence::tokens) is cut from it when the sequence goes back, not kept
+// beside it.
 //
 // Only this class advances the state, so the list and the state cannot drift apart.
 #pragma once
@@ -29,8 +29,7 @@ class SequenceTokens {
   std::span<const int32_t> reply() const;
   int64_t prompt_length() const { return prompt_length_; }
   int64_t in_state() const { return sequence_.state->length(); }
-  // Reply tokens appended so far, a dropped one still counted: what max_tokens is spent by
-  // (its decode step was run).
+  // Reply tokens generated so far: what max_tokens is spent by.
   int64_t produced() const { return produced_; }
 
   // Computes tokens()[in_state() : length] into the state without logits (a point of the
@@ -39,10 +38,6 @@ class SequenceTokens {
   // One generation round: prefills what the state lacks, decodes, appends what was generated.
   // request.prompt is set here.
   GenerateResult generate(Backend& backend, GenerateRequest request, const TokenCallback& on_token);
-  // Forced tokens: in the list now, in the state after the next round's prefill.
-  void append(std::span<const int32_t> ids);
-  // Removes the last reply token, which must not be in the state (a stop token, never fed back).
-  void drop_last();
   // A snapshot of the state as it is now (CachedSequence::snapshot_here).
   void snapshot_here() { sequence_.snapshot_here(); }
 
@@ -50,6 +45,8 @@ class SequenceTokens {
   CachedSequence take() &&;
 
  private:
+  void append(std::span<const int32_t> ids);
+
   CachedSequence sequence_;  // its `tokens` stay empty until take(): tokens_ is the record
   std::vector<int32_t> tokens_;
   int64_t prompt_length_;

@@ -122,10 +122,13 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
     p.chat.tools = *tools;
   }
   // tool_choice: string or object. "none", "auto" (default with tools), "required", or
-  // {"type": "function", "function": {"name": "my_function"}} to force that function.
+  // {"type": "function", "function": {"name": "my_function"}} to force that function. (lily:
+  // required / named / none are grammars the reply is decoded under, output_constraint.h.)
   if (const json* choice = f.get("tool_choice")) p.chat.tool_choice = read_tool_choice(*choice);
-  // parallel_tool_calls: boolean. Accepted; the model may write several calls either way.
-  f.boolean("parallel_tool_calls");
+  // parallel_tool_calls: boolean, default true. Whether to enable parallel function calling
+  // during tool use. (lily: false holds tool_choice "required" to one call; with "auto" the
+  // model may still write several.)
+  p.chat.parallel_tool_calls = f.boolean("parallel_tool_calls").value_or(true);
 
   // chat_template_kwargs (vLLM, llama.cpp): {enable_thinking, preserve_thinking};
   // reasoning_effort: "none" turns thinking off (other levels keep it on).
@@ -143,6 +146,10 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
   }
   p.chat.template_options.add_generation_prompt = true;
 
+  // response_format: see read_response_format. The reply is held to it by constrained decoding
+  // (runtime/output_constraint.h); a tool_choice of "required" or a function comes first.
+  p.chat.response_format = read_response_format(f);
+
   // ignore_eos (vLLM, llama.cpp): boolean. Keep generating after the end-of-turn token.
   p.chat.options.ignore_eos = f.boolean("ignore_eos").value_or(false);
   // cache_prompt (llama.cpp): boolean, default true. false runs cold and keeps nothing.
@@ -152,12 +159,6 @@ ChatCompletionParams read_params(const json& body, const ChatService& service) {
   // logit_bias: map. Modify the likelihood of specified tokens appearing in the completion.
   if (const json* bias = f.object("logit_bias"); bias && !bias->empty())
     bad_request("lily does not support logit_bias", "logit_bias");
-  // response_format: object. {"type": "text"} is the default; JSON modes need constrained decoding.
-  if (const json* format = f.object("response_format")) {
-    if (format->value("type", json("text")) != "text") {
-      bad_request("lily does not support response_format other than {\"type\": \"text\"}", "response_format");
-    }
-  }
   // modalities / audio: lily produces text only.
   if (f.get("audio")) bad_request("lily does not produce audio", "audio");
   if (const json* modalities = f.array("modalities")) {

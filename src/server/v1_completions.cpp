@@ -73,6 +73,8 @@ CompletionParams read_params(const json& body, const ChatService& service) {
   // likely output tokens, as well the chosen tokens.
   if (auto lp = f.integer("logprobs", 0, 5)) p.logprobs = int(*lp);
   p.text.options.top_logprobs = p.logprobs;
+  // response_format (not in OpenAI's legacy completions; vLLM, llama.cpp): as for chats.
+  p.text.response_format = read_response_format(f);
   // ignore_eos (vLLM, llama.cpp): boolean. Keep generating after the end-of-turn token.
   p.text.options.ignore_eos = f.boolean("ignore_eos").value_or(false);
   // cache_prompt (llama.cpp): boolean, default true. false runs cold and keeps nothing.

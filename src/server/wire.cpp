@@ -151,6 +151,43 @@ bool read_include_usage(const Fields& f, bool stream) {
   }
 }
 
+ResponseFormat read_response_format(const Fields& f) {
+  // response_format: object. {"type": "text"} (the default), {"type": "json_object"} (JSON
+  // mode: the reply is a JSON object), or {"type": "json_schema", "json_schema": {name,
+  // description, schema, strict}} (Structured Outputs: the reply matches the JSON schema).
+  ResponseFormat format;
+  const json* o = f.object("response_format");
+  if (!o) return format;
+  const json type = o->value("type", json("text"));
+  if (type == "text") return format;
+  if (type == "json_object") {
+    format.type = ResponseFormat::Type::json_object;
+    return format;
+  }
+  if (type != "json_schema") {
+    bad_request("response_format.type must be \"text\", \"json_object\" or \"json_schema\"", "response_format.type");
+  }
+  auto spec = o->find("json_schema");
+  if (spec == o->end() || !spec->is_object()) {
+    bad_request("response_format.json_schema must be an object with the schema", "response_format.json_schema");
+  }
+  // name: string, required by OpenAI (a-z, A-Z, 0-9, _ and -, at most 64): lily only checks the type.
+  if (spec->contains("name") && !(*spec)["name"].is_string())
+    bad_request("response_format.json_schema.name must be a string", "response_format.json_schema.name");
+  // strict: boolean or null. lily holds the reply to the schema either way.
+  if (spec->contains("strict") && !(*spec)["strict"].is_boolean() && !(*spec)["strict"].is_null())
+    bad_request("response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict");
+  // schema: object. The schema for the response format, described as a JSON Schema object.
+  format.type = ResponseFormat::Type::json_schema;
+  if (auto schema = spec->find("schema"); schema != spec->end() && !schema->is_null()) {
+    if (!schema->is_object())
+      bad_request("response_format.json_schema.schema must be a JSON schema object",
+                  "response_format.json_schema.schema");
+    format.schema = *schema;
+  }
+  return format;
+}
+
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }
 
 std::string new_response_id(const std::string& prefix) {

@@ -47,6 +47,10 @@ class Fields {
 SamplingParams read_sampling(const Fields& f, SamplingParams defaults);
 // stream_options.include_usage (400 when stream_options is given without stream).
 bool read_include_usage(const Fields& f, bool stream);
+// response_format (both completion endpoints): text, json_object or json_schema. The schema's
+// keywords are checked when the service compiles it (ChatService::prepare_*: a 400 naming the
+// keyword lily does not support).
+ResponseFormat read_response_format(const Fields& f);
 
 // One-line JSON; invalid UTF-8 (never expected) becomes U+FFFD instead of throwing.
 std::string dump(const json& j);

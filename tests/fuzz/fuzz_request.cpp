@@ -5,9 +5,10 @@
 // "messages", /v1/completions). The path: server::parse_body and server::Fields (src/server/
 // wire.h), the fields read_params of v1_chat_completions.cpp turns into a chat request
 // (messages, tools, tool_choice, sampling, stop, chat_template_kwargs), then what
-// ChatService::prepare_chat does with them: render_chat_template, Tokenizer::encode, the forced
-// tool-call opening (runtime/tool_call_forcing), and the prompt decoded back. No engine: the
-// harness links only what reads the request, so the fuzz build stays small.
+// ChatService::prepare_chat does with them: render_chat_template, Tokenizer::encode, the prompt
+// decoded back, and the grammar of the reply's constraint (runtime/output_constraint.h: the
+// response_format's JSON schema, the tools of tool_choice required / named) compiled. No
+// engine: the harness links only what reads the request, so the fuzz build stays small.
 //
 // A finding: a crash, a sanitizer report, a leak. An exception the server would answer with 500
 // (anything but ApiError 4xx and TemplateError: the server keeps serving, but the client did
@@ -22,7 +23,7 @@
 #include <string>
 
 #include "chat/chat_template.h"
-#include "runtime/tool_call_forcing.h"
+#include "runtime/output_constraint.h"
 #include "server/errors.h"
 #include "server/wire.h"
 #include "tokenizer/tokenizer.h"
@@ -96,8 +97,17 @@ void run(Fixture& f, const std::string& body) {
   const std::string text = lily::render_chat_template(*messages, tools_or_null, options);
   const std::vector<int32_t> prompt = tokenizer.encode(text);
   (void)tokenizer.decode(prompt);
-  const std::string opening = lily::forced_call_opening(choice, tools_or_null);
-  (void)tokenizer.encode(opening);
+  const lily::ResponseFormat format = lily::server::read_response_format(fields);
+  const bool parallel = fields.boolean("parallel_tool_calls").value_or(true);
+  if (auto constraint = lily::chat_constraint(format, tools_or_null, choice, parallel, text.ends_with("<think>\n"))) {
+    try {
+      (void)constraint->build();
+    } catch (const lily::Error&) {
+      // ChatService::compile answers these 400 (a refused keyword, a grammar over its size limits,
+      // and below, a schema value of a type the compiler did not expect).
+    } catch (const json::exception&) {
+    }
+  }
 }
 
 }  // namespace

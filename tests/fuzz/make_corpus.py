@@ -72,6 +72,23 @@ def request_seeds():
     seeds.append('{"messages": [{"role": "user", "content": "x"}], "tools": [' + "[" * 200 + "]" * 200 + "]}")
     seeds.append('{"messages": [{"role": "user", "content": "x"}], "n": 1.0, "top_k": -1, "min_p": 0}')
     seeds.append('{"messages": [{"role": "user", "content": "\\ud800"}]}')
+    # Issue 18: the reply's constraint compiled (response_format, tool_choice none / required).
+    schema = {"$defs": {"pt": {"type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}},
+              "type": "object", "properties": {"a": {"anyOf": [{"$ref": "#/$defs/pt"}, {"type": "null"}]},
+                                               "b": {"type": "array", "items": {"enum": ["p", "q"]}, "maxItems": 3},
+                                               "c": {"type": "string", "minLength": 1, "maxLength": 8}},
+              "required": ["a"]}
+    constrained = [
+        {"messages": [user], "response_format": {"type": "json_schema",
+                                                 "json_schema": {"name": "s", "schema": schema, "strict": True}}},
+        {"messages": [user], "response_format": {"type": "json_object"}},
+        {"messages": [user], "response_format": {"type": "json_schema", "json_schema": {"name": "p", "schema": {
+            "type": "string", "pattern": "^a"}}}},
+        {"messages": [user], "tools": TOOLS, "tool_choice": "none"},
+        {"messages": [user], "tools": TOOLS, "tool_choice": "required", "parallel_tool_calls": False,
+         "chat_template_kwargs": {"enable_thinking": False}},
+    ]
+    seeds += [json.dumps(b) for b in constrained]
     return seeds
 
 

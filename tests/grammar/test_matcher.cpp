@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <memory>
+#include <random>
 
 #include "chat/tool_call_xml.h"
 #include "grammar/fragments.h"
@@ -252,6 +253,52 @@ TEST(GrammarMatcher, ToolCallsNameAGivenToolWithValidArguments) {
   EXPECT_THROW(tool_call_grammar(kTools, {std::string("_currency"), true}), SchemaError);
 }
 
+// tool_choice auto with a response_format: either calls or the JSON answer, never both, never text.
+TEST(GrammarMatcher, ToolCallsOrTheJsonAnswer) {
+  const json schema = json::parse(R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"]})");
+  const std::string call = "<tool_call>\n<function=ping>\n</function>\n</tool_call>";
+  for (const json* s : {&schema, static_cast<const json*>(nullptr)}) {
+    auto g = std::make_shared<const CompiledGrammar>(tool_calls_or_json_grammar(kTools, true, s),
+                                                     synthetic_vocabulary());
+    auto accepts = [&](std::string_view text) {
+      GrammarMatcher m(g);
+      return m.accept_bytes(text) && m.is_accepting();
+    };
+    EXPECT_TRUE(accepts(call));
+    EXPECT_TRUE(accepts("\n" + call + "\n" + call));
+    EXPECT_TRUE(accepts("\n\n{\"id\": 3}"));
+    EXPECT_EQ(accepts("{\"x\": true}"), s == nullptr);  // any object without a schema
+    EXPECT_FALSE(accepts("{\"id\": 3}" + call));
+    EXPECT_FALSE(accepts(call + "{\"id\": 3}"));
+    EXPECT_FALSE(accepts("Sure: {\"id\": 3}"));
+    RefGenerator gen(9);
+    int calls = 0, answers = 0;
+    for (int w = 0; w < 16; ++w) {
+      auto [text, done] = walk(g, gen, 120);
+      if (HasFailure()) return;
+      if (!done) continue;
+      if (text[text.find_first_not_of(" \t\r\n")] == '<') {  // a JSON answer may hold "<tool_call>" in a string
+        ++calls;
+        check_tool_calls(text, std::nullopt);
+        continue;
+      }
+      ++answers;
+      auto v = RefParser(text, 32).document();
+      ASSERT_TRUE(v) << text;
+      if (s) {
+        EXPECT_TRUE(RefValidator(*s).valid(*s, *v)) << text;
+      } else {
+        EXPECT_EQ(v->kind, test::JValue::kObject) << text;
+      }
+    }
+    EXPECT_GT(calls + answers, 4);
+  }
+  GrammarMatcher single(std::make_shared<const CompiledGrammar>(tool_calls_or_json_grammar(kTools, false, &schema),
+                                                                synthetic_vocabulary()));
+  EXPECT_TRUE(single.accept_bytes(call + "\n"));
+  EXPECT_FALSE(single.accept_bytes("<"));  // one call only
+}
+
 TEST(GrammarMatcher, ToolChoiceNoneNeverStartsToolMarkup) {
   auto g = std::make_shared<const CompiledGrammar>(no_tool_call_grammar(), synthetic_vocabulary());
   RefGenerator gen(6);
@@ -291,6 +338,52 @@ TEST(GrammarMatcher, ApplyBitmaskLeavesOnlyTheAllowedLogits) {
   mask[1] = 2;
   apply_token_bitmask(logits, mask);  // ids 128, 129: past the mask
   for (size_t i = 0; i < logits.size(); ++i) EXPECT_EQ(logits[i] == 1.0f, i == 0 || i == 63 || i == 65) << i;
+}
+
+// Issue 18: each state of a maxLength chain kept its own dense mask (31 KB at 248K ids), so
+// writing out a long bounded string cost memory per character, kept with the grammar in the
+// server's cache. Equal masks are shared now: 300 characters visit ~300 states but store only
+// the few distinct masks of the chain (the full one, and the ones near its end).
+TEST(GrammarMatcher, regression_bounded_string_states_share_their_mask_18) {
+  auto vocab = fixture_vocabulary();
+  auto g = std::make_shared<const CompiledGrammar>(
+      json_schema_grammar(json::parse(R"({"type":"string","maxLength":400})")), vocab);
+  GrammarMatcher m(g);
+  std::vector<uint64_t> mask(vocab->mask_words());
+  m.fill_next_token_bitmask(mask);
+  ASSERT_TRUE(m.accept_bytes("\""));
+  for (int i = 0; i < 300; ++i) {
+    m.fill_next_token_bitmask(mask);
+    ASSERT_TRUE(m.accept_bytes("x"));
+  }
+  m.fill_next_token_bitmask(mask);
+  ASSERT_TRUE(m.accept_bytes("\""));
+  EXPECT_TRUE(m.is_accepting());
+  EXPECT_GE(g->cached_states(), 300u);
+  const size_t one_mask = vocab->mask_words() * 8;
+  EXPECT_LT(g->cache_bytes(), 10 * one_mask) << g->cached_states() << " states";
+}
+
+// Against a bit-by-bit reference: words all set, all clear and mixed, rows that end inside a word,
+// masks shorter than the row.
+TEST(GrammarMatcher, ApplyBitmaskAgreesWithABitByBitReference) {
+  std::mt19937_64 rng(18);
+  for (size_t n : {1, 63, 64, 65, 200, 1000}) {
+    for (int trial = 0; trial < 20; ++trial) {
+      std::vector<uint64_t> mask((n + 63) / 64 - (trial % 5 == 4 && n > 64 ? 1 : 0));
+      for (uint64_t& w : mask) {
+        const uint64_t kind = rng() % 3;
+        w = kind == 0 ? 0 : kind == 1 ? ~uint64_t(0) : rng();
+      }
+      std::vector<float> logits(n);
+      for (size_t i = 0; i < n; ++i) logits[i] = float(i);
+      apply_token_bitmask(logits, mask);
+      for (size_t i = 0; i < n; ++i) {
+        const bool allowed = i / 64 < mask.size() && ((mask[i / 64] >> (i % 64)) & 1);
+        ASSERT_EQ(logits[i], allowed ? float(i) : -INFINITY) << "n " << n << " id " << i;
+      }
+    }
+  }
 }
 
 TEST(GrammarMatcher, RejectedTokensLeaveTheStateAlone) {

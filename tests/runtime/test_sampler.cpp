@@ -1,8 +1,8 @@
 // The sampler (src/runtime/sampler.h): greedy choice and its ties, the vocabulary limit, the
 // filters (top-k, top-p, min-p) on distributions whose answer is known, penalties, seeded
-// reproducibility, draw frequencies against the softmax, and the whole-vocabulary path at the
+// reproducibility, draw frequencies against the softmax, the whole-vocabulary path at the
 // real vocabulary size, where the nucleus is found without sorting everything (checked against
-// a full sort).
+// a full sort), and rows masked by a grammar (-inf but for a few tokens) at every setting.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -211,6 +211,58 @@ TEST(Sampler, NaNLogitsAreNeverChosen) {
   std::vector<float> l = {1.0f, NAN, 0.5f, NAN, 0.9f};
   for (auto p : {params(1.0f), params(1.0f, 2), params(1.0f, 0, 0.95f)}) {
     for (auto [token, count] : histogram(p, l, 200)) EXPECT_TRUE(token == 0 || token == 2 || token == 4) << token;
+  }
+}
+
+// Constrained decoding masks every token the grammar forbids to -inf, often all but one or two
+// of 248,320: every setting must draw only allowed tokens, even with top-k above their number
+// and with the forbidden ones holding the best raw logits (poisoned before the mask).
+TEST(Sampler, MaskedRowsDrawOnlyAllowedTokensAtEverySetting) {
+  const int V = 248320;
+  std::mt19937 rng(11);
+  std::normal_distribution<float> d(0.f, 3.f);
+  std::vector<float> raw(static_cast<size_t>(V));
+  for (auto& v : raw) v = d(rng);
+  for (int i = 0; i < 50; ++i) raw[size_t(rng() % V)] = 40.0f;  // poison: far above the rest
+  SamplingParams penalised = params(1.0f, 20, 0.9f);
+  penalised.repetition_penalty = 1.3f, penalised.presence_penalty = 0.5f, penalised.frequency_penalty = 0.5f;
+  const SamplingParams settings[] = {params(0.0f),
+                                     params(1.0f),
+                                     params(1.0f, 20),
+                                     params(0.7f, 20, 0.8f),
+                                     params(1.0f, 0, 0.5f),
+                                     params(1.0f, 0, 1.0f, 0.2f),
+                                     params(1.5f, 40, 0.95f, 0.05f),
+                                     penalised};
+  for (int allowed_count : {1, 3}) {
+    std::vector<int32_t> allowed;
+    for (int i = 0; i < allowed_count; ++i) allowed.push_back(int32_t(rng() % V));
+    std::vector<float> masked(raw.size(), -INFINITY);
+    for (int32_t id : allowed) masked[size_t(id)] = raw[size_t(id)];
+    const std::vector<int32_t> history{allowed[0], allowed[0], 5};
+    for (const SamplingParams& p : settings) {
+      SCOPED_TRACE(testing::Message() << allowed_count << " allowed, temperature " << p.temperature << " top_k "
+                                      << p.top_k << " top_p " << p.top_p << " min_p " << p.min_p);
+      Sampler s(p, V);
+      for (int draw = 0; draw < 25; ++draw) {
+        std::vector<float> l = masked;
+        const int32_t t = s.sample(l, history);
+        EXPECT_NE(std::find(allowed.begin(), allowed.end(), t), allowed.end()) << "drew the forbidden token " << t;
+      }
+    }
+  }
+}
+
+// With two tokens left, temperature and the penalties act between those two only: the draw
+// frequencies follow the softmax of the two logits, as if the vocabulary held nothing else.
+TEST(Sampler, AMaskedRowSamplesTheSoftmaxOfItsAllowedTokens) {
+  const int V = 1024;
+  std::vector<float> l(static_cast<size_t>(V), -INFINITY);
+  l[100] = 0.0f, l[1000] = std::log(3.0f);  // 1 : 3 at temperature 1
+  for (int top_k : {0, 20}) {
+    const auto h = histogram(params(1.0f, top_k), l, 3000, V);
+    ASSERT_EQ(h.size(), 2u);
+    EXPECT_NEAR(h.at(1000) / 3000.0, 0.75, 0.035) << "top_k " << top_k;  // 4.4 standard deviations
   }
 }
 

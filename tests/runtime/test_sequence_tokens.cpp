@@ -1,6 +1,6 @@
 // SequenceTokens on a fake backend whose "state" is the list of tokens it was fed and whose
 // model always predicts the last token + 1: after every step of a reply (rounds ending at a
-// stop token, forced tokens, a dropped stop token) the state holds exactly
+// stop token or at max_tokens, a round after a round) the state holds exactly
 // tokens()[0 : in_state()], and the sequence handed back to the cache lists what its state holds.
 #include <gtest/gtest.h>
 
@@ -83,36 +83,20 @@ TEST(SequenceTokens, ARoundLeavesItsStopTokenOutOfTheState) {
   EXPECT_EQ(state_tokens(back), back.tokens);
 }
 
-TEST(SequenceTokens, ForcedTokensAreComputedByTheNextRound) {
+TEST(SequenceTokens, ASecondRoundComputesTheLastTokenOfTheFirst) {
   CountingBackend b;
   SequenceTokens seq(empty_sequence(b), std::vector<int32_t>{1, 2, 3});
-  seq.generate(b, greedy(10, {5}), any_token);  // 4 5, 5 not fed
-  // The forcing's stop-token case: 5 leaves the reply, forced text takes its place.
-  seq.drop_last();
-  seq.append(std::vector<int32_t>{20, 21});
-  EXPECT_EQ(seq.tokens(), (std::vector<int32_t>{1, 2, 3, 4, 20, 21}));
+  seq.generate(b, greedy(2, {}), any_token);  // 4 5, 5 not fed (the last of max_new_tokens)
   EXPECT_EQ(seq.in_state(), 4);
-  EXPECT_EQ(seq.produced(), 4);  // 4, 5 (dropped, but its step was run), 20, 21
   GenerateResult r = seq.generate(b, greedy(3, {}), any_token);
   EXPECT_EQ(r.cached_tokens, 4);
-  EXPECT_EQ(r.prompt_tokens, 6);
-  EXPECT_EQ(r.tokens, (std::vector<int32_t>{22, 23, 24}));  // continues from the forced 21
-  EXPECT_EQ(seq.produced(), 7);
-  EXPECT_EQ(seq.in_state(), 8);  // the last of max_new_tokens is not fed back either
+  EXPECT_EQ(r.prompt_tokens, 5);
+  EXPECT_EQ(r.tokens, (std::vector<int32_t>{6, 7, 8}));
+  EXPECT_EQ(seq.produced(), 5);
+  EXPECT_EQ(seq.in_state(), 7);
   CachedSequence back = std::move(seq).take();
-  EXPECT_EQ(back.tokens, (std::vector<int32_t>{1, 2, 3, 4, 20, 21, 22, 23}));
+  EXPECT_EQ(back.tokens, (std::vector<int32_t>{1, 2, 3, 4, 5, 6, 7}));
   EXPECT_EQ(state_tokens(back), back.tokens);
-}
-
-TEST(SequenceTokens, OnlyATokenOutsideTheStateCanBeDropped) {
-  CountingBackend b;
-  SequenceTokens seq(empty_sequence(b), std::vector<int32_t>{1, 2});
-  EXPECT_THROW(seq.drop_last(), Error);  // the prompt is not the reply's
-  seq.append(std::vector<int32_t>{9});
-  seq.generate(b, greedy(1, {}), any_token);  // feeds 9, generates 10
-  seq.drop_last();                            // 10 was not fed
-  EXPECT_EQ(seq.tokens(), (std::vector<int32_t>{1, 2, 9}));
-  EXPECT_THROW(seq.drop_last(), Error);  // 9 is in the state
 }
 
 TEST(SequenceTokens, PrefillToASnapshotPointResumesLater) {

@@ -55,7 +55,9 @@ test('each field of the wrong type is a 400 naming it', async () => {
     [{ reasoning_effort: 'extreme' }, 'reasoning_effort'],
     [{ n: 2 }, 'n'],
     [{ logit_bias: { 1: 5 } }, 'logit_bias'],
-    [{ response_format: { type: 'json_schema', json_schema: {} } }, 'response_format'],
+    [{ response_format: { type: 'json_schema' } }, 'response_format.json_schema'],
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: { type: 'string', pattern: 'a' } } } },
+      'response_format'],
     [{ messages: [{ role: 'user', content: 'x' }, { role: 'system', content: 'late' }] }, 'messages'],
     [{ messages: [{ role: 'assistant', content: 'x', tool_calls: [{ type: 'function', function: { name: 'f', arguments: '{bad' } }] }, { role: 'user', content: 'y' }] }, 'messages'],
   ];

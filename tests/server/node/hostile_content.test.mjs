@@ -100,6 +100,7 @@ test('an unknown role is a 400 naming it, best_of > 1 on chat is refused (issue 
 
 // The trained model writes real calls. With several tools, tool_choice "required" used to force
 // "<tool_call>\n<function=" (a lone "=" token) and got "_currency" back, a function not in tools.
+// Under the tool-call grammar (issue 18) the reply is always a call to one of them.
 test('tool_choice "required" with several tools returns only functions in tools (issue 17, 4)', async () => {
   const server = (await modelId()) === 'lily-tiny' ? null : await startServer([], { defaultModel: true });
   try {
@@ -116,10 +117,12 @@ test('tool_choice "required" with several tools returns only functions in tools 
           chat_template_kwargs: { enable_thinking: thinking }, messages: userTurn(question),
         });
         const { message, finish_reason } = r.choices[0];
-        for (const call of message.tool_calls ?? []) {
+        assert.ok(message.tool_calls?.length > 0, `${question}, thinking ${thinking}: no call: ${message.content}`);
+        for (const call of message.tool_calls) {
           assert.ok(names.has(call.function.name), `${question}: a call to ${call.function.name}, not in tools`);
+          assert.equal(typeof JSON.parse(call.function.arguments).city, 'string');
         }
-        if (message.tool_calls) assert.equal(finish_reason, 'tool_calls');
+        assert.equal(finish_reason, 'tool_calls');
         console.log(`  required, thinking ${thinking}: ${question} -> ` +
           `${(message.tool_calls ?? []).map((c) => c.function.name).join(', ') || JSON.stringify(message.content)}`);
       }
