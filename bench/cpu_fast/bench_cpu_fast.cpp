@@ -1,5 +1,5 @@
 // bench_cpu_fast: decode tokens/s of lily-tiny on the fast and the reference CPU backend, and
-// the GEMV kernels per instruction set at the full-size model's shapes.
+// the GEMV kernels per instruction set and kind (fp32, integer) at the full-size model's shapes.
 //
 //   LILY_THREADS=2 build/bench/cpu_fast/bench_cpu_fast
 //
@@ -54,11 +54,12 @@ void BM_DecodeLilyTinyReference(benchmark::State& state) { decode(state, false);
 BENCHMARK(BM_DecodeLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// One product y = W x on one thread: args rows, cols, bits, isa.
+// One product y = W x on one thread (x's preparation included): args rows, cols, bits, isa, dot.
 void BM_Gemv(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const int bits = int(state.range(2));
   const auto isa = cpu_fast::Isa(state.range(3));
+  const auto dot = cpu_fast::Dot(state.range(4));
   if (!cpu_fast::isa_supported(isa)) {
     state.SkipWithError("this processor does not run the kernel");
     return;
@@ -73,21 +74,22 @@ void BM_Gemv(benchmark::State& state) {
   m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
   m.data = q.codes.data(), m.scales = q.scales.data(), m.biases = q.biases.data();
   for (auto _ : state) {
-    cpu_fast::gemv(m, x.data(), y.data(), isa);
+    cpu_fast::gemv(m, x.data(), y.data(), isa, dot);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes()));
-  state.SetLabel(cpu_fast::to_string(isa));
+  state.SetLabel(std::string(cpu_fast::to_string(isa)) + "/" + cpu_fast::to_string(dot));
 }
 // Full-size shapes: an expert's gate/up [512, 2048] and down [2048, 512] (q4, in L2 or L3 when
 // repeated), the router [256, 2048] (q8), and a 32 MB q4 matrix [16384, 4096] that streams from memory.
 void gemv_args(benchmark::internal::Benchmark* b) {
-  for (int isa = 0; isa < 3; ++isa) {
-    b->Args({512, 2048, 4, isa});
-    b->Args({2048, 512, 4, isa});
-    b->Args({256, 2048, 8, isa});
-    b->Args({16384, 4096, 4, isa});
-  }
+  for (int isa = 0; isa < 3; ++isa)
+    for (int dot = 0; dot < 2; ++dot) {
+      b->Args({512, 2048, 4, isa, dot});
+      b->Args({2048, 512, 4, isa, dot});
+      b->Args({256, 2048, 8, isa, dot});
+      b->Args({16384, 4096, 4, isa, dot});
+    }
 }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond);
 

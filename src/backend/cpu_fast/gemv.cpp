@@ -1,5 +1,5 @@
-// gemv.cpp: the GEMV dispatch (which kernel runs), the portable kernel, and the threaded
-// wrappers. The SIMD kernels are in gemv_avx2.cpp and gemv_avx512.cpp.
+// gemv.cpp: which GEMV kernel runs (gemv.h), and the threaded wrappers. The kernels are in
+// gemv_scalar.cpp, gemv_avx2.cpp and gemv_avx512.cpp.
 #include "backend/cpu_fast/gemv.h"
 
 #include <algorithm>
@@ -17,54 +17,13 @@ namespace {
 constexpr int64_t kBlockWeights = 32 * 1024;
 constexpr int64_t kParallelMinWeights = 96 * 1024;
 
-// Rows [r0, r1) of any matrix (the fallback): each row expanded to fp32, then a dot product.
-void rows_by_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
-  thread_local std::vector<float> row;
-  row.resize(size_t(W.cols));
-  for (int64_t r = r0; r < r1; ++r) {
-    W.dequantize_row(r, row.data());
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t c = 0;
-    for (; c + 8 <= W.cols; c += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += row[size_t(c + j)] * x[c + j];
-    float s = 0;
-    for (; c < W.cols; ++c) s += row[size_t(c)] * x[c];
-    y[r] = s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  }
-}
-
-template <int kBits>
-void rows_scalar(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
-  constexpr int kPerWord = 32 / kBits;
-  constexpr uint32_t kMask = (1u << kBits) - 1u;
-  const int64_t cols = W.cols, G = W.group_size, groups = cols / G, words = cols / kPerWord;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint32_t* codes = static_cast<const uint32_t*>(W.data) + r * words;
-    const bf16* scales = W.scales + r * groups;
-    const bf16* biases = W.biases + r * groups;
-    float acc = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint32_t* wg = codes + g * (G / kPerWord);
-      const float* xg = x + g * G;
-      float dot[kPerWord] = {};
-      for (int64_t i = 0; i < G / kPerWord; ++i)
-        for (int j = 0; j < kPerWord; ++j) dot[j] += float((wg[i] >> (kBits * j)) & kMask) * xg[i * kPerWord + j];
-      float d = 0;
-      for (int j = 0; j < kPerWord; ++j) d += dot[j];
-      acc += to_float(scales[g]) * d + to_float(biases[g]) * xsum[g];
-    }
-    y[r] = acc;
-  }
+// Rows [r0, r1) of W x with the best kernel for W (x prepared for W when the kernels take it).
+void rows_best(const Matrix& W, const QuantizedInput& in, int64_t r0, int64_t r1, float* y) {
+  if (gemv_supported(W)) gemv_rows_kernel(best_isa(), preferred_dot(W))(W, in, r0, r1, y);
+  else detail::gemv_rows_dequantizing(W, in.x, r0, r1, y);
 }
 
 }  // namespace
-
-namespace detail {
-void gemv_rows_scalar(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
-  if (W.bits == 4) rows_scalar<4>(W, x, xsum, r0, r1, y);
-  else rows_scalar<8>(W, x, xsum, r0, r1, y);
-}
-}  // namespace detail
 
 const char* to_string(Isa isa) {
   switch (isa) {
@@ -75,11 +34,15 @@ const char* to_string(Isa isa) {
   return "?";
 }
 
+const char* to_string(Dot dot) { return dot == Dot::integer ? "integer" : "fp32"; }
+
 bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
     case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::avx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -89,14 +52,15 @@ Isa best_isa() {
   return isa;
 }
 
-GemvRowsFn gemv_rows_kernel(Isa isa) {
+GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot) {
   LILY_CHECK(isa_supported(isa), "the {} GEMV kernel needs instructions this processor lacks", to_string(isa));
+  const bool integer = dot == Dot::integer;
   switch (isa) {
-    case Isa::scalar: return detail::gemv_rows_scalar;
-    case Isa::avx2: return detail::gemv_rows_avx2;
-    case Isa::avx512: return detail::gemv_rows_avx512;
+    case Isa::scalar: return integer ? detail::gemv_rows_scalar_integer : detail::gemv_rows_scalar_fp32;
+    case Isa::avx2: return integer ? detail::gemv_rows_avx2_integer : detail::gemv_rows_avx2_fp32;
+    case Isa::avx512: return integer ? detail::gemv_rows_avx512_integer : detail::gemv_rows_avx512_fp32;
   }
-  return detail::gemv_rows_scalar;
+  return detail::gemv_rows_scalar_fp32;
 }
 
 bool gemv_supported(const Matrix& W) {
@@ -104,48 +68,61 @@ bool gemv_supported(const Matrix& W) {
          W.group_size % 16 == 0 && W.cols % W.group_size == 0;
 }
 
-void group_sums(const float* x, int64_t cols, int group_size, float* xsum) {
-  for (int64_t g = 0; g < cols / group_size; ++g) {
-    float s = 0;
-    for (int64_t c = 0; c < group_size; ++c) s += x[g * group_size + c];
-    xsum[g] = s;
-  }
+Dot preferred_dot(const Matrix& W) { return W.group_size == kInputGroup ? Dot::integer : Dot::fp32; }
+
+void gemv(const Matrix& W, const float* x, float* y) {
+  if (!gemv_supported(W)) return detail::gemv_rows_dequantizing(W, x, 0, W.rows, y);
+  gemv(W, x, y, best_isa(), preferred_dot(W));
 }
 
-void gemv(const Matrix& W, const float* x, float* y, Isa isa) {
-  if (!gemv_supported(W)) return rows_by_dequantizing(W, x, 0, W.rows, y);
-  thread_local std::vector<float> xsum;
-  xsum.resize(size_t(W.cols / W.group_size));
-  group_sums(x, W.cols, W.group_size, xsum.data());
-  gemv_rows_kernel(isa)(W, x, xsum.data(), 0, W.rows, y);
+void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot) {
+  LILY_CHECK(gemv_supported(W), "gemv: the kernels do not take {}", W.describe());
+  LILY_CHECK(dot == Dot::fp32 || W.group_size == kInputGroup, "gemv: the integer kernels take groups of {}, not {}",
+             kInputGroup, W.group_size);
+  thread_local QuantizedInput in;
+  quantize_input(x, W.cols, W.group_size, in);
+  gemv_rows_kernel(isa, dot)(W, in, 0, W.rows, y);
 }
 
-void gemv_parallel(std::span<const GemvTask> tasks, Isa isa) {
-  const GemvRowsFn kernel = gemv_rows_kernel(isa);
+void gemv_parallel(std::span<const GemvTask> tasks) {
   struct Block {
     int64_t task, r0, r1;
   };
-  std::vector<Block> blocks;
-  std::vector<std::vector<float>> xsums(tasks.size());
+  thread_local std::vector<Block> blocks;
+  thread_local std::vector<QuantizedInput> inputs;  // one per distinct (x, cols, group size)
+  thread_local std::vector<size_t> input_of;        // task -> its input
+  blocks.clear();
+  input_of.clear();
+  size_t n_inputs = 0;
   int64_t weights = 0;
   for (size_t i = 0; i < tasks.size(); ++i) {
     const Matrix& W = *tasks[i].W;
-    if (gemv_supported(W)) {
-      xsums[i].resize(size_t(W.cols / W.group_size));
-      group_sums(tasks[i].x, W.cols, W.group_size, xsums[i].data());
+    size_t j = 0;
+    while (j < n_inputs && !(inputs[j].x == tasks[i].x && inputs[j].cols == W.cols &&
+                             (!gemv_supported(W) || inputs[j].group_size == W.group_size)))
+      ++j;
+    if (j == n_inputs) {
+      if (inputs.size() <= n_inputs) inputs.emplace_back();
+      if (gemv_supported(W)) quantize_input(tasks[i].x, W.cols, W.group_size, inputs[j]);
+      else inputs[j].x = tasks[i].x, inputs[j].cols = W.cols, inputs[j].group_size = 0;
+      ++n_inputs;
     }
+    input_of.push_back(j);
     const int64_t rows_per_block = std::max<int64_t>(1, kBlockWeights / std::max<int64_t>(1, W.cols));
     for (int64_t r = 0; r < W.rows; r += rows_per_block)
       blocks.push_back({int64_t(i), r, std::min(W.rows, r + rows_per_block)});
     weights += W.rows * W.cols;
   }
   const int64_t n = int64_t(blocks.size());
+  // The worker threads read the calling thread's blocks and inputs through these references.
+  const std::vector<Block>& all_blocks = blocks;
+  const std::vector<QuantizedInput>& all_inputs = inputs;
+  const std::vector<size_t>& task_input = input_of;
   parallel_for(n, weights < kParallelMinWeights ? n : 1, [&](int64_t b0, int64_t b1) {
     for (int64_t b = b0; b < b1; ++b) {
-      const Block& blk = blocks[size_t(b)];
+      const Block& blk = all_blocks[size_t(b)];
       const GemvTask& t = tasks[size_t(blk.task)];
-      if (gemv_supported(*t.W)) kernel(*t.W, t.x, xsums[size_t(blk.task)].data(), blk.r0, blk.r1, t.y);
-      else rows_by_dequantizing(*t.W, t.x, blk.r0, blk.r1, t.y);
+      rows_best(*t.W, all_inputs[task_input[size_t(blk.task)]], blk.r0, blk.r1, t.y);
     }
   });
 }
