@@ -203,6 +203,22 @@ TEST(QuantizeInput, RoundsWithinHalfAUnit) {
   EXPECT_TRUE(std::isnan(in.unit[1]));
 }
 
+// Groups quantized in parts (as the members of a region do) equal the whole at once.
+TEST(QuantizeInput, GroupsInPartsEqualTheWhole) {
+  const std::vector<float> x = random_vector(5 * 64, 4);
+  cpu_fast::QuantizedInput whole, parts;
+  cpu_fast::quantize_input(x.data(), 5 * 64, 64, whole);
+  cpu_fast::reset_input(x.data(), 5 * 64, 64, parts);
+  cpu_fast::quantize_groups(parts, 3, 5);
+  cpu_fast::quantize_groups(parts, 0, 3);
+  EXPECT_EQ(parts.x16, whole.x16);
+  EXPECT_EQ(parts.a_nibbles, whole.a_nibbles);
+  EXPECT_EQ(parts.b_nibbles, whole.b_nibbles);
+  EXPECT_EQ(parts.unit, whole.unit);
+  EXPECT_EQ(parts.qsum, whole.qsum);
+  EXPECT_EQ(parts.sum, whole.sum);
+}
+
 // Several products in one fork-join, with blocks of rows across tasks, two of them sharing x,
 // groups of 64 (integer) and 32 (fp32), and a plain f32 matrix (which the kernels do not take).
 TEST(GemvParallel, ManyTasksMatchReference) {
@@ -237,6 +253,28 @@ TEST(GemvParallel, ManyTasksMatchReference) {
     const Error e = compare_rows(s, integer, got[i], want[i], 0, mats[i]->rows);
     EXPECT_LE(e.worst, 1.0) << "task " << i << " (" << mats[i]->describe() << "): row " << e.row;
   }
+}
+
+// A team of 3 members (not the process's) splits the rows of products of unequal widths by
+// weight: every row written once, each as the single-thread kernel writes it.
+TEST(GemvShare, MembersCoverEveryRowOnce) {
+  TestMatrix a = random_matrix(5, 2048, 4, 64, 41), b = random_matrix(130, 128, 4, 64, 42),
+             c = random_matrix(1, 64, 8, 64, 43);
+  const Matrix* mats[] = {&a.m, &b.m, &c.m};
+  std::vector<std::vector<float>> xs, want, got;
+  std::vector<cpu_fast::QuantizedInput> inputs(3);
+  std::vector<cpu_fast::PreparedGemv> products;
+  for (size_t i = 0; i < 3; ++i) {
+    xs.push_back(random_vector(mats[i]->cols, 50 + uint32_t(i)));
+    want.emplace_back(size_t(mats[i]->rows), NAN);
+    got.emplace_back(size_t(mats[i]->rows), NAN);
+    cpu_fast::gemv(*mats[i], xs[i].data(), want[i].data());
+    cpu_fast::prepare_input(*mats[i], xs[i].data(), inputs[i]);
+    products.push_back({mats[i], &inputs[i], got[i].data()});
+  }
+  ThreadTeam team(3);
+  team.run([&](ThreadTeam::Member& m) { cpu_fast::gemv_share(products, m); });
+  for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "product " << i;
 }
 
 // T > 1 goes to the reference unchanged; T = 1 to the kernels.

@@ -143,7 +143,10 @@ class FastCpuBackend final : public Backend {
   void decode_step(FastSequenceState& s, int32_t token, float* logits) {
     const ModelConfig& c = w_->config;
     const int64_t H = c.hidden_size;
-    std::vector<float> h(static_cast<size_t>(H)), normed(static_cast<size_t>(H)), mixed(static_cast<size_t>(H));
+    thread_local std::vector<float> h, normed, mixed;  // [H] each: the residual stream, its norm, a layer's output
+    h.resize(size_t(H));
+    normed.resize(size_t(H));
+    mixed.resize(size_t(H));
     w_->embed_tokens.dequantize_row(token, h.data());
     for (int i = 0; i < c.num_layers; ++i) {
       const LayerWeights& layer = w_->layers[size_t(i)];

@@ -6,22 +6,16 @@
 
 #include "backend/cpu/ops.h"
 #include "base/error.h"
-#include "base/thread_pool.h"
+#include "base/thread_team.h"
 
 namespace lily::cpu_fast {
 
 namespace {
 
-// A block of rows of one product is at least this many weights, and a call with fewer weights
-// in all runs on the calling thread: a fork-join of the pool costs tens of microseconds.
-constexpr int64_t kBlockWeights = 32 * 1024;
-constexpr int64_t kParallelMinWeights = 96 * 1024;
-
-// Rows [r0, r1) of W x with the best kernel for W (x prepared for W when the kernels take it).
-void rows_best(const Matrix& W, const QuantizedInput& in, int64_t r0, int64_t r1, float* y) {
-  if (gemv_supported(W)) gemv_rows_kernel(best_isa(), preferred_dot(W))(W, in, r0, r1, y);
-  else detail::gemv_rows_dequantizing(W, in.x, r0, r1, y);
-}
+// Products of fewer weights in all run on the calling thread: even a cheap region start and
+// the stores of two cores to one output line cost more than such a product (lily-tiny's
+// smallest, [4, 256], is 1 K weights).
+constexpr int64_t kParallelMinWeights = 16 * 1024;
 
 }  // namespace
 
@@ -84,47 +78,66 @@ void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot) {
   gemv_rows_kernel(isa, dot)(W, in, 0, W.rows, y);
 }
 
+void prepare_input(const Matrix& W, const float* x, QuantizedInput& in) {
+  reset_input_for(W, x, in);
+  if (in.group_size > 0) quantize_groups(in, 0, W.cols / in.group_size);
+}
+
+void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in) {
+  if (gemv_supported(W)) return reset_input(x, W.cols, W.group_size, in);
+  in.x = x, in.cols = W.cols, in.group_size = 0, in.quantized = false;
+}
+
+void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
+  if (gemv_supported(W) && x.group_size == W.group_size)
+    gemv_rows_kernel(best_isa(), preferred_dot(W))(W, x, r0, r1, y);
+  else detail::gemv_rows_dequantizing(W, x.x, r0, r1, y);
+}
+
+void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member& member) {
+  int64_t total = 0;
+  for (const PreparedGemv& p : products) total += p.W->rows * p.W->cols;
+  // This member's weights [lo, hi); a row is the member's whose first weight falls there.
+  const auto [lo, hi] = member.share(total);
+  int64_t offset = 0;
+  for (const PreparedGemv& p : products) {
+    const int64_t cols = std::max<int64_t>(1, p.W->cols), rows = p.W->rows;
+    auto first_row_from = [&](int64_t w) { return std::clamp<int64_t>((w - offset + cols - 1) / cols, 0, rows); };
+    const int64_t r0 = first_row_from(lo), r1 = first_row_from(hi);
+    if (r0 < r1) gemv_rows(*p.W, *p.x, r0, r1, p.y);
+    offset += rows * p.W->cols;
+  }
+}
+
 void gemv_parallel(std::span<const GemvTask> tasks) {
-  struct Block {
-    int64_t task, r0, r1;
-  };
-  thread_local std::vector<Block> blocks;
   thread_local std::vector<QuantizedInput> inputs;  // one per distinct (x, cols, group size)
   thread_local std::vector<size_t> input_of;        // task -> its input
-  blocks.clear();
+  thread_local std::vector<PreparedGemv> products;
+  auto fits = [](const QuantizedInput& in, const GemvTask& t) {
+    return in.x == t.x && in.cols == t.W->cols && (!gemv_supported(*t.W) || in.group_size == t.W->group_size);
+  };
   input_of.clear();
   size_t n_inputs = 0;
   int64_t weights = 0;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const Matrix& W = *tasks[i].W;
+  for (const GemvTask& t : tasks) {
     size_t j = 0;
-    while (j < n_inputs && !(inputs[j].x == tasks[i].x && inputs[j].cols == W.cols &&
-                             (!gemv_supported(W) || inputs[j].group_size == W.group_size)))
-      ++j;
+    while (j < n_inputs && !fits(inputs[j], t)) ++j;
     if (j == n_inputs) {
       if (inputs.size() <= n_inputs) inputs.emplace_back();
-      if (gemv_supported(W)) quantize_input(tasks[i].x, W.cols, W.group_size, inputs[j]);
-      else inputs[j].x = tasks[i].x, inputs[j].cols = W.cols, inputs[j].group_size = 0;
+      prepare_input(*t.W, t.x, inputs[j]);
       ++n_inputs;
     }
     input_of.push_back(j);
-    const int64_t rows_per_block = std::max<int64_t>(1, kBlockWeights / std::max<int64_t>(1, W.cols));
-    for (int64_t r = 0; r < W.rows; r += rows_per_block)
-      blocks.push_back({int64_t(i), r, std::min(W.rows, r + rows_per_block)});
-    weights += W.rows * W.cols;
+    weights += t.W->rows * t.W->cols;
   }
-  const int64_t n = int64_t(blocks.size());
-  // The worker threads read the calling thread's blocks and inputs through these references.
-  const std::vector<Block>& all_blocks = blocks;
-  const std::vector<QuantizedInput>& all_inputs = inputs;
-  const std::vector<size_t>& task_input = input_of;
-  parallel_for(n, weights < kParallelMinWeights ? n : 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const Block& blk = all_blocks[size_t(b)];
-      const GemvTask& t = tasks[size_t(blk.task)];
-      rows_best(*t.W, all_inputs[task_input[size_t(blk.task)]], blk.r0, blk.r1, t.y);
-    }
-  });
+  products.clear();  // pointers into `inputs` once it has stopped growing
+  for (size_t i = 0; i < tasks.size(); ++i) products.push_back({tasks[i].W, &inputs[input_of[i]], tasks[i].y});
+  const std::span<const PreparedGemv> all = products;
+  if (weights < kParallelMinWeights) {
+    for (const PreparedGemv& p : all) gemv_rows(*p.W, *p.x, 0, p.W->rows, p.y);
+    return;
+  }
+  cpu_team().run([all](ThreadTeam::Member& m) { gemv_share(all, m); });
 }
 
 void linear(const Matrix& W, const float* x, int64_t T, float* y) {

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "backend/cpu_fast/quantized_input.h"
+#include "base/thread_team.h"
 #include "model/weights.h"
 
 namespace lily::cpu_fast {
@@ -46,9 +47,27 @@ GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot);
 void gemv(const Matrix& W, const float* x, float* y);
 void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot);
 
-// Several independent products y_i = W_i x_i in one parallel_for over blocks of rows of all
-// of them, so a layer's projections cost one fork-join; products with the same x share its
-// preparation. Products the kernels do not take are dequantized row by row.
+// x [W.cols] prepared for W: quantized for its group size when the kernels take W, else only
+// x.x set. reset_input_for: the buffers only (quantize_groups fills them; quantized_input.h).
+void prepare_input(const Matrix& W, const float* x, QuantizedInput& in);
+void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in);
+
+// Rows [r0, r1) of y = W x with the best kernel for W. x prepared for W, or for another matrix
+// of W.cols columns: where its group size is not W's, W's rows are dequantized (slow, right).
+void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+
+// A product whose x is prepared.
+struct PreparedGemv {
+  const Matrix* W;
+  const QuantizedInput* x;
+  float* y;
+};
+// Inside a parallel region: this member's share of the rows of all the products, split by
+// weights read (each member about the same number of bytes).
+void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member& member);
+
+// Several independent products y_i = W_i x_i in one parallel region of cpu_team(), so a
+// layer's projections cost one fork-join; products with the same x share its preparation.
 struct GemvTask {
   const Matrix* W;
   const float* x;

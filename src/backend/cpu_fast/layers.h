@@ -1,4 +1,5 @@
-// layers.h: the decode step (T = 1) of each layer kind on the GEMV kernels; same math as the
+// layers.h: the decode step (T = 1) of each layer kind on the GEMV kernels, each one parallel
+// region of cpu_team() (attention_step.cpp, deltanet_step.cpp, moe_step.cpp); same math as the
 // reference layers of backend/cpu/ops.h, whose caches they share.
 #pragma once
 
@@ -14,12 +15,13 @@ void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::Attent
 void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                    float* out);
 
-// Sparse MoE with the gated shared expert (spec §2.7), one token: the k routed experts and the
-// shared one are tasks of one parallel_for, each with its own output row. x: [H] -> out: [H].
+// Sparse MoE with the gated shared expert (spec §2.7), one token. x: [H] -> out: [H].
 void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out);
 
-// One recurrent step of the delta rule (spec §3.1) on S [dk, dv] in two passes:
-//   pass 1: S *= exp(g); m = S^T k        pass 2: S += k (beta (v - m))^T; o = S^T q
+// One recurrent step of the delta rule (spec §3.1) on S [dk, dv], S read in one pass and
+// written in a second (deltanet_step.cpp):
+//   pass 1: m = exp(g) S^T k, r = exp(g) S^T q        d = beta (v - m), o = r + d (k . q)
+//   pass 2: S = exp(g) S + k d^T
 void delta_rule_step(const float* q, const float* k, const float* v, float g, float beta, int64_t dk, int64_t dv,
                      float* S, float* o);
 

@@ -35,49 +35,53 @@ float quantize_group(const float* x, int16_t* x16) {
   return amax / kRange;
 }
 
-// a_nibbles and b_nibbles from x16: per 128 columns, the even columns then the odd ones.
-void to_nibble_order(const int16_t* x16, int64_t cols, int8_t* a_nibbles, int8_t* b_nibbles) {
-  auto split = [&](int64_t c, int64_t at) {
-    const int a = int(std::lround(float(x16[c]) / float(kRadix)));  // then |b| <= 127
-    a_nibbles[at] = int8_t(a);
-    b_nibbles[at] = int8_t(x16[c] - kRadix * a);
-  };
-  for (int64_t block = 0; block < cols; block += 128)
-    for (int64_t i = 0; i < 64 && block + 2 * i < cols; ++i) {
-      split(block + 2 * i, block + i);
-      split(block + 2 * i + 1, block + 64 + i);
-    }
+// Column c's halves a, b of x16 into their places in nibble order.
+void put_in_nibble_order(const int16_t* x16, int64_t c, int8_t* a_nibbles, int8_t* b_nibbles) {
+  const int64_t block = c / 128 * 128, i = c % 128, at = block + (i % 2) * 64 + i / 2;
+  const int v = x16[c], a = v >= 0 ? (v + kRadix / 2) / kRadix : -((kRadix / 2 - v) / kRadix);  // |b| <= 127
+  a_nibbles[at] = int8_t(a);
+  b_nibbles[at] = int8_t(x16[c] - kRadix * a);
 }
 
 }  // namespace
 
-void quantize_input(const float* x, int64_t cols, int group_size, QuantizedInput& out) {
+void reset_input(const float* x, int64_t cols, int group_size, QuantizedInput& out) {
   LILY_CHECK(group_size > 0 && cols % group_size == 0, "quantize_input: {} columns in groups of {}", cols, group_size);
-  const int64_t groups = cols / group_size, padded_groups = round_up(groups, 16);
+  const int64_t padded_groups = round_up(cols / group_size, 16);
   out.x = x;
   out.cols = cols;
   out.group_size = group_size;
   out.quantized = group_size == kInputGroup;
   out.sum.assign(size_t(padded_groups), 0.f);
-  for (int64_t g = 0; g < groups; ++g) {
-    float s = 0;
-    for (int64_t c = 0; c < group_size; ++c) s += x[g * group_size + c];
-    out.sum[size_t(g)] = s;
-  }
   if (!out.quantized) return;
   out.unit.assign(size_t(padded_groups), 0.f);
   out.qsum.assign(size_t(padded_groups), 0.f);
   out.x16.resize(size_t(cols));
-  for (int64_t g = 0; g < groups; ++g) {
-    int16_t* x16 = out.x16.data() + g * kInputGroup;
-    out.unit[size_t(g)] = quantize_group(x + g * kInputGroup, x16);
-    int32_t s = 0;
-    for (int c = 0; c < kInputGroup; ++c) s += x16[c];
-    out.qsum[size_t(g)] = out.unit[size_t(g)] * float(s);
-  }
   out.a_nibbles.assign(size_t(round_up(cols, 128)), int8_t(0));
   out.b_nibbles.assign(size_t(round_up(cols, 128)), int8_t(0));
-  to_nibble_order(out.x16.data(), cols, out.a_nibbles.data(), out.b_nibbles.data());
+}
+
+void quantize_groups(QuantizedInput& out, int64_t g0, int64_t g1) {
+  const int64_t G = out.group_size;
+  for (int64_t g = g0; g < g1; ++g) {
+    const float* x = out.x + g * G;
+    float s = 0;
+    for (int64_t c = 0; c < G; ++c) s += x[c];
+    out.sum[size_t(g)] = s;
+    if (!out.quantized) continue;
+    int16_t* x16 = out.x16.data() + g * kInputGroup;
+    out.unit[size_t(g)] = quantize_group(x, x16);
+    int32_t q = 0;
+    for (int c = 0; c < kInputGroup; ++c) q += x16[c];
+    out.qsum[size_t(g)] = out.unit[size_t(g)] * float(q);
+    for (int64_t c = g * kInputGroup; c < (g + 1) * kInputGroup; ++c)
+      put_in_nibble_order(out.x16.data(), c, out.a_nibbles.data(), out.b_nibbles.data());
+  }
+}
+
+void quantize_input(const float* x, int64_t cols, int group_size, QuantizedInput& out) {
+  reset_input(x, cols, group_size, out);
+  quantize_groups(out, 0, cols / group_size);
 }
 
 }  // namespace lily::cpu_fast

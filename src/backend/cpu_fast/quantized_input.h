@@ -47,4 +47,10 @@ struct QuantizedInput {
 // The integer part is filled when group_size == kInputGroup.
 void quantize_input(const float* x, int64_t cols, int group_size, QuantizedInput& out);
 
+// The same in two steps, for x written by several threads: reset_input sizes the buffers (and
+// zeroes the padding), then quantize_groups fills groups [g0, g1) of x (read from out.x), so
+// threads that wrote disjoint groups can each quantize their own.
+void reset_input(const float* x, int64_t cols, int group_size, QuantizedInput& out);
+void quantize_groups(QuantizedInput& out, int64_t g0, int64_t g1);
+
 }  // namespace lily::cpu_fast
