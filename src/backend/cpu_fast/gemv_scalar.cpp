@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backend/cpu_fast/gemv.h"
+#include "base/cpu_clones.h"
 
 namespace lily::cpu_fast::detail {
 
@@ -66,7 +67,9 @@ void gemv_rows_scalar_integer(const Matrix& W, const QuantizedInput& x, int64_t 
   else rows_integer<8>(W, x, r0, r1, y);
 }
 
-void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
+// Cloned per x86-64 level (base/cpu_clones.h): plain bf16 / f32 matrices (a bf16 checkpoint
+// run without --quantize) take this path for every product.
+LILY_CPU_CLONES void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
   thread_local std::vector<float> row;
   row.resize(size_t(W.cols));
   for (int64_t r = r0; r < r1; ++r) {

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/cpu_clones.h"
 #include "base/error.h"
 
 namespace lily::cpu_fast {
@@ -24,8 +25,8 @@ int16_t to_int16(float v) {
   return int16_t(std::nearbyint(v));
 }
 
-// x16 of one group of 64; returns its unit.
-float quantize_group(const float* x, int16_t* x16) {
+// x16 of one group of 64; returns its unit. Cloned per x86-64 level (base/cpu_clones.h).
+LILY_CPU_CLONES float quantize_group(const float* x, int16_t* x16) {
   float amax = 0;
   for (int c = 0; c < kInputGroup; ++c) amax = std::max(amax, std::fabs(x[c]));
   for (int c = 0; c < kInputGroup; ++c)
