@@ -1,6 +1,7 @@
 // cpu_fast::delta_rule_step (one token, S read in one pass and written in another) against the
-// reference's recurrent form (cpu::delta_rule_recurrent, T = 1): the state and the output
-// within 1e-5 of their scale, at head sizes 1 .. 128 (the model's: 128 x 128), over 8 tokens.
+// reference's recurrent form (cpu::delta_rule_recurrent, T = 1): the state within 1e-5 of its
+// largest value, the output within 1e-5 of its and the state's, at head sizes 1 .. 128 (the
+// model's: 128 x 128), over 8 tokens.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -52,7 +53,8 @@ TEST(DeltaRuleStep, MatchesReferenceRecurrence) {
         for (size_t i = 0; i < o.size(); ++i)
           o_err = std::isfinite(o[i]) ? std::max(o_err, double(std::fabs(o[i] - o_ref[i]))) : INFINITY;
         ASSERT_LE(s_err, 1e-5 * s_scale) << "dk " << dk << " dv " << dv << " token " << t;
-        ASSERT_LE(o_err, 1e-5 * o_scale) << "dk " << dk << " dv " << dv << " token " << t;
+        // o = S'^T q with |q| = 1: S's scale bounds it (o itself may cancel to near zero).
+        ASSERT_LE(o_err, 1e-5 * (o_scale + s_scale)) << "dk " << dk << " dv " << dv << " token " << t;
       }
     }
 }
