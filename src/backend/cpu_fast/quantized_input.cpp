@@ -18,30 +18,39 @@ constexpr float kRange = 127.f * float(kRadix);  // |x16| <= 32258, so |a|, |b| 
 
 int64_t round_up(int64_t n, int64_t m) { return (n + m - 1) / m * m; }
 
-// v rounded into [-kRange, kRange]; NaN to 0 (x NaN or infinite: unit, NaN or infinite, carries
-// it into the result).
-int16_t to_int16(float v) {
-  if (!(v >= -kRange && v <= kRange)) return int16_t(v > 0 ? kRange : v < 0 ? -kRange : 0);
-  return int16_t(std::nearbyint(v));
-}
+struct GroupSums {
+  float unit, qsum;
+};
 
-// x16 of one group of 64; returns its unit. Cloned per x86-64 level (base/cpu_clones.h).
-LILY_CPU_CLONES float quantize_group(const float* x, int16_t* x16) {
+// One group of 64: x16, and its halves a, b (x16 = 254 a + b) in nibble order: a_even[j], b_even[j]
+// of column 2j, a_odd[j], b_odd[j] of column 2j + 1. A group with a NaN or an infinity gets x16 = 0
+// and a unit of NaN or infinity, which carries it into the result. Straight loops, cloned per
+// x86-64 level (base/cpu_clones.h): the compiler vectorizes them.
+LILY_CPU_CLONES GroupSums quantize_group(const float* x, int16_t* x16, int8_t* a_even, int8_t* a_odd, int8_t* b_even,
+                                         int8_t* b_odd) {
   float amax = 0;
-  for (int c = 0; c < kInputGroup; ++c) amax = std::max(amax, std::fabs(x[c]));
-  for (int c = 0; c < kInputGroup; ++c)
-    if (std::isnan(x[c])) amax = NAN;  // std::max skipped it
-  const float inv = amax > 0 && std::isfinite(amax) ? kRange / amax : 0.f;
-  for (int c = 0; c < kInputGroup; ++c) x16[c] = to_int16(x[c] * inv);
-  return amax / kRange;
-}
-
-// Column c's halves a, b of x16 into their places in nibble order.
-void put_in_nibble_order(const int16_t* x16, int64_t c, int8_t* a_nibbles, int8_t* b_nibbles) {
-  const int64_t block = c / 128 * 128, i = c % 128, at = block + (i % 2) * 64 + i / 2;
-  const int v = x16[c], a = v >= 0 ? (v + kRadix / 2) / kRadix : -((kRadix / 2 - v) / kRadix);  // |b| <= 127
-  a_nibbles[at] = int8_t(a);
-  b_nibbles[at] = int8_t(x16[c] - kRadix * a);
+  bool nan = false, inf = false;
+  for (int c = 0; c < kInputGroup; ++c) {
+    amax = std::max(amax, std::fabs(x[c]));
+    nan |= std::isnan(x[c]);
+    inf |= std::isinf(x[c]);
+  }
+  const bool finite = !nan && !inf;
+  if (!finite) amax = nan ? NAN : INFINITY;
+  const float inv = finite && amax > 0 ? kRange / amax : 0.f;
+  int32_t q = 0;
+  for (int c = 0; c < kInputGroup; ++c) {
+    x16[c] = int16_t(std::nearbyint(x[c] * inv));  // |x * inv| <= kRange (x finite; 0 otherwise)
+    q += x16[c];
+  }
+  for (int j = 0; j < kInputGroup / 2; ++j) {
+    const float even = x16[2 * j], odd = x16[2 * j + 1];
+    const float ae = std::nearbyint(even / float(kRadix)), ao = std::nearbyint(odd / float(kRadix));
+    a_even[j] = int8_t(ae), a_odd[j] = int8_t(ao);  // then |b| <= 127
+    b_even[j] = int8_t(even - float(kRadix) * ae), b_odd[j] = int8_t(odd - float(kRadix) * ao);
+  }
+  const float unit = amax / kRange;
+  return {unit, unit * float(q)};
 }
 
 }  // namespace
@@ -70,13 +79,13 @@ void quantize_groups(QuantizedInput& out, int64_t g0, int64_t g1) {
     for (int64_t c = 0; c < G; ++c) s += x[c];
     out.sum[size_t(g)] = s;
     if (!out.quantized) continue;
-    int16_t* x16 = out.x16.data() + g * kInputGroup;
-    out.unit[size_t(g)] = quantize_group(x, x16);
-    int32_t q = 0;
-    for (int c = 0; c < kInputGroup; ++c) q += x16[c];
-    out.qsum[size_t(g)] = out.unit[size_t(g)] * float(q);
-    for (int64_t c = g * kInputGroup; c < (g + 1) * kInputGroup; ++c)
-      put_in_nibble_order(out.x16.data(), c, out.a_nibbles.data(), out.b_nibbles.data());
+    // Group g's columns in nibble order: its block of 128 from 128 (g / 2), the low nibbles'
+    // half at + 32 (g % 2), the high nibbles' 64 further.
+    const int64_t at = 128 * (g / 2) + 32 * (g % 2);
+    int8_t *a = out.a_nibbles.data() + at, *b = out.b_nibbles.data() + at;
+    const GroupSums q = quantize_group(x, out.x16.data() + g * kInputGroup, a, a + 64, b, b + 64);
+    out.unit[size_t(g)] = q.unit;
+    out.qsum[size_t(g)] = q.qsum;
   }
 }
 
