@@ -1,4 +1,5 @@
-// bench_cpu_fast: decode tokens/s of lily-tiny on the fast and the reference CPU backend, and
+// bench_cpu_fast: decode and prefill tokens/s of lily-tiny on the fast and the reference CPU
+// backend, and
 // the GEMV kernels per instruction set and kind (fp32, integer) at the full-size model's shapes.
 //
 //   LILY_THREADS=2 build/bench/cpu_fast/bench_cpu_fast
@@ -53,6 +54,26 @@ void BM_DecodeLilyTinyFast(benchmark::State& state) { decode(state, true); }
 void BM_DecodeLilyTinyReference(benchmark::State& state) { decode(state, false); }
 BENCHMARK(BM_DecodeLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
+void prefill(benchmark::State& state, bool fast) {
+  auto weights = lily_tiny();
+  auto backend = fast ? make_cpu_fast_backend(weights) : make_cpu_backend(weights);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 128; ++i) prompt.push_back(int32_t((i * 7919 + 13) % weights->config.vocab_size));
+  auto seq = backend->new_sequence(int64_t(prompt.size()));
+  std::vector<float> logits;
+  for (auto _ : state) {
+    seq->reset();
+    backend->forward(*seq, prompt, LogitsWanted::last, logits);
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(prompt.size()));
+}
+void BM_PrefillLilyTinyFast(benchmark::State& state) { prefill(state, true); }
+void BM_PrefillLilyTinyReference(benchmark::State& state) { prefill(state, false); }
+BENCHMARK(BM_PrefillLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PrefillLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // One product y = W x on one thread (x's preparation included): args rows, cols, bits, isa, dot.
 void BM_Gemv(benchmark::State& state) {

@@ -277,20 +277,31 @@ TEST(GemvShare, MembersCoverEveryRowOnce) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "product " << i;
 }
 
-// T > 1 goes to the reference unchanged; T = 1 to the kernels.
-TEST(GemvLinear, TokensBeyondOneUseReference) {
-  TestMatrix t = random_matrix(63, 256, 4, 64, 31);
-  std::vector<float> x = random_vector(3 * 256, 32);
-  std::vector<float> want(3 * 63, NAN), got(3 * 63, NAN);
-  cpu::linear(t.m, x.data(), 3, want.data());
-  cpu_fast::linear(t.m, x.data(), 3, got.data());
+// linear: T = 1 and T > 1 (rows of x against blocks of rows of W) within the bars of each
+// kernel; a matrix the kernels do not take goes to cpu::linear unchanged.
+TEST(GemvLinear, TokensMatchReference) {
+  for (int64_t T : {1, 2, 3, 17, 65})
+    for (int64_t rows : {1, 15, 16, 17, 63, 130}) {
+      TestMatrix t = random_matrix(rows, 256, 4, 64, uint32_t(31 + T * 7 + rows));
+      std::vector<float> x = random_vector(T * 256, uint32_t(32 + T));
+      std::vector<float> want(size_t(T * rows), NAN), got(size_t(T * rows), NAN);
+      cpu::linear(t.m, x.data(), T, want.data());
+      cpu_fast::linear(t.m, x.data(), T, got.data());
+      for (int64_t i = 0; i < T; ++i) {
+        const RowScale s = row_scales(t.m, x.data() + i * 256);
+        const std::vector<float> g(got.begin() + i * rows, got.begin() + (i + 1) * rows),
+            w(want.begin() + i * rows, want.begin() + (i + 1) * rows);
+        const Error e = compare_rows(s, true, g, w, 0, rows);
+        EXPECT_LE(e.worst, 1.0) << "T " << T << " rows " << rows << ": token " << i << " row " << e.row;
+      }
+    }
+  std::vector<float> plain_values = random_vector(7 * 96, 33), x = random_vector(3 * 96, 34);
+  Matrix plain;
+  plain.rows = 7, plain.cols = 96, plain.format = MatrixFormat::f32, plain.data = plain_values.data();
+  std::vector<float> want(21, NAN), got(21, NAN);
+  cpu::linear(plain, x.data(), 3, want.data());
+  cpu_fast::linear(plain, x.data(), 3, got.data());
   EXPECT_EQ(got, want);
-  std::vector<float> one(63, NAN);
-  cpu_fast::linear(t.m, x.data() + 256, 1, one.data());
-  const RowScale s = row_scales(t.m, x.data() + 256);
-  const std::vector<float> second(want.begin() + 63, want.begin() + 126);
-  const Error e = compare_rows(s, true, one, second, 0, 63);
-  EXPECT_LE(e.worst, 1.0) << "row " << e.row;
 }
 
 }  // namespace

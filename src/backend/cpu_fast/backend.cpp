@@ -2,8 +2,10 @@
 //
 // The same structure as the reference (backend/cpu/forward.cpp, spec §2.3, §4) with the same
 // caches (cpu::AttentionCache, cpu::DeltaNetCache): a decode step (one token) runs the layers
-// of layers.cpp and the lm_head on the GEMV kernels; a longer block runs the reference layers
-// in chunks of kChunkTokens, so prefill and decode can alternate on one sequence.
+// of layers.h and the lm_head on the GEMV kernels; a longer block runs the reference layers in
+// chunks of kChunkTokens with the fast products (their `linear_fn`: cpu_fast::linear, the
+// GEMV kernels over blocks of rows and tokens), so prefill and decode can alternate on one
+// sequence.
 #include <algorithm>
 
 #include "backend/cpu/ops.h"
@@ -165,7 +167,8 @@ class FastCpuBackend final : public Backend {
     cpu_fast::linear(w_->lm_head, normed.data(), 1, logits);
   }
 
-  // A block of tokens through the reference layers; logits of rows [first_row, n) into `logits`.
+  // A block of tokens through the reference layers with the fast products (cpu_fast::linear);
+  // logits of rows [first_row, n) into `logits`.
   void prefill_chunk(FastSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
@@ -175,18 +178,20 @@ class FastCpuBackend final : public Backend {
       const LayerWeights& layer = w_->layers[size_t(i)];
       cpu::rms_norm(h.data(), layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
       if (layer.kind == LayerKind::full_attention)
-        cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T, mixed.data());
-      else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data());
+        cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T, mixed.data(),
+                             cpu_fast::linear);
+      else
+        cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data(), cpu_fast::linear);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
       cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
-      cpu::sparse_moe(layer.moe, c, normed.data(), T, mixed.data());
+      cpu::sparse_moe(layer.moe, c, normed.data(), T, mixed.data(), cpu_fast::linear);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
     }
     s.advance(T);
     if (!logits) return;
     const int64_t rows = T - first_row;
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
-    cpu::linear(w_->lm_head, normed.data(), rows, logits);
+    cpu_fast::linear(w_->lm_head, normed.data(), rows, logits);
   }
 
   std::shared_ptr<const ModelWeights> w_;

@@ -141,9 +141,25 @@ void gemv_parallel(std::span<const GemvTask> tasks) {
 }
 
 void linear(const Matrix& W, const float* x, int64_t T, float* y) {
-  if (T != 1) return cpu::linear(W, x, T, y);
-  const GemvTask task{&W, x, y};
-  gemv_parallel({&task, 1});
+  if (T <= 0) return;
+  if (T == 1) {
+    const GemvTask task{&W, x, y};
+    return gemv_parallel({&task, 1});
+  }
+  if (!gemv_supported(W)) return cpu::linear(W, x, T, y);
+  thread_local std::vector<QuantizedInput> inputs;  // [T] the rows of x
+  if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
+  QuantizedInput* in = inputs.data();
+  const GemvRowsFn kernel = gemv_rows_kernel(best_isa(), preferred_dot(W));
+  const int64_t rows = W.rows, cols = W.cols;
+  cpu_team().run([&](ThreadTeam::Member& m) {
+    const auto [t0, t1] = m.share(T);
+    for (int64_t t = t0; t < t1; ++t) prepare_input(W, x + t * cols, in[t]);
+    m.barrier();
+    const auto [r0, r1] = m.share(rows, kGemmBlockRows);
+    for (int64_t b = r0; b < r1; b += kGemmBlockRows)
+      for (int64_t t = 0; t < T; ++t) kernel(W, in[t], b, std::min(r1, b + kGemmBlockRows), y + t * rows);
+  });
 }
 
 }  // namespace lily::cpu_fast
