@@ -6,8 +6,9 @@
 //
 // Decode: a 16-token prompt is prefilled once; each iteration restores the sequence to it and
 // decodes 64 greedy tokens (the restore, a copy of the DeltaNet state, is inside the timing).
-// items_per_second is decoded tokens/s. GEMV: bytes_per_second counts the weights read
-// (codes + scales + biases) per product.
+// items_per_second is decoded tokens/s. Prefill: a 128-token prompt. GEMV: bytes_per_second
+// counts the weights read (codes + scales + biases) per product; GemvTeamFromMemory also
+// reports the read bandwidth of the same threads (read_GBps), measured in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
@@ -16,6 +17,7 @@
 #include "backend/backend.h"
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/machine_probe.h"
 #include "model/checkpoint/load.h"
 #include "model/quant.h"
 #include "model/weights.h"
@@ -113,6 +115,30 @@ void gemv_args(benchmark::internal::Benchmark* b) {
     }
 }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond);
+
+// A 72 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
+// team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the
+// memory's speed a decode step's products can reach.
+void BM_GemvTeamFromMemory(benchmark::State& state) {
+  const int64_t rows = 65536, cols = 4096;
+  std::mt19937 rng(2);
+  std::uniform_int_distribution<uint32_t> word;
+  std::vector<uint32_t> codes(size_t(rows * cols / 8));
+  for (auto& w : codes) w = word(rng);
+  std::vector<bf16> scales(size_t(rows * cols / 64), to_bf16(0.01f)), biases(scales.size(), to_bf16(-0.08f));
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = 4, m.group_size = 64;
+  m.data = codes.data(), m.scales = scales.data(), m.biases = biases.data();
+  const cpu_fast::GemvTask task{&m, x.data(), y.data()};
+  for (auto _ : state) {
+    cpu_fast::gemv_parallel({&task, 1});
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes()));
+  state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+}
+BENCHMARK(BM_GemvTeamFromMemory)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace lily
