@@ -12,6 +12,7 @@
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <deque>
 #include <random>
 
 #include "backend/backend.h"
@@ -21,6 +22,7 @@
 #include "model/checkpoint/load.h"
 #include "model/quant.h"
 #include "model/weights.h"
+#include "runtime/cost_model.h"
 
 namespace lily {
 namespace {
@@ -56,6 +58,119 @@ void BM_DecodeLilyTinyFast(benchmark::State& state) { decode(state, true); }
 void BM_DecodeLilyTinyReference(benchmark::State& state) { decode(state, false); }
 BENCHMARK(BM_DecodeLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// The full-size geometry (qwen36_35b_a3b_config) cut to 4 layers (3 DeltaNet, 1 attention) and
+// a 16 K vocabulary, random 4-bit weights (8-bit router): a decode step moves what 4 of the 40
+// layers of the real model move, ~140 MB, far beyond L3. The 256 experts' storage (450 MB) is
+// shared by the layers; the routed experts of a step still come from memory.
+struct SyntheticStore {  // deques: a new buffer leaves the others where they are
+  std::deque<std::vector<uint32_t>> codes;
+  std::deque<std::vector<bf16>> params;
+};
+
+uint64_t next_random(uint64_t& s) {  // xorshift64*
+  s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+  return s * 2685821657736338717ull;
+}
+
+Matrix synthetic_matrix(SyntheticStore& store, int64_t rows, int64_t cols, int bits, uint64_t seed) {
+  auto& codes = store.codes.emplace_back(size_t(rows * cols * bits / 32));
+  for (auto& w : codes) w = uint32_t(next_random(seed) >> 32);
+  const float scale = 0.02f / float((1 << bits) - 1);
+  auto& scales = store.params.emplace_back(size_t(rows * cols / 64), to_bf16(scale));
+  auto& biases = store.params.emplace_back(size_t(rows * cols / 64), to_bf16(-0.01f));
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
+  m.data = codes.data(), m.scales = scales.data(), m.biases = biases.data();
+  return m;
+}
+
+std::shared_ptr<ModelWeights> full_size_layers() {
+  static std::shared_ptr<ModelWeights> weights = [] {
+    auto w = std::make_shared<ModelWeights>();
+    auto store = std::make_shared<SyntheticStore>();
+    ModelConfig c = qwen36_35b_a3b_config();
+    c.num_layers = 4;
+    c.layer_types = {LayerKind::linear_attention, LayerKind::linear_attention, LayerKind::linear_attention,
+                     LayerKind::full_attention};
+    c.vocab_size = 16384;
+    const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    auto m = [&](int64_t rows, int64_t cols, int bits = 4) {
+      return synthetic_matrix(*store, rows, cols, bits, ++seed);
+    };
+    w->config = c;
+    w->embed_tokens = m(c.vocab_size, H);
+    w->lm_head = m(c.vocab_size, H);
+    w->final_norm.assign(size_t(H), 1.f);
+    ExpertWeights experts;
+    for (int64_t e = 0; e < E; ++e) {
+      experts.gate_proj.push_back(m(I, H));
+      experts.up_proj.push_back(m(I, H));
+      experts.down_proj.push_back(m(H, I));
+    }
+    for (LayerKind kind : c.layer_types) {
+      LayerWeights& l = w->layers.emplace_back();
+      l.kind = kind;
+      l.input_layernorm.assign(size_t(H), 1.f);
+      l.post_attention_layernorm.assign(size_t(H), 1.f);
+      if (kind == LayerKind::full_attention) {
+        const int64_t d = c.head_dim;
+        l.attention.q_proj = m(2 * c.num_attention_heads * d, H);
+        l.attention.k_proj = m(c.num_key_value_heads * d, H);
+        l.attention.v_proj = m(c.num_key_value_heads * d, H);
+        l.attention.o_proj = m(H, c.num_attention_heads * d);
+        l.attention.q_norm.assign(size_t(d), 1.f);
+        l.attention.k_norm.assign(size_t(d), 1.f);
+      } else {
+        DeltaNetWeights& d = l.deltanet;
+        const int64_t Hv = c.linear_num_value_heads;
+        d.in_proj_qkv = m(c.linear_conv_dim(), H);
+        d.in_proj_z = m(c.linear_value_dim(), H);
+        d.in_proj_b = m(Hv, H);
+        d.in_proj_a = m(Hv, H);
+        d.out_proj = m(H, c.linear_value_dim());
+        d.conv1d.assign(size_t(c.linear_conv_dim() * c.linear_conv_kernel_dim), 0.25f);
+        d.A_log.assign(size_t(Hv), 0.f);
+        d.dt_bias.assign(size_t(Hv), 0.f);
+        d.norm.assign(size_t(c.linear_value_head_dim), 1.f);
+      }
+      l.moe.router = m(E, H, 8);
+      l.moe.experts = experts;
+      l.moe.shared_gate_proj = m(c.shared_expert_intermediate_size, H);
+      l.moe.shared_up_proj = m(c.shared_expert_intermediate_size, H);
+      l.moe.shared_down_proj = m(H, c.shared_expert_intermediate_size);
+      l.moe.shared_expert_gate = m(1, H, 8);
+    }
+    w->storage.push_back(store);
+    return w;
+  }();
+  return weights;
+}
+
+// Decode steps of the 4 full-size layers at depth 16: tokens/s, and the bytes a step moves
+// (decode_bytes_per_token) per second beside the read bandwidth of the same threads.
+void BM_DecodeFullSizeLayers(benchmark::State& state) {
+  auto weights = full_size_layers();
+  auto backend = make_cpu_fast_backend(weights);
+  auto seq = backend->new_sequence(16 + 256);  // depth 16 .. 272: attention a small part of a step
+  std::vector<float> logits;
+  std::vector<int32_t> prompt(16, 7);
+  backend->forward(*seq, prompt, LogitsWanted::none, logits);
+  auto at_prompt = seq->snapshot();
+  int32_t token = 1;
+  int64_t steps = 0;
+  for (auto _ : state) {
+    if (seq->length() + 1 >= seq->capacity()) seq->restore(*at_prompt);
+    backend->forward(*seq, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
+    token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ++steps;
+  }
+  state.SetItemsProcessed(steps);
+  state.SetBytesProcessed(int64_t(double(steps) * decode_bytes_per_token(weights->config, 16)));
+  state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+}
+BENCHMARK(BM_DecodeFullSizeLayers)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
 void prefill(benchmark::State& state, bool fast) {
@@ -116,7 +231,7 @@ void gemv_args(benchmark::internal::Benchmark* b) {
 }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond);
 
-// A 72 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
+// A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
 // team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the
 // memory's speed a decode step's products can reach.
 void BM_GemvTeamFromMemory(benchmark::State& state) {
