@@ -46,7 +46,9 @@ TEST(DeltaRuleStep, MatchesReferenceRecurrence) {
         std::vector<float> o_ref(size_t(dv), NAN), o(size_t(dv), NAN);
         cpu::DeltaRuleInputs in{q.data(), k.data(), v.data(), &g, &beta, dk, dk, dv, 1, 1, dk, dv};
         cpu::delta_rule_recurrent(in, S_ref.data(), o_ref.data(), dv);
-        cpu_fast::delta_rule_step(q.data(), k.data(), v.data(), g, beta, dk, dv, S.data(), o.data());
+        std::vector<float> m(size_t(dv), NAN), r(size_t(dv), NAN);  // scratch: the step must not read it
+        cpu_fast::delta_rule_step(q.data(), k.data(), v.data(), g, beta, dk, dv, S.data(), o.data(), m.data(),
+                                  r.data());
         const double s_scale = max_abs(S_ref) + 1e-30, o_scale = max_abs(o_ref) + 1e-30;
         double s_err = 0, o_err = 0;
         for (size_t i = 0; i < S.size(); ++i) s_err = std::max(s_err, double(std::fabs(S[i] - S_ref[i])));

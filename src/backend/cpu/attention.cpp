@@ -13,7 +13,7 @@
 namespace lily::cpu {
 
 void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionCache& cache, int64_t first_position,
-                     const float* x, int64_t T, float* out, LinearFn linear_fn) {
+                     const float* x, int64_t T, float* out, const LinearFn& linear_fn) {
   const int64_t H = c.hidden_size, nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
   const int64_t group = nq / nkv;
 

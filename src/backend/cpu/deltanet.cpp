@@ -48,7 +48,7 @@ void l2_normalize(float* x, int64_t n, float scale) {
 }  // namespace
 
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
-                    float* out, LinearFn linear_fn) {
+                    float* out, const LinearFn& linear_fn) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk;

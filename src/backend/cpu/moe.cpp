@@ -19,7 +19,7 @@ struct Routing {
   std::vector<float> weights;  // [T, k]
 };
 
-Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, LinearFn linear_fn) {
+Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, const LinearFn& linear_fn) {
   const int64_t E = c.num_experts, k = c.num_experts_per_tok;
   std::vector<float> logits(size_t(T * E));
   linear_fn(w.router, x, T, logits.data());
@@ -51,7 +51,7 @@ Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t
 
 // SwiGLU MLP on n rows: out[n, H] = down(silu(gate x) * up x).
 void swiglu_mlp(const Matrix& gate, const Matrix& up, const Matrix& down, const float* x, int64_t n, float* out,
-                LinearFn linear_fn) {
+                const LinearFn& linear_fn) {
   const int64_t I = gate.rows;
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));
   linear_fn(gate, x, n, g.data());
@@ -62,7 +62,8 @@ void swiglu_mlp(const Matrix& gate, const Matrix& up, const Matrix& down, const 
 
 }  // namespace
 
-void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out, LinearFn linear_fn) {
+void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out,
+                const LinearFn& linear_fn) {
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   const Routing r = route(w, c, x, T, linear_fn);
 

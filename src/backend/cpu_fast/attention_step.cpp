@@ -26,14 +26,6 @@ namespace {
 
 using cpu::sigmoid;
 
-struct Scratch {
-  std::vector<float> qg;                   // [nq, 2 d] q_proj's output: per head d queries then d gates
-  std::vector<float> q, k, v;              // [nq, d], [nkv, d], [nkv, d]
-  std::vector<float> o;                    // [nq, d] gated attention output, o_proj's input
-  std::vector<std::vector<float>> scores;  // [members][visible]
-  QuantizedInput x_in, o_in;
-};
-
 // Query head h over the cache's `visible` positions: o_h = softmax(q k^T * scale) v * sigmoid(gate).
 // The scores' dot products in eight partial sums and the value sums along d, so the compiler
 // vectorizes both; cloned per x86-64 level (base/cpu_clones.h).
@@ -66,13 +58,9 @@ LILY_CPU_CLONES void attend(const float* qh, const float* gh, const cpu::Attenti
 }  // namespace
 
 void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache, int64_t position,
-                    const float* x, float* out) {
+                    const float* x, float* out, AttentionScratch& s) {
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
   const int64_t group = nq / nkv, visible = position + 1;
-  // The calling thread's scratch; the members reach it through the reference (a lambda does
-  // not capture a thread_local: in a worker, the name would be the worker's own).
-  thread_local Scratch scratch;
-  Scratch& s = scratch;
   ThreadTeam& team = cpu_team();
   s.qg.resize(size_t(nq * 2 * d));
   s.q.resize(size_t(nq * d));

@@ -52,13 +52,6 @@ void conv_channels(const DeltaNetWeights& w, int64_t C, int64_t K, float* state,
   }
 }
 
-struct Scratch {
-  std::vector<float> mixed, z, b, a;  // projections: [C], [Hv * dv], [Hv], [Hv]
-  std::vector<float> u;               // [C] conv output: q | k | v
-  std::vector<float> o, y;            // [Hv * dv] delta rule output, gated norm of it
-  QuantizedInput x_in, y_in;
-};
-
 }  // namespace
 
 // Pass 1 reads S only, pass 2 writes it once (the reference's form, backend/cpu/gated_delta.cpp,
@@ -69,13 +62,10 @@ struct Scratch {
 // Both passes run along the rows of S (dv contiguous values), which the compiler vectorizes;
 // the clones give AVX2 or AVX-512 where the processor has them.
 LILY_CPU_CLONES void delta_rule_step(const float* q, const float* k, const float* v, float g, float beta, int64_t dk,
-                                     int64_t dv, float* S, float* o) {
+                                     int64_t dv, float* S, float* o, float* __restrict m, float* __restrict r) {
   const float alpha = std::exp(g);
-  thread_local std::vector<float> m_buf, r_buf;
-  m_buf.assign(size_t(dv), 0.f);
-  r_buf.assign(size_t(dv), 0.f);
-  float* __restrict m = m_buf.data();
-  float* __restrict r = r_buf.data();
+  std::fill(m, m + dv, 0.f);
+  std::fill(r, r + dv, 0.f);
   float kq = 0;
   for (int64_t a = 0; a < dk; ++a) {
     const float* __restrict Sa = S + a * dv;
@@ -98,19 +88,17 @@ LILY_CPU_CLONES void delta_rule_step(const float* q, const float* k, const float
 }
 
 void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
-                   float* out) {
+                   float* out, DeltaNetScratch& s) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk;
-  // The calling thread's scratch; the members reach it through the reference (a lambda does
-  // not capture a thread_local: in a worker, the name would be the worker's own).
-  thread_local Scratch scratch;
-  Scratch& s = scratch;
   s.mixed.resize(size_t(C));
   s.u.resize(size_t(C));
   s.z.resize(size_t(Hv * dv));
   s.o.resize(size_t(Hv * dv));
   s.y.resize(size_t(Hv * dv));
+  s.m.resize(size_t(Hv * dv));
+  s.r.resize(size_t(Hv * dv));
   s.b.resize(size_t(Hv));
   s.a.resize(size_t(Hv));
   prepare_input(w.in_proj_qkv, x, s.x_in);
@@ -141,7 +129,8 @@ void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNet
       const float beta = sigmoid(s.b[size_t(h)]);
       const float g = -std::exp(w.A_log[size_t(h)]) * softplus(s.a[size_t(h)] + w.dt_bias[size_t(h)]);
       delta_rule_step(s.u.data() + kh * dk, s.u.data() + key_dim + kh * dk, s.u.data() + 2 * key_dim + h * dv, g, beta,
-                      dk, dv, cache.ssm.data() + h * dk * dv, s.o.data() + h * dv);
+                      dk, dv, cache.ssm.data() + h * dk * dv, s.o.data() + h * dv, s.m.data() + h * dv,
+                      s.r.data() + h * dv);
       cpu::gated_rms_norm(s.o.data() + h * dv, s.z.data() + h * dv, w.norm.data(), 1, dv, c.rms_norm_eps,
                           s.y.data() + h * dv);
       if (G > 0 && heads_quantize) quantize_groups(s.y_in, h * dv / G, (h + 1) * dv / G);

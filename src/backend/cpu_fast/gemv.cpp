@@ -73,7 +73,7 @@ void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot) {
   LILY_CHECK(gemv_supported(W), "gemv: the kernels do not take {}", W.describe());
   LILY_CHECK(dot == Dot::fp32 || W.group_size == kInputGroup, "gemv: the integer kernels take groups of {}, not {}",
              kInputGroup, W.group_size);
-  thread_local QuantizedInput in;
+  QuantizedInput in;
   quantize_input(x, W.cols, W.group_size, in);
   gemv_rows_kernel(isa, dot)(W, in, 0, W.rows, y);
 }
@@ -110,9 +110,14 @@ void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member
 }
 
 void gemv_parallel(std::span<const GemvTask> tasks) {
-  thread_local std::vector<QuantizedInput> inputs;  // one per distinct (x, cols, group size)
-  thread_local std::vector<size_t> input_of;        // task -> its input
-  thread_local std::vector<PreparedGemv> products;
+  GemvScratch scratch;
+  gemv_parallel(tasks, scratch);
+}
+
+void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch) {
+  std::vector<QuantizedInput>& inputs = scratch.inputs;  // one per distinct (x, cols, group size)
+  std::vector<size_t>& input_of = scratch.input_of;
+  std::vector<PreparedGemv>& products = scratch.products;
   auto fits = [](const QuantizedInput& in, const GemvTask& t) {
     return in.x == t.x && in.cols == t.W->cols && (!gemv_supported(*t.W) || in.group_size == t.W->group_size);
   };
@@ -141,13 +146,18 @@ void gemv_parallel(std::span<const GemvTask> tasks) {
 }
 
 void linear(const Matrix& W, const float* x, int64_t T, float* y) {
+  GemvScratch scratch;
+  linear(W, x, T, y, scratch);
+}
+
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch) {
   if (T <= 0) return;
   if (T == 1) {
     const GemvTask task{&W, x, y};
-    return gemv_parallel({&task, 1});
+    return gemv_parallel({&task, 1}, scratch);
   }
   if (!gemv_supported(W)) return cpu::linear(W, x, T, y);
-  thread_local std::vector<QuantizedInput> inputs;  // [T] the rows of x
+  std::vector<QuantizedInput>& inputs = scratch.inputs;  // [T] the rows of x
   if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
   QuantizedInput* in = inputs.data();
   const GemvRowsFn kernel = gemv_rows_kernel(best_isa(), preferred_dot(W));

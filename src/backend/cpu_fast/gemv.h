@@ -68,11 +68,18 @@ void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member
 
 // Several independent products y_i = W_i x_i in one parallel region of cpu_team(), so a
 // layer's projections cost one fork-join; products with the same x share its preparation.
+// `scratch`: buffers the caller keeps (reused call after call); without it, allocated per call.
 struct GemvTask {
   const Matrix* W;
   const float* x;
   float* y;
 };
+struct GemvScratch {
+  std::vector<QuantizedInput> inputs;  // gemv_parallel: one per distinct x; linear: one per row of x
+  std::vector<size_t> input_of;        // task -> its input
+  std::vector<PreparedGemv> products;
+};
+void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch);
 void gemv_parallel(std::span<const GemvTask> tasks);
 
 // y[T, W.rows] = x[T, W.cols] @ W^T, a cpu::LinearFn: gemv_parallel for T = 1. For T > 1 where
@@ -80,6 +87,7 @@ void gemv_parallel(std::span<const GemvTask> tasks);
 // take blocks of kGemmBlockRows rows of W and run each block against every row of x (the
 // block, ~18 KB at 2048 columns, stays in L1 while the tokens pass). Else cpu::linear.
 constexpr int64_t kGemmBlockRows = 16;
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch);
 void linear(const Matrix& W, const float* x, int64_t T, float* y);
 
 }  // namespace lily::cpu_fast

@@ -70,8 +70,7 @@ void gemv_rows_scalar_integer(const Matrix& W, const QuantizedInput& x, int64_t 
 // Cloned per x86-64 level (base/cpu_clones.h): plain bf16 / f32 matrices (a bf16 checkpoint
 // run without --quantize) take this path for every product.
 LILY_CPU_CLONES void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
-  thread_local std::vector<float> row;
-  row.resize(size_t(W.cols));
+  std::vector<float> row(static_cast<size_t>(W.cols));  // a fallback: an allocation per block of rows
   for (int64_t r = r0; r < r1; ++r) {
     W.dequantize_row(r, row.data());
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

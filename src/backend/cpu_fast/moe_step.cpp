@@ -27,13 +27,6 @@ namespace {
 using cpu::sigmoid;
 using cpu::silu;
 
-// One member's routing (identical in every member).
-struct Routing {
-  std::vector<float> p;    // [E] softmax of the router logits
-  std::vector<int> order;  // [E]; the first k: the chosen experts in index order
-  float chosen_sum = 0;    // sum of p over the chosen
-};
-
 // As moe.cpp: softmax in fp32 with a double sum, top-k with ties to the lower index.
 void route(const float* logits, int64_t E, int64_t k, Routing& r) {
   r.p.resize(size_t(E));
@@ -63,24 +56,11 @@ ExpertMatrices expert(const MoeWeights& w, const Routing& r, int64_t k, int64_t 
   return {&w.experts.gate_proj[e], &w.experts.up_proj[e], &w.experts.down_proj[e]};
 }
 
-struct Scratch {
-  std::vector<float> logits;           // [E + 1] router logits, then the shared expert's gate logit
-  std::vector<Routing> routing;        // [members]
-  std::vector<float> gate, up, act;    // [k + 1, I_max]
-  std::vector<float> ys;               // [k + 1, H] expert outputs (each member its rows)
-  QuantizedInput x_in;                 // x for the router, the shared gate and every expert
-  std::vector<QuantizedInput> act_in;  // [k + 1] act for the down projections
-};
-
 }  // namespace
 
-void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out) {
+void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out, MoeScratch& s) {
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
   const int64_t I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size, I_max = std::max(I, Is);
-  // The calling thread's scratch; the members reach it through the reference (a lambda does
-  // not capture a thread_local: in a worker, the name would be the worker's own).
-  thread_local Scratch scratch;
-  Scratch& s = scratch;
   ThreadTeam& team = cpu_team();
   s.logits.resize(size_t(E + 1));
   s.routing.resize(size_t(team.size()));
