@@ -149,8 +149,16 @@ std::shared_ptr<ModelWeights> full_size_layers() {
 }
 
 // Decode steps of the 4 full-size layers at depth 16: tokens/s, and the bytes a step moves
-// (decode_bytes_per_token) per second beside the read bandwidth of the same threads.
+// (decode_bytes_per_token) per second beside the read bandwidth of the same threads. Arg: the
+// instruction set of the products (cpu_fast::Isa: 1 avx2, 2 avx512).
 void BM_DecodeFullSizeLayers(benchmark::State& state) {
+  const auto isa = cpu_fast::Isa(state.range(0));
+  if (!cpu_fast::isa_supported(isa)) {
+    state.SkipWithError("this processor does not run the kernels");
+    return;
+  }
+  cpu_fast::use_isa(isa);
+  state.SetLabel(cpu_fast::to_string(isa));
   auto weights = full_size_layers();
   auto backend = make_cpu_fast_backend(weights);
   auto seq = backend->new_sequence(16 + 256);  // depth 16 .. 272: attention a small part of a step
@@ -169,8 +177,9 @@ void BM_DecodeFullSizeLayers(benchmark::State& state) {
   state.SetItemsProcessed(steps);
   state.SetBytesProcessed(int64_t(double(steps) * decode_bytes_per_token(weights->config, 16)));
   state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+  cpu_fast::use_isa(cpu_fast::best_isa());
 }
-BENCHMARK(BM_DecodeFullSizeLayers)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeFullSizeLayers)->Arg(2)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
 void prefill(benchmark::State& state, bool fast) {

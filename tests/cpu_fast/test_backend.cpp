@@ -14,6 +14,7 @@
 #include "../model/fixture.h"
 #include "backend/backend.h"
 #include "backend/cpu_fast/cpu_fast.h"
+#include "backend/cpu_fast/gemv.h"
 #include "model/checkpoint/load.h"
 #include "model/weights.h"
 #include "tokenizer/tokenizer.h"
@@ -119,6 +120,33 @@ TEST(FastOnLilyTiny, DecodeStepsMatchReference) {
   expect_within_bar(compare(one_at_a_time(*fast, ids), one_at_a_time(*reference, ids), weights->config.vocab_size),
                     "lily-tiny fast vs reference");
 }
+
+// The whole decode path on each instruction set this processor has (the others skip): the
+// scalar kernels always, AVX2 and AVX-512 VNNI where they run.
+class FastOnEveryIsa : public ::testing::TestWithParam<cpu_fast::Isa> {
+ protected:
+  void SetUp() override {
+    if (!cpu_fast::isa_supported(GetParam()))
+      GTEST_SKIP() << "this processor does not run the " << cpu_fast::to_string(GetParam()) << " kernels";
+    cpu_fast::use_isa(GetParam());
+  }
+  void TearDown() override { cpu_fast::use_isa(cpu_fast::best_isa()); }
+};
+
+TEST_P(FastOnEveryIsa, LilyTinyDecodeStepsMatchReference) {
+  ASSERT_EQ(cpu_fast::active_isa(), GetParam());
+  auto weights = load_model(kLilyTiny);
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 24; ++i) ids.push_back(int32_t((i * 7919 + 13) % weights->config.vocab_size));
+  auto fast = make_cpu_fast_backend(weights);
+  auto reference = make_cpu_backend(weights);
+  expect_within_bar(compare(one_at_a_time(*fast, ids), one_at_a_time(*reference, ids), weights->config.vocab_size),
+                    std::string("lily-tiny fast (") + cpu_fast::to_string(GetParam()) + ") vs reference");
+}
+
+INSTANTIATE_TEST_SUITE_P(Isas, FastOnEveryIsa,
+                         ::testing::Values(cpu_fast::Isa::scalar, cpu_fast::Isa::avx2, cpu_fast::Isa::avx512),
+                         [](const auto& info) { return std::string(cpu_fast::to_string(info.param)); });
 
 TEST(FastOnLilyTiny, Greedy64TokensEqualReference) {
   auto weights = load_model(kLilyTiny);

@@ -3,6 +3,7 @@
 #include "backend/cpu_fast/gemv.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cpu/ops.h"
 #include "base/error.h"
@@ -46,6 +47,20 @@ Isa best_isa() {
   return isa;
 }
 
+namespace {
+std::atomic<Isa>& chosen_isa() {
+  static std::atomic<Isa> isa{best_isa()};
+  return isa;
+}
+}  // namespace
+
+Isa active_isa() { return chosen_isa().load(std::memory_order_relaxed); }
+
+void use_isa(Isa isa) {
+  LILY_CHECK(isa_supported(isa), "the {} kernels need instructions this processor lacks", to_string(isa));
+  chosen_isa().store(isa, std::memory_order_relaxed);
+}
+
 GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot) {
   LILY_CHECK(isa_supported(isa), "the {} GEMV kernel needs instructions this processor lacks", to_string(isa));
   const bool integer = dot == Dot::integer;
@@ -66,7 +81,7 @@ Dot preferred_dot(const Matrix& W) { return W.group_size == kInputGroup ? Dot::i
 
 void gemv(const Matrix& W, const float* x, float* y) {
   if (!gemv_supported(W)) return detail::gemv_rows_dequantizing(W, x, 0, W.rows, y);
-  gemv(W, x, y, best_isa(), preferred_dot(W));
+  gemv(W, x, y, active_isa(), preferred_dot(W));
 }
 
 void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot) {
@@ -90,7 +105,7 @@ void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in) {
 
 void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
   if (gemv_supported(W) && x.group_size == W.group_size)
-    gemv_rows_kernel(best_isa(), preferred_dot(W))(W, x, r0, r1, y);
+    gemv_rows_kernel(active_isa(), preferred_dot(W))(W, x, r0, r1, y);
   else detail::gemv_rows_dequantizing(W, x.x, r0, r1, y);
 }
 
@@ -160,7 +175,7 @@ void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& s
   std::vector<QuantizedInput>& inputs = scratch.inputs;  // [T] the rows of x
   if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
   QuantizedInput* in = inputs.data();
-  const GemvRowsFn kernel = gemv_rows_kernel(best_isa(), preferred_dot(W));
+  const GemvRowsFn kernel = gemv_rows_kernel(active_isa(), preferred_dot(W));
   const int64_t rows = W.rows, cols = W.cols;
   cpu_team().run([&](ThreadTeam::Member& m) {
     const auto [t0, t1] = m.share(T);

@@ -30,6 +30,11 @@ enum class Isa { scalar, avx2, avx512 };  // avx512: F, BW, VL and VNNI
 const char* to_string(Isa isa);
 Isa best_isa();               // the widest kernel this processor can run
 bool isa_supported(Isa isa);  // whether this processor runs the kernels of `isa`
+// The instruction set the products run on: best_isa() unless use_isa() chose another (the tests
+// run the whole model on each one the processor has; a benchmark may compare them). use_isa
+// throws where the processor lacks `isa`; call it between forwards, not during one.
+Isa active_isa();
+void use_isa(Isa isa);
 
 enum class Dot { fp32, integer };
 const char* to_string(Dot dot);
