@@ -104,6 +104,16 @@ LILY_AVX512 inline __m512i dot_group_pair_q4(__m512i codes, const int8_t* a, con
   return _mm512_add_epi32(_mm512_mullo_epi32(dot_nibbles(lo, hi, a), _mm512_set1_epi32(254)), dot_nibbles(lo, hi, b));
 }
 
+// The codes kPrefetchBytes on from p towards L1. The hardware prefetchers follow one long
+// stream, but a decode step reads hundreds of short ones (each member's rows of each expert,
+// ~290 KB): 4 full-size layers from memory, 1 thread, CPU time per step 15.6 and 16.5 ms
+// without, 13.8 and 13.8 ms at 2 KB ahead (0.5 KB: 16.8, 16.2; 8 KB: 14.0, 15.1); one long
+// 151 MB matrix unchanged (10.6 -> 10.6, 13.1 -> 11.3 ms).
+constexpr int64_t kPrefetchBytes = 2048;
+LILY_AVX512 inline void prefetch_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+}
+
 // Two groups of 4-bit codes at p, or one (the row's last, odd group: a masked load).
 LILY_AVX512 inline __m512i load_group_pair_q4(const uint8_t* p, bool both) {
   return both ? _mm512_loadu_si512(p) : _mm512_maskz_loadu_epi8(__mmask64(0xFFFFFFFFu), p);
@@ -132,6 +142,7 @@ LILY_AVX512 float row_integer(const uint8_t* codes, const bf16* scales, const bf
     if constexpr (kBits == 4) {
       for (int64_t j = 0; j < n; j += 2) {  // two accumulators: consecutive FMAs do not wait on each other
         const int64_t g = g0 + j;
+        prefetch_ahead(codes + g * kGroupBytes);  // one 64-byte line a pair
         const __m512i dot = dot_group_pair_q4(load_group_pair_q4(codes + g * kGroupBytes, j + 1 < n),
                                               in.a_nibbles.data() + g * kInputGroup,
                                               in.b_nibbles.data() + g * kInputGroup);
@@ -142,6 +153,7 @@ LILY_AVX512 float row_integer(const uint8_t* codes, const bf16* scales, const bf
     } else {
       for (int64_t j = 0; j < n; ++j) {
         const int64_t g = g0 + j;
+        prefetch_ahead(codes + g * kGroupBytes);
         const __m512i dot = dot_group_q8(codes + g * kGroupBytes, in.x16.data() + g * kInputGroup);
         const __m512 dj = _mm512_permutexvar_ps(_mm512_set1_epi32(int(j)), d);
         if (j % 2 == 0) acc0 = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), dj, acc0);
