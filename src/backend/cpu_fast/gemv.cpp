@@ -72,6 +72,11 @@ GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot) {
   return detail::gemv_rows_scalar_fp32;
 }
 
+GemmRowsFn gemm_rows_kernel(Isa isa, Dot dot) {
+  LILY_CHECK(isa_supported(isa), "the {} GEMM kernel needs instructions this processor lacks", to_string(isa));
+  return isa == Isa::avx512 && dot == Dot::integer ? detail::gemm_rows_avx512_integer : nullptr;
+}
+
 bool gemv_supported(const Matrix& W) {
   return W.format == MatrixFormat::affine && (W.bits == 4 || W.bits == 8) && W.group_size > 0 &&
          W.group_size % 16 == 0 && W.cols % W.group_size == 0;
@@ -176,14 +181,19 @@ void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& s
   if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
   QuantizedInput* in = inputs.data();
   const GemvRowsFn kernel = gemv_rows_kernel(active_isa(), preferred_dot(W));
+  const GemmRowsFn gemm = gemm_rows_kernel(active_isa(), preferred_dot(W));
   const int64_t rows = W.rows, cols = W.cols;
   cpu_team().run([&](ThreadTeam::Member& m) {
     const auto [t0, t1] = m.share(T);
     for (int64_t t = t0; t < t1; ++t) prepare_input(W, x + t * cols, in[t]);
     m.barrier();
     const auto [r0, r1] = m.share(rows, kGemmBlockRows);
-    for (int64_t b = r0; b < r1; b += kGemmBlockRows)
-      for (int64_t t = 0; t < T; ++t) kernel(W, in[t], b, std::min(r1, b + kGemmBlockRows), y + t * rows);
+    for (int64_t b = r0; b < r1; b += kGemmBlockRows) {
+      const int64_t b1 = std::min(r1, b + kGemmBlockRows);
+      if (gemm) gemm(W, in, T, b, b1, y, rows);
+      else
+        for (int64_t t = 0; t < T; ++t) kernel(W, in[t], b, b1, y + t * rows);
+    }
   });
 }
 
