@@ -1,23 +1,28 @@
-// bench_cpu_fast: decode tokens/s of lily-tiny on the fast and the reference CPU backend, and
-// the GEMV kernels per instruction set at the full-size model's shapes.
+// bench_cpu_fast: decode and prefill tokens/s of lily-tiny on the fast and the reference CPU
+// backend, and
+// the GEMV kernels per instruction set and kind (fp32, integer) at the full-size model's shapes.
 //
 //   LILY_THREADS=2 build/bench/cpu_fast/bench_cpu_fast
 //
 // Decode: a 16-token prompt is prefilled once; each iteration restores the sequence to it and
 // decodes 64 greedy tokens (the restore, a copy of the DeltaNet state, is inside the timing).
-// items_per_second is decoded tokens/s. GEMV: bytes_per_second counts the weights read
-// (codes + scales + biases) per product.
+// items_per_second is decoded tokens/s. Prefill: a 128-token prompt. GEMV: bytes_per_second
+// counts the weights read (codes + scales + biases) per product; GemvTeamFromMemory also
+// reports the read bandwidth of the same threads (read_GBps), measured in the same run.
 #include <benchmark/benchmark.h>
 
 #include <algorithm>
+#include <deque>
 #include <random>
 
 #include "backend/backend.h"
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/machine_probe.h"
 #include "model/checkpoint/load.h"
 #include "model/quant.h"
 #include "model/weights.h"
+#include "runtime/cost_model.h"
 
 namespace lily {
 namespace {
@@ -54,11 +59,172 @@ void BM_DecodeLilyTinyReference(benchmark::State& state) { decode(state, false);
 BENCHMARK(BM_DecodeLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
 
-// One product y = W x on one thread: args rows, cols, bits, isa.
+// The full-size geometry (qwen36_35b_a3b_config) cut to 4 layers (3 DeltaNet, 1 attention) and
+// a 16 K vocabulary, random 4-bit weights (8-bit router): a decode step moves what 4 of the 40
+// layers of the real model move, ~140 MB, far beyond L3. The 256 experts' storage (450 MB) is
+// shared by the layers; the routed experts of a step still come from memory.
+struct SyntheticStore {  // deques: a new buffer leaves the others where they are
+  std::deque<std::vector<uint32_t>> codes;
+  std::deque<std::vector<bf16>> params;
+};
+
+uint64_t next_random(uint64_t& s) {  // xorshift64*
+  s ^= s >> 12, s ^= s << 25, s ^= s >> 27;
+  return s * 2685821657736338717ull;
+}
+
+Matrix synthetic_matrix(SyntheticStore& store, int64_t rows, int64_t cols, int bits, uint64_t seed) {
+  auto& codes = store.codes.emplace_back(size_t(rows * cols * bits / 32));
+  for (auto& w : codes) w = uint32_t(next_random(seed) >> 32);
+  const float scale = 0.02f / float((1 << bits) - 1);
+  auto& scales = store.params.emplace_back(size_t(rows * cols / 64), to_bf16(scale));
+  auto& biases = store.params.emplace_back(size_t(rows * cols / 64), to_bf16(-0.01f));
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
+  m.data = codes.data(), m.scales = scales.data(), m.biases = biases.data();
+  return m;
+}
+
+std::shared_ptr<ModelWeights> full_size_layers() {
+  static std::shared_ptr<ModelWeights> weights = [] {
+    auto w = std::make_shared<ModelWeights>();
+    auto store = std::make_shared<SyntheticStore>();
+    ModelConfig c = qwen36_35b_a3b_config();
+    c.num_layers = 4;
+    c.layer_types = {LayerKind::linear_attention, LayerKind::linear_attention, LayerKind::linear_attention,
+                     LayerKind::full_attention};
+    c.vocab_size = 16384;
+    const int64_t H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
+    uint64_t seed = 0x9E3779B97F4A7C15ull;
+    auto m = [&](int64_t rows, int64_t cols, int bits = 4) {
+      return synthetic_matrix(*store, rows, cols, bits, ++seed);
+    };
+    w->config = c;
+    w->embed_tokens = m(c.vocab_size, H);
+    w->lm_head = m(c.vocab_size, H);
+    w->final_norm.assign(size_t(H), 1.f);
+    ExpertWeights experts;
+    for (int64_t e = 0; e < E; ++e) {
+      experts.gate_proj.push_back(m(I, H));
+      experts.up_proj.push_back(m(I, H));
+      experts.down_proj.push_back(m(H, I));
+    }
+    for (LayerKind kind : c.layer_types) {
+      LayerWeights& l = w->layers.emplace_back();
+      l.kind = kind;
+      l.input_layernorm.assign(size_t(H), 1.f);
+      l.post_attention_layernorm.assign(size_t(H), 1.f);
+      if (kind == LayerKind::full_attention) {
+        const int64_t d = c.head_dim;
+        l.attention.q_proj = m(2 * c.num_attention_heads * d, H);
+        l.attention.k_proj = m(c.num_key_value_heads * d, H);
+        l.attention.v_proj = m(c.num_key_value_heads * d, H);
+        l.attention.o_proj = m(H, c.num_attention_heads * d);
+        l.attention.q_norm.assign(size_t(d), 1.f);
+        l.attention.k_norm.assign(size_t(d), 1.f);
+      } else {
+        DeltaNetWeights& d = l.deltanet;
+        const int64_t Hv = c.linear_num_value_heads;
+        d.in_proj_qkv = m(c.linear_conv_dim(), H);
+        d.in_proj_z = m(c.linear_value_dim(), H);
+        d.in_proj_b = m(Hv, H);
+        d.in_proj_a = m(Hv, H);
+        d.out_proj = m(H, c.linear_value_dim());
+        d.conv1d.assign(size_t(c.linear_conv_dim() * c.linear_conv_kernel_dim), 0.25f);
+        d.A_log.assign(size_t(Hv), 0.f);
+        d.dt_bias.assign(size_t(Hv), 0.f);
+        d.norm.assign(size_t(c.linear_value_head_dim), 1.f);
+      }
+      l.moe.router = m(E, H, 8);
+      l.moe.experts = experts;
+      l.moe.shared_gate_proj = m(c.shared_expert_intermediate_size, H);
+      l.moe.shared_up_proj = m(c.shared_expert_intermediate_size, H);
+      l.moe.shared_down_proj = m(H, c.shared_expert_intermediate_size);
+      l.moe.shared_expert_gate = m(1, H, 8);
+    }
+    w->storage.push_back(store);
+    return w;
+  }();
+  return weights;
+}
+
+// Decode steps of the 4 full-size layers at depth 16: tokens/s, and the bytes a step moves
+// (decode_bytes_per_token) per second beside the read bandwidth of the same threads. Arg: the
+// instruction set of the products (cpu_fast::Isa: 1 avx2, 2 avx512).
+void BM_DecodeFullSizeLayers(benchmark::State& state) {
+  const auto isa = cpu_fast::Isa(state.range(0));
+  if (!cpu_fast::isa_supported(isa)) {
+    state.SkipWithError("this processor does not run the kernels");
+    return;
+  }
+  cpu_fast::use_isa(isa);
+  state.SetLabel(cpu_fast::to_string(isa));
+  auto weights = full_size_layers();
+  auto backend = make_cpu_fast_backend(weights);
+  auto seq = backend->new_sequence(16 + 256);  // depth 16 .. 272: attention a small part of a step
+  std::vector<float> logits;
+  std::vector<int32_t> prompt(16, 7);
+  backend->forward(*seq, prompt, LogitsWanted::none, logits);
+  auto at_prompt = seq->snapshot();
+  int32_t token = 1;
+  int64_t steps = 0;
+  for (auto _ : state) {
+    if (seq->length() + 1 >= seq->capacity()) seq->restore(*at_prompt);
+    backend->forward(*seq, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
+    token = int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin());
+    ++steps;
+  }
+  state.SetItemsProcessed(steps);
+  state.SetBytesProcessed(int64_t(double(steps) * decode_bytes_per_token(weights->config, 16)));
+  state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+  cpu_fast::use_isa(cpu_fast::best_isa());
+}
+BENCHMARK(BM_DecodeFullSizeLayers)->Arg(2)->Arg(1)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Prefill of a 128-token prompt through the 4 full-size layers (llama-bench -p 128 runs 40):
+// every expert of a layer is routed ~4 tokens, so the layers' 450 MB of experts stream once.
+void BM_PrefillFullSizeLayers(benchmark::State& state) {
+  auto weights = full_size_layers();
+  auto backend = make_cpu_fast_backend(weights);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 128; ++i) prompt.push_back(int32_t((i * 7919 + 13) % weights->config.vocab_size));
+  auto seq = backend->new_sequence(int64_t(prompt.size()));
+  std::vector<float> logits;
+  for (auto _ : state) {
+    seq->reset();
+    backend->forward(*seq, prompt, LogitsWanted::last, logits);
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(prompt.size()));
+}
+BENCHMARK(BM_PrefillFullSizeLayers)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
+void prefill(benchmark::State& state, bool fast) {
+  auto weights = lily_tiny();
+  auto backend = fast ? make_cpu_fast_backend(weights) : make_cpu_backend(weights);
+  std::vector<int32_t> prompt;
+  for (int i = 0; i < 128; ++i) prompt.push_back(int32_t((i * 7919 + 13) % weights->config.vocab_size));
+  auto seq = backend->new_sequence(int64_t(prompt.size()));
+  std::vector<float> logits;
+  for (auto _ : state) {
+    seq->reset();
+    backend->forward(*seq, prompt, LogitsWanted::last, logits);
+    benchmark::DoNotOptimize(logits.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(prompt.size()));
+}
+void BM_PrefillLilyTinyFast(benchmark::State& state) { prefill(state, true); }
+void BM_PrefillLilyTinyReference(benchmark::State& state) { prefill(state, false); }
+BENCHMARK(BM_PrefillLilyTinyFast)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_PrefillLilyTinyReference)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// One product y = W x on one thread (x's preparation included): args rows, cols, bits, isa, dot.
 void BM_Gemv(benchmark::State& state) {
   const int64_t rows = state.range(0), cols = state.range(1);
   const int bits = int(state.range(2));
   const auto isa = cpu_fast::Isa(state.range(3));
+  const auto dot = cpu_fast::Dot(state.range(4));
   if (!cpu_fast::isa_supported(isa)) {
     state.SkipWithError("this processor does not run the kernel");
     return;
@@ -73,23 +239,48 @@ void BM_Gemv(benchmark::State& state) {
   m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
   m.data = q.codes.data(), m.scales = q.scales.data(), m.biases = q.biases.data();
   for (auto _ : state) {
-    cpu_fast::gemv(m, x.data(), y.data(), isa);
+    cpu_fast::gemv(m, x.data(), y.data(), isa, dot);
     benchmark::DoNotOptimize(y.data());
   }
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes()));
-  state.SetLabel(cpu_fast::to_string(isa));
+  state.SetLabel(std::string(cpu_fast::to_string(isa)) + "/" + cpu_fast::to_string(dot));
 }
 // Full-size shapes: an expert's gate/up [512, 2048] and down [2048, 512] (q4, in L2 or L3 when
 // repeated), the router [256, 2048] (q8), and a 32 MB q4 matrix [16384, 4096] that streams from memory.
 void gemv_args(benchmark::internal::Benchmark* b) {
-  for (int isa = 0; isa < 3; ++isa) {
-    b->Args({512, 2048, 4, isa});
-    b->Args({2048, 512, 4, isa});
-    b->Args({256, 2048, 8, isa});
-    b->Args({16384, 4096, 4, isa});
-  }
+  for (int isa = 0; isa < 3; ++isa)
+    for (int dot = 0; dot < 2; ++dot) {
+      b->Args({512, 2048, 4, isa, dot});
+      b->Args({2048, 512, 4, isa, dot});
+      b->Args({256, 2048, 8, isa, dot});
+      b->Args({16384, 4096, 4, isa, dot});
+    }
 }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond);
+
+// A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
+// team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the
+// memory's speed a decode step's products can reach.
+void BM_GemvTeamFromMemory(benchmark::State& state) {
+  const int64_t rows = 65536, cols = 4096;
+  std::mt19937 rng(2);
+  std::uniform_int_distribution<uint32_t> word;
+  std::vector<uint32_t> codes(size_t(rows * cols / 8));
+  for (auto& w : codes) w = word(rng);
+  std::vector<bf16> scales(size_t(rows * cols / 64), to_bf16(0.01f)), biases(scales.size(), to_bf16(-0.08f));
+  std::vector<float> x(static_cast<size_t>(cols), 0.5f), y(static_cast<size_t>(rows));
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = 4, m.group_size = 64;
+  m.data = codes.data(), m.scales = scales.data(), m.biases = biases.data();
+  const cpu_fast::GemvTask task{&m, x.data(), y.data()};
+  for (auto _ : state) {
+    cpu_fast::gemv_parallel({&task, 1});
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes()));
+  state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+}
+BENCHMARK(BM_GemvTeamFromMemory)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 }  // namespace
 }  // namespace lily

@@ -1,6 +1,8 @@
 // cmd_bench.cpp: `lily bench` sweeps prefill over prompt lengths and decode over context
-// depths, and states each speed against the hardware limit (decode: bytes a step must move /
-// time vs the measured copy bandwidth; prefill: TFLOP/s vs the bf16 matrix peak).
+// depths, and states each speed against the hardware limit, measured where it runs. On the
+// GPU: decode bytes a step must move / time vs the device's copy bandwidth, prefill TFLOP/s vs
+// the bf16 matrix peak. On the CPU: decode vs the read bandwidth of the threads in use, prefill
+// vs their fp32 FMA rate (backend/cpu_fast/machine_probe.h), over sizes a CPU gets through.
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -21,18 +23,26 @@
 #include "backend/cuda/common/kernel_trace.h"
 #include "backend/cuda/cuda_backend.h"
 #endif
+#include "backend/cpu_fast/machine_probe.h"
+#include "base/thread_pool.h"
 
 namespace lily::cli {
 namespace {
 
 constexpr double kBf16PeakTflops = 790.0;  // measured dense bf16 rate of the H200 here (docs/perf.md)
 
+// The sweeps' defaults: the GPU's, and the CPU's (a 128-token prompt, as llama-bench -p 128;
+// decode after 128 tokens; a full-size step takes tens of milliseconds there).
+constexpr const char* kGpuLengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
+constexpr const char* kCpuLengths = "128";
+constexpr int kGpuDecodeTokens = 128, kCpuDecodeTokens = 32;
+
 struct BenchArgs {
   ModelOptions model;
   bool synthetic = false;
-  std::string prefill_lengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
-  std::string decode_depths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
-  int decode_tokens = 128;
+  std::string prefill_lengths;  // empty: kGpuLengths or kCpuLengths
+  std::string decode_depths;    // empty: likewise
+  int decode_tokens = 0;        // 0: kGpuDecodeTokens or kCpuDecodeTokens
   int repeats = 3;
   bool json = false;
   std::string plot;                   // PNG path, empty: no plot
@@ -82,13 +92,14 @@ struct ProfiledRegion {
   }
 };
 
-std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats, bool on_cuda) {
+std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats, bool on_cuda,
+                               double peak_flops) {
   const ModelConfig& c = backend.config();
   std::vector<Row> rows;
   std::vector<float> logits;
-  {  // warm-up: module load, graph and scratch set-up
+  {  // warm-up: module load, graph and scratch set-up (the page cache, on the CPU)
     auto s = backend.new_sequence(512);
-    auto t = random_tokens(256, c.vocab_size, 1);
+    auto t = random_tokens(on_cuda ? 256 : 16, c.vocab_size, 1);
     backend.forward(*s, t, LogitsWanted::last, logits);
   }
   for (int32_t L : lengths) {
@@ -104,7 +115,7 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
     }
     double t = median(times);
     double tflops = prefill_flops(c, L) / t / 1e12;
-    rows.push_back({"prefill", L, t, L / t, tflops, 100.0 * tflops / kBf16PeakTflops});
+    rows.push_back({"prefill", L, t, L / t, tflops, 100.0 * tflops * 1e12 / peak_flops});
     std::fprintf(stderr, "prefill %7d tokens: %.3f s\n", L, t);
   }
   return rows;
@@ -186,6 +197,7 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
     double gbps = decode_bytes_per_token(c, D) / t / 1e9;
     rows.push_back(
         {"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
+    std::fprintf(stderr, "decode at depth %7d: %.3f ms/token\n", D, t * 1e3);
   }
   return rows;
 }
@@ -223,22 +235,35 @@ std::vector<Row> bench_decode_generate(Backend& backend, const std::vector<int32
   return rows;
 }
 
-void print_table(const std::vector<Row>& rows, const std::string& title, double peak_gbps) {
+void print_table(const std::vector<Row>& rows, const std::string& title, double peak_gbps, double peak_tflops) {
   std::printf("%s\n", title.c_str());
   std::printf("| kind    |  length | tokens/s   | ms/token  | achieved              |\n");
   std::printf("|---------|--------:|-----------:|----------:|-----------------------|\n");
   for (const Row& r : rows) {
     double ms_per_token = r.kind == "decode" ? r.seconds * 1e3 : r.seconds * 1e3 / double(r.length);
-    if (r.kind == "decode")
-      std::printf("| decode  | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n", (long long)r.length,
-                  r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
-    else
+    if (r.kind == "decode")  // a CPU's tens of GB/s with a decimal
+      std::printf(peak_gbps >= 100 ? "| decode  | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
+                                   : "| decode  | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
+                  (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
+    else if (peak_tflops >= 10)
       std::printf("| prefill | %7lld | %10.1f | %9.4f | %6.1f TFLOP/s (%4.1f%% of %.0f) |\n", (long long)r.length,
-                  r.tokens_per_second, ms_per_token, r.rate, r.percent, kBf16PeakTflops);
+                  r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_tflops);
+    else  // a CPU: GFLOP/s
+      std::printf("| prefill | %7lld | %10.1f | %9.4f | %6.1f GFLOP/s (%4.1f%% of %.0f) |\n", (long long)r.length,
+                  r.tokens_per_second, ms_per_token, r.rate * 1e3, r.percent, peak_tflops * 1e3);
   }
 }
 
-int run_bench(const BenchArgs& a) {
+int run_bench(BenchArgs a) {
+#ifdef LILY_HAVE_CUDA
+  const bool on_gpu = a.synthetic || a.model.backend == "cuda" ||
+                      (a.model.backend == "auto" && cuda_backend_available());
+#else
+  const bool on_gpu = false;
+#endif
+  if (a.prefill_lengths.empty()) a.prefill_lengths = on_gpu ? kGpuLengths : kCpuLengths;
+  if (a.decode_depths.empty()) a.decode_depths = on_gpu ? kGpuLengths : kCpuLengths;
+  if (a.decode_tokens == 0) a.decode_tokens = on_gpu ? kGpuDecodeTokens : kCpuDecodeTokens;
   std::vector<int32_t> prefill_lengths, decode_depths;
   for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
@@ -253,9 +278,9 @@ int run_bench(const BenchArgs& a) {
 
   std::vector<Row> rows;
   std::string title;
-  double peak = 0;
+  double peak = 0, peak_flops = kBf16PeakTflops * 1e12;
 #ifdef LILY_HAVE_CUDA
-  if (a.synthetic || a.model.backend == "cuda" || (a.model.backend == "auto" && cuda_backend_available())) {
+  if (on_gpu) {
     LILY_CHECK(cuda_backend_available(), "lily bench --synthetic needs a CUDA GPU");
     peak = cuda::bench::measure_device_copy_bandwidth();
     std::unique_ptr<CudaBackend> backend;
@@ -277,7 +302,7 @@ int run_bench(const BenchArgs& a) {
       backend->observe_decode_step(skip.get());
       title += " (--decode-skip " + a.decode_skip + ": WRONG outputs, measurement only)";
     }
-    auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true);
+    auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
     auto d = generate_loop
                  ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
@@ -291,9 +316,21 @@ int run_bench(const BenchArgs& a) {
     LILY_CHECK(a.decode_skip.empty(), "--decode-skip needs the CUDA backend");
     LILY_CHECK(a.decode_trace.empty(), "--decode-trace needs the CUDA backend");
     auto engine = a.model.load_engine();
-    title = a.model.resolved_model_dir() + " on " + engine->backend().name();
-    auto p = bench_prefill(engine->backend(), prefill_lengths, a.repeats, engine->backend().name() == "cuda");
     Backend& b = engine->backend();
+    const bool on_cuda = b.name() == "cuda";
+    title = a.model.resolved_model_dir() + " on " +
+            (on_cuda                          ? "cuda"
+             : a.model.backend == "reference" ? "reference"
+                                              : "cpu");
+    if (!on_cuda) {  // the ceilings of the threads the CPU backends use, measured now
+      std::fprintf(stderr, "measuring the read bandwidth and FMA rate of %d threads ...\n", cpu_thread_count());
+      peak = cpu_fast::measure_read_bandwidth();
+      peak_flops = cpu_fast::measure_fp32_flops();
+      title += fmt::format(
+          " ({} threads), {:.2f} GB of weights; read bandwidth measured {:.1f} GB/s, fp32 FMA {:.0f} GFLOP/s",
+          cpu_thread_count(), double(engine->weights().weight_bytes()) / 1e9, peak / 1e9, peak_flops / 1e9);
+    }
+    auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
     auto d = generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
                            : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
@@ -309,7 +346,10 @@ int run_bench(const BenchArgs& a) {
     std::fprintf(stderr, "wrote the plot to %s\n", a.plot.c_str());
   }
   if (a.json) {
-    nlohmann::json out = {{"title", title}, {"copy_bandwidth_gbps", peak / 1e9}, {"rows", nlohmann::json::array()}};
+    nlohmann::json out = {{"title", title},
+                          {"copy_bandwidth_gbps", peak / 1e9},  // the read bandwidth on the CPU
+                          {"peak_tflops", peak_flops / 1e12},
+                          {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
       out["rows"].push_back({{"kind", r.kind},
                              {"length", r.length},
@@ -319,7 +359,7 @@ int run_bench(const BenchArgs& a) {
                              {"percent_of_peak", r.percent}});
     std::printf("%s\n", out.dump(2).c_str());
   } else {
-    print_table(rows, title, peak / 1e9);
+    print_table(rows, title, peak / 1e9, peak_flops / 1e12);
   }
   return 0;
 }
@@ -331,11 +371,14 @@ CommandRegistration bench_command{
        a->model.add_to(sub);
        sub.add_flag("--synthetic", a->synthetic,
                     "Full-size Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU");
-       sub.add_option("--prefill-lengths", a->prefill_lengths, "Prompt lengths, comma separated")
-           ->capture_default_str();
-       sub.add_option("--decode-depths", a->decode_depths, "Context depths for decode, comma separated")
-           ->capture_default_str();
-       sub.add_option("--decode-tokens", a->decode_tokens, "Tokens decoded per measurement")->capture_default_str();
+       sub.add_option("--prefill-lengths", a->prefill_lengths,
+                      fmt::format("Prompt lengths, comma separated (default: {} on a GPU, {} on the CPU)", kGpuLengths,
+                                  kCpuLengths));
+       sub.add_option("--decode-depths", a->decode_depths,
+                      "Context depths for decode, comma separated (default: as --prefill-lengths)");
+       sub.add_option("--decode-tokens", a->decode_tokens,
+                      fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU)",
+                                  kGpuDecodeTokens, kCpuDecodeTokens));
        sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "

@@ -4,6 +4,8 @@
 #include <cstdio>
 #include <string>
 
+#include <nlohmann/json.hpp>
+
 namespace {
 
 const std::string kModel = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
@@ -46,6 +48,27 @@ TEST(Cli, regression_chat_piped_ansi_17) {
   EXPECT_EQ(status, 0);
   EXPECT_NE(out.find("prompt tokens"), std::string::npos) << out;
   EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
+}
+
+// `lily bench` on the CPU (issue 20): the threads' read bandwidth and FMA rate measured at the
+// start, and each row stated against them; lily-tiny, sizes small enough for the sanitizers.
+TEST(Cli, BenchOnTheCpuStatesSpeedAgainstMeasuredCeilings) {
+  const std::string cmd = std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR +
+                          "/models/lily-tiny --backend cpu --json --prefill-lengths 16 --decode-depths 8 "
+                          "--decode-tokens 4 --repeats 1 2>/dev/null";
+  auto [status, out] = run(cmd);
+  ASSERT_EQ(status, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  const double bandwidth = j["copy_bandwidth_gbps"].get<double>(), tflops = j["peak_tflops"].get<double>();
+  EXPECT_TRUE(bandwidth > 0.1 && bandwidth < 1e4) << out;  // GB/s: a memory, not an error
+  EXPECT_TRUE(tflops > 1e-3 && tflops < 1e3) << out;       // a CPU, not the H200's 790
+  ASSERT_EQ(j["rows"].size(), 2u) << out;
+  EXPECT_EQ(j["rows"][0]["kind"], "prefill");
+  EXPECT_EQ(j["rows"][1]["kind"], "decode");
+  for (const auto& row : j["rows"]) {
+    EXPECT_GT(row["tokens_per_second"].get<double>(), 0) << out;
+    EXPECT_GT(row["percent_of_peak"].get<double>(), 0) << out;
+  }
 }
 
 TEST(Cli, regression_serve_port_range_17) {

@@ -11,10 +11,11 @@
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "base/cpu_clones.h"
 
 namespace lily::cpu {
 
-void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride) {
+LILY_CPU_CLONES void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride) {
   const int64_t dk = in.dk, dv = in.dv;
   std::vector<float> m(static_cast<size_t>(dv));
   for (int64_t t = 0; t < in.T; ++t) {
@@ -45,7 +46,8 @@ void delta_rule_recurrent(const DeltaRuleInputs& in, float* S, float* o, int64_t
 //   S  <- exp(gamma_{n-1}) S + sum_j exp(gamma_{n-1} - gamma_j) k_j V'_j^T
 // Padding a chunk with zero rows changes none of the first n rows, so a short last chunk is
 // processed as is.
-void delta_rule_chunked(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, int64_t chunk) {
+LILY_CPU_CLONES void delta_rule_chunked(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride,
+                                        int64_t chunk) {
   const int64_t dk = in.dk, dv = in.dv;
   std::vector<float> gamma(static_cast<size_t>(chunk)), A(size_t(chunk * chunk)), U(size_t(chunk * dv)),
       W(size_t(chunk * dk));

@@ -5,13 +5,15 @@
 #include <algorithm>
 
 #include "backend/cpu/ops.h"
+#include "base/cpu_clones.h"
 #include "base/thread_pool.h"
 
 namespace lily::cpu {
 
 namespace {
-// Eight independent partial sums let the compiler vectorize the reduction.
-float dot(const float* a, const float* b, int64_t n) {
+// Eight independent partial sums let the compiler vectorize the reduction; cloned per x86-64
+// level (base/cpu_clones.h), so the portable build keeps the wide vectors where they exist.
+LILY_CPU_CLONES float dot(const float* a, const float* b, int64_t n) {
   float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
   int64_t i = 0;
   for (; i + 8 <= n; i += 8)

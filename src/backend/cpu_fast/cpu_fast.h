@@ -1,8 +1,8 @@
 // cpu_fast.h: the fast CPU backend (`--backend cpu`): the reference's forward with every
 // projection and expert of a decode step on the GEMV kernels of gemv.h (the weights read as
 // stored, SIMD chosen at run time), the MoE expert-parallel over the thread pool, and the
-// DeltaNet recurrent step fused into two passes over the state. Prefill (more than one token)
-// still runs the reference layers (backend/cpu) on the same caches. The fp32 reference stays
+// DeltaNet recurrent step in two passes over the state. Prefill (more than one token) runs the
+// reference layers (backend/cpu) on the same caches, with the fast products. The fp32 reference stays
 // the oracle (`--backend reference`, make_cpu_backend).
 #pragma once
 

@@ -1,70 +1,24 @@
-// gemv.cpp: the GEMV dispatch (which kernel runs), the portable kernel, and the threaded
-// wrappers. The SIMD kernels are in gemv_avx2.cpp and gemv_avx512.cpp.
+// gemv.cpp: which GEMV kernel runs (gemv.h), and the threaded wrappers. The kernels are in
+// gemv_scalar.cpp, gemv_avx2.cpp and gemv_avx512.cpp.
 #include "backend/cpu_fast/gemv.h"
 
 #include <algorithm>
+#include <atomic>
 
 #include "backend/cpu/ops.h"
 #include "base/error.h"
-#include "base/thread_pool.h"
+#include "base/thread_team.h"
 
 namespace lily::cpu_fast {
 
 namespace {
 
-// A block of rows of one product is at least this many weights, and a call with fewer weights
-// in all runs on the calling thread: a fork-join of the pool costs tens of microseconds.
-constexpr int64_t kBlockWeights = 32 * 1024;
-constexpr int64_t kParallelMinWeights = 96 * 1024;
-
-// Rows [r0, r1) of any matrix (the fallback): each row expanded to fp32, then a dot product.
-void rows_by_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
-  thread_local std::vector<float> row;
-  row.resize(size_t(W.cols));
-  for (int64_t r = r0; r < r1; ++r) {
-    W.dequantize_row(r, row.data());
-    float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    int64_t c = 0;
-    for (; c + 8 <= W.cols; c += 8)
-      for (int j = 0; j < 8; ++j) acc[j] += row[size_t(c + j)] * x[c + j];
-    float s = 0;
-    for (; c < W.cols; ++c) s += row[size_t(c)] * x[c];
-    y[r] = s + ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7]));
-  }
-}
-
-template <int kBits>
-void rows_scalar(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
-  constexpr int kPerWord = 32 / kBits;
-  constexpr uint32_t kMask = (1u << kBits) - 1u;
-  const int64_t cols = W.cols, G = W.group_size, groups = cols / G, words = cols / kPerWord;
-  for (int64_t r = r0; r < r1; ++r) {
-    const uint32_t* codes = static_cast<const uint32_t*>(W.data) + r * words;
-    const bf16* scales = W.scales + r * groups;
-    const bf16* biases = W.biases + r * groups;
-    float acc = 0;
-    for (int64_t g = 0; g < groups; ++g) {
-      const uint32_t* wg = codes + g * (G / kPerWord);
-      const float* xg = x + g * G;
-      float dot[kPerWord] = {};
-      for (int64_t i = 0; i < G / kPerWord; ++i)
-        for (int j = 0; j < kPerWord; ++j) dot[j] += float((wg[i] >> (kBits * j)) & kMask) * xg[i * kPerWord + j];
-      float d = 0;
-      for (int j = 0; j < kPerWord; ++j) d += dot[j];
-      acc += to_float(scales[g]) * d + to_float(biases[g]) * xsum[g];
-    }
-    y[r] = acc;
-  }
-}
+// Products of fewer weights in all run on the calling thread: even a cheap region start and
+// the stores of two cores to one output line cost more than such a product (lily-tiny's
+// smallest, [4, 256], is 1 K weights).
+constexpr int64_t kParallelMinWeights = 16 * 1024;
 
 }  // namespace
-
-namespace detail {
-void gemv_rows_scalar(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
-  if (W.bits == 4) rows_scalar<4>(W, x, xsum, r0, r1, y);
-  else rows_scalar<8>(W, x, xsum, r0, r1, y);
-}
-}  // namespace detail
 
 const char* to_string(Isa isa) {
   switch (isa) {
@@ -75,11 +29,15 @@ const char* to_string(Isa isa) {
   return "?";
 }
 
+const char* to_string(Dot dot) { return dot == Dot::integer ? "integer" : "fp32"; }
+
 bool isa_supported(Isa isa) {
   switch (isa) {
     case Isa::scalar: return true;
     case Isa::avx2: return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
-    case Isa::avx512: return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw");
+    case Isa::avx512:
+      return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+             __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni");
   }
   return false;
 }
@@ -89,14 +47,34 @@ Isa best_isa() {
   return isa;
 }
 
-GemvRowsFn gemv_rows_kernel(Isa isa) {
+namespace {
+std::atomic<Isa>& chosen_isa() {
+  static std::atomic<Isa> isa{best_isa()};
+  return isa;
+}
+}  // namespace
+
+Isa active_isa() { return chosen_isa().load(std::memory_order_relaxed); }
+
+void use_isa(Isa isa) {
+  LILY_CHECK(isa_supported(isa), "the {} kernels need instructions this processor lacks", to_string(isa));
+  chosen_isa().store(isa, std::memory_order_relaxed);
+}
+
+GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot) {
   LILY_CHECK(isa_supported(isa), "the {} GEMV kernel needs instructions this processor lacks", to_string(isa));
+  const bool integer = dot == Dot::integer;
   switch (isa) {
-    case Isa::scalar: return detail::gemv_rows_scalar;
-    case Isa::avx2: return detail::gemv_rows_avx2;
-    case Isa::avx512: return detail::gemv_rows_avx512;
+    case Isa::scalar: return integer ? detail::gemv_rows_scalar_integer : detail::gemv_rows_scalar_fp32;
+    case Isa::avx2: return integer ? detail::gemv_rows_avx2_integer : detail::gemv_rows_avx2_fp32;
+    case Isa::avx512: return integer ? detail::gemv_rows_avx512_integer : detail::gemv_rows_avx512_fp32;
   }
-  return detail::gemv_rows_scalar;
+  return detail::gemv_rows_scalar_fp32;
+}
+
+GemmRowsFn gemm_rows_kernel(Isa isa, Dot dot) {
+  LILY_CHECK(isa_supported(isa), "the {} GEMM kernel needs instructions this processor lacks", to_string(isa));
+  return isa == Isa::avx512 && dot == Dot::integer ? detail::gemm_rows_avx512_integer : nullptr;
 }
 
 bool gemv_supported(const Matrix& W) {
@@ -104,56 +82,119 @@ bool gemv_supported(const Matrix& W) {
          W.group_size % 16 == 0 && W.cols % W.group_size == 0;
 }
 
-void group_sums(const float* x, int64_t cols, int group_size, float* xsum) {
-  for (int64_t g = 0; g < cols / group_size; ++g) {
-    float s = 0;
-    for (int64_t c = 0; c < group_size; ++c) s += x[g * group_size + c];
-    xsum[g] = s;
+Dot preferred_dot(const Matrix& W) { return W.group_size == kInputGroup ? Dot::integer : Dot::fp32; }
+
+void gemv(const Matrix& W, const float* x, float* y) {
+  if (!gemv_supported(W)) return detail::gemv_rows_dequantizing(W, x, 0, W.rows, y);
+  gemv(W, x, y, active_isa(), preferred_dot(W));
+}
+
+void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot) {
+  LILY_CHECK(gemv_supported(W), "gemv: the kernels do not take {}", W.describe());
+  LILY_CHECK(dot == Dot::fp32 || W.group_size == kInputGroup, "gemv: the integer kernels take groups of {}, not {}",
+             kInputGroup, W.group_size);
+  QuantizedInput in;
+  quantize_input(x, W.cols, W.group_size, in);
+  gemv_rows_kernel(isa, dot)(W, in, 0, W.rows, y);
+}
+
+void prepare_input(const Matrix& W, const float* x, QuantizedInput& in) {
+  reset_input_for(W, x, in);
+  if (in.group_size > 0) quantize_groups(in, 0, W.cols / in.group_size);
+}
+
+void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in) {
+  if (gemv_supported(W)) return reset_input(x, W.cols, W.group_size, in);
+  in.x = x, in.cols = W.cols, in.group_size = 0, in.quantized = false;
+}
+
+void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
+  if (gemv_supported(W) && x.group_size == W.group_size)
+    gemv_rows_kernel(active_isa(), preferred_dot(W))(W, x, r0, r1, y);
+  else detail::gemv_rows_dequantizing(W, x.x, r0, r1, y);
+}
+
+void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member& member) {
+  int64_t total = 0;
+  for (const PreparedGemv& p : products) total += p.W->rows * p.W->cols;
+  // This member's weights [lo, hi); a row is the member's whose first weight falls there.
+  const auto [lo, hi] = member.share(total);
+  int64_t offset = 0;
+  for (const PreparedGemv& p : products) {
+    const int64_t cols = std::max<int64_t>(1, p.W->cols), rows = p.W->rows;
+    auto first_row_from = [&](int64_t w) { return std::clamp<int64_t>((w - offset + cols - 1) / cols, 0, rows); };
+    const int64_t r0 = first_row_from(lo), r1 = first_row_from(hi);
+    if (r0 < r1) gemv_rows(*p.W, *p.x, r0, r1, p.y);
+    offset += rows * p.W->cols;
   }
 }
 
-void gemv(const Matrix& W, const float* x, float* y, Isa isa) {
-  if (!gemv_supported(W)) return rows_by_dequantizing(W, x, 0, W.rows, y);
-  thread_local std::vector<float> xsum;
-  xsum.resize(size_t(W.cols / W.group_size));
-  group_sums(x, W.cols, W.group_size, xsum.data());
-  gemv_rows_kernel(isa)(W, x, xsum.data(), 0, W.rows, y);
+void gemv_parallel(std::span<const GemvTask> tasks) {
+  GemvScratch scratch;
+  gemv_parallel(tasks, scratch);
 }
 
-void gemv_parallel(std::span<const GemvTask> tasks, Isa isa) {
-  const GemvRowsFn kernel = gemv_rows_kernel(isa);
-  struct Block {
-    int64_t task, r0, r1;
+void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch) {
+  std::vector<QuantizedInput>& inputs = scratch.inputs;  // one per distinct (x, cols, group size)
+  std::vector<size_t>& input_of = scratch.input_of;
+  std::vector<PreparedGemv>& products = scratch.products;
+  auto fits = [](const QuantizedInput& in, const GemvTask& t) {
+    return in.x == t.x && in.cols == t.W->cols && (!gemv_supported(*t.W) || in.group_size == t.W->group_size);
   };
-  std::vector<Block> blocks;
-  std::vector<std::vector<float>> xsums(tasks.size());
+  input_of.clear();
+  size_t n_inputs = 0;
   int64_t weights = 0;
-  for (size_t i = 0; i < tasks.size(); ++i) {
-    const Matrix& W = *tasks[i].W;
-    if (gemv_supported(W)) {
-      xsums[i].resize(size_t(W.cols / W.group_size));
-      group_sums(tasks[i].x, W.cols, W.group_size, xsums[i].data());
+  for (const GemvTask& t : tasks) {
+    size_t j = 0;
+    while (j < n_inputs && !fits(inputs[j], t)) ++j;
+    if (j == n_inputs) {
+      if (inputs.size() <= n_inputs) inputs.emplace_back();
+      prepare_input(*t.W, t.x, inputs[j]);
+      ++n_inputs;
     }
-    const int64_t rows_per_block = std::max<int64_t>(1, kBlockWeights / std::max<int64_t>(1, W.cols));
-    for (int64_t r = 0; r < W.rows; r += rows_per_block)
-      blocks.push_back({int64_t(i), r, std::min(W.rows, r + rows_per_block)});
-    weights += W.rows * W.cols;
+    input_of.push_back(j);
+    weights += t.W->rows * t.W->cols;
   }
-  const int64_t n = int64_t(blocks.size());
-  parallel_for(n, weights < kParallelMinWeights ? n : 1, [&](int64_t b0, int64_t b1) {
-    for (int64_t b = b0; b < b1; ++b) {
-      const Block& blk = blocks[size_t(b)];
-      const GemvTask& t = tasks[size_t(blk.task)];
-      if (gemv_supported(*t.W)) kernel(*t.W, t.x, xsums[size_t(blk.task)].data(), blk.r0, blk.r1, t.y);
-      else rows_by_dequantizing(*t.W, t.x, blk.r0, blk.r1, t.y);
-    }
-  });
+  products.clear();  // pointers into `inputs` once it has stopped growing
+  for (size_t i = 0; i < tasks.size(); ++i) products.push_back({tasks[i].W, &inputs[input_of[i]], tasks[i].y});
+  const std::span<const PreparedGemv> all = products;
+  if (weights < kParallelMinWeights) {
+    for (const PreparedGemv& p : all) gemv_rows(*p.W, *p.x, 0, p.W->rows, p.y);
+    return;
+  }
+  cpu_team().run([all](ThreadTeam::Member& m) { gemv_share(all, m); });
 }
 
 void linear(const Matrix& W, const float* x, int64_t T, float* y) {
-  if (T != 1) return cpu::linear(W, x, T, y);
-  const GemvTask task{&W, x, y};
-  gemv_parallel({&task, 1});
+  GemvScratch scratch;
+  linear(W, x, T, y, scratch);
+}
+
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch) {
+  if (T <= 0) return;
+  if (T == 1) {
+    const GemvTask task{&W, x, y};
+    return gemv_parallel({&task, 1}, scratch);
+  }
+  if (!gemv_supported(W)) return cpu::linear(W, x, T, y);
+  std::vector<QuantizedInput>& inputs = scratch.inputs;  // [T] the rows of x
+  if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
+  QuantizedInput* in = inputs.data();
+  const GemvRowsFn kernel = gemv_rows_kernel(active_isa(), preferred_dot(W));
+  const GemmRowsFn gemm = gemm_rows_kernel(active_isa(), preferred_dot(W));
+  const int64_t rows = W.rows, cols = W.cols;
+  cpu_team().run([&](ThreadTeam::Member& m) {
+    const auto [t0, t1] = m.share(T);
+    for (int64_t t = t0; t < t1; ++t) prepare_input(W, x + t * cols, in[t]);
+    m.barrier();
+    const auto [r0, r1] = m.share(rows, kGemmBlockRows);
+    for (int64_t b = r0; b < r1; b += kGemmBlockRows) {
+      const int64_t b1 = std::min(r1, b + kGemmBlockRows);
+      if (gemm) gemm(W, in, T, b, b1, y, rows);
+      else
+        for (int64_t t = 0; t < T; ++t) kernel(W, in[t], b, b1, y + t * rows);
+    }
+  });
 }
 
 }  // namespace lily::cpu_fast

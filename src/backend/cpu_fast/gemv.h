@@ -1,61 +1,119 @@
 // gemv.h: the fast CPU path's decode kernel, y = W x for one token over affine-quantized weights.
 //
-//   y[r] = sum_g ( scale[r,g] * sum_{c in g} q[r,c] * x[c]  +  bias[r,g] * xsum[g] )
+//   y[r] = sum_g ( scale[r,g] * sum_{c in g} code[r,c] * x[c]  +  bias[r,g] * xsum[g] )
 //
 // W is read as stored (spec §5b: 4- or 8-bit codes packed low-first into uint32 words, bf16
-// scale and bias per group along the input): the codes are widened to fp32 in registers and
-// multiplied with x by FMA, and the bias term uses the group sums of x, computed once per x.
-// One kernel per instruction set (gemv_scalar.cpp, gemv_avx2.cpp, gemv_avx512.cpp); best_isa()
+// scale and bias per group along the input); the bias term uses the group sums of x, computed
+// once per x (quantized_input.h). Two kinds of kernel:
+//   Dot::integer  x quantized per group of 64 to 16-bit integers in two int8 halves, and integer
+//                 dot products of the codes with them (AVX-512 VNNI vpdpbusd, AVX2 vpmaddubsw +
+//                 vpmaddwd): groups of 64 only. quantized_input.h bounds the error it adds.
+//   Dot::fp32     the codes widened to fp32 and multiplied with x by FMA: any group of 16 * k
+//                 columns; the fallback for group sizes other than 64.
+// One file per instruction set (gemv_scalar.cpp, gemv_avx2.cpp, gemv_avx512.cpp); best_isa()
 // picks the widest one this processor runs (__builtin_cpu_supports), so one binary runs on any
 // x86-64. Matrices the kernels do not take (plain f32/bf16, other bit widths, groups not a
-// multiple of 16 columns) go to the reference cpu::linear.
+// multiple of 16 columns) are dequantized row by row.
 #pragma once
 
 #include <cstdint>
 #include <span>
 #include <vector>
 
+#include "backend/cpu_fast/quantized_input.h"
+#include "base/thread_team.h"
 #include "model/weights.h"
 
 namespace lily::cpu_fast {
 
-enum class Isa { scalar, avx2, avx512 };
+enum class Isa { scalar, avx2, avx512 };  // avx512: F, BW, VL and VNNI
 const char* to_string(Isa isa);
 Isa best_isa();               // the widest kernel this processor can run
 bool isa_supported(Isa isa);  // whether this processor runs the kernels of `isa`
+// The instruction set the products run on: best_isa() unless use_isa() chose another (the tests
+// run the whole model on each one the processor has; a benchmark may compare them). use_isa
+// throws where the processor lacks `isa`; call it between forwards, not during one.
+Isa active_isa();
+void use_isa(Isa isa);
 
-// Whether the GEMV kernels take W (else the caller uses cpu::linear).
+enum class Dot { fp32, integer };
+const char* to_string(Dot dot);
+
+// Whether the GEMV kernels take W (else its rows are dequantized), and which kind fits it.
 bool gemv_supported(const Matrix& W);
+Dot preferred_dot(const Matrix& W);  // integer for groups of 64, fp32 otherwise
 
-// Rows [r0, r1) of y = W x. xsum: [W.cols / W.group_size] group sums of x (group_sums()).
-using GemvRowsFn = void (*)(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y);
-GemvRowsFn gemv_rows_kernel(Isa isa);
+// Rows [r0, r1) of y = W x, x prepared by quantize_input(x, W.cols, W.group_size).
+using GemvRowsFn = void (*)(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot);
 
-// xsum[g] = sum of x[g*group_size .. (g+1)*group_size).
-void group_sums(const float* x, int64_t cols, int group_size, float* xsum);
+// Rows [r0, r1) of y[t] = W x[t] for T prepared rows of x, y[t * y_stride + r]: a kernel that
+// takes several tokens at once (the codes unpacked once for all), where one exists: AVX-512
+// VNNI, integer. Null otherwise (the caller runs the GEMV kernel per token).
+using GemmRowsFn = void (*)(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
+                            int64_t y_stride);
+GemmRowsFn gemm_rows_kernel(Isa isa, Dot dot);
 
-// y[W.rows] = W x on the calling thread, with the kernel of `isa` (any W: cpu::linear when
-// gemv_supported(W) is false).
-void gemv(const Matrix& W, const float* x, float* y, Isa isa = best_isa());
+// y[W.rows] = W x on the calling thread (any W: rows dequantized where gemv_supported(W) is
+// false), with the best kernels, or those of `isa` and `dot` (integer needs groups of 64).
+void gemv(const Matrix& W, const float* x, float* y);
+void gemv(const Matrix& W, const float* x, float* y, Isa isa, Dot dot);
 
-// Several independent products y_i = W_i x_i in one parallel_for over blocks of rows of all
-// of them, so a layer's projections cost one fork-join. Products the kernels do not take run
-// through cpu::linear on one task.
+// x [W.cols] prepared for W: quantized for its group size when the kernels take W, else only
+// x.x set. reset_input_for: the buffers only (quantize_groups fills them; quantized_input.h).
+void prepare_input(const Matrix& W, const float* x, QuantizedInput& in);
+void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in);
+
+// Rows [r0, r1) of y = W x with the best kernel for W. x prepared for W, or for another matrix
+// of W.cols columns: where its group size is not W's, W's rows are dequantized (slow, right).
+void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+
+// A product whose x is prepared.
+struct PreparedGemv {
+  const Matrix* W;
+  const QuantizedInput* x;
+  float* y;
+};
+// Inside a parallel region: this member's share of the rows of all the products, split by
+// weights read (each member about the same number of bytes).
+void gemv_share(std::span<const PreparedGemv> products, const ThreadTeam::Member& member);
+
+// Several independent products y_i = W_i x_i in one parallel region of cpu_team(), so a
+// layer's projections cost one fork-join; products with the same x share its preparation.
+// `scratch`: buffers the caller keeps (reused call after call); without it, allocated per call.
 struct GemvTask {
   const Matrix* W;
   const float* x;
   float* y;
 };
-void gemv_parallel(std::span<const GemvTask> tasks, Isa isa = best_isa());
+struct GemvScratch {
+  std::vector<QuantizedInput> inputs;  // gemv_parallel: one per distinct x; linear: one per row of x
+  std::vector<size_t> input_of;        // task -> its input
+  std::vector<PreparedGemv> products;
+};
+void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch);
+void gemv_parallel(std::span<const GemvTask> tasks);
 
-// y[T, W.rows] = x[T, W.cols] @ W^T: the GEMV kernels for T = 1, cpu::linear otherwise.
+// y[T, W.rows] = x[T, W.cols] @ W^T, a cpu::LinearFn: gemv_parallel for T = 1. For T > 1 where
+// the kernels take W, one region: the members prepare their share of the T rows of x, then
+// take blocks of kGemmBlockRows rows of W and run each block against every row of x (the
+// block, ~18 KB at 2048 columns, stays in L1 while the tokens pass). Else cpu::linear.
+constexpr int64_t kGemmBlockRows = 16;
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch);
 void linear(const Matrix& W, const float* x, int64_t T, float* y);
 
 }  // namespace lily::cpu_fast
 
 namespace lily::cpu_fast::detail {
-// The kernels, one per instruction set; only called where isa_supported() says so.
-void gemv_rows_scalar(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y);
-void gemv_rows_avx2(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y);
-void gemv_rows_avx512(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y);
+// The kernels, one file per instruction set; only called where isa_supported() says so.
+void gemv_rows_scalar_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemv_rows_scalar_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemv_rows_avx2_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemv_rows_avx2_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemv_rows_avx512_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemv_rows_avx512_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+void gemm_rows_avx512_integer(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
+                              int64_t y_stride);
+// Rows [r0, r1) of any matrix: each row dequantized to fp32, then a dot product.
+void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
 }  // namespace lily::cpu_fast::detail

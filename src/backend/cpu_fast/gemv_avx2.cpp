@@ -1,13 +1,19 @@
-// gemv_avx2.cpp: the GEMV kernel on AVX2 + FMA (8 fp32 lanes). See gemv.h for the formula.
+// gemv_avx2.cpp: the GEMV kernels on AVX2 + FMA (256-bit). See gemv.h for the formula.
 //
-// 4-bit: one uint32 word holds 8 consecutive columns; it is broadcast to the 8 lanes and
-// shifted right by 0, 4, .., 28 (vpsrlvd), masked and converted, so the lanes line up with
-// x as stored. 8-bit: 8 bytes widened (vpmovzxbd). Each group's products accumulate in two
-// registers, then one FMA with the group's scale; the bias term is sum_g bias * xsum.
+// integer (groups of 64): a group's 32 code bytes (4-bit) are split into low and high nibbles,
+// which line up with the int8 halves a, b of x16 = 254 a + b in nibble order
+// (quantized_input.h); vpmaddubsw multiplies the unsigned codes by each signed half into int16
+// pairs, vpmaddwd sums those to 8 int32 lanes, times 254 for a. 8-bit codes (255 * 127 * 2
+// would saturate vpmaddubsw) are widened to int16 and multiplied with x16 by vpmaddwd. Each
+// group's int32 lanes are converted and scaled by scale * unit in one FMA; scale * unit and the
+// bias term are computed for 8 groups at a time.
+// fp32: one uint32 word (8 4-bit columns) is broadcast to the 8 lanes, shifted by 0, 4, .., 28,
+// masked and converted; 8-bit codes are widened by vpmovzxbd; one FMA per 8 columns.
 // Every function carries the target attribute, so nothing here runs without the check of
 // isa_supported(Isa::avx2).
 #include <immintrin.h>
 
+#include <algorithm>
 #include <cstring>
 
 #include "backend/cpu_fast/gemv.h"
@@ -40,9 +46,10 @@ LILY_AVX2 inline float sum_lanes(__m256 v) {
 }
 
 template <int kBits>
-LILY_AVX2 void rows(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
+LILY_AVX2 void rows_fp32(const Matrix& W, const QuantizedInput& in, int64_t r0, int64_t r1, float* y) {
   const int64_t cols = W.cols, G = W.group_size, groups = cols / G;
   const int64_t row_bytes = cols * kBits / 8;
+  const float* x = in.x;
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* codes = static_cast<const uint8_t*>(W.data) + r * row_bytes;
     const bf16* scales = W.scales + r * groups;
@@ -65,17 +72,104 @@ LILY_AVX2 void rows(const Matrix& W, const float* x, const float* xsum, int64_t 
         }
       }
       acc = _mm256_fmadd_ps(_mm256_add_ps(p0, p1), _mm256_set1_ps(to_float(scales[g])), acc);
-      bias_term += to_float(biases[g]) * xsum[g];
+      bias_term += to_float(biases[g]) * in.sum[size_t(g)];
     }
     y[r] = sum_lanes(acc) + bias_term;
   }
 }
 
+// n <= 8 bf16 values from p as fp32 lanes, 0 beyond n.
+LILY_AVX2 inline __m256 load_bf16x8(const bf16* p, int64_t n) {
+  uint16_t bits[8] = {};
+  if (n < 8) std::memcpy(bits, p, size_t(n) * sizeof(bf16));  // no read past the row's last group
+  const __m128i h = _mm_loadu_si128(reinterpret_cast<const __m128i*>(n < 8 ? static_cast<const void*>(bits) : p));
+  return _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_cvtepu16_epi32(h), 16));
+}
+
+// int16 lanes: the sums of two adjacent products lo * v + two of hi * v[64..] (at most
+// 4 * 15 * 127: no saturation).
+LILY_AVX2 inline __m256i pair_sums(__m256i lo, __m256i hi, const int8_t* v) {
+  return _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v))),
+                          _mm256_maddubs_epi16(hi, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(v + 64))));
+}
+
+// 8 int32 lanes summing to dot(codes, x16) over one group of 64 4-bit codes (32 bytes at p);
+// a and b: the group's int8 halves of x16 in nibble order (the low nibbles' columns, then 64
+// values on, the high nibbles').
+LILY_AVX2 inline __m256i dot_group_q4(const uint8_t* p, const int8_t* a, const int8_t* b) {
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  const __m256i codes = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p));
+  const __m256i lo = _mm256_and_si256(codes, nibble);
+  const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(codes, 4), nibble);
+  return _mm256_add_epi32(_mm256_madd_epi16(pair_sums(lo, hi, a), _mm256_set1_epi16(254)),
+                          _mm256_madd_epi16(pair_sums(lo, hi, b), _mm256_set1_epi16(1)));
+}
+
+// 16 8-bit codes times 16 x16 values, as 8 int32 lanes of pair sums.
+LILY_AVX2 inline __m256i dot16_q8(const uint8_t* p, const int16_t* x16) {
+  const __m256i codes = _mm256_cvtepu8_epi16(_mm_loadu_si128(reinterpret_cast<const __m128i*>(p)));
+  return _mm256_madd_epi16(codes, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(x16)));
+}
+
+// 8 int32 lanes summing to dot(codes, x16) over one group of 64 8-bit codes.
+LILY_AVX2 inline __m256i dot_group_q8(const uint8_t* p, const int16_t* x16) {
+  const __m256i a = _mm256_add_epi32(dot16_q8(p, x16), dot16_q8(p + 16, x16 + 16));
+  const __m256i b = _mm256_add_epi32(dot16_q8(p + 32, x16 + 32), dot16_q8(p + 48, x16 + 48));
+  return _mm256_add_epi32(a, b);
+}
+
+// The codes kPrefetchBytes on from p towards L1: the short streams of a decode step (each
+// member's rows of each expert) start faster; see gemv_avx512.cpp for the measurement.
+constexpr int64_t kPrefetchBytes = 2048;
+LILY_AVX2 inline void prefetch_ahead(const uint8_t* p) {
+  _mm_prefetch(reinterpret_cast<const char*>(p + kPrefetchBytes), _MM_HINT_T0);
+}
+
+template <int kBits>
+LILY_AVX2 float row_integer(const uint8_t* codes, const bf16* scales, const bf16* biases, int64_t groups,
+                            const QuantizedInput& in) {
+  constexpr int64_t kGroupBytes = kInputGroup * kBits / 8;
+  __m256 acc = _mm256_setzero_ps(), bias_acc = _mm256_setzero_ps();
+  for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+    const int64_t n = std::min<int64_t>(8, groups - g0);
+    // d[j] = scale * unit of group g0 + j; in.unit and in.qsum are 0 past the last group.
+    const __m256 d = _mm256_mul_ps(load_bf16x8(scales + g0, n), _mm256_loadu_ps(in.unit.data() + g0));
+    bias_acc = _mm256_fmadd_ps(load_bf16x8(biases + g0, n), _mm256_loadu_ps(in.qsum.data() + g0), bias_acc);
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t g = g0 + j;
+      if (kBits == 8 || g % 2 == 0) prefetch_ahead(codes + g * kGroupBytes);  // one 64-byte line at a time
+      __m256i dot;
+      if constexpr (kBits == 4) {
+        const int64_t at = 128 * (g / 2) + 32 * (g % 2);  // the group's columns in nibble order
+        dot = dot_group_q4(codes + g * kGroupBytes, in.a_nibbles.data() + at, in.b_nibbles.data() + at);
+      } else {
+        dot = dot_group_q8(codes + g * kGroupBytes, in.x16.data() + g * kInputGroup);
+      }
+      const __m256 dj = _mm256_permutevar8x32_ps(d, _mm256_set1_epi32(int(j)));
+      acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), dj, acc);
+    }
+  }
+  return sum_lanes(acc) + sum_lanes(bias_acc);
+}
+
+template <int kBits>
+LILY_AVX2 void rows_integer(const Matrix& W, const QuantizedInput& in, int64_t r0, int64_t r1, float* y) {
+  const int64_t groups = W.cols / kInputGroup, row_bytes = W.cols * kBits / 8;
+  for (int64_t r = r0; r < r1; ++r)
+    y[r] = row_integer<kBits>(static_cast<const uint8_t*>(W.data) + r * row_bytes, W.scales + r * groups,
+                              W.biases + r * groups, groups, in);
+}
+
 }  // namespace
 
-void gemv_rows_avx2(const Matrix& W, const float* x, const float* xsum, int64_t r0, int64_t r1, float* y) {
-  if (W.bits == 4) rows<4>(W, x, xsum, r0, r1, y);
-  else rows<8>(W, x, xsum, r0, r1, y);
+void gemv_rows_avx2_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
+  if (W.bits == 4) rows_fp32<4>(W, x, r0, r1, y);
+  else rows_fp32<8>(W, x, r0, r1, y);
+}
+
+void gemv_rows_avx2_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
+  if (W.bits == 4) rows_integer<4>(W, x, r0, r1, y);
+  else rows_integer<8>(W, x, r0, r1, y);
 }
 
 }  // namespace lily::cpu_fast::detail

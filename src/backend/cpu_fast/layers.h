@@ -1,26 +1,69 @@
-// layers.h: the decode step (T = 1) of each layer kind on the GEMV kernels; same math as the
+// layers.h: the decode step (T = 1) of each layer kind on the GEMV kernels, each one parallel
+// region of cpu_team() (attention_step.cpp, deltanet_step.cpp, moe_step.cpp); same math as the
 // reference layers of backend/cpu/ops.h, whose caches they share.
+//
+// Their working buffers come from the caller (the backend owns one set and uses it under a
+// lock): they grow once to the model's sizes and are reused, with no allocation per step and
+// none per thread (a server runs generations on whichever of its threads takes the request;
+// buffers per thread grew its resident memory with every thread that ever ran one).
 #pragma once
 
+#include <vector>
+
 #include "backend/cpu/ops.h"
+#include "backend/cpu_fast/gemv.h"
 
 namespace lily::cpu_fast {
 
+struct AttentionScratch {
+  std::vector<float> qg;                   // [nq, 2 d] q_proj's output: per head d queries then d gates
+  std::vector<float> q, k, v;              // [nq, d], [nkv, d], [nkv, d]
+  std::vector<float> o;                    // [nq, d] gated attention output, o_proj's input
+  std::vector<std::vector<float>> scores;  // [members][visible]
+  QuantizedInput x_in, o_in;
+};
+
+struct DeltaNetScratch {
+  std::vector<float> mixed, z, b, a;  // projections: [C], [Hv * dv], [Hv], [Hv]
+  std::vector<float> u;               // [C] conv output: q | k | v
+  std::vector<float> o, y;            // [Hv * dv] delta rule output, gated norm of it
+  std::vector<float> m, r;            // [Hv * dv] the delta rule's sums per head
+  QuantizedInput x_in, y_in;
+};
+
+// One member's routing (identical in every member).
+struct Routing {
+  std::vector<float> p;    // [E] softmax of the router logits
+  std::vector<int> order;  // [E]; the first k: the chosen experts in index order
+  float chosen_sum = 0;    // sum of p over the chosen
+};
+
+struct MoeScratch {
+  std::vector<float> logits;           // [E + 1] router logits, then the shared expert's gate logit
+  std::vector<Routing> routing;        // [members]
+  std::vector<float> gate, up, act;    // [k + 1, I_max]
+  std::vector<float> ys;               // [k + 1, H] expert outputs (each member its rows)
+  QuantizedInput x_in;                 // x for the router, the shared gate and every expert
+  std::vector<QuantizedInput> act_in;  // [k + 1] act for the down projections
+};
+
 // Gated full attention (spec §2.4), one token at `position`. x: [H] normed -> out: [H].
 void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache, int64_t position,
-                    const float* x, float* out);
+                    const float* x, float* out, AttentionScratch& s);
 
 // Gated DeltaNet (spec §2.6), one token. x: [H] normed -> out: [H]. Advances conv and SSM state.
 void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
-                   float* out);
+                   float* out, DeltaNetScratch& s);
 
-// Sparse MoE with the gated shared expert (spec §2.7), one token: the k routed experts and the
-// shared one are tasks of one parallel_for, each with its own output row. x: [H] -> out: [H].
-void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out);
+// Sparse MoE with the gated shared expert (spec §2.7), one token. x: [H] -> out: [H].
+void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out, MoeScratch& s);
 
-// One recurrent step of the delta rule (spec §3.1) on S [dk, dv] in two passes:
-//   pass 1: S *= exp(g); m = S^T k        pass 2: S += k (beta (v - m))^T; o = S^T q
+// One recurrent step of the delta rule (spec §3.1) on S [dk, dv], S read in one pass and
+// written in a second (deltanet_step.cpp):
+//   pass 1: m = exp(g) S^T k, r = exp(g) S^T q        d = beta (v - m), o = r + d (k . q)
+//   pass 2: S = exp(g) S + k d^T
+// m and r: [dv] scratch.
 void delta_rule_step(const float* q, const float* k, const float* v, float g, float beta, int64_t dk, int64_t dv,
-                     float* S, float* o);
+                     float* S, float* o, float* m, float* r);
 
 }  // namespace lily::cpu_fast
