@@ -226,16 +226,36 @@ bool read_reasoning(const json* reasoning) {
   return *effort != "none";
 }
 
-// text: {format: {type: "text"}}; the JSON formats need constrained decoding.
-void read_text_format(const json* text) {
-  if (!text) return;
-  const json* format = member(*text, "format");
-  if (!format) return;
-  if (!format->is_object()) bad_request("text.format must be an object", "text.format");
-  const std::string type = string_member(*format, "type", "text.format");
-  if (type != "text") {
-    bad_request(fmt::format("lily does not support text.format \"{}\" yet (only \"text\")", type), "text.format");
+// text: {format}. {type: "text"} (the default), {type: "json_object"}, or {type: "json_schema",
+// name, schema, description, strict}: the Responses API's form of chat's response_format (the
+// schema sits beside the type, not under json_schema); the reply is held to it by constrained
+// decoding, as on /v1/chat/completions.
+ResponseFormat read_text_format(const json* text) {
+  ResponseFormat format;
+  if (!text) return format;
+  const json* spec = member(*text, "format");
+  if (!spec) return format;
+  if (!spec->is_object()) bad_request("text.format must be an object", "text.format");
+  const std::string type = string_member(*spec, "type", "text.format");
+  if (type == "text") return format;
+  if (type == "json_object") {
+    format.type = ResponseFormat::Type::json_object;
+    return format;
   }
+  if (type != "json_schema") {
+    bad_request(fmt::format("text.format.type must be \"text\", \"json_object\" or \"json_schema\", not \"{}\"", type),
+                "text.format.type");
+  }
+  if (spec->contains("name") && !(*spec)["name"].is_string())
+    bad_request("text.format.name must be a string", "text.format.name");
+  if (spec->contains("strict") && !(*spec)["strict"].is_boolean() && !(*spec)["strict"].is_null())
+    bad_request("text.format.strict must be a boolean", "text.format.strict");
+  format.type = ResponseFormat::Type::json_schema;
+  if (auto schema = spec->find("schema"); schema != spec->end() && !schema->is_null()) {
+    if (!schema->is_object()) bad_request("text.format.schema must be a JSON schema object", "text.format.schema");
+    format.schema = *schema;
+  }
+  return format;
 }
 
 // The refusals of a stateless server.
@@ -290,7 +310,9 @@ ResponsesRequest read_responses_request(const json& body, const SamplingParams& 
   const json* reasoning = f.object("reasoning");
   chat.template_options.enable_thinking = read_reasoning(reasoning);
   chat.template_options.add_generation_prompt = true;
-  read_text_format(f.object("text"));
+  const json* text = f.object("text");
+  chat.response_format = read_text_format(text);
+  chat.parallel_tool_calls = parallel;
   // stream: boolean. store: boolean (nothing is stored either way). metadata: object.
   r.stream = f.boolean("stream").value_or(false);
   f.boolean("store");
@@ -306,7 +328,7 @@ ResponsesRequest read_responses_request(const json& body, const SamplingParams& 
                                        {"summary", nullptr}}},
                     {"store", false},
                     {"temperature", chat.options.sampling.temperature},
-                    {"text", json{{"format", json{{"type", "text"}}}}},
+                    {"text", text && text->contains("format") ? *text : json{{"format", json{{"type", "text"}}}}},
                     {"tool_choice", f.get("tool_choice") ? *f.get("tool_choice") : json("auto")},
                     {"tools", f.get("tools") ? *f.get("tools") : json::array()},
                     {"top_p", chat.options.sampling.top_p},

@@ -7,11 +7,29 @@
 
 namespace lily::server {
 
+namespace {
+
+// The chat service names a schema it refuses after chat's field, response_format; here the
+// client sent it as text.format.
+PreparedCompletion prepare(const ChatService& service, ChatRequest chat) {
+  try {
+    return prepare_chat_within_context(service, std::move(chat));
+  } catch (const ApiError& e) {
+    const std::string_view chat_field = "response_format";
+    if (!e.param.starts_with(chat_field)) throw;
+    std::string message = e.what();
+    if (message.starts_with(chat_field)) message.replace(0, chat_field.size(), "text.format");
+    throw ApiError(e.status, message, "text.format" + e.param.substr(chat_field.size()), e.code);
+  }
+}
+
+}  // namespace
+
 void handle_responses(ServerContext& ctx, const HttpRequest& req, HttpResponse& res) {
   const json body = parse_body(req.body);
   ResponsesRequest request = read_responses_request(body, ctx.service().default_sampling());
   auto job = std::make_shared<CompletionJob>();
-  job->prepared = prepare_chat_within_context(ctx.service(), std::move(request.chat));
+  job->prepared = prepare(ctx.service(), std::move(request.chat));
   job->stream = request.stream;
   job->named_events = true;
   job->done_marker = false;

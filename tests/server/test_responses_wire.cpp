@@ -77,15 +77,33 @@ TEST(ResponsesWire, AStringInputAndTheThinkingSwitch) {
             ToolChoice::Mode::required);
 }
 
+// text.format is chat's response_format with the schema beside the type.
+TEST(ResponsesWire, TextFormatBecomesTheResponseFormat) {
+  EXPECT_EQ(read(R"({"input": "x"})").chat.response_format.type, ResponseFormat::Type::text);
+  EXPECT_EQ(read(R"({"input": "x", "text": {"format": {"type": "text"}}})").chat.response_format.type,
+            ResponseFormat::Type::text);
+  EXPECT_EQ(read(R"({"input": "x", "text": {"format": {"type": "json_object"}}})").chat.response_format.type,
+            ResponseFormat::Type::json_object);
+  const ResponsesRequest r = read(R"({"input": "x", "parallel_tool_calls": false, "text": {"format":
+      {"type": "json_schema", "name": "s", "strict": true, "schema": {"type": "object", "properties": {"a": {"enum": [1]}}}}}})");
+  EXPECT_EQ(r.chat.response_format.type, ResponseFormat::Type::json_schema);
+  EXPECT_EQ(r.chat.response_format.schema, json::parse(R"({"type": "object", "properties": {"a": {"enum": [1]}}})"));
+  EXPECT_FALSE(r.chat.parallel_tool_calls);
+  EXPECT_EQ(r.settings["text"]["format"]["name"], "s");  // echoed in the response
+}
+
 TEST(ResponsesWire, BadRequestsAre400sNamingTheField) {
   EXPECT_EQ(refused(R"({"model": "m"})"), "input");
   EXPECT_EQ(refused(R"({"input": 3})"), "input");
   EXPECT_EQ(refused(R"({"input": "x", "previous_response_id": "resp_1"})"), "previous_response_id");
   EXPECT_EQ(refused(R"({"input": "x", "conversation": "c"})"), "conversation");
   EXPECT_EQ(refused(R"({"input": "x", "background": true})"), "background");
-  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "name": "s", "schema": {}}}})"),
-            "text.format");
-  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_object"}}})"), "text.format");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "xml"}}})"), "text.format.type");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "schema": 3}}})"),
+            "text.format.schema");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": {"type": "json_schema", "strict": "yes"}}})"),
+            "text.format.strict");
+  EXPECT_EQ(refused(R"({"input": "x", "text": {"format": 1}})"), "text.format");
   EXPECT_EQ(refused(R"({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "u"}]}]})"),
             "input[0].content[0].type");
   EXPECT_EQ(refused(R"({"input": [{"type": "item_reference", "id": "msg_1"}]})"), "input[0].type");

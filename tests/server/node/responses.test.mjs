@@ -88,10 +88,39 @@ test('streamed: events in order with sequence numbers, the same response as crea
   }
 });
 
+// text.format json_schema: the reply is held to the schema by constrained decoding (issue 18), as
+// response_format on chat completions; streamed and not, the output text parses and fits.
+test('text.format json_schema holds the output text to the schema', async () => {
+  const schema = {
+    type: 'object', additionalProperties: false, required: ['unit', 'days'],
+    properties: { unit: { enum: ['C', 'F'] }, days: { type: 'array', items: { enum: [1, 2, 3] }, minItems: 1, maxItems: 3 } },
+  };
+  const params = {
+    ...GREEDY, input: 'Weather for the next days?', max_output_tokens: 200, reasoning: { effort: 'none' },
+    text: { format: { type: 'json_schema', name: 'forecast', strict: true, schema } },
+  };
+  const check = (text) => {
+    const value = JSON.parse(text);
+    assert.deepEqual(Object.keys(value).sort(), ['days', 'unit']);
+    assert.ok(['C', 'F'].includes(value.unit), text);
+    assert.ok(value.days.length >= 1 && value.days.length <= 3 && value.days.every((d) => [1, 2, 3].includes(d)), text);
+  };
+  const whole = await openai.responses.create(params);
+  assert.equal(whole.status, 'completed');
+  assert.equal(whole.text.format.type, 'json_schema');
+  check(whole.output_text);
+  const events = [];
+  for await (const e of await openai.responses.create({ ...params, stream: true })) events.push(e);
+  const streamed = events.filter((e) => e.type === 'response.output_text.delta').map((e) => e.delta).join('');
+  check(streamed);
+  assert.equal(streamed, whole.output_text);
+});
+
 test('a stateless server refuses what needs a store', async () => {
   const cases = [
     [{ previous_response_id: 'resp_0123' }, /previous_response_id/],
-    [{ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'object' } } } }, /text.format/],
+    [{ text: { format: { type: 'json_schema', name: 'x', schema: { type: 'string', pattern: 'a+' } } } },
+      /text.format: json_schema: unsupported keyword 'pattern'/],
     [{ input: [{ type: 'item_reference', id: 'msg_1' }] }, /item_reference/],
     [{ tools: [{ type: 'web_search' }] }, /hosted tool/],
   ];
