@@ -19,7 +19,8 @@ mkdir -p "$stage/.carry/bench"
 find $build/bench/kernels -type f -executable -name 'bench_*' -exec cp {} "$stage/.carry/bench/" \;
 strip "$stage"/.carry/bench/*
 # Tests of the runtime that take LILY_TEST_BACKEND=cuda (session reuse, lily-tiny end to end).
-cp $build/tests/runtime/runtime_test_chat_service $build/tests/runtime/runtime_test_generate $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
+cp $build/tests/runtime/runtime_test_chat_service $build/tests/runtime/runtime_test_generate \
+  $build/tests/runtime/runtime_test_structured_output $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*
 for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |
              grep -E 'libfmt|libpcre2|libutf8proc'); do
