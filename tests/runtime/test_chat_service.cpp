@@ -40,8 +40,32 @@ CompletionResult run(ChatService& s, const ChatRequest& r) {
   return s.complete_chat(r, [](const ChatDelta&) { return true; });
 }
 
+// The reply as a client sends it back: content, reasoning and its tool calls (a call cut off by
+// max_tokens is a call too, with what it wrote).
 json assistant_turn(const CompletionResult& r) {
-  return json{{"role", "assistant"}, {"content", r.content}, {"reasoning_content", r.reasoning}};
+  json turn{{"role", "assistant"}, {"content", r.content}, {"reasoning_content", r.reasoning}};
+  for (const ToolCall& call : r.tool_calls) {
+    turn["tool_calls"].push_back(json{
+        {"id", call.id}, {"type", "function"}, {"function", {{"name", call.name}, {"arguments", call.arguments}}}});
+  }
+  return turn;
+}
+
+// Greedy warm and cold runs give the same tokens. The CPU backends compute a cached prefix and
+// a cold pass the same way to the bit; the GPU's prefill splits differ between the two (the
+// cached part was computed by other passes) and round differently in bf16, so there the runs may
+// part where the cold run's best two tokens are a near-tie (asked with top_logprobs >= 1).
+void expect_same_greedy_tokens(const CompletionResult& warm, const CompletionResult& cold) {
+  const size_t n = std::min(warm.tokens.size(), cold.tokens.size());
+  size_t i = 0;
+  while (i < n && warm.tokens[i] == cold.tokens[i]) ++i;
+  if (i == n && warm.tokens.size() == cold.tokens.size()) return;
+  ASSERT_EQ(kBackend, "cuda") << "warm and cold part at token " << i;
+  ASSERT_LT(i, cold.logprobs.size()) << "no logprobs to tell a near-tie at token " << i;
+  const TokenLogprobs& at = cold.logprobs[i];
+  ASSERT_GE(at.top.size(), 2u);
+  const float gap = at.top[0].logprob - at.top[1].logprob;
+  EXPECT_LT(gap, 0.05f) << "warm and cold part at token " << i << " where the cold run's best two differ by " << gap;
 }
 
 // The tools lily-tiny was trained with (models/lily-tiny/heldout.json).
@@ -102,11 +126,12 @@ TEST(ChatService, AToolResultResumesFromTheEndOfThePreviousPrompt) {
   messages.push_back(json{{"role", "tool"}, {"content", "{\"temp\": 3}"}});
   ChatRequest second = greedy_request(messages, 16);
   second.tools = tools;
+  second.options.top_logprobs = 2;  // for a near-tie on the GPU (expect_same_greedy_tokens)
   CompletionResult warm = run(*f.service, second);
   EXPECT_GE(warm.usage.cached_tokens, int64_t(p1.prompt.size()));
   second.options.use_cache = false;
   CompletionResult cold = run(*f.service, second);
-  EXPECT_EQ(warm.tokens, cold.tokens);
+  expect_same_greedy_tokens(warm, cold);
 }
 
 TEST(ChatService, RegeneratingTheSameRequestIsIdentical) {

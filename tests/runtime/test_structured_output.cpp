@@ -47,7 +47,10 @@ ChatRequest request(const std::string& question, float temperature, uint64_t see
   r.messages = json::array({json{{"role", "user"}, {"content", question}}});
   r.options.sampling.temperature = temperature;
   r.options.sampling.seed = seed;
-  r.options.max_tokens = 400;
+  // Room for the grammar's worst case: a random model may write up to max_whitespace (32) bytes
+  // of whitespace in every gap of the document (the $defs schema's ~30 gaps: ~1,000 tokens). The
+  // GPU's rounding led tiny-chat into such runs where the CPU's did not: a 400-token cap cut one.
+  r.options.max_tokens = 1400;
   r.template_options.enable_thinking = thinking;
   return r;
 }
