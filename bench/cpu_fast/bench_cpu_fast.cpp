@@ -17,6 +17,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu_fast/cpu_fast.h"
+#include "backend/cpu_fast/gemm.h"
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/machine_probe.h"
 #include "model/checkpoint/load.h"
@@ -257,6 +258,72 @@ void gemv_args(benchmark::internal::Benchmark* b) {
     }
 }
 BENCHMARK(BM_Gemv)->Apply(gemv_args)->Unit(benchmark::kMicrosecond);
+
+// The prefill product on one thread (gemm.h; the tokens' preparation outside the timing):
+// args rows, cols, bits, tokens. items: multiply-adds (rows x cols x tokens); bytes: weights.
+void BM_Gemm(benchmark::State& state) {
+  const int64_t rows = state.range(0), cols = state.range(1), n = state.range(3);
+  const int bits = int(state.range(2));
+  std::mt19937 rng(3);
+  std::uniform_int_distribution<uint32_t> word;
+  std::vector<uint32_t> codes(size_t(rows * cols * bits / 32));
+  for (auto& w : codes) w = word(rng);
+  std::vector<bf16> scales(size_t(rows * cols / 64), to_bf16(0.01f)), biases(scales.size(), to_bf16(-0.08f));
+  std::normal_distribution<float> dist;
+  std::vector<float> x(size_t(n * cols)), y(size_t(n * rows));
+  for (auto& v : x) v = dist(rng);
+  Matrix m;
+  m.rows = rows, m.cols = cols, m.format = MatrixFormat::affine, m.bits = bits, m.group_size = 64;
+  m.data = codes.data(), m.scales = scales.data(), m.biases = biases.data();
+  cpu_fast::TokenBatch batch;
+  cpu_fast::prepare_tokens(x.data(), n, cols, batch);
+  cpu_fast::GemmScratch scratch;
+  for (auto _ : state) {
+    cpu_fast::gemm_rows(m, batch, 0, rows, y.data(), rows, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * rows * cols * n);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(m.bytes()));
+  state.SetLabel(cpu_fast::to_string(cpu_fast::active_isa()));
+}
+// An expert's gate [512, 2048] and down [2048, 512] against the ~4 tokens routed to it in a
+// 128-token prefill (and 1, 2, 8, 16); a DeltaNet in_proj [8192, 2048] against 128 tokens; the router (q8).
+BENCHMARK(BM_Gemm)
+    ->Args({512, 2048, 4, 1})
+    ->Args({512, 2048, 4, 2})
+    ->Args({512, 2048, 4, 4})
+    ->Args({512, 2048, 4, 8})
+    ->Args({512, 2048, 4, 16})
+    ->Args({2048, 512, 4, 4})
+    ->Args({8192, 2048, 4, 128})
+    ->Args({2048, 4096, 4, 128})
+    ->Args({256, 2048, 8, 128})
+    ->Unit(benchmark::kMicrosecond);
+
+// The prefill product of an expert's gate [512, 2048] against 4 tokens, cycling through 192
+// such matrices (105 MB, beyond L3), as the experts of a prefill come from memory; one thread.
+// bytes: weights read, beside the read bandwidth of one thread.
+void BM_GemmFromMemory(benchmark::State& state) {
+  const int64_t rows = 512, cols = 2048, n = state.range(0), count = 192;
+  SyntheticStore store;
+  std::vector<Matrix> mats;
+  for (int64_t i = 0; i < count; ++i) mats.push_back(synthetic_matrix(store, rows, cols, 4, 1000 + uint64_t(i)));
+  std::mt19937 rng(3);
+  std::normal_distribution<float> dist;
+  std::vector<float> x(size_t(n * cols)), y(size_t(n * rows));
+  for (auto& v : x) v = dist(rng);
+  cpu_fast::TokenBatch batch;
+  cpu_fast::prepare_tokens(x.data(), n, cols, batch);
+  cpu_fast::GemmScratch scratch;
+  int64_t i = 0;
+  for (auto _ : state) {
+    cpu_fast::gemm_rows(mats[size_t(i++ % count)], batch, 0, rows, y.data(), rows, scratch);
+    benchmark::DoNotOptimize(y.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * rows * cols * n);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(mats[0].bytes()));
+}
+BENCHMARK(BM_GemmFromMemory)->Arg(1)->Arg(4)->Arg(8)->Unit(benchmark::kMicrosecond);
 
 // A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
 // team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the
