@@ -91,6 +91,28 @@ TEST_P(FastOnFixture, DecodeStepsMatchReferenceAndTransformers) {
   expect_within_bar(compare(got, transformers, V), std::string(layout.dir) + " fast vs transformers");
 }
 
+// The whole prompt at once (the prefill layers, prefill.h; the bf16 layout's matrices through
+// the dequantizing fallback), every position's logits, against both.
+TEST_P(FastOnFixture, PrefillMatchesReferenceAndTransformers) {
+  const Layout layout = GetParam();
+  const std::string dir = test::fixture_dir("tiny-a");
+  auto weights = load_model(dir + "/" + layout.dir);
+  auto ref_json = test::read_json(dir + "/reference.json");
+  const auto ids = ref_json["ids"].get<std::vector<int32_t>>();
+  const int64_t V = ref_json["vocab_size"].get<int64_t>();
+  const std::vector<float> transformers = test::read_f32(dir + "/" +
+                                                         ref_json["logits"][layout.reference].get<std::string>());
+  auto fast = make_cpu_fast_backend(weights);
+  auto reference = make_cpu_backend(weights);
+  std::vector<float> got(3, NAN), want;  // poisoned: forward must size and fill it
+  auto seq = fast->new_sequence(int64_t(ids.size()));
+  fast->forward(*seq, ids, LogitsWanted::all, got);
+  auto ref_seq = reference->new_sequence(int64_t(ids.size()));
+  reference->forward(*ref_seq, ids, LogitsWanted::all, want);
+  expect_within_bar(compare(got, want, V), std::string(layout.dir) + " prefill, fast vs reference");
+  expect_within_bar(compare(got, transformers, V), std::string(layout.dir) + " prefill, fast vs transformers");
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, FastOnFixture, ::testing::Values(Layout{"mlx-q4", "mlx"}, Layout{"hf-fused", "hf"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;
@@ -142,6 +164,29 @@ TEST_P(FastOnEveryIsa, LilyTinyDecodeStepsMatchReference) {
   auto reference = make_cpu_backend(weights);
   expect_within_bar(compare(one_at_a_time(*fast, ids), one_at_a_time(*reference, ids), weights->config.vocab_size),
                     std::string("lily-tiny fast (") + cpu_fast::to_string(GetParam()) + ") vs reference");
+}
+
+// A prefill in two blocks (the second from position 37: attention over the first block's
+// cache, the DeltaNet states carried) and a decode step after it, on each instruction set.
+TEST_P(FastOnEveryIsa, LilyTinyPrefillMatchesReference) {
+  auto weights = load_model(kLilyTiny);
+  const int64_t V = weights->config.vocab_size;
+  std::vector<int32_t> ids;
+  for (int i = 0; i < 70; ++i) ids.push_back(int32_t((i * 7919 + 13) % V));
+  auto fast = make_cpu_fast_backend(weights);
+  auto reference = make_cpu_backend(weights);
+  auto run = [&](Backend& b) {
+    auto seq = b.new_sequence(int64_t(ids.size()) + 1);
+    std::vector<float> first, second, step;
+    b.forward(*seq, std::span<const int32_t>(ids.data(), 37), LogitsWanted::all, first);
+    b.forward(*seq, std::span<const int32_t>(ids.data() + 37, ids.size() - 37), LogitsWanted::all, second);
+    first.insert(first.end(), second.begin(), second.end());
+    b.forward(*seq, std::span<const int32_t>(&ids[5], 1), LogitsWanted::last, step);
+    first.insert(first.end(), step.begin(), step.end());
+    return first;
+  };
+  expect_within_bar(compare(run(*fast), run(*reference), V),
+                    std::string("lily-tiny prefill (") + cpu_fast::to_string(GetParam()) + ") vs reference");
 }
 
 INSTANTIATE_TEST_SUITE_P(Isas, FastOnEveryIsa,

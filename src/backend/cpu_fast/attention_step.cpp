@@ -22,11 +22,6 @@
 
 namespace lily::cpu_fast {
 
-namespace {
-
-using cpu::sigmoid;
-
-// Query head h over the cache's `visible` positions: o_h = softmax(q k^T * scale) v * sigmoid(gate).
 // The scores' dot products in eight partial sums and the value sums along d, so the compiler
 // vectorizes both; cloned per x86-64 level (base/cpu_clones.h).
 LILY_CPU_CLONES void attend(const float* qh, const float* gh, const cpu::AttentionCache& cache, int64_t visible,
@@ -52,10 +47,8 @@ LILY_CPU_CLONES void attend(const float* qh, const float* gh, const cpu::Attenti
     const float* vj = cache.v.data() + (j * nkv + g) * d;
     for (int64_t e = 0; e < d; ++e) oh[e] += p * vj[e];
   }
-  for (int64_t e = 0; e < d; ++e) oh[e] *= sigmoid(gh[e]);
+  for (int64_t e = 0; e < d; ++e) oh[e] *= cpu::sigmoid(gh[e]);
 }
-
-}  // namespace
 
 void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache, int64_t position,
                     const float* x, float* out, AttentionScratch& s) {

@@ -2,10 +2,9 @@
 //
 // The same structure as the reference (backend/cpu/forward.cpp, spec §2.3, §4) with the same
 // caches (cpu::AttentionCache, cpu::DeltaNetCache): a decode step (one token) runs the layers
-// of layers.h and the lm_head on the GEMV kernels; a longer block runs the reference layers in
-// chunks of kChunkTokens with the fast products (their `linear_fn`: cpu_fast::linear, the
-// GEMV kernels over blocks of rows and tokens), so prefill and decode can alternate on one
-// sequence.
+// of layers.h and the lm_head on the GEMV kernels; a longer block runs the layers of prefill.h
+// (the prefill product of gemm.h, experts grouped by the tokens routed to them) in chunks of
+// kChunkTokens, so prefill and decode can alternate on one sequence.
 #include <algorithm>
 #include <mutex>
 
@@ -13,6 +12,7 @@
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/layers.h"
+#include "backend/cpu_fast/prefill.h"
 #include "base/error.h"
 #include "model/weights.h"
 
@@ -171,43 +171,46 @@ class FastCpuBackend final : public Backend {
     cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
   }
 
-  // A block of tokens through the reference layers with the fast products (cpu_fast::linear);
-  // logits of rows [first_row, n) into `logits`.
+  // A block of tokens through the prefill layers (prefill.h); logits of rows [first_row, n)
+  // into `logits`.
   void prefill_chunk(FastSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
-    std::vector<float> h(size_t(T * H)), normed(size_t(T * H)), mixed(size_t(T * H));
-    const cpu::LinearFn linear = [this](const Matrix& W, const float* x, int64_t n, float* y) {
-      cpu_fast::linear(W, x, n, y, scratch_.gemv);
-    };
+    std::vector<float>&h = scratch_.h, &normed = scratch_.normed, &mixed = scratch_.mixed;  // [T, H] each
+    h.resize(size_t(T * H));
+    normed.resize(size_t(T * H));
+    mixed.resize(size_t(T * H));
+    cpu_fast::PrefillScratch& p = scratch_.prefill;
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
     for (int i = 0; i < c.num_layers; ++i) {
       const LayerWeights& layer = w_->layers[size_t(i)];
       cpu::rms_norm(h.data(), layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
       if (layer.kind == LayerKind::full_attention)
-        cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T, mixed.data(),
-                             linear);
-      else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data(), linear);
+        cpu_fast::attention_prefill(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T,
+                                    mixed.data(), p);
+      else cpu_fast::deltanet_prefill(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
       cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
-      cpu::sparse_moe(layer.moe, c, normed.data(), T, mixed.data(), linear);
+      cpu_fast::moe_prefill(layer.moe, c, normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
     }
     s.advance(T);
     if (!logits) return;
     const int64_t rows = T - first_row;
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
-    linear(w_->lm_head, normed.data(), rows, logits);
+    if (rows == 1) cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
+    else cpu_fast::gemm_parallel(w_->lm_head, normed.data(), rows, logits, p);
   }
 
   // The working buffers of a forward (cpu_fast/layers.h, gemv.h), under mu_: one set for the
   // backend, whichever thread calls it.
   struct Scratch {
-    std::vector<float> h, normed, mixed;  // [H] each: the residual stream, its norm, a layer's output
+    std::vector<float> h, normed, mixed;  // [T, H] each: the residual stream, its norm, a layer's output
     cpu_fast::AttentionScratch attention;
     cpu_fast::DeltaNetScratch deltanet;
     cpu_fast::MoeScratch moe;
     cpu_fast::GemvScratch gemv;
+    cpu_fast::PrefillScratch prefill;
   };
 
   std::shared_ptr<const ModelWeights> w_;

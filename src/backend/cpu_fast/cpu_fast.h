@@ -2,8 +2,9 @@
 // projection and expert of a decode step on the GEMV kernels of gemv.h (the weights read as
 // stored, SIMD chosen at run time), the MoE expert-parallel over the thread pool, and the
 // DeltaNet recurrent step in two passes over the state. Prefill (more than one token) runs the
-// reference layers (backend/cpu) on the same caches, with the fast products. The fp32 reference stays
-// the oracle (`--backend reference`, make_cpu_backend).
+// layers of prefill.h on the same caches: every projection a GEMM over the block's tokens
+// (gemm.h), the experts grouped by the tokens routed to them. The fp32 reference stays the
+// oracle (`--backend reference`, make_cpu_backend).
 #pragma once
 
 #include <memory>

@@ -58,6 +58,14 @@ void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNet
 // Sparse MoE with the gated shared expert (spec §2.7), one token. x: [H] -> out: [H].
 void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out, MoeScratch& s);
 
+// Query head qh (gate gh) over the cache's first `visible` positions of KV head g:
+// oh = softmax(qh K^T / sqrt(d)) V * sigmoid(gh) (attention_step.cpp). scores: [visible] scratch.
+void attend(const float* qh, const float* gh, const cpu::AttentionCache& cache, int64_t visible, int64_t nkv, int64_t g,
+            int64_t d, float* scores, float* oh);
+
+// Router logits [E] -> r: softmax, the top k (ties to the lower index) in index order (moe_step.cpp).
+void route(const float* logits, int64_t E, int64_t k, Routing& r);
+
 // One recurrent step of the delta rule (spec §3.1) on S [dk, dv], S read in one pass and
 // written in a second (deltanet_step.cpp):
 //   pass 1: m = exp(g) S^T k, r = exp(g) S^T q        d = beta (v - m), o = r + d (k . q)

@@ -27,6 +27,19 @@ namespace {
 using cpu::sigmoid;
 using cpu::silu;
 
+struct ExpertMatrices {
+  const Matrix *gate, *up, *down;
+};
+
+// Expert slot i of the token: 0..k-1 the routed ones (routing order), k the shared one.
+ExpertMatrices expert(const MoeWeights& w, const Routing& r, int64_t k, int64_t i) {
+  if (i == k) return {&w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj};
+  const size_t e = size_t(r.order[size_t(i)]);
+  return {&w.experts.gate_proj[e], &w.experts.up_proj[e], &w.experts.down_proj[e]};
+}
+
+}  // namespace
+
 // As moe.cpp: softmax in fp32 with a double sum, top-k with ties to the lower index.
 void route(const float* logits, int64_t E, int64_t k, Routing& r) {
   r.p.resize(size_t(E));
@@ -44,19 +57,6 @@ void route(const float* logits, int64_t E, int64_t k, Routing& r) {
   for (int64_t i = 0; i < k; ++i) r.chosen_sum += p[size_t(r.order[size_t(i)])];
   std::sort(r.order.begin(), r.order.begin() + k);  // the reference adds experts in index order
 }
-
-struct ExpertMatrices {
-  const Matrix *gate, *up, *down;
-};
-
-// Expert slot i of the token: 0..k-1 the routed ones (routing order), k the shared one.
-ExpertMatrices expert(const MoeWeights& w, const Routing& r, int64_t k, int64_t i) {
-  if (i == k) return {&w.shared_gate_proj, &w.shared_up_proj, &w.shared_down_proj};
-  const size_t e = size_t(r.order[size_t(i)]);
-  return {&w.experts.gate_proj[e], &w.experts.up_proj[e], &w.experts.down_proj[e]};
-}
-
-}  // namespace
 
 void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* out, MoeScratch& s) {
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;

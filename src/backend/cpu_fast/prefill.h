@@ -1,0 +1,67 @@
+// prefill.h: the layers over a block of T tokens (a prompt) on the prefill product (gemm.h),
+// each one parallel region of cpu_team() (attention_prefill.cpp, deltanet_prefill.cpp,
+// moe_prefill.cpp); the same math as the reference layers of backend/cpu/ops.h, whose caches
+// they share, and as the decode steps of layers.h token by token.
+//
+//   projections        the members prepare their share of the tokens, then take their share of
+//                      the rows of every projection (panels of 16) against all T tokens
+//   DeltaNet           causal conv per channel over the tokens; the delta rule token by token per
+//                      value head (delta_rule_step, 2 passes over the 64 KB state)
+//   attention          causal over the cache, per (token, query head)
+//   MoE                router, shared expert and routing for all tokens; then each member takes
+//                      whole experts from a shared counter, largest first, and runs each expert's
+//                      gate, up and down projections against only the tokens routed to it
+//
+// The buffers come from the caller (the backend owns one set, as for layers.h) and grow once.
+#pragma once
+
+#include <atomic>
+#include <vector>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu_fast/gemm.h"
+#include "backend/cpu_fast/layers.h"
+
+namespace lily::cpu_fast {
+
+// One member's buffers for an expert: its tokens' rows gathered, and its intermediate values.
+struct ExpertScratch {
+  TokenBatch x, act;            // the expert's tokens' x and act = silu(gate x) * up x, prepared
+  std::vector<float> rows;      // [n, H] the gathered rows of x
+  std::vector<float> gate, up;  // [n, I]
+};
+
+struct PrefillScratch {
+  TokenBatch x, y;                         // the layer's input, and the input of its last product
+  std::vector<GemmScratch> gemm;           // [members]
+  std::vector<float> a, b, c, d, e;        // the layers' intermediate values (named where used)
+  std::vector<std::vector<float>> member;  // [members] per-member rows: scores, delta rule sums
+  // MoE
+  std::vector<float> logits;                           // [T, E + 1] router logits, then the shared expert's gate logit
+  std::vector<Routing> routing;                        // [T]
+  std::vector<int32_t> count, first, tokens, slot_of;  // experts' token lists (moe_prefill.cpp)
+  std::vector<int32_t> order;                          // experts by tokens routed, most first
+  std::vector<ExpertScratch> experts;                  // [members]
+  std::atomic<int64_t> next{0};
+};
+
+// Gated full attention (spec §2.4) of T tokens from `first_position`. x: [T, H] normed -> out:
+// [T, H]. Appends T rows to the cache.
+void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache,
+                       int64_t first_position, const float* x, int64_t T, float* out, PrefillScratch& s);
+
+// Gated DeltaNet (spec §2.6) of T tokens. x: [T, H] normed -> out: [T, H]. Advances conv and SSM state.
+void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
+                      int64_t T, float* out, PrefillScratch& s);
+
+// Sparse MoE with the gated shared expert (spec §2.7) of T tokens. x: [T, H] normed -> out: [T, H].
+void moe_prefill(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out, PrefillScratch& s);
+
+// Inside a region: this member's share of x's tokens prepared (x reset before the region).
+void prepare_share(TokenBatch& x, const ThreadTeam::Member& m);
+
+// y[T, W.rows] = x[T, W.cols] W^T as one region (the lm_head of a prefill whose every row's
+// logits are wanted).
+void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, PrefillScratch& s);
+
+}  // namespace lily::cpu_fast
