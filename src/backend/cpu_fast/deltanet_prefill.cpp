@@ -5,7 +5,7 @@
 //   2. in_proj_qkv, in_proj_z, in_proj_b, in_proj_a against all tokens   panels split
 //   3. causal conv + SiLU over the tokens, the conv state to the last K-1 inputs, q and k heads
 //      l2-normalised                                                    channels split by key head
-//   4. per value head, token by token: the delta rule step on its state (delta_rule_step), the
+//   4. per value head, token by token: the delta rule on its state (delta_rule_tokens), the
 //      gated RMSNorm                                                    heads split
 //   5. y's tokens prepared; out_proj against all tokens                 tokens, then panels split
 //
@@ -95,7 +95,7 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
   float *b = ba.data(), *a = ba.data() + T * Hv, *y = o.data() + T * V;
   s.gemm.resize(size_t(team.size()));
   s.member.resize(size_t(team.size()));
-  for (auto& m : s.member) m.resize(size_t(std::max(2 * dv, K * C)));
+  for (auto& m : s.member) m.resize(size_t(std::max(2 * dv + 2 * T, K * C)));
   reset_tokens(x, T, H, s.x);
   reset_tokens(y, T, V, s.y);
   // A conv state shifted in place needs all of the old rows read before any is written: a
@@ -124,20 +124,31 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
     m.barrier();
 
     const int64_t heads_per_key = Hv / Hk;
-    float* sums = s.member[size_t(m.index())].data();  // [2 dv] delta_rule_step's m and r
+    float* scratch_m = s.member[size_t(m.index())].data();  // [2 dv] delta_rule_step's m and r, then [2 T] g, beta
+    float *g = scratch_m + 2 * dv, *beta = g + T;
     const auto [h0, h1] = m.share(Hv);
     for (int64_t h = h0; h < h1; ++h) {
-      const int64_t kh = h / heads_per_key;
-      float* S = cache.ssm.data() + h * dk * dv;
       for (int64_t t = 0; t < T; ++t) {
-        const float* ut = u.data() + t * C;
-        const float beta = sigmoid(b[t * Hv + h]);
-        const float g = -std::exp(w.A_log[size_t(h)]) * softplus(a[t * Hv + h] + w.dt_bias[size_t(h)]);
-        float* ot = o.data() + t * V + h * dv;
-        delta_rule_step(ut + kh * dk, ut + key_dim + kh * dk, ut + 2 * key_dim + h * dv, g, beta, dk, dv, S, ot, sums,
-                        sums + dv);
-        cpu::gated_rms_norm(ot, z.data() + t * V + h * dv, w.norm.data(), 1, dv, c.rms_norm_eps, y + t * V + h * dv);
+        beta[t] = sigmoid(b[t * Hv + h]);
+        g[t] = -std::exp(w.A_log[size_t(h)]) * softplus(a[t * Hv + h] + w.dt_bias[size_t(h)]);
       }
+      const int64_t kh = h / heads_per_key;
+      const cpu::DeltaRuleInputs in{u.data() + kh * dk,
+                                    u.data() + key_dim + kh * dk,
+                                    u.data() + 2 * key_dim + h * dv,
+                                    g,
+                                    beta,
+                                    C,
+                                    C,
+                                    C,
+                                    1,
+                                    T,
+                                    dk,
+                                    dv};
+      delta_rule_tokens(in, cache.ssm.data() + h * dk * dv, o.data() + h * dv, V, scratch_m, scratch_m + dv);
+      for (int64_t t = 0; t < T; ++t)
+        cpu::gated_rms_norm(o.data() + t * V + h * dv, z.data() + t * V + h * dv, w.norm.data(), 1, dv, c.rms_norm_eps,
+                            y + t * V + h * dv);
     }
     m.barrier();
 

@@ -87,6 +87,13 @@ LILY_CPU_CLONES void delta_rule_step(const float* q, const float* k, const float
   }
 }
 
+void delta_rule_tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, float* m, float* r) {
+  if (active_isa() == Isa::avx512 && detail::delta_rule_tokens_avx512(in, S, o, o_stride)) return;
+  for (int64_t t = 0; t < in.T; ++t)
+    delta_rule_step(in.q + t * in.q_stride, in.k + t * in.k_stride, in.v + t * in.v_stride, in.g[t * in.g_stride],
+                    in.beta[t * in.g_stride], in.dk, in.dv, S, o + t * o_stride, m, r);
+}
+
 void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                    float* out, DeltaNetScratch& s) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
