@@ -91,6 +91,7 @@ struct GemmScratch {
   std::vector<uint8_t> panel;         // [groups, 16, 64] the unpacked codes
   std::vector<float> scales, biases;  // [groups, 16]
   std::vector<uint8_t> rows;          // [16, row bytes] a short panel's codes
+  std::vector<bf16> params;           // [2, 16, groups] a short panel's scales and biases
 };
 
 // Rows [r0, r1) of y[t * y_stride + r] = W x[t] for the n tokens of x (x prepared for W.cols).

@@ -41,6 +41,7 @@ namespace {
 
 constexpr int64_t kPanel = 16;  // rows of W a panel (the dwords of a register)
 constexpr int kPerGroup = 16;   // unpacked registers a group of 64 columns
+constexpr int64_t kAhead = 2;   // panels between the one read and the one fetched
 
 // A span of memory the next panel reads, prefetched towards L2 a slice per group of this one.
 struct Ahead {
@@ -127,49 +128,28 @@ LILY_AVX512 inline void unpack_group_q8(const uint8_t* codes, int64_t stride, in
   }
 }
 
-// r[16]: 16 dwords each -> out[p]: dword j holds r[j]'s dword p (a 16 x 16 transpose: pairs
-// of dwords, of qwords, then of 128-bit lanes twice).
-LILY_AVX512 inline void transpose_16x16(const __m512i r[16], __m512i out[16]) {
-  __m512i a[16], b[16];
-  for (int i = 0; i < 16; i += 2) {
-    a[i] = _mm512_unpacklo_epi32(r[i], r[i + 1]);
-    a[i + 1] = _mm512_unpackhi_epi32(r[i], r[i + 1]);
-  }
-  for (int i = 0; i < 16; i += 4) {
-    b[i] = _mm512_unpacklo_epi64(a[i], a[i + 2]);
-    b[i + 1] = _mm512_unpackhi_epi64(a[i], a[i + 2]);
-    b[i + 2] = _mm512_unpacklo_epi64(a[i + 1], a[i + 3]);
-    b[i + 3] = _mm512_unpackhi_epi64(a[i + 1], a[i + 3]);
-  }
-  // b[4 k + m]: lane q holds rows 4 k .. 4 k + 3's dword 4 q + m; now gather the lanes.
-  for (int i = 0; i < 8; ++i) {
-    const int k = i / 4, m = i % 4;                                         // rows 8 k .. 8 k + 7
-    a[i] = _mm512_shuffle_i32x4(b[8 * k + m], b[8 * k + 4 + m], 0x88);      // their lanes 0, 2
-    a[i + 8] = _mm512_shuffle_i32x4(b[8 * k + m], b[8 * k + 4 + m], 0xDD);  // lanes 1, 3
-  }
-  for (int m = 0; m < 4; ++m) {
-    out[m] = _mm512_shuffle_i32x4(a[m], a[4 + m], 0x88);
-    out[8 + m] = _mm512_shuffle_i32x4(a[m], a[4 + m], 0xDD);
-    out[4 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0x88);
-    out[12 + m] = _mm512_shuffle_i32x4(a[8 + m], a[12 + m], 0xDD);
-  }
-}
-
-// scales or biases [rows, groups] bf16 of the panel's rows to [groups, 16] fp32, 32 groups at a
-// time: a row's 32 bf16 are 16 dwords of 2 groups; transposed, dword j of out[p] holds row j's
-// groups 2 p (low half) and 2 p + 1 (high half), widened by a shift or a mask.
-LILY_AVX512 void unpack_params(const bf16* const* row, int64_t groups, float* out) {
-  for (int64_t g0 = 0; g0 < groups; g0 += 32) {
-    const int64_t n = std::min<int64_t>(32, groups - g0);
-    const __mmask32 load = __mmask32(n == 32 ? ~0u : (1u << n) - 1u);
-    __m512i r[16], t[16];
-    for (int j = 0; j < kPanel; ++j) r[j] = _mm512_maskz_loadu_epi16(load, row[j] + g0);
-    transpose_16x16(r, t);
+// scales or biases [rows, groups] bf16 of the panel's 16 rows (row j at params + j * groups)
+// to [groups, 16] fp32, 8 groups at a time: the 16 bytes of rows 4 q + m (q = 0..3) in the
+// lanes of one register per m, a transpose of dwords within the lanes (transpose_dwords), and
+// dword j of register p holds row j's groups 2 p (low half) and 2 p + 1 (high half), widened
+// by a shift or a mask.
+LILY_AVX512 void unpack_params(const bf16* params, int64_t groups, float* out) {
+  for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+    const int64_t n = std::min<int64_t>(8, groups - g0);
+    const __mmask8 mask = __mmask8((1u << n) - 1u);
+    __m512i z[4], d[4];
+    for (int m = 0; m < 4; ++m) {
+      __m512i v = _mm512_setzero_si512();
+      for (int q = 0; q < 4; ++q)
+        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, params + (4 * q + m) * groups + g0), q);
+      z[m] = v;
+    }
+    transpose_dwords(z, d);
     for (int64_t p = 0; 2 * p < n; ++p) {
-      _mm512_store_ps(out + (g0 + 2 * p) * kPanel, _mm512_castsi512_ps(_mm512_slli_epi32(t[p], 16)));
+      _mm512_store_ps(out + (g0 + 2 * p) * kPanel, _mm512_castsi512_ps(_mm512_slli_epi32(d[p], 16)));
       if (2 * p + 1 < n)
         _mm512_store_ps(out + (g0 + 2 * p + 1) * kPanel,
-                        _mm512_castsi512_ps(_mm512_and_si512(t[p], _mm512_set1_epi32(-65536))));
+                        _mm512_castsi512_ps(_mm512_and_si512(d[p], _mm512_set1_epi32(-65536))));
     }
   }
 }
@@ -272,34 +252,38 @@ void gemm_rows_avx512(const Matrix& W, const TokenBatch& x, int64_t r0, int64_t 
   const uint8_t* codes = static_cast<const uint8_t*>(W.data);
   for (int64_t p = r0; p < r1; p += kPanel) {
     const int64_t rows = std::min(kPanel, r1 - p);
-    const bf16 *srow[kPanel], *brow[kPanel];
-    for (int64_t j = 0; j < kPanel; ++j) {
-      const int64_t r = std::min(p + j, r1 - 1);  // rows past the end repeat the last (not stored)
-      srow[j] = W.scales + r * groups;
-      brow[j] = W.biases + r * groups;
-    }
     panel.row0 = codes + p * row_bytes;
-    const int64_t next = p + kPanel, next_rows = std::min(kPanel, r1 - next);
+    const bf16 *scales_of = W.scales + p * groups, *biases_of = W.biases + p * groups;
+    if (rows < kPanel) {  // a short panel: its rows copied, the last repeated, so 16 rows at one stride
+      scratch.rows.resize(size_t(kPanel * row_bytes));
+      scratch.params.resize(size_t(2 * kPanel * groups));
+      for (int64_t j = 0; j < kPanel; ++j) {
+        const int64_t r = std::min(p + j, r1 - 1);
+        std::memcpy(scratch.rows.data() + j * row_bytes, codes + r * row_bytes, size_t(row_bytes));
+        std::copy_n(W.scales + r * groups, groups, scratch.params.data() + j * groups);
+        std::copy_n(W.biases + r * groups, groups, scratch.params.data() + (kPanel + j) * groups);
+      }
+      panel.row0 = scratch.rows.data();
+      scales_of = scratch.params.data(), biases_of = scratch.params.data() + kPanel * groups;
+    }
+    unpack_params(scales_of, groups, scales);
+    unpack_params(biases_of, groups, biases);
+    // The panel kAhead panels on: of this product's rows, else of `then`'s.
+    const int64_t next = p + kAhead * kPanel;
     for (Ahead& a : panel.next) a = Ahead{};
-    if (next_rows > 0) {
+    if (next < r1) {
+      const int64_t next_rows = std::min(kPanel, r1 - next);
       panel.next[0] = ahead_of(codes + next * row_bytes, next_rows * row_bytes, groups);
       panel.next[1] = ahead_of(W.scales + next * groups, next_rows * groups * 2, groups);
       panel.next[2] = ahead_of(W.biases + next * groups, next_rows * groups * 2, groups);
-    } else if (then && gemm_supported(*then)) {  // the first panel of the product that follows
-      const int64_t rows_then = std::min(kPanel, then->rows), groups_then = then->cols / kInputGroup;
-      panel.next[0] = ahead_of(then->data, rows_then * then->cols * then->bits / 8, groups);
-      panel.next[1] = ahead_of(then->scales, rows_then * groups_then * 2, groups);
-      panel.next[2] = ahead_of(then->biases, rows_then * groups_then * 2, groups);
+    } else if (then && gemm_supported(*then) && (next - r1) / kPanel * kPanel < then->rows) {
+      const int64_t first = (next - r1) / kPanel * kPanel, rows_then = std::min(kPanel, then->rows - first);
+      const int64_t groups_then = then->cols / kInputGroup, bytes_then = then->cols * then->bits / 8;
+      panel.next[0] = ahead_of(static_cast<const uint8_t*>(then->data) + first * bytes_then, rows_then * bytes_then,
+                               groups);
+      panel.next[1] = ahead_of(then->scales + first * groups_then, rows_then * groups_then * 2, groups);
+      panel.next[2] = ahead_of(then->biases + first * groups_then, rows_then * groups_then * 2, groups);
     }
-    if (rows < kPanel) {  // a short panel's rows copied, the last repeated: 16 rows at one stride
-      scratch.rows.resize(size_t(kPanel * row_bytes));
-      for (int64_t j = 0; j < kPanel; ++j)
-        std::memcpy(scratch.rows.data() + j * row_bytes, codes + std::min(p + j, r1 - 1) * row_bytes,
-                    size_t(row_bytes));
-      panel.row0 = scratch.rows.data();
-    }
-    unpack_params(srow, groups, scales);
-    unpack_params(brow, groups, biases);
     const __mmask16 mask = __mmask16((1u << rows) - 1u);
     for (int64_t t0 = 0; t0 < n; t0 += kTokenTile) {
       const int64_t k = std::min<int64_t>(kTokenTile, n - t0);
