@@ -5,8 +5,9 @@
 //   2. q_proj (queries and gates), k_proj, v_proj against all tokens     panels split
 //   3. q and k RMSNorm and RoPE                                          tokens split
 //      member 0: k and v appended to the cache (which may move)
-//   4. per (token, query head): softmax(q k^T / sqrt(d)) v over the positions up to the
-//      token's, times sigmoid(gate) (attend)                             pairs dealt in turn
+//   4. per (token, KV head), its query heads together: softmax(q k^T / sqrt(d)) v over the
+//      positions up to the token's, times sigmoid(gate) (AVX-512: attention_avx512.cpp, the
+//      keys transposed first; else attend per head)                     pairs dealt in turn
 //   5. o's tokens prepared; o_proj against all tokens                   tokens, then panels split
 //
 // The math and its order per token are the decode step's (attention_step.cpp).
@@ -31,8 +32,13 @@ void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::Att
   v.resize(size_t(T * nkv * d));
   o.resize(size_t(T * nq * d));
   s.gemm.resize(size_t(team.size()));
+  // The AVX-512 heads read each KV head's keys transposed, [d, keys] padded with zeros to 16.
+  const bool grouped = active_isa() == Isa::avx512 && group <= 8 && d % 32 == 0;
+  const int64_t keys = (length + 15) / 16 * 16;
+  std::vector<float>& keys_t = s.f;  // [nkv, d, keys]
+  if (grouped) keys_t.assign(size_t(nkv * d * keys), 0.f);
   s.member.resize(size_t(team.size()));
-  for (auto& m : s.member) m.resize(size_t(length));
+  for (auto& m : s.member) m.resize(size_t(std::max(length, group * keys)));
   reset_tokens(x, T, H, s.x);
   reset_tokens(o.data(), T, nq * d, s.y);
 
@@ -61,12 +67,36 @@ void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::Att
     }
     m.barrier();
 
-    // A token's work grows with its position: pairs dealt in turn keep the members even.
+    if (grouped) {
+      const auto [r0, r1] = m.share(nkv * d);  // rows (g, e) of the transposed keys
+      for (int64_t r = r0; r < r1; ++r) {
+        const int64_t g = r / d, e = r % d;
+        for (int64_t j = 0; j < length; ++j) keys_t[size_t(r * keys + j)] = cache.k[size_t((j * nkv + g) * d + e)];
+      }
+      m.barrier();
+    }
+
+    // A token's work grows with its position: (token, KV head) pairs dealt in turn keep the
+    // members even.
     float* scores = s.member[size_t(m.index())].data();
-    for (int64_t i = m.index(); i < T * nq; i += m.count()) {
-      const int64_t t = i / nq, h = i % nq;
-      attend(q.data() + i * d, qg.data() + i * 2 * d + d, cache, first_position + t + 1, nkv, h / group, d, scores,
-             o.data() + i * d);
+    for (int64_t i = m.index(); i < T * nkv; i += m.count()) {
+      const int64_t t = i / nkv, g = i % nkv, visible = first_position + t + 1, h0 = t * nq + g * group;
+      const AttentionHeads heads{q.data() + h0 * d,
+                                 d,
+                                 qg.data() + h0 * 2 * d + d,
+                                 2 * d,
+                                 keys_t.data() + g * d * keys,
+                                 keys,
+                                 cache.v.data() + g * d,
+                                 nkv * d,
+                                 o.data() + h0 * d,
+                                 d,
+                                 group,
+                                 visible,
+                                 d};
+      if (grouped && detail::attend_heads_avx512(heads, scores)) continue;
+      for (int64_t h = h0; h < h0 + group; ++h)
+        attend(q.data() + h * d, qg.data() + h * 2 * d + d, cache, visible, nkv, g, d, scores, o.data() + h * d);
     }
     m.barrier();
 

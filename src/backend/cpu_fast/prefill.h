@@ -34,7 +34,7 @@ struct ExpertScratch {
 struct PrefillScratch {
   TokenBatch x, y;                         // the layer's input, and the input of its last product
   std::vector<GemmScratch> gemm;           // [members]
-  std::vector<float> a, b, c, d, e;        // the layers' intermediate values (named where used)
+  std::vector<float> a, b, c, d, e, f;     // the layers' intermediate values (named where used)
   std::vector<std::vector<float>> member;  // [members] per-member rows: scores, delta rule sums
   // MoE
   std::vector<float> logits;                           // [T, E + 1] router logits, then the shared expert's gate logit
@@ -57,6 +57,21 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
 // Sparse MoE with the gated shared expert (spec §2.7) of T tokens. x: [T, H] normed -> out: [T, H].
 void moe_prefill(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out, PrefillScratch& s);
 
+// One query token's query heads that read one KV head, over the first `visible` positions.
+struct AttentionHeads {
+  const float* q;  // [heads] rows of d at q_stride: normed, rotated
+  int64_t q_stride;
+  const float* gate;  // [heads] rows of d at gate_stride
+  int64_t gate_stride;
+  const float* keys_t;  // [d, keys_stride] the KV head's keys transposed, 0 from `visible` to a multiple of 16
+  int64_t keys_stride;
+  const float* values;  // [visible] rows of d at values_stride
+  int64_t values_stride;
+  float* o;  // [heads] rows of d at o_stride: softmax(q k^T / sqrt(d)) v * sigmoid(gate)
+  int64_t o_stride;
+  int64_t heads, visible, d;
+};
+
 // Inside a region: this member's share of x's tokens prepared (x reset before the region).
 void prepare_share(TokenBatch& x, const ThreadTeam::Member& m);
 
@@ -65,3 +80,9 @@ void prepare_share(TokenBatch& x, const ThreadTeam::Member& m);
 void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, PrefillScratch& s);
 
 }  // namespace lily::cpu_fast
+
+namespace lily::cpu_fast::detail {
+// The heads on AVX-512 F (attention_avx512.cpp): up to 8 heads, d a multiple of 32; returns
+// false (doing nothing) otherwise. scores: [heads, keys_stride] scratch.
+bool attend_heads_avx512(const AttentionHeads& a, float* scores);
+}  // namespace lily::cpu_fast::detail

@@ -1,0 +1,86 @@
+// attention_avx512.cpp: one query token's heads of one KV head over its visible keys, on
+// AVX-512 F (the prefill's attention, attention_prefill.cpp): up to 8 query heads share every
+// key and value they read.
+//
+//   scores[h, j] = q_h . k_j / sqrt(d)         16 keys a register: K transposed [d, keys], each
+//                                              row of 16 keys times q_h[e] broadcast, 8 heads
+//   p = softmax(scores[h])                     per head, fp32 exp, double sum (as attend)
+//   o_h = (sum_j p[h, j] v_j) * sigmoid(gate_h) 32 values of d at a time for all heads
+//
+// Each key costs 2 x 16 FMA per head (d = 256) and is loaded once for all heads, where attend
+// (attention_step.cpp) reads it per head and sums each dot product across its lanes.
+#include <immintrin.h>
+
+#include <algorithm>
+#include <cmath>
+
+#include "backend/cpu/ops.h"
+#include "backend/cpu_fast/prefill.h"
+
+#define LILY_AVX512_F __attribute__((target("avx512f")))
+
+namespace lily::cpu_fast::detail {
+
+namespace {
+
+template <int kHeads>
+LILY_AVX512_F void heads(const AttentionHeads& a, float* scores) {
+  const int64_t n = a.visible, d = a.d, ld = a.keys_stride;
+  const float scale = 1.f / std::sqrt(float(d));
+  for (int64_t j0 = 0; j0 < n; j0 += 16) {  // keys past n are the transposed keys' zero padding
+    __m512 acc[kHeads];
+    for (int h = 0; h < kHeads; ++h) acc[h] = _mm512_setzero_ps();
+    for (int64_t e = 0; e < d; ++e) {
+      const __m512 k = _mm512_loadu_ps(a.keys_t + e * ld + j0);
+      for (int h = 0; h < kHeads; ++h) acc[h] = _mm512_fmadd_ps(_mm512_set1_ps(a.q[h * a.q_stride + e]), k, acc[h]);
+    }
+    for (int h = 0; h < kHeads; ++h)
+      _mm512_storeu_ps(scores + h * ld + j0, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
+  }
+  for (int h = 0; h < kHeads; ++h) {  // as attend: fp32 exp, a double sum
+    float* s = scores + h * ld;
+    const float max_score = *std::max_element(s, s + n);
+    double sum = 0;
+    for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - max_score));
+    for (int64_t j = 0; j < n; ++j) s[j] = float(s[j] / sum);
+  }
+  for (int64_t c = 0; c < d; c += 32) {
+    __m512 acc[kHeads][2];
+    for (int h = 0; h < kHeads; ++h) acc[h][0] = acc[h][1] = _mm512_setzero_ps();
+    for (int64_t j = 0; j < n; ++j) {
+      const float* vj = a.values + j * a.values_stride + c;
+      const __m512 v0 = _mm512_loadu_ps(vj), v1 = _mm512_loadu_ps(vj + 16);
+      for (int h = 0; h < kHeads; ++h) {
+        const __m512 p = _mm512_set1_ps(scores[h * ld + j]);
+        acc[h][0] = _mm512_fmadd_ps(p, v0, acc[h][0]);
+        acc[h][1] = _mm512_fmadd_ps(p, v1, acc[h][1]);
+      }
+    }
+    for (int h = 0; h < kHeads; ++h) {
+      float* o = a.o + h * a.o_stride + c;
+      const float* gate = a.gate + h * a.gate_stride + c;
+      _mm512_storeu_ps(o, acc[h][0]);
+      _mm512_storeu_ps(o + 16, acc[h][1]);
+      for (int e = 0; e < 32; ++e) o[e] *= cpu::sigmoid(gate[e]);
+    }
+  }
+}
+
+}  // namespace
+
+bool attend_heads_avx512(const AttentionHeads& a, float* scores) {
+  if (a.d % 32 != 0) return false;
+  switch (a.heads) {
+    case 1: heads<1>(a, scores); return true;
+    case 2: heads<2>(a, scores); return true;
+    case 3: heads<3>(a, scores); return true;
+    case 4: heads<4>(a, scores); return true;
+    case 5: heads<5>(a, scores); return true;
+    case 6: heads<6>(a, scores); return true;
+    case 7: heads<7>(a, scores); return true;
+    case 8: heads<8>(a, scores); return true;
+    default: return false;
+  }
+}
+
+}  // namespace lily::cpu_fast::detail
