@@ -19,6 +19,7 @@
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemm.h"
 #include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/layers.h"
 #include "backend/cpu_fast/machine_probe.h"
 #include "model/checkpoint/load.h"
 #include "model/quant.h"
@@ -324,6 +325,36 @@ void BM_GemmFromMemory(benchmark::State& state) {
   state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(mats[0].bytes()));
 }
 BENCHMARK(BM_GemmFromMemory)->Arg(1)->Arg(4)->Arg(8)->Unit(benchmark::kMicrosecond);
+
+// The delta rule of one DeltaNet layer (32 value heads, 128 x 128 states) over T tokens, one
+// thread: arg 0 delta_rule_step per token, 1 delta_rule_tokens (gemv.h's active ISA); T 1
+// (decode) or 128 (prefill). items: token-heads.
+void BM_DeltaRule(benchmark::State& state) {
+  const bool tokens = state.range(0) == 1;
+  const int64_t T = state.range(1), heads = 32, dk = 128, dv = 128, stride = 2 * dk + dv;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.f, 0.1f);
+  std::vector<float> S(size_t(heads * dk * dv)), rows(size_t(T * stride)), o(size_t(T * dv)), m(dv), r(dv);
+  for (auto& v : S) v = dist(rng);
+  for (auto& v : rows) v = dist(rng);
+  std::vector<float> g(size_t(T), -0.05f), beta(size_t(T), 0.5f);
+  const cpu::DeltaRuleInputs in{
+      rows.data(), rows.data() + dk, rows.data() + 2 * dk, g.data(), beta.data(), stride, stride, stride, 1, T, dk, dv};
+  for (auto _ : state) {
+    for (int64_t h = 0; h < heads; ++h) {
+      float* Sh = S.data() + h * dk * dv;
+      if (tokens) cpu_fast::delta_rule_tokens(in, Sh, o.data(), dv, m.data(), r.data());
+      else
+        for (int64_t t = 0; t < T; ++t)
+          cpu_fast::delta_rule_step(in.q + t * stride, in.k + t * stride, in.v + t * stride, g[size_t(t)],
+                                    beta[size_t(t)], dk, dv, Sh, o.data() + t * dv, m.data(), r.data());
+    }
+    benchmark::DoNotOptimize(o.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * heads * T);
+  state.SetLabel(tokens ? "delta_rule_tokens" : "delta_rule_step");
+}
+BENCHMARK(BM_DeltaRule)->Args({0, 1})->Args({1, 1})->Args({0, 128})->Args({1, 128})->Unit(benchmark::kMicrosecond);
 
 // A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
 // team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the

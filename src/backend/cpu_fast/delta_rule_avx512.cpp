@@ -9,7 +9,8 @@
 //
 // so the update of one token and the sums of the next share the pass over S (64 KB at 128 x
 // 128: twice the L1), where delta_rule_step reads S twice and writes it once per token. m, r,
-// d and the sums of the next token stay in registers (4 x dv / 16 of them).
+// d and the sums of the next token stay in registers (4 x dv / 16 of them). A block of one
+// token (a decode step) reads S for its sums and once more for its update.
 #include <immintrin.h>
 
 #include <cmath>
@@ -54,9 +55,16 @@ LILY_AVX512_F void tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, in
       d[j] = _mm512_mul_ps(vb, _mm512_fnmadd_ps(va, m[j], _mm512_loadu_ps(v + 16 * j)));
       _mm512_storeu_ps(ot + 16 * j, _mm512_fmadd_ps(va, r[j], _mm512_mul_ps(d[j], vkq)));
     }
-    const bool next = t + 1 < in.T;
-    const float* k1 = next ? k + in.k_stride : k;  // the next token's k and q (k's own on the last)
-    const float* q1 = next ? q + in.q_stride : q;
+    if (t + 1 == in.T) {  // the last token: the update alone
+      for (int64_t a = 0; a < dk; ++a) {
+        const __m512 ka = _mm512_set1_ps(k[a]);
+        float* Sa = S + a * dv;
+        for (int j = 0; j < kV; ++j)
+          _mm512_storeu_ps(Sa + 16 * j, _mm512_fmadd_ps(ka, d[j], _mm512_mul_ps(va, _mm512_loadu_ps(Sa + 16 * j))));
+      }
+      break;
+    }
+    const float *k1 = k + in.k_stride, *q1 = q + in.q_stride;  // the next token's
     for (int j = 0; j < kV; ++j) m[j] = r[j] = _mm512_setzero_ps();
     for (int64_t a = 0; a < dk; ++a) {
       const __m512 ka = _mm512_set1_ps(k[a]), k1a = _mm512_set1_ps(k1[a]), q1a = _mm512_set1_ps(q1[a]);

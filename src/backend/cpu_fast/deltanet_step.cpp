@@ -6,8 +6,8 @@
 //   2. causal conv + SiLU, conv state shifted; q and k heads l2-normalised   channels split in
 //      blocks of one key head
 //   -- barrier --
-//   3. per value head: the delta rule step on its state, the gated RMSNorm, and the head's
-//      part of out_proj's input quantized                        heads split
+//   3. per value head: the delta rule step on its state (delta_rule_tokens), the gated
+//      RMSNorm, and the head's part of out_proj's input quantized     heads split
 //   -- barrier --
 //   4. out_proj                                                  rows split
 //
@@ -135,9 +135,20 @@ void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNet
       const int64_t kh = h / heads_per_key;
       const float beta = sigmoid(s.b[size_t(h)]);
       const float g = -std::exp(w.A_log[size_t(h)]) * softplus(s.a[size_t(h)] + w.dt_bias[size_t(h)]);
-      delta_rule_step(s.u.data() + kh * dk, s.u.data() + key_dim + kh * dk, s.u.data() + 2 * key_dim + h * dv, g, beta,
-                      dk, dv, cache.ssm.data() + h * dk * dv, s.o.data() + h * dv, s.m.data() + h * dv,
-                      s.r.data() + h * dv);
+      const cpu::DeltaRuleInputs in{s.u.data() + kh * dk,
+                                    s.u.data() + key_dim + kh * dk,
+                                    s.u.data() + 2 * key_dim + h * dv,
+                                    &g,
+                                    &beta,
+                                    0,
+                                    0,
+                                    0,
+                                    0,
+                                    1,
+                                    dk,
+                                    dv};
+      delta_rule_tokens(in, cache.ssm.data() + h * dk * dv, s.o.data() + h * dv, 0, s.m.data() + h * dv,
+                        s.r.data() + h * dv);
       cpu::gated_rms_norm(s.o.data() + h * dv, s.z.data() + h * dv, w.norm.data(), 1, dv, c.rms_norm_eps,
                           s.y.data() + h * dv);
       if (G > 0 && heads_quantize) quantize_groups(s.y_in, h * dv / G, (h + 1) * dv / G);
