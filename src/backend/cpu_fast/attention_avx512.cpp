@@ -4,7 +4,7 @@
 //
 //   scores[h, j] = q_h . k_j / sqrt(d)         16 keys a register: K transposed [d, keys], each
 //                                              row of 16 keys times q_h[e] broadcast, 8 heads
-//   p = softmax(scores[h])                     per head, fp32 exp, double sum (as attend)
+//   p = softmax(scores[h])                     per head, exp_approx (fast_math.h), a double sum
 //   o_h = (sum_j p[h, j] v_j) * sigmoid(gate_h) 32 values of d at a time for all heads
 //
 // Each key costs 2 x 16 FMA per head (d = 256) and is loaded once for all heads, where attend
@@ -14,7 +14,7 @@
 #include <algorithm>
 #include <cmath>
 
-#include "backend/cpu/ops.h"
+#include "backend/cpu_fast/fast_math.h"
 #include "backend/cpu_fast/prefill.h"
 
 #define LILY_AVX512_F __attribute__((target("avx512f")))
@@ -37,12 +37,14 @@ LILY_AVX512_F void heads(const AttentionHeads& a, float* scores) {
     for (int h = 0; h < kHeads; ++h)
       _mm512_storeu_ps(scores + h * ld + j0, _mm512_mul_ps(acc[h], _mm512_set1_ps(scale)));
   }
-  for (int h = 0; h < kHeads; ++h) {  // as attend: fp32 exp, a double sum
+  for (int h = 0; h < kHeads; ++h) {
     float* s = scores + h * ld;
     const float max_score = *std::max_element(s, s + n);
-    double sum = 0;
-    for (int64_t j = 0; j < n; ++j) sum += (s[j] = std::exp(s[j] - max_score));
-    for (int64_t j = 0; j < n; ++j) s[j] = float(s[j] / sum);
+    for (int64_t j = 0; j < n; ++j) s[j] = exp_approx(s[j] - max_score);
+    double sum = 0;  // as attend: a double sum
+    for (int64_t j = 0; j < n; ++j) sum += s[j];
+    const float inv = float(1.0 / sum);
+    for (int64_t j = 0; j < n; ++j) s[j] *= inv;
   }
   for (int64_t c = 0; c < d; c += 32) {
     __m512 acc[kHeads][2];
@@ -61,7 +63,7 @@ LILY_AVX512_F void heads(const AttentionHeads& a, float* scores) {
       const float* gate = a.gate + h * a.gate_stride + c;
       _mm512_storeu_ps(o, acc[h][0]);
       _mm512_storeu_ps(o + 16, acc[h][1]);
-      for (int e = 0; e < 32; ++e) o[e] *= cpu::sigmoid(gate[e]);
+      for (int e = 0; e < 32; ++e) o[e] *= sigmoid_approx(gate[e]);
     }
   }
 }

@@ -13,6 +13,7 @@
 #include <algorithm>
 #include <cmath>
 
+#include "backend/cpu_fast/fast_math.h"
 #include "backend/cpu_fast/prefill.h"
 #include "base/cpu_clones.h"
 #include "base/thread_team.h"
@@ -22,7 +23,6 @@ namespace lily::cpu_fast {
 namespace {
 
 using cpu::sigmoid;
-using cpu::silu;
 using cpu::softplus;
 
 // x * rsqrt(sum(x^2) + 1e-6) * scale, over n values (as deltanet.cpp).
@@ -51,7 +51,7 @@ LILY_CPU_CLONES void conv_channels(const float* weight, int64_t C, int64_t K, fl
       const float* wi = wt + i * n;
       for (int64_t ch = 0; ch < n; ++ch) ut[ch] += wi[ch] * xi[ch];
     }
-    for (int64_t ch = 0; ch < n; ++ch) ut[ch] = silu(ut[ch]);
+    for (int64_t ch = 0; ch < n; ++ch) ut[ch] = silu_approx(ut[ch]);
   }
   // The new state: rows T .. T + K - 2 of X, oldest first (state rows are read before written).
   for (int64_t r = 0; r < K - 1; ++r) {
@@ -59,6 +59,19 @@ LILY_CPU_CLONES void conv_channels(const float* weight, int64_t C, int64_t K, fl
     float* dst = state + r * C + c0;
     if (src != dst) std::copy_n(src, n, dst);
   }
+}
+
+// The gated RMSNorm of one head's row (spec §2.2.2, as cpu::gated_rms_norm, the sum of squares
+// in float partial sums): y = (o * rsqrt(mean(o^2) + eps) * w) * silu(z).
+LILY_CPU_CLONES void gated_norm(const float* o, const float* z, const float* w, int64_t n, float eps, float* y) {
+  float part[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8)
+    for (int j = 0; j < 8; ++j) part[j] += o[i + j] * o[i + j];
+  float ss = ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+  for (; i < n; ++i) ss += o[i] * o[i];
+  const float inv = 1.f / std::sqrt(ss / float(n) + eps);
+  for (i = 0; i < n; ++i) y[i] = w[i] * (o[i] * inv) * silu_approx(z[i]);
 }
 
 }  // namespace
@@ -147,8 +160,8 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
                                     dv};
       delta_rule_tokens(in, cache.ssm.data() + h * dk * dv, o.data() + h * dv, V, scratch_m, scratch_m + dv);
       for (int64_t t = 0; t < T; ++t)
-        cpu::gated_rms_norm(o.data() + t * V + h * dv, z.data() + t * V + h * dv, w.norm.data(), 1, dv, c.rms_norm_eps,
-                            y + t * V + h * dv);
+        gated_norm(o.data() + t * V + h * dv, z.data() + t * V + h * dv, w.norm.data(), dv, c.rms_norm_eps,
+                   y + t * V + h * dv);
     }
     m.barrier();
 
