@@ -13,7 +13,7 @@
 namespace lily::cpu {
 
 void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionCache& cache, int64_t first_position,
-                     const float* x, int64_t T, float* out, const LinearFn& linear_fn) {
+                     const float* x, int64_t T, float* out) {
   const int64_t H = c.hidden_size, nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
   const int64_t group = nq / nkv;
 
@@ -22,9 +22,9 @@ void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionC
   std::vector<float> gate(size_t(T * nq * d));    // [T, nq, d]
   std::vector<float> k(size_t(T * nkv * d));      // [T, nkv, d]
   std::vector<float> v(size_t(T * nkv * d));      // [T, nkv, d]
-  linear_fn(w.q_proj, x, T, qg.data());
-  linear_fn(w.k_proj, x, T, k.data());
-  linear_fn(w.v_proj, x, T, v.data());
+  linear(w.q_proj, x, T, qg.data());
+  linear(w.k_proj, x, T, k.data());
+  linear(w.v_proj, x, T, v.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t h = 0; h < nq; ++h) {
       const float* src = qg.data() + (t * nq + h) * 2 * d;
@@ -70,7 +70,7 @@ void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionC
       for (int64_t e = 0; e < d; ++e) oh[e] *= sigmoid(gh[e]);
     }
   });
-  linear_fn(w.o_proj, o.data(), T, out);
+  linear(w.o_proj, o.data(), T, out);
   (void)H;
 }
 

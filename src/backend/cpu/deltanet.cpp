@@ -48,16 +48,16 @@ void l2_normalize(float* x, int64_t n, float scale) {
 }  // namespace
 
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
-                    float* out, const LinearFn& linear_fn) {
+                    float* out) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk;
 
   std::vector<float> mixed(size_t(T * C)), z(size_t(T * Hv * dv)), b(size_t(T * Hv)), a(size_t(T * Hv));
-  linear_fn(w.in_proj_qkv, x, T, mixed.data());
-  linear_fn(w.in_proj_z, x, T, z.data());
-  linear_fn(w.in_proj_b, x, T, b.data());
-  linear_fn(w.in_proj_a, x, T, a.data());
+  linear(w.in_proj_qkv, x, T, mixed.data());
+  linear(w.in_proj_z, x, T, z.data());
+  linear(w.in_proj_b, x, T, b.data());
+  linear(w.in_proj_a, x, T, a.data());
 
   std::vector<float> u(size_t(T * C));  // [T, q | k | v]
   causal_conv_silu(w.conv1d, K, cache.conv, mixed.data(), T, C, u.data());
@@ -102,7 +102,7 @@ void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCach
 
   std::vector<float> y(size_t(T * Hv * dv));
   gated_rms_norm(o.data(), z.data(), w.norm.data(), T * Hv, dv, c.rms_norm_eps, y.data());
-  linear_fn(w.out_proj, y.data(), T, out);
+  linear(w.out_proj, y.data(), T, out);
 }
 
 }  // namespace lily::cpu

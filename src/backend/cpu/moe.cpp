@@ -19,10 +19,10 @@ struct Routing {
   std::vector<float> weights;  // [T, k]
 };
 
-Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, const LinearFn& linear_fn) {
+Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T) {
   const int64_t E = c.num_experts, k = c.num_experts_per_tok;
   std::vector<float> logits(size_t(T * E));
-  linear_fn(w.router, x, T, logits.data());
+  linear(w.router, x, T, logits.data());
   Routing r;
   r.experts.resize(size_t(T * k));
   r.weights.resize(size_t(T * k));
@@ -50,27 +50,25 @@ Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t
 }
 
 // SwiGLU MLP on n rows: out[n, H] = down(silu(gate x) * up x).
-void swiglu_mlp(const Matrix& gate, const Matrix& up, const Matrix& down, const float* x, int64_t n, float* out,
-                const LinearFn& linear_fn) {
+void swiglu_mlp(const Matrix& gate, const Matrix& up, const Matrix& down, const float* x, int64_t n, float* out) {
   const int64_t I = gate.rows;
   std::vector<float> g(size_t(n * I)), u(size_t(n * I));
-  linear_fn(gate, x, n, g.data());
-  linear_fn(up, x, n, u.data());
+  linear(gate, x, n, g.data());
+  linear(up, x, n, u.data());
   for (size_t i = 0; i < g.size(); ++i) g[i] = silu(g[i]) * u[i];
-  linear_fn(down, g.data(), n, out);
+  linear(down, g.data(), n, out);
 }
 
 }  // namespace
 
-void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out,
-                const LinearFn& linear_fn) {
+void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out) {
   const int64_t H = c.hidden_size, E = c.num_experts, k = c.num_experts_per_tok;
-  const Routing r = route(w, c, x, T, linear_fn);
+  const Routing r = route(w, c, x, T);
 
   // Shared expert, gated per token: out = sigmoid(x . w_sg) * shared(x).
-  swiglu_mlp(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, x, T, out, linear_fn);
+  swiglu_mlp(w.shared_gate_proj, w.shared_up_proj, w.shared_down_proj, x, T, out);
   std::vector<float> gate_logit(static_cast<size_t>(T));
-  linear_fn(w.shared_expert_gate, x, T, gate_logit.data());
+  linear(w.shared_expert_gate, x, T, gate_logit.data());
   for (int64_t t = 0; t < T; ++t)
     for (int64_t i = 0; i < H; ++i) out[t * H + i] *= sigmoid(gate_logit[size_t(t)]);
 
@@ -89,7 +87,7 @@ void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64
     for (int64_t i = 0; i < n; ++i)
       std::copy(x + rows[size_t(i)].first * H, x + (rows[size_t(i)].first + 1) * H, xs.begin() + i * H);
     swiglu_mlp(w.experts.gate_proj[size_t(e)], w.experts.up_proj[size_t(e)], w.experts.down_proj[size_t(e)], xs.data(),
-               n, ys.data(), linear_fn);
+               n, ys.data());
     for (int64_t i = 0; i < n; ++i) {
       float* dst = out + rows[size_t(i)].first * H;
       const float weight = rows[size_t(i)].second;

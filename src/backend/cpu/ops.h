@@ -8,7 +8,6 @@
 
 #include <cmath>
 #include <cstdint>
-#include <functional>
 #include <vector>
 
 #include "model/weights.h"
@@ -17,11 +16,6 @@ namespace lily::cpu {
 
 // y[T, W.rows] = x[T, W.cols] @ W^T   (an nn.Linear without bias; W dequantized row by row)
 void linear(const Matrix& W, const float* x, int64_t T, float* y);
-
-// The product the layers below use: `linear` here; the fast CPU backend passes its own for
-// prefill (cpu_fast::linear with the backend's buffers), so the layers' other steps stay one
-// definition.
-using LinearFn = std::function<void(const Matrix& W, const float* x, int64_t T, float* y)>;
 
 // Zero-centred RMSNorm with the effective gain (spec §2.2.1), over rows of n values:
 //   y = x * rsqrt(mean(x^2) + eps) * gain
@@ -58,15 +52,14 @@ struct DeltaNetCache {
 
 // Gated full attention (spec §2.4). x: [T, H] (normed) -> out: [T, H]. Appends T rows to cache.
 void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionCache& cache, int64_t first_position,
-                     const float* x, int64_t T, float* out, const LinearFn& linear_fn = linear);
+                     const float* x, int64_t T, float* out);
 
 // Gated DeltaNet (spec §2.6). x: [T, H] (normed) -> out: [T, H]. Advances conv and SSM state.
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
-                    float* out, const LinearFn& linear_fn = linear);
+                    float* out);
 
 // Sparse MoE with the gated shared expert (spec §2.7). x: [T, H] (normed) -> out: [T, H].
-void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out,
-                const LinearFn& linear_fn = linear);
+void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out);
 
 // ---- The gated delta rule (spec §3), one value head ------------------------------------
 
