@@ -16,6 +16,7 @@
 #include <tuple>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu_fast/gemm.h"
 #include "backend/cpu_fast/gemv.h"
 #include "model/quant.h"
 
@@ -277,8 +278,8 @@ TEST(GemvShare, MembersCoverEveryRowOnce) {
   for (size_t i = 0; i < 3; ++i) EXPECT_EQ(got[i], want[i]) << "product " << i;
 }
 
-// linear: T = 1 and T > 1 (rows of x against blocks of rows of W) within the bars of each
-// kernel; a matrix the kernels do not take goes to cpu::linear unchanged.
+// linear (gemm.h): T = 1 (the GEMV kernels) and T > 1 (the prefill GEMM) within the bars of
+// each kernel; a matrix the kernels do not take has its rows dequantized, as cpu::linear.
 TEST(GemvLinear, TokensMatchReference) {
   for (int64_t T : {1, 2, 3, 17, 65})
     for (int64_t rows : {1, 15, 16, 17, 63, 130}) {

@@ -199,7 +199,7 @@ class FastCpuBackend final : public Backend {
     const int64_t rows = T - first_row;
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
     if (rows == 1) cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
-    else cpu_fast::gemm_parallel(w_->lm_head, normed.data(), rows, logits, p);
+    else cpu_fast::gemm_parallel(w_->lm_head, normed.data(), rows, logits, p.x, p.gemm);
   }
 
   // The working buffers of a forward (cpu_fast/layers.h, gemv.h), under mu_: one set for the

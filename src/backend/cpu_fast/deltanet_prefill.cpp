@@ -81,18 +81,6 @@ void prepare_share(TokenBatch& x, const ThreadTeam::Member& m) {
   prepare_tokens(x, t0, t1);
 }
 
-void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, PrefillScratch& s) {
-  ThreadTeam& team = cpu_team();
-  s.gemm.resize(size_t(team.size()));
-  reset_tokens(x, T, W.cols, s.x);
-  team.run([&](ThreadTeam::Member& m) {
-    prepare_share(s.x, m);
-    m.barrier();
-    const PreparedGemm product[] = {{&W, &s.x, y}};
-    gemm_share(product, 1, m, s.gemm[size_t(m.index())]);
-  });
-}
-
 void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                       int64_t T, float* out, PrefillScratch& s) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;

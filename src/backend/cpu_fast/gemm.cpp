@@ -159,6 +159,36 @@ void gemm_share(const PreparedGemm* products, size_t count, const ThreadTeam::Me
   }
 }
 
+void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, TokenBatch& batch,
+                   std::vector<GemmScratch>& scratch) {
+  ThreadTeam& team = cpu_team();
+  scratch.resize(size_t(team.size()));
+  reset_tokens(x, T, W.cols, batch);
+  team.run([&](ThreadTeam::Member& m) {
+    const auto [t0, t1] = m.share(T);
+    prepare_tokens(batch, t0, t1);
+    m.barrier();
+    const PreparedGemm product[] = {{&W, &batch, y}};
+    gemm_share(product, 1, m, scratch[size_t(m.index())]);
+  });
+}
+
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch) {
+  if (T <= 0) return;
+  if (T == 1) {
+    const GemvTask task{&W, x, y};
+    return gemv_parallel({&task, 1}, scratch);
+  }
+  TokenBatch batch;
+  std::vector<GemmScratch> gemm;
+  gemm_parallel(W, x, T, y, batch, gemm);
+}
+
+void linear(const Matrix& W, const float* x, int64_t T, float* y) {
+  GemvScratch scratch;
+  linear(W, x, T, y, scratch);
+}
+
 }  // namespace lily::cpu_fast
 
 namespace lily::cpu_fast::detail {

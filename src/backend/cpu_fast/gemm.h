@@ -109,6 +109,16 @@ struct PreparedGemm {
 // of 16 rows, split by weights read), each against all its tokens.
 void gemm_share(const PreparedGemm* products, size_t count, const ThreadTeam::Member& member, GemmScratch& scratch);
 
+// y[T, W.rows] = x[T, W.cols] W^T as one region of cpu_team(): the members prepare their share
+// of the tokens, then take their share of W's panels. The buffers are the caller's.
+void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, TokenBatch& batch,
+                   std::vector<GemmScratch>& scratch);
+
+// The same for T = 1 through the GEMV kernels (gemv_parallel), for T > 1 gemm_parallel; with
+// buffers of its own for T > 1 (tests, tools: the backend keeps them).
+void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch);
+void linear(const Matrix& W, const float* x, int64_t T, float* y);
+
 }  // namespace lily::cpu_fast
 
 namespace lily::cpu_fast::detail {

@@ -5,7 +5,6 @@
 #include <algorithm>
 #include <atomic>
 
-#include "backend/cpu/ops.h"
 #include "base/error.h"
 #include "base/thread_team.h"
 
@@ -70,11 +69,6 @@ GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot) {
     case Isa::avx512: return integer ? detail::gemv_rows_avx512_integer : detail::gemv_rows_avx512_fp32;
   }
   return detail::gemv_rows_scalar_fp32;
-}
-
-GemmRowsFn gemm_rows_kernel(Isa isa, Dot dot) {
-  LILY_CHECK(isa_supported(isa), "the {} GEMM kernel needs instructions this processor lacks", to_string(isa));
-  return isa == Isa::avx512 && dot == Dot::integer ? detail::gemm_rows_avx512_integer : nullptr;
 }
 
 bool gemv_supported(const Matrix& W) {
@@ -163,38 +157,6 @@ void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch) {
     return;
   }
   cpu_team().run([all](ThreadTeam::Member& m) { gemv_share(all, m); });
-}
-
-void linear(const Matrix& W, const float* x, int64_t T, float* y) {
-  GemvScratch scratch;
-  linear(W, x, T, y, scratch);
-}
-
-void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch) {
-  if (T <= 0) return;
-  if (T == 1) {
-    const GemvTask task{&W, x, y};
-    return gemv_parallel({&task, 1}, scratch);
-  }
-  if (!gemv_supported(W)) return cpu::linear(W, x, T, y);
-  std::vector<QuantizedInput>& inputs = scratch.inputs;  // [T] the rows of x
-  if (int64_t(inputs.size()) < T) inputs.resize(size_t(T));
-  QuantizedInput* in = inputs.data();
-  const GemvRowsFn kernel = gemv_rows_kernel(active_isa(), preferred_dot(W));
-  const GemmRowsFn gemm = gemm_rows_kernel(active_isa(), preferred_dot(W));
-  const int64_t rows = W.rows, cols = W.cols;
-  cpu_team().run([&](ThreadTeam::Member& m) {
-    const auto [t0, t1] = m.share(T);
-    for (int64_t t = t0; t < t1; ++t) prepare_input(W, x + t * cols, in[t]);
-    m.barrier();
-    const auto [r0, r1] = m.share(rows, kGemmBlockRows);
-    for (int64_t b = r0; b < r1; b += kGemmBlockRows) {
-      const int64_t b1 = std::min(r1, b + kGemmBlockRows);
-      if (gemm) gemm(W, in, T, b, b1, y, rows);
-      else
-        for (int64_t t = 0; t < T; ++t) kernel(W, in[t], b, b1, y + t * rows);
-    }
-  });
 }
 
 }  // namespace lily::cpu_fast

@@ -47,13 +47,6 @@ Dot preferred_dot(const Matrix& W);  // integer for groups of 64, fp32 otherwise
 using GemvRowsFn = void (*)(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 GemvRowsFn gemv_rows_kernel(Isa isa, Dot dot);
 
-// Rows [r0, r1) of y[t] = W x[t] for T prepared rows of x, y[t * y_stride + r]: a kernel that
-// takes several tokens at once (the codes unpacked once for all), where one exists: AVX-512
-// VNNI, integer. Null otherwise (the caller runs the GEMV kernel per token).
-using GemmRowsFn = void (*)(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
-                            int64_t y_stride);
-GemmRowsFn gemm_rows_kernel(Isa isa, Dot dot);
-
 // y[W.rows] = W x on the calling thread (any W: rows dequantized where gemv_supported(W) is
 // false), with the best kernels, or those of `isa` and `dot` (integer needs groups of 64).
 void gemv(const Matrix& W, const float* x, float* y);
@@ -87,20 +80,12 @@ struct GemvTask {
   float* y;
 };
 struct GemvScratch {
-  std::vector<QuantizedInput> inputs;  // gemv_parallel: one per distinct x; linear: one per row of x
+  std::vector<QuantizedInput> inputs;  // one per distinct x
   std::vector<size_t> input_of;        // task -> its input
   std::vector<PreparedGemv> products;
 };
 void gemv_parallel(std::span<const GemvTask> tasks, GemvScratch& scratch);
 void gemv_parallel(std::span<const GemvTask> tasks);
-
-// y[T, W.rows] = x[T, W.cols] @ W^T, a cpu::LinearFn: gemv_parallel for T = 1. For T > 1 where
-// the kernels take W, one region: the members prepare their share of the T rows of x, then
-// take blocks of kGemmBlockRows rows of W and run each block against every row of x (the
-// block, ~18 KB at 2048 columns, stays in L1 while the tokens pass). Else cpu::linear.
-constexpr int64_t kGemmBlockRows = 16;
-void linear(const Matrix& W, const float* x, int64_t T, float* y, GemvScratch& scratch);
-void linear(const Matrix& W, const float* x, int64_t T, float* y);
 
 }  // namespace lily::cpu_fast
 
@@ -112,8 +97,6 @@ void gemv_rows_avx2_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, i
 void gemv_rows_avx2_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 void gemv_rows_avx512_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 void gemv_rows_avx512_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
-void gemm_rows_avx512_integer(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
-                              int64_t y_stride);
 // Rows [r0, r1) of any matrix: each row dequantized to fp32, then a dot product.
 void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
 }  // namespace lily::cpu_fast::detail

@@ -173,69 +173,7 @@ LILY_AVX512 void rows_integer(const Matrix& W, const QuantizedInput& in, int64_t
                               W.biases + r * groups, groups, in);
 }
 
-// One row of 4-bit codes against kTokens prepared rows of x (y[t * y_stride], t < kTokens):
-// the codes' nibbles are split once for all of them; each token then costs 4 vpdpbusd, the
-// halves' combination, a conversion and an FMA per pair of groups (17 operations a token alone).
-template <int kTokens>
-LILY_AVX512 void row_tokens_q4(const uint8_t* codes, const bf16* scales, const bf16* biases, int64_t groups,
-                               const QuantizedInput* xs, float* y, int64_t y_stride) {
-  constexpr int64_t kGroupBytes = kInputGroup / 2;
-  const __m512i pair_lanes = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-  const __m512i nibble = _mm512_set1_epi8(0x0F);
-  __m512 acc[kTokens], bias_acc[kTokens], d[kTokens];
-  for (int t = 0; t < kTokens; ++t) acc[t] = bias_acc[t] = _mm512_setzero_ps();
-  for (int64_t g0 = 0; g0 < groups; g0 += 16) {
-    const int64_t n = std::min<int64_t>(16, groups - g0);
-    const __m512 scale = load_bf16x16(scales + g0, n), bias = load_bf16x16(biases + g0, n);
-    for (int t = 0; t < kTokens; ++t) {  // d[t][j] = scale * unit of token t's group g0 + j
-      d[t] = _mm512_mul_ps(scale, _mm512_loadu_ps(xs[t].unit.data() + g0));
-      bias_acc[t] = _mm512_fmadd_ps(bias, _mm512_loadu_ps(xs[t].qsum.data() + g0), bias_acc[t]);
-    }
-    for (int64_t j = 0; j < n; j += 2) {
-      const int64_t g = g0 + j;
-      const __m512i c = load_group_pair_q4(codes + g * kGroupBytes, j + 1 < n);
-      const __m512i lo = _mm512_and_si512(c, nibble), hi = _mm512_and_si512(_mm512_srli_epi16(c, 4), nibble);
-      const __m512i lanes = _mm512_add_epi32(_mm512_set1_epi32(int(j)), pair_lanes);
-      for (int t = 0; t < kTokens; ++t) {
-        const __m512i da = dot_nibbles(lo, hi, xs[t].a_nibbles.data() + g * kInputGroup);
-        const __m512i db = dot_nibbles(lo, hi, xs[t].b_nibbles.data() + g * kInputGroup);
-        const __m512i dot = _mm512_add_epi32(_mm512_mullo_epi32(da, _mm512_set1_epi32(254)), db);
-        acc[t] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_permutexvar_ps(lanes, d[t]), acc[t]);
-      }
-    }
-  }
-  for (int t = 0; t < kTokens; ++t) y[t * y_stride] = _mm512_reduce_add_ps(acc[t]) + _mm512_reduce_add_ps(bias_acc[t]);
-}
-
-// Rows [r0, r1) of 4-bit codes against T rows of x, 4 tokens at a time: x's 4 rows (16 KB at
-// 2048 columns) stay in L1 while the block's rows pass.
-LILY_AVX512 void gemm_rows_q4(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
-                              int64_t y_stride) {
-  const int64_t groups = W.cols / kInputGroup, row_bytes = W.cols / 2;
-  const uint8_t* codes = static_cast<const uint8_t*>(W.data);
-  for (int64_t t0 = 0; t0 < T; t0 += 4) {
-    const int64_t tokens = std::min<int64_t>(4, T - t0);
-    for (int64_t r = r0; r < r1; ++r) {
-      const uint8_t* c = codes + r * row_bytes;
-      const bf16 *s = W.scales + r * groups, *b = W.biases + r * groups;
-      float* yr = y + t0 * y_stride + r;
-      switch (tokens) {
-        case 4: row_tokens_q4<4>(c, s, b, groups, xs + t0, yr, y_stride); break;
-        case 3: row_tokens_q4<3>(c, s, b, groups, xs + t0, yr, y_stride); break;
-        case 2: row_tokens_q4<2>(c, s, b, groups, xs + t0, yr, y_stride); break;
-        default: row_tokens_q4<1>(c, s, b, groups, xs + t0, yr, y_stride); break;
-      }
-    }
-  }
-}
-
 }  // namespace
-
-void gemm_rows_avx512_integer(const Matrix& W, const QuantizedInput* xs, int64_t T, int64_t r0, int64_t r1, float* y,
-                              int64_t y_stride) {
-  if (W.bits == 4) return gemm_rows_q4(W, xs, T, r0, r1, y, y_stride);
-  for (int64_t t = 0; t < T; ++t) rows_integer<8>(W, xs[t], r0, r1, y + t * y_stride);
-}
 
 void gemv_rows_avx512_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
   if (W.bits == 4) rows_fp32<4>(W, x, r0, r1, y);

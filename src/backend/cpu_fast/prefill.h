@@ -75,10 +75,6 @@ struct AttentionHeads {
 // Inside a region: this member's share of x's tokens prepared (x reset before the region).
 void prepare_share(TokenBatch& x, const ThreadTeam::Member& m);
 
-// y[T, W.rows] = x[T, W.cols] W^T as one region (the lm_head of a prefill whose every row's
-// logits are wanted).
-void gemm_parallel(const Matrix& W, const float* x, int64_t T, float* y, PrefillScratch& s);
-
 }  // namespace lily::cpu_fast
 
 namespace lily::cpu_fast::detail {
