@@ -1,7 +1,8 @@
 // The prefill product (cpu_fast/gemm.h) against cpu::linear (the reference), for every
-// instruction set this processor runs (the others skip, saying so): tokens 1, 2, 7, 8, 9, 17,
-// rows 1, 15, 16, 17, 33 (panels of 16 and their edges), columns 64 .. 2112 (odd numbers of
-// groups), 4 and 8 bits, row ranges that start inside a panel, outputs poisoned with NaN.
+// instruction set this processor runs (the others skip, saying so): tokens 1, 2, 7, 8, 9, 15,
+// 16, 17, 63, 64, 65 (tiles of 8 and their edges), rows 1, 15, 16, 17, 33 (panels of 16 and
+// their edges), columns 64 .. 2112 (odd numbers of groups), 4 and 8 bits, row ranges that
+// start inside a panel, outputs poisoned with NaN.
 //
 // Error bar per output, as for the integer GEMV kernels (test_gemv.cpp): |y - ref| <= B + 1e-5 M,
 // M = sum_c |w_c x_c|, B = sum_g unit_g / 2 * sum_{c in g} |w_c| (x's rounding to 16-bit
@@ -75,7 +76,7 @@ TEST_P(GemmTest, MatchesReferenceAtEdgeSizes) {
   int cases = 0;
   cpu_fast::GemmScratch scratch;
   for (int bits : {4, 8})
-    for (int64_t n : {1, 2, 7, 8, 9, 17})
+    for (int64_t n : {1, 2, 7, 8, 9, 15, 16, 17, 63, 64, 65})
       for (int64_t rows : {1, 15, 16, 17, 33})
         for (int64_t cols : {64, 128, 192, 1088, 2112}) {
           if (cols > 192 && rows > 17 && n > 9) continue;  // keep the test to seconds
