@@ -6,8 +6,8 @@
 //   projections        the members prepare their share of the tokens, then take their share of
 //                      the rows of every projection (panels of 16) against all T tokens
 //   DeltaNet           causal conv per channel over the tokens; the delta rule token by token per
-//                      value head (delta_rule_step, 2 passes over the 64 KB state)
-//   attention          causal over the cache, per (token, query head)
+//                      value head (delta_rule_tokens: one pass over the 64 KB state a token)
+//   attention          causal over the cache, per (token, KV head): its query heads together
 //   MoE                router, shared expert and routing for all tokens; then each member takes
 //                      whole experts from a shared counter, largest first, and runs each expert's
 //                      gate, up and down projections against only the tokens routed to it
