@@ -35,10 +35,9 @@ void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::Att
   // The AVX-512 heads read each KV head's keys transposed, [d, keys] padded with zeros to 16.
   const bool grouped = active_isa() == Isa::avx512 && group <= 8 && d % 32 == 0;
   const int64_t keys = (length + 15) / 16 * 16;
-  std::vector<float>& keys_t = s.f;  // [nkv, d, keys]
-  if (grouped) keys_t.assign(size_t(nkv * d * keys), 0.f);
-  s.member.resize(size_t(team.size()));
-  for (auto& m : s.member) m.resize(size_t(std::max(length, group * keys)));
+  // Sized by the context, not the block: this call's own (the backend keeps the others).
+  std::vector<float> keys_t(grouped ? size_t(nkv * d * keys) : 0, 0.f);             // [nkv, d, keys]
+  std::vector<float> scores(size_t(team.size() * std::max(length, group * keys)));  // [members, ...]
   reset_tokens(x, T, H, s.x);
   reset_tokens(o.data(), T, nq * d, s.y);
 
@@ -78,7 +77,7 @@ void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::Att
 
     // A token's work grows with its position: (token, KV head) pairs dealt in turn keep the
     // members even.
-    float* scores = s.member[size_t(m.index())].data();
+    float* member_scores = scores.data() + m.index() * std::max(length, group * keys);
     for (int64_t i = m.index(); i < T * nkv; i += m.count()) {
       const int64_t t = i / nkv, g = i % nkv, visible = first_position + t + 1, h0 = t * nq + g * group;
       const AttentionHeads heads{q.data() + h0 * d,
@@ -94,9 +93,9 @@ void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::Att
                                  group,
                                  visible,
                                  d};
-      if (grouped && detail::attend_heads_avx512(heads, scores)) continue;
+      if (grouped && detail::attend_heads_avx512(heads, member_scores)) continue;
       for (int64_t h = h0; h < h0 + group; ++h)
-        attend(q.data() + h * d, qg.data() + h * 2 * d + d, cache, visible, nkv, g, d, scores, o.data() + h * d);
+        attend(q.data() + h * d, qg.data() + h * 2 * d + d, cache, visible, nkv, g, d, member_scores, o.data() + h * d);
     }
     m.barrier();
 

@@ -64,7 +64,7 @@ void moe_prefill(const MoeWeights& w, const ModelConfig& c, const float* x, int6
   shared.resize(size_t(T * H));
   ys.resize(size_t(T * k * H));
   s.logits.resize(size_t(T * (E + 1)));
-  s.routing.resize(size_t(T));
+  if (int64_t(s.routing.size()) < T) s.routing.resize(size_t(T));  // grows only: a Routing keeps its vectors
   s.count.assign(size_t(E), 0);
   s.first.resize(size_t(E));
   s.tokens.resize(size_t(T * k));

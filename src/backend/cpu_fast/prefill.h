@@ -12,7 +12,10 @@
 //                      whole experts from a shared counter, largest first, and runs each expert's
 //                      gate, up and down projections against only the tokens routed to it
 //
-// The buffers come from the caller (the backend owns one set, as for layers.h) and grow once.
+// The buffers come from the caller (the backend owns one set, as for layers.h) and grow once to
+// the longest block. Those sized by the context (attention's transposed keys, its scores) are
+// each call's own: held, they stayed at the longest context ever seen (~0.5 GB of keys at 256 K
+// positions of the full-size model).
 #pragma once
 
 #include <atomic>
@@ -34,8 +37,8 @@ struct ExpertScratch {
 struct PrefillScratch {
   TokenBatch x, y;                         // the layer's input, and the input of its last product
   std::vector<GemmScratch> gemm;           // [members]
-  std::vector<float> a, b, c, d, e, f;     // the layers' intermediate values (named where used)
-  std::vector<std::vector<float>> member;  // [members] per-member rows: scores, delta rule sums
+  std::vector<float> a, b, c, d, e;        // the layers' intermediate values (named where used)
+  std::vector<std::vector<float>> member;  // [members] per-member rows: conv taps, delta rule sums
   // MoE
   std::vector<float> logits;                           // [T, E + 1] router logits, then the shared expert's gate logit
   std::vector<Routing> routing;                        // [T]
