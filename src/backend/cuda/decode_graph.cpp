@@ -43,7 +43,7 @@ void DecodeGraph::step_candidates(CudaSequenceState& s, int32_t token, int count
   LILY_CHECK(count >= 1 && count <= kMaxTopCandidates, "{} candidates (1 to {})", count, kMaxTopCandidates);
   write_token(token);
   launch(s);
-  top_candidates(step_.logits(), std::min(vocab_limit, vocab_size_), count, candidate_scratch_.get(),
+  top_candidates(step_.logits(), std::min(vocab_limit, vocab_size_), count, nullptr, candidate_scratch_.get(),
                  candidates_.as<Candidate>(), stream_);
   CUDA_CHECK(cudaMemcpyAsync(host_candidates_, candidates_.get(), size_t(count) * sizeof(Candidate),
                              cudaMemcpyDeviceToHost, stream_));
