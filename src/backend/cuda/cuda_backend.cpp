@@ -58,7 +58,9 @@ class CudaBackendImpl final : public CudaBackend {
     const int64_t T = int64_t(tokens.size()), V = c_.vocab_size;
     check_room(s, T);
     for (int32_t id : tokens) check_token(id);
-    logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+    // Sized, not cleared: every row asked for is overwritten below (a 1 MB memset per decode step
+    // saved: 20-26 us of host time, bench_constrained_step).
+    logits.resize(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0));
     if (T == 1) {  // decode: replay the captured step
       graph_.step(s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
       return;
