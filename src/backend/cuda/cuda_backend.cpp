@@ -81,15 +81,17 @@ class CudaBackendImpl final : public CudaBackend {
     }
   }
 
-  // One decode step (the captured graph), then the `count` best logits selected on the GPU:
-  // count (value, id) pairs come back instead of the 1 MB row (Backend::forward_candidates).
+  // One decode step (the captured graph), then the `count` best logits selected on the GPU,
+  // among the allowed ids under a grammar (its 31 KB mask filled while the step runs, then
+  // uploaded): count (value, id) pairs come back instead of the 1 MB row
+  // (Backend::forward_candidates).
   bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
-                          std::vector<TokenLogit>& out) override {
+                          const AllowedTokens* allowed, std::vector<TokenLogit>& out) override {
     if (count < 1 || count > kMaxTopCandidates) return false;
     auto& s = as_cuda(state);
     check_room(s, 1);
     check_token(token);
-    graph_.step_candidates(s, token, count, vocab_limit, out);
+    graph_.step_candidates(s, token, count, vocab_limit, allowed, out);
     return true;
   }
 
