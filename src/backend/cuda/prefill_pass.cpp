@@ -19,6 +19,7 @@
 #include <algorithm>
 
 #include "backend/cuda/common/norm.h"
+#include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/attention_prefill.h"
@@ -64,6 +65,7 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
              "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
   stream_ = stream;
+  phases::mark("embed", stream);
   CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   // h = embed[tokens]
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
@@ -75,6 +77,7 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   }
   advance_position(s.position(), T, stream);
   if (first_row < T) logits(first_row, T, host_logits);
+  phases::mark("end", stream);
 }
 
 // h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
@@ -82,16 +85,20 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
   const GpuAttention& a = layer.attention;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
+  phases::mark("attention.qkv_proj", stream_);
   gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_);
   gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_);
   gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_);
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
+  phases::mark("attention.core", stream_);
   const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
   gated_attention_prefill(plan_.prefill.attention, p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
                           s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
   // h += o @ o_proj^T
+  phases::mark("attention.o_proj", stream_);
   gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
 }
 
@@ -100,17 +107,21 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
   const GpuDeltaNet& d = layer.deltanet;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // qkv, z, b, a = x @ W^T
+  phases::mark("deltanet.in_proj", stream_);
   gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_);
   gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_);
   gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_);
   gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_);
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
+  phases::mark("deltanet.core", stream_);
   gated_deltanet_prefill(plan_.prefill.delta_rule(T), deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(),
                          b_.as<float>(), a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(),
                          deltanet_scratch_.get(), stream_);
   // h += y @ out_proj^T
+  phases::mark("deltanet.out_proj", stream_);
   gemm_q4_accumulate(d.out_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
 }
 
@@ -118,6 +129,7 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
 void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
   moe_grouped_accumulate(layer.moe, x, T, c_.num_experts_per_tok, moe_scratch_.get(), h_.as<float>(), stream_);
@@ -127,6 +139,7 @@ void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
 void PrefillPass::logits(int first_row, int T, float* host_logits) {
   const int H = c_.hidden_size, rows = T - first_row;
   const size_t V = size_t(c_.vocab_size);
+  phases::mark("logits", stream_);
   const float* h = h_.as<float>() + size_t(first_row) * H;
   float* logits = logits_.as<float>();
   if (rows == 1) {  // the decode step's lm_head kernel

@@ -25,6 +25,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
@@ -285,6 +286,7 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   plan.num_tiles = at<int32_t>(scratch, l.num_tiles);
   plan.max_tiles = l.max_tiles;
   plan.tile_rows = l.tile_rows;
+  phases::mark("moe.plan", stream);
   moe_plan(ids, T, k, E, plan, stream);
 
   // Routed experts: gate/up over gathered token rows, then down over the act rows in place.
@@ -293,19 +295,23 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   g.gather = plan.sorted, g.gather_div = k;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
+  phases::mark("moe.experts_gate_up", stream);
   gemm_q4_grouped_swiglu(w.experts_gate, w.experts_up, x, g, act, stream);
   g.gather = nullptr, g.gather_div = 1;
+  phases::mark("moe.experts_down", stream);
   gemm_q4_grouped(w.experts_down, act, g, y, stream);
 
   // Shared expert and its per-token gate logit.
   float* shared_act = at<float>(scratch, l.shared_act);
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
+  phases::mark("moe.shared", stream);
   gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream);
   gemm_q4(w.shared_down, shared_act, shared_y, T, stream);
   gemm_q4(w.shared_expert_gate, x, sg, T, stream);
 
   LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
+  phases::mark("moe.combine", stream);
   const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
   moe_combine_kernel<<<unsigned(T), kCombineThreads, 0, stream>>>(c);
   CUDA_CHECK_LAUNCH();
@@ -319,7 +325,9 @@ void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void*
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
+  phases::mark("moe.router", stream);
   gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path and the CPU
+  phases::mark("moe.topk", stream);
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
   moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
 }
