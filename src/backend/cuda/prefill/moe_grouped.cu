@@ -271,7 +271,8 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
 }
 
 void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
-                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows) {
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
+                                    const SplitK* split) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
@@ -306,9 +307,9 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
   phases::mark("moe.shared", stream);
-  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream);
-  gemm_q4(w.shared_down, shared_act, shared_y, T, stream);
-  gemm_q4(w.shared_expert_gate, x, sg, T, stream);
+  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream, split);
+  gemm_q4(w.shared_down, shared_act, shared_y, T, stream, split);
+  gemm_q4(w.shared_expert_gate, x, sg, T, stream, split);
 
   LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
   phases::mark("moe.combine", stream);
@@ -318,7 +319,7 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
-                            cudaStream_t stream, int tile_rows) {
+                            cudaStream_t stream, int tile_rows, const SplitK* split) {
   check_weights(w, k);
   if (T <= 0) return;
   const Layout l = layout(w, T, k, tile_rows);
@@ -326,10 +327,10 @@ void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void*
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
   phases::mark("moe.router", stream);
-  gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path and the CPU
+  gemm_exact(w.router, x, logits, T, stream, split);  // fp32-accurate, as the decode path and the CPU
   phases::mark("moe.topk", stream);
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
+  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split);
 }
 
 }  // namespace lily::cuda
