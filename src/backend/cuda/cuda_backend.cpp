@@ -4,8 +4,9 @@
 //   decode_step.h     the model for one token             decode_graph.h  captured and replayed
 //   prefill_pass.h    the model for up to 8192 tokens     sequence_state.h  caches, state, position
 //
-// forward() with one token replays the decode graph; with more, runs prefill passes (the last
-// row's logits, or all rows', copied to the host as they are computed).
+// forward() with one token replays the decode graph, and with a few (below the plan's
+// prefill.decode_steps_below) replays it token by token; with more, runs prefill passes (the
+// last row's logits, or all rows', copied to the host as they are computed).
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -61,8 +62,13 @@ class CudaBackendImpl final : public CudaBackend {
     // Sized, not cleared: every row asked for is overwritten below (a 1 MB memset per decode step
     // saved: 20-26 us of host time, bench_constrained_step).
     logits.resize(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0));
-    if (T == 1) {  // decode: replay the captured step
-      graph_.step(s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
+    if (T < plan_.prefill.decode_steps_below) {  // decode: replay the captured step, token by token
+      for (int64_t t = 0; t < T; ++t) {
+        float* row = wanted == LogitsWanted::all                  ? logits.data() + t * V
+                     : wanted == LogitsWanted::last && t == T - 1 ? logits.data()
+                                                                  : nullptr;
+        graph_.step(s, tokens[size_t(t)], row);
+      }
       return;
     }
     const int chunk = plan_.prefill.chunk_tokens;

@@ -11,6 +11,9 @@
 //                    model), else mma (the small test models)
 //   prefill rule     the token loop below 48 tokens, the chunked rule from there (measured:
 //                    docs/perf.md)
+//   short passes     fewer than 5 tokens run as that many decode steps (the captured graph):
+//                    a prefill pass costs 8.2 ms at 2 tokens and 8.9 at 4, a step 1.8 ms
+//                    (H200, docs/perf.md)
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel
 // A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
 // not implement, ...) is refused here, when the backend is built, with what is wrong.
@@ -50,6 +53,7 @@ struct DecodePlan {
 };
 
 struct PrefillPlan {
+  int decode_steps_below = 5;        // forwards of 2 .. this - 1 tokens run as decode steps
   int chunk_tokens = 8192;           // tokens per pass
   int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
