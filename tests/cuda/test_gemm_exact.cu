@@ -83,7 +83,8 @@ TEST(CudaGemmExact, SplitK) {
   for (int bits : {4, 8})
     for (int T : {1, 2, 15, 63, 64, 65, 200})
       for (int N : {1, 65, 256}) check_exact(N, 2048, T, bits, scratch.get());
-  check_exact(8, 128, 3, 8, scratch.get());  // 2 groups: 2 splits of one
+  check_exact(8, 256, 3, 8, scratch.get());     // 4 groups: 2 splits of two
+  check_exact(256, 1984, 2, 8, scratch.get());  // 31 groups: 11 splits (the sum's batches of 2 and one more)
   const auto a = check_exact(256, 2048, 2, 8, scratch.get());
   const auto b = check_exact(256, 2048, 2, 8, scratch.get());
   const auto whole = check_exact(256, 2048, 2, 8);

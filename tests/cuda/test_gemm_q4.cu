@@ -159,14 +159,15 @@ TEST(CudaGemmQ4, ModelShapes) {
   check_gemm(256, 2048, 256, 8, Mode::store);
 }
 
-// Few tokens against long K: the grids of 1 to 32 blocks split K over up to 16 blocks each.
+// Few tokens against long K: the grids of 1 to 32 blocks split K over up to 32 blocks each
+// (1536 columns: 12 splits, a batch of 8 in the final sum and 4 more).
 TEST(CudaGemmQ4, SplitK) {
   REQUIRE_GPU();
   cuda::SplitKScratch scratch;
   for (int bits : {4, 8})
     for (int T : {1, 2, 15, 16, 17, 64, 65})
       for (int N : {1, 31, 65, 200})
-        for (int K : {576, 2048}) check_gemm(N, K, T, bits, Mode::store, scratch.get());
+        for (int K : {576, 1536, 2048}) check_gemm(N, K, T, bits, Mode::store, scratch.get());
   for (int T : {1, 2, 17})
     for (int N : {1, 65, 2048}) check_gemm(N, 4096, T, 4, Mode::accumulate, scratch.get());
   for (int T : {1, 2, 16, 17}) check_swiglu(512, 2048, T, scratch.get());

@@ -214,7 +214,8 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
            W.bits,
            {}};
   const unsigned gx = unsigned((W.rows + kCols - 1) / kCols), gy = unsigned((T + kRows - 1) / kRows);
-  const int splits = split_k_count(split, int64_t(gx) * gy, W.cols / kGroup, 1, int64_t(kThreads) * kCols / 8 * 4);
+  // At least 2 groups a split: the router (4 blocks, 32 groups) in 16 splits, not 32.
+  const int splits = split_k_count(split, int64_t(gx) * gy, W.cols / kGroup, 2, int64_t(kThreads) * kCols / 8 * 4);
   if (splits > 1) p.split = *split;
   const dim3 grid(gx, gy, unsigned(splits));
   gemm_exact_kernel<<<grid, kThreads, 2 * sizeof(Stage), stream>>>(p);
