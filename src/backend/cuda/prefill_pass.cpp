@@ -14,13 +14,16 @@
 //                                                                       rms_norm, gemm_q4 (64 at a time)
 // The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h); the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
-// blocks (prefill/split_k.h): their grids alone would leave most SMs idle.
+// blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of fewer than
+// the plan's programmatic_below tokens launch their kernels with programmatic dependent launch
+// (common/pdl_launch.cuh).
 #include "backend/cuda/prefill_pass.h"
 
 #include <algorithm>
 
 #include "backend/cuda/common/norm.h"
 #include "backend/cuda/common/phase_marks.h"
+#include "backend/cuda/common/programmatic_launches.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/attention_prefill.h"
@@ -66,6 +69,7 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
              "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
   stream_ = stream;
+  const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
   phases::mark("embed", stream);
   CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   // h = embed[tokens]

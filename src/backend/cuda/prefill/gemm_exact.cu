@@ -21,6 +21,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/split_k.cuh"
@@ -218,8 +219,7 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
   const int splits = split_k_count(split, int64_t(gx) * gy, W.cols / kGroup, 2, int64_t(kThreads) * kCols / 8 * 4);
   if (splits > 1) p.split = *split;
   const dim3 grid(gx, gy, unsigned(splits));
-  gemm_exact_kernel<<<grid, kThreads, 2 * sizeof(Stage), stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(gemm_exact_kernel, dim3(grid), dim3(kThreads), 2 * sizeof(Stage), stream, p);
 }
 
 }  // namespace lily::cuda

@@ -33,6 +33,8 @@
 //           load x(kt + 2) and scales(kt + 2) into registers; mma(kt); wait codes(kt + 1);
 //           dequant(kt + 1) into Bs. Buffers (kt + 1) & 1 were last read by mma(kt - 1), which
 //           every thread finished before the barrier.
+// Launch:   programmatic (pdl_launch.cuh): blocks may be scheduled while the previous kernel
+//           finishes; they wait for it before reading anything.
 // Guards:   rows past the end read zeros (x) and are not written; weight rows past N read row
 //           N - 1 and are not written. Grouped: blockIdx.x indexes the tile map; blocks past
 //           the device-side tile count exit before any barrier.
@@ -47,6 +49,8 @@
 //           tests/cuda/test_moe_grouped.cu.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/prefill/gemm_q4.h"
 #include "backend/cuda/prefill/split_k.cuh"
 
@@ -164,10 +168,12 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p, c
   uint16_t* Bs = As + 2 * BM * kRowStride;                                                   // [2][BN][kRowStride]
   uint4* ring = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem) + S::kA + S::kB);  // [kStages][kChunks]
 
+  pdl_wait();  // launched after the wait (pdl_launch.cuh): nothing of the predecessor is read before
+  pdl_launch_dependents();
   int expert = 0, r0, r1;
-  if (p.tiles) {
-    if (int(blockIdx.x) >= __ldg(p.num_tiles)) return;  // whole block: before any barrier
-    const int4 t = __ldg(p.tiles + blockIdx.x);
+  if (p.tiles) {                                         // the tile map through L2: written one or two launches back
+    if (int(blockIdx.x) >= __ldcg(p.num_tiles)) return;  // whole block: before any barrier
+    const int4 t = __ldcg(p.tiles + blockIdx.x);
     expert = t.x, r0 = t.y, r1 = t.z;
   } else {
     r0 = blockIdx.x * BM;
@@ -210,7 +216,7 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p, c
     const int pos = r0 + m;
     a_src[i] = nullptr;
     if (pos < r1) {
-      const int64_t src = p.gather ? __ldg(p.gather + pos) / p.gather_div : pos;
+      const int64_t src = p.gather ? __ldcg(p.gather + pos) / p.gather_div : pos;
       a_src[i] = p.x + src * p.K + int64_t(k0) * kBK + c4 * 4;
     }
     a_dst[i] = m * kRowStride + c4 * 4;
@@ -377,8 +383,7 @@ void launch(const Params& p, unsigned grid_x, unsigned splits, const SplitK& spl
   }();
   (void)configured;
   const dim3 grid(grid_x, unsigned((p.N + kOutN - 1) / kOutN), splits);
-  kernel<<<grid, TL::kThreads, bytes, stream>>>(p, split);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(kernel, grid, dim3(TL::kThreads), bytes, stream, p, split);
 }
 
 // split: a workspace to split K over more blocks when the grid is small (dense only), or null.

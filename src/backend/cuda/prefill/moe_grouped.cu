@@ -21,10 +21,12 @@
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/prefill/moe_grouped.h"
 
 #include <algorithm>
 
+#include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
@@ -45,6 +47,8 @@ constexpr int kCombineThreads = 256;
 // One warp per token: warp_route_topk (route_topk.cuh), the rule the decode expert launches use.
 __global__ void __launch_bounds__(kTopkWarps * 32)
     moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
   if (t >= T) return;
   warp_route_topk(logits + int64_t(t) * E, E, k, ids + int64_t(t) * k, weights + int64_t(t) * k);
@@ -86,6 +90,8 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   static_assert(kPlanThreads == 32 * 32 && kMaxExperts <= kPlanThreads);
   __shared__ int count[kMaxExperts], base[kMaxExperts];
   __shared__ int warp_count[32][kMaxExperts];  // per chunk: first position of each (warp, expert)
@@ -162,6 +168,8 @@ struct CombineParams {
 };
 
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const float sg = 1.f / (1.f + expf(-p.shared_gate_logit[t]));
   for (int h = threadIdx.x * 4; h < p.H; h += kCombineThreads * 4) {
@@ -254,9 +262,8 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows) {
 void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
   LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E, "moe_topk: top-{} of {} experts", k, E);
   if (T <= 0) return;
-  moe_topk_kernel<<<unsigned((T + kTopkWarps - 1) / kTopkWarps), kTopkWarps * 32, 0, stream>>>(logits, T, E, k, ids,
-                                                                                               weights);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_topk_kernel, dim3(unsigned((T + kTopkWarps - 1) / kTopkWarps)), dim3(kTopkWarps * 32), 0,
+                    stream, logits, T, E, k, ids, weights);
 }
 
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream) {
@@ -266,8 +273,7 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
              moe_max_tiles(T * k, E, plan.tile_rows));
   const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
                      plan.sorted, plan.position, plan.tiles, plan.num_tiles};
-  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, p);
 }
 
 void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
@@ -314,8 +320,7 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
   phases::mark("moe.combine", stream);
   const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
-  moe_combine_kernel<<<unsigned(T), kCombineThreads, 0, stream>>>(c);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_combine_kernel, dim3(unsigned(T)), dim3(kCombineThreads), 0, stream, c);
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
