@@ -125,7 +125,7 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
 
 #ifdef LILY_HAVE_CUDA
 // One more pass of each length with the phase marks armed (common/phase_marks.h): the device
-// time of each phase, and the host's launch span beside the device's (equal: launch-bound).
+// time of each phase, and its host time beside it (equal: the phase was bound by launching).
 void print_prefill_split(Backend& backend, const std::vector<int32_t>& lengths) {
   const ModelConfig& c = backend.config();
   std::vector<float> logits;
@@ -141,11 +141,11 @@ void print_prefill_split(Backend& backend, const std::vector<int32_t>& lengths) 
               [](const auto& a, const auto& b) { return a.device_ms > b.device_ms; });
     std::fprintf(stderr,
                  "prefill split, %d tokens: %.3f ms wall; marks first to last %.3f ms on the device, %.3f ms "
-                 "of host launching\n",
+                 "on the host\n",
                  L, wall_ms, split.device_ms, split.host_ms);
     for (const auto& p : split.phases)
-      std::fprintf(stderr, "  %-22s %9.3f ms %5.1f%%  (%d intervals)\n", p.phase.c_str(), p.device_ms,
-                   100.0 * p.device_ms / std::max(split.device_ms, 1e-9), p.count);
+      std::fprintf(stderr, "  %-22s %9.3f ms %5.1f%%  host %9.3f ms  (%d intervals)\n", p.phase.c_str(), p.device_ms,
+                   100.0 * p.device_ms / std::max(split.device_ms, 1e-9), p.host_ms, p.count);
   }
 }
 
@@ -424,7 +424,7 @@ CommandRegistration bench_command{
                       "depths); tools/decode_trace.py summarizes it");
        sub.add_flag("--prefill-split", a->prefill_split,
                     "CUDA: after the prefill timings, one more pass of each length with phase marks: the device "
-                    "time of each phase (projections, cores, experts, ...) and the host's launch span (stderr)");
+                    "and host time of each phase (projections, cores, experts, ...) (stderr)");
        sub.add_flag("--json", a->json, "Print JSON instead of a table");
        sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
        return [a] { return run_bench(*a); };

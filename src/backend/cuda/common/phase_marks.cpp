@@ -56,8 +56,9 @@ Split PhaseRecorder::collect() {
       Total* total = nullptr;
       for (Total& t : split.phases)
         if (t.phase == marks_[i].phase) total = &t;
-      if (!total) total = &split.phases.emplace_back(Total{marks_[i].phase, 0, 0});
+      if (!total) total = &split.phases.emplace_back(Total{marks_[i].phase, 0, 0, 0});
       total->device_ms += ms;
+      total->host_ms += double(marks_[i + 1].host_ns - marks_[i].host_ns) * 1e-6;
       total->count += 1;
     }
     float ms = 0;

@@ -3,8 +3,9 @@
 // The pass calls mark("deltanet.in_proj", stream) before each phase's launches. While a
 // PhaseRecorder lives, each mark records a CUDA event (and the host clock); the device time from
 // one mark to the next is the earlier mark's phase. With no recorder, a mark is one load and a
-// branch. `lily bench --prefill-split` prints the totals per phase, and the host's span beside
-// the device's: when the two are equal, the pass is bound by launching, not by its kernels.
+// branch. `lily bench --prefill-split` prints the totals per phase, device and host clock side
+// by side: a phase whose host time is its device time was bound by launching, not by its
+// kernels (except where the host waits for the device: the logits' copy to pageable memory).
 #pragma once
 
 #include <cstdint>
@@ -21,13 +22,14 @@ void mark(const char* phase, cudaStream_t stream);
 struct Total {
   std::string phase;
   double device_ms = 0;  // sum over the phase's intervals, device clock
+  double host_ms = 0;    // the same intervals on the host clock (launching, and any waits)
   int count = 0;         // how many intervals
 };
 
 struct Split {
   std::vector<Total> phases;  // in the order first marked
   double device_ms = 0;       // first mark to last, device
-  double host_ms = 0;         // first mark to last, host clock (launch time)
+  double host_ms = 0;         // first mark to last, host clock
 };
 
 // Arms the marks of this process while it lives (one at a time).
