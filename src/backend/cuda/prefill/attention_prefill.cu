@@ -338,7 +338,7 @@ void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   (void)configured;
   const int pairs = args.T * args.group;
   const dim3 grid(unsigned((pairs + kFlashRows - 1) / kFlashRows), unsigned(args.nkv));
-  launch_after_wait(flash_prefill_kernel, dim3(grid), dim3(kFlashThreads), kFlashSmem, stream, args);
+  launch_after_wait(flash_prefill_kernel, grid, dim3(kFlashThreads), kFlashSmem, stream, args);
 }
 
 }  // namespace

@@ -219,7 +219,7 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
   const int splits = split_k_count(split, int64_t(gx) * gy, W.cols / kGroup, 2, int64_t(kThreads) * kCols / 8 * 4);
   if (splits > 1) p.split = *split;
   const dim3 grid(gx, gy, unsigned(splits));
-  launch_after_wait(gemm_exact_kernel, dim3(grid), dim3(kThreads), 2 * sizeof(Stage), stream, p);
+  launch_after_wait(gemm_exact_kernel, grid, dim3(kThreads), 2 * sizeof(Stage), stream, p);
 }
 
 }  // namespace lily::cuda
