@@ -20,6 +20,7 @@ find $build/bench/kernels -type f -executable -name 'bench_*' -exec cp {} "$stag
 strip "$stage"/.carry/bench/*
 # Tests of the runtime that take LILY_TEST_BACKEND=cuda (session reuse, lily-tiny end to end).
 cp $build/tests/runtime/runtime_test_chat_service $build/tests/runtime/runtime_test_generate \
+  $build/tests/runtime/runtime_test_constrained_generate \
   $build/tests/runtime/runtime_test_structured_output $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*
 for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |

@@ -38,7 +38,8 @@ run_bench() {
 }
 
 run_backend_tests() {
-  for t in runtime_test_chat_service runtime_test_generate runtime_test_structured_output e2e_test_lily_tiny; do
+  for t in runtime_test_chat_service runtime_test_generate runtime_test_constrained_generate runtime_test_structured_output \
+           e2e_test_lily_tiny; do
     echo "-- $t (LILY_TEST_BACKEND=cuda)"; LILY_TEST_BACKEND=cuda timeout ${TEST_TIMEOUT:-120} ".carry/tests/$t" 2>&1 |
       grep -vE "^\[ RUN|^\[       OK" | head -n 200
     echo "exit ${PIPESTATUS[0]}"
@@ -52,7 +53,8 @@ run_parallel() {
   for t in .carry/tests/cuda_test_*; do
     (timeout ${TEST_TIMEOUT:-400} "$t" > "$dir/$(basename "$t").txt" 2>&1; echo "exit $?" >> "$dir/$(basename "$t").txt") &
   done
-  for t in runtime_test_chat_service runtime_test_generate runtime_test_structured_output e2e_test_lily_tiny; do
+  for t in runtime_test_chat_service runtime_test_generate runtime_test_constrained_generate runtime_test_structured_output \
+           e2e_test_lily_tiny; do
     (LILY_TEST_BACKEND=cuda timeout ${TEST_TIMEOUT:-400} ".carry/tests/$t" > "$dir/$t.txt" 2>&1
      echo "exit $?" >> "$dir/$t.txt") &
   done

@@ -8,6 +8,7 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,6 +53,17 @@ struct TokenLogit {
   float logit = 0;
 };
 
+// The tokens a grammar allows next, for Backend::forward_candidates: `fill` writes a bitmask into
+// the `words` 64-bit words it is given, bit (i % 64) of word i / 64 set iff token i may be
+// chosen (grammar::GrammarMatcher::fill_next_token_bitmask's layout); words * 64 covers at least
+// the vocab_limit ids selected over. A backend calls `fill` once per step, when it likes: the
+// CUDA backend after launching the step, so that the host computes the mask while the GPU runs,
+// straight into the pinned buffer it uploads from.
+struct AllowedTokens {
+  size_t words = 0;
+  std::function<void(std::span<uint64_t> mask)> fill;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -69,12 +81,14 @@ class Backend {
   // One decode step for samplers that need only the best few logits (Sampler::candidates_needed):
   // appends `token`, then writes the `count` largest logits of the next token over ids
   // [0, vocab_limit) into `out`, in descending order, ties to the lower id (NaN logits never
-  // included). A backend that can select them where the logits are (the GPU) returns true and
-  // moves `count` pairs instead of a whole row; the default returns false without touching
-  // the state, and the caller runs forward() instead.
+  // included). With `allowed` (constrained decoding), only the ids its mask allows are
+  // candidates: fewer than `count` when fewer allowed ids have a logit that is not NaN, none
+  // when none has. A backend that can select them where the logits are (the GPU) returns true
+  // and moves `count` pairs instead of a whole row; the default returns false without touching
+  // the state or calling allowed->fill, and the caller runs forward() instead.
   virtual bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
-                                  std::vector<TokenLogit>& out) {
-    (void)state, (void)token, (void)count, (void)vocab_limit, (void)out;
+                                  const AllowedTokens* allowed, std::vector<TokenLogit>& out) {
+    (void)state, (void)token, (void)count, (void)vocab_limit, (void)allowed, (void)out;
     return false;
   }
 };

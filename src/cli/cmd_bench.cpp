@@ -21,6 +21,7 @@
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/common/kernel_trace.h"
+#include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/cuda_backend.h"
 #endif
 #include "backend/cpu_fast/machine_probe.h"
@@ -49,6 +50,7 @@ struct BenchArgs {
   std::string decode_loop = "graph";  // graph | generate (see the option's help)
   std::string decode_skip;            // parts left out of the decode step (measurement only)
   std::string decode_trace;           // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
+  bool prefill_split = false;         // where each prefill length's pass spends its time (CUDA)
 };
 
 double now_seconds() {
@@ -122,6 +124,31 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
 }
 
 #ifdef LILY_HAVE_CUDA
+// One more pass of each length with the phase marks armed (common/phase_marks.h): the device
+// time of each phase, and its host time beside it (equal: the phase was bound by launching).
+void print_prefill_split(Backend& backend, const std::vector<int32_t>& lengths) {
+  const ModelConfig& c = backend.config();
+  std::vector<float> logits;
+  for (int32_t L : lengths) {
+    auto tokens = random_tokens(L, c.vocab_size, uint32_t(L));
+    auto state = backend.new_sequence(L + 1);
+    cuda::phases::PhaseRecorder recorder;
+    const double t0 = now_seconds();
+    backend.forward(*state, tokens, LogitsWanted::last, logits);
+    const double wall_ms = (now_seconds() - t0) * 1e3;
+    cuda::phases::Split split = recorder.collect();
+    std::sort(split.phases.begin(), split.phases.end(),
+              [](const auto& a, const auto& b) { return a.device_ms > b.device_ms; });
+    std::fprintf(stderr,
+                 "prefill split, %d tokens: %.3f ms wall; marks first to last %.3f ms on the device, %.3f ms "
+                 "on the host\n",
+                 L, wall_ms, split.device_ms, split.host_ms);
+    for (const auto& p : split.phases)
+      std::fprintf(stderr, "  %-22s %9.3f ms %5.1f%%  host %9.3f ms  (%d intervals)\n", p.phase.c_str(), p.device_ms,
+                   100.0 * p.device_ms / std::max(split.device_ms, 1e-9), p.host_ms, p.count);
+  }
+}
+
 constexpr int kTracedSteps = 3;
 
 // `steps` more greedy steps with the kernel trace armed; every block's record to `path`.
@@ -303,6 +330,7 @@ int run_bench(BenchArgs a) {
       title += " (--decode-skip " + a.decode_skip + ": WRONG outputs, measurement only)";
     }
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
+    if (a.prefill_split) print_prefill_split(*backend, prefill_lengths);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
     auto d = generate_loop
                  ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
@@ -315,6 +343,7 @@ int run_bench(BenchArgs a) {
     LILY_CHECK(!a.synthetic, "--synthetic needs the CUDA backend (this build or machine has none)");
     LILY_CHECK(a.decode_skip.empty(), "--decode-skip needs the CUDA backend");
     LILY_CHECK(a.decode_trace.empty(), "--decode-trace needs the CUDA backend");
+    LILY_CHECK(!a.prefill_split, "--prefill-split needs the CUDA backend");
     auto engine = a.model.load_engine();
     Backend& b = engine->backend();
     const bool on_cuda = b.name() == "cuda";
@@ -393,6 +422,9 @@ CommandRegistration bench_command{
                       "Measurement only, in a build configured with -DLILY_KERNEL_TRACE=ON: after each depth's "
                       "timing, trace 3 more decode steps block by block into this CSV (-DEPTH added for several "
                       "depths); tools/decode_trace.py summarizes it");
+       sub.add_flag("--prefill-split", a->prefill_split,
+                    "CUDA: after the prefill timings, one more pass of each length with phase marks: the device "
+                    "and host time of each phase (projections, cores, experts, ...) (stderr)");
        sub.add_flag("--json", a->json, "Print JSON instead of a table");
        sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
        return [a] { return run_bench(*a); };

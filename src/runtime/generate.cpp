@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "base/error.h"
 #include "grammar/matcher.h"
@@ -32,13 +33,23 @@ double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask
   return seconds_since(t0);
 }
 
-// Advances the grammar by the token sampled from its masked logits. A token it refuses means
-// the sampler drew outside the mask: no allowed logit was a number (NaN or -inf everywhere).
+// Advances the grammar by the token sampled from its masked logits or allowed candidates. A
+// token it refuses means the sampler drew outside the mask: no allowed logit was a number (NaN
+// or -inf everywhere), or a backend's candidates ignored the mask.
 void advance(grammar::GrammarMatcher& grammar, int32_t token) {
   if (!grammar.accept_token(token))
     throw Error(fmt::format("constrained decoding: token {} was sampled but the grammar does not allow it (the "
                             "model gave no usable logit for any allowed token)",
                             token));
+}
+
+// The backend's candidates among the allowed tokens, those at -inf left out (the whole-row path
+// cannot tell them from the masked ones, and does not sample them). None left: no allowed token
+// has a usable logit, which the whole-row path reports through advance() too.
+void keep_usable(std::vector<TokenLogit>& candidates) {
+  std::erase_if(candidates, [](const TokenLogit& c) { return !(c.logit > -INFINITY); });
+  if (candidates.empty())
+    throw Error("constrained decoding: the model gave no usable logit for any token the grammar allows");
 }
 
 bool grammar_ended(const grammar::GrammarMatcher* grammar) {
@@ -78,10 +89,21 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
 
   Sampler sampler(request.sampling, limit);
   // Decode steps hand the sampler only the best few logits when that decides its draw and the
-  // backend can select them where the logits are (no whole row copied off the GPU). A grammar
-  // needs the whole row: the best few may all be tokens it forbids.
-  const int candidate_count = request.top_logprobs < 0 && !request.grammar ? sampler.candidates_needed() : 0;
+  // backend can select them where the logits are (no whole row copied off the GPU). Under a
+  // grammar the backend selects among the tokens the grammar allows: it gets the mask as
+  // AllowedTokens and fills it while its step runs, so the best few are the best allowed ones
+  // and the draw is the whole masked row's (the sampler's filters act on allowed tokens only).
+  const int candidate_count = request.top_logprobs < 0 ? sampler.candidates_needed() : 0;
   std::vector<uint64_t> mask;
+  AllowedTokens allowed;
+  if (request.grammar) {
+    allowed.words = request.grammar->compiled().vocabulary().mask_words();
+    allowed.fill = [&](std::span<uint64_t> words) {
+      const auto t = std::chrono::steady_clock::now();
+      request.grammar->fill_next_token_bitmask(words);
+      result.grammar_seconds += seconds_since(t);
+    };
+  }
   std::vector<TokenLogit> candidates;
   bool have_candidates = false;  // this step's input: candidates (true) or logits
   auto t1 = std::chrono::steady_clock::now();
@@ -89,7 +111,9 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   for (int64_t i = 0; i < request.max_new_tokens; ++i) {
     GeneratedToken token;
     if (have_candidates) {
+      if (request.grammar) keep_usable(candidates);
       token.id = sampler.sample_candidates(candidates);
+      if (request.grammar) advance(*request.grammar, token.id);
     } else {
       if (request.top_logprobs >= 0) {  // log-probabilities of the model's distribution, before sampling filters
         token.top = top_logprobs(logits, request.top_logprobs, limit);
@@ -114,7 +138,8 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
     }
     if (i + 1 == request.max_new_tokens) break;
     have_candidates = candidate_count > 0 &&
-                      backend.forward_candidates(state, token.id, candidate_count, limit, candidates);
+                      backend.forward_candidates(state, token.id, candidate_count, limit,
+                                                 request.grammar ? &allowed : nullptr, candidates);
     if (!have_candidates) backend.forward(state, std::span<const int32_t>(&token.id, 1), LogitsWanted::last, logits);
   }
   result.decode_seconds = seconds_since(t1);

@@ -22,11 +22,13 @@ struct GenerateRequest {
   std::vector<int32_t> stop_tokens;  // generation ends after one of these (not fed back)
   int32_t vocab_limit = 0;           // ids >= this are never sampled (0: the model's vocab_size)
   int top_logprobs = -1;             // -1: no logprobs; 0: the chosen token's; n: and the n most likely
-  // Constrained decoding (grammar/matcher.h), or none. Each step the logits the grammar forbids
-  // become -inf before the sampler sees them (its penalties, temperature and filters then act
-  // on the allowed tokens only; the whole row is sampled, never the backend's candidates); the
-  // token drawn advances the grammar, and the grammar's end (must_stop, or a stop token it
-  // accepted) ends the generation with FinishReason::stop. Logprobs stay the model's own.
+  // Constrained decoding (grammar/matcher.h), or none. Each step the sampler draws among the
+  // tokens the grammar allows: the logits it forbids become -inf before the sampler sees them
+  // (its penalties, temperature and filters then act on the allowed tokens only), or, when the
+  // sampler needs only the best few (Sampler::candidates_needed), the backend selects them among
+  // the allowed ids (Backend::forward_candidates with AllowedTokens; the same draw). The token
+  // drawn advances the grammar, and the grammar's end (must_stop, or a stop token it accepted)
+  // ends the generation with FinishReason::stop. Logprobs stay the model's own (whole row).
   grammar::GrammarMatcher* grammar = nullptr;
 };
 
@@ -45,7 +47,9 @@ struct GenerateResult {
   int64_t prompt_tokens = 0;  // the whole prompt
   int64_t cached_tokens = 0;  // prompt tokens already in the state (not recomputed)
   double prefill_seconds = 0, decode_seconds = 0;
-  double grammar_seconds = 0;  // of decode_seconds: filling and applying the grammar's masks
+  // Of decode_seconds: filling and applying the grammar's masks (on the candidates path the mask
+  // is filled while the backend's step runs on the GPU: time the step may hide).
+  double grammar_seconds = 0;
 };
 
 // Called for every generated token; return false to stop (client gone, stop string seen).

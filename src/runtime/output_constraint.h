@@ -18,8 +18,9 @@
 // When the prompt opens Qwen's thinking block, the reasoning stays free: the grammar applies
 // from the first "</think>" on (grammar::GrammarOptions::thinking).
 //
-// generate() applies the grammar (generate.h): the logits the grammar forbids are set to -inf
-// before the sampler's penalties and filters, and the grammar's end ends the reply.
+// generate() applies the grammar (generate.h): the sampler's penalties and filters act on the
+// tokens the grammar allows only (the others -inf in the row, or left out of the candidates the
+// backend selects with the grammar's mask), and the grammar's end ends the reply.
 #pragma once
 
 #include <cstdint>

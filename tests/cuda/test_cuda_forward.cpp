@@ -195,6 +195,39 @@ TEST_P(CudaForward, DecodeStepsMatchPrefill) {
   }
 }
 
+// Forwards of 2 to 4 tokens replay the decode step token by token (the plan's
+// prefill.decode_steps_below): the same bits as one-token forwards, every row of logits in its
+// place (LogitsWanted::all) or the last one alone (last), and the state carried between them.
+TEST_P(CudaForward, ShortForwardsAreDecodeSteps) {
+  REQUIRE_GPU();
+  const Layout layout = GetParam();
+  auto ref_json = nlohmann::json::parse(std::ifstream(fixture("reference.json")));
+  std::vector<int32_t> ids = ref_json["ids"].get<std::vector<int32_t>>();
+  ids.resize(std::min<size_t>(ids.size(), 24));
+  auto weights = load_model(fixture(layout.dir));
+  auto gpu = make_cuda_backend(weights);
+  const size_t V = size_t(weights->config.vocab_size);
+  const std::vector<float> steps = decode_steps(*gpu, ids, 256);
+  auto s = gpu->new_sequence(256);
+  std::vector<float> rows;
+  size_t t = 0;
+  for (size_t piece = 0; t < ids.size(); ++piece) {
+    const size_t n = std::min(ids.size() - t, size_t(2 + piece % 3));  // 2, 3, 4, 2, ...
+    const std::span<const int32_t> part(ids.data() + t, n);
+    const LogitsWanted wanted = piece % 2 ? LogitsWanted::last : LogitsWanted::all;
+    gpu->forward(*s, part, wanted, rows);
+    if (wanted == LogitsWanted::all) {
+      ASSERT_EQ(rows.size(), n * V);
+      for (size_t i = 0; i < n * V; ++i)
+        ASSERT_EQ(rows[i], steps[t * V + i]) << "piece " << piece << " of " << n << ", row " << i / V;
+    } else {
+      ASSERT_EQ(rows.size(), V);
+      for (size_t i = 0; i < V; ++i) ASSERT_EQ(rows[i], steps[(t + n - 1) * V + i]) << "piece " << piece;
+    }
+    t += n;
+  }
+}
+
 INSTANTIATE_TEST_SUITE_P(Layouts, CudaForward, ::testing::Values(Layout{"hf-fused", "hf"}, Layout{"mlx-q4", "mlx"}),
                          [](const auto& info) {
                            std::string n = info.param.dir;

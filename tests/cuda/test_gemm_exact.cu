@@ -7,7 +7,8 @@
 // bf16 (one part instead of hi + lo) fails it, and an indexing error misses it by orders of
 // magnitude. Edge sizes: T around the 64-row tiles (1, 15, 63, 64, 65, 200), N around the
 // 64-row tiles (1, 8, 63, 64, 65, 256), K of 1, 2 and 32 groups, 4 and 8 bits; outputs
-// poisoned (NaN) before each launch.
+// poisoned (NaN) before each launch. Split K (prefill/split_k.h): the same bound with a
+// workspace at few rows (the groups split over up to 32 blocks), the same bits run to run.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/prefill/gemm_exact.h"
 
@@ -15,14 +16,16 @@
 #include "cuda_test_util.h"
 
 #include <cmath>
+#include <cstring>
 
 namespace lily::test {
 namespace {
 
 constexpr double kBound = 2e-5;  // of l1, per output
 
-void check_exact(int N, int K, int T, int bits) {
-  SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " T " << T << " bits " << bits);
+std::vector<float> check_exact(int N, int K, int T, int bits, const cuda::SplitK* split = nullptr) {
+  SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " T " << T << " bits " << bits
+                                  << (split ? " split" : ""));
   const uint32_t seed = uint32_t(N * 7919 + K * 131 + T * 17 + bits);
   TestQMatrix W(1, N, K, bits, seed);
   const auto x = random_floats(size_t(T) * K, seed + 1);
@@ -52,9 +55,11 @@ void check_exact(int N, int K, int T, int bits) {
 
   DeviceArray<float> dx(x), dy(want.size());
   dy.poison();
-  cuda::gemm_exact(W.gpu(), dx.get(), dy.get(), T, nullptr);
-  CUDA_OK(cudaDeviceSynchronize());
-  expect_within(dy.download(), want, bound);
+  cuda::gemm_exact(W.gpu(), dx.get(), dy.get(), T, nullptr, split);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got = dy.download();
+  expect_within(got, want, bound);
+  return got;
 }
 
 TEST(CudaGemmExact, EdgeSizes) {
@@ -70,6 +75,26 @@ TEST(CudaGemmExact, RouterShape) {
   REQUIRE_GPU();
   check_exact(256, 2048, 300, 8);
   check_exact(256, 2048, 64, 4);
+}
+
+TEST(CudaGemmExact, SplitK) {
+  REQUIRE_GPU();
+  cuda::SplitKScratch scratch;
+  for (int bits : {4, 8})
+    for (int T : {1, 2, 15, 63, 64, 65, 200})
+      for (int N : {1, 65, 256}) check_exact(N, 2048, T, bits, scratch.get());
+  check_exact(8, 256, 3, 8, scratch.get());     // 4 groups: 2 splits of two
+  check_exact(256, 1984, 2, 8, scratch.get());  // 31 groups: 11 splits (the sum's batches of 2 and one more)
+  const auto a = check_exact(256, 2048, 2, 8, scratch.get());
+  const auto b = check_exact(256, 2048, 2, 8, scratch.get());
+  const auto whole = check_exact(256, 2048, 2, 8);
+  size_t same_a_b = 0, same_whole = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    same_a_b += std::memcmp(&a[i], &b[i], sizeof(float)) == 0;
+    same_whole += std::memcmp(&a[i], &whole[i], sizeof(float)) == 0;
+  }
+  EXPECT_EQ(same_a_b, a.size()) << "the split sum is not deterministic";
+  EXPECT_LT(same_whole, a.size()) << "the product did not split";
 }
 
 }  // namespace

@@ -2,17 +2,24 @@
 // (tests/server/fixtures/tiny-chat) with its real tokenizer as the grammar's vocabulary. The model
 // is poisoned: a wrapper raises the logits of tokens the grammar forbids (a control token, an id
 // of the padded tail, letters where the schema wants digits) far above the rest, so an unmasked
-// row would always pick them. Whatever the sampler setting, the reply must be a document of the
-// grammar (checked by tests/grammar's own parser and validator), the grammar's end must end the
-// generation, and no decode step may go through the backend's candidates.
+// row, or candidates selected without the mask, would always pick them. Both decode paths run:
+// the whole row masked on the host, and the backend's candidates selected among the allowed ids
+// (Backend::forward_candidates with AllowedTokens, done on the host by the wrapper as the GPU
+// does it). Whatever the sampler setting, the reply must be a document of the grammar (checked
+// by tests/grammar's own parser and validator), the two paths must give the same tokens, and the
+// grammar's end must end the generation. LILY_TEST_BACKEND=cuda compares the GPU's own masked
+// selection with its whole row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
+#include <cstdlib>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "../grammar/json_reference.h"
+#include "candidate_backends.h"
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
 #include "runtime/engine.h"
@@ -27,32 +34,21 @@ using json = nlohmann::ordered_json;
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
 
-// The wrapped backend's logits, with `poison` raised by `delta` (+60: a logit the random model
-// never reaches); counts forward_candidates calls, which a grammar must never make.
-class PoisonBackend final : public Backend {
- public:
-  PoisonBackend(Backend& inner, std::vector<int32_t> poison, float delta = 60.0f)
-      : inner_(inner), poison_(std::move(poison)), delta_(delta) {}
-  std::string name() const override { return "poisoned(" + inner_.name() + ")"; }
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
-  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
-               std::vector<float>& logits) override {
-    inner_.forward(state, tokens, wanted, logits);
-    if (wanted == LogitsWanted::none) return;
-    for (int32_t id : poison_) logits[logits.size() - size_t(config().vocab_size) + size_t(id)] += delta_;
-  }
-  bool forward_candidates(SequenceState&, int32_t, int, int32_t, std::vector<TokenLogit>&) override {
-    ++candidate_calls;
-    return false;
-  }
-  int candidate_calls = 0;
+using test::WrappedBackend;
+using Mode = WrappedBackend::Mode;
+constexpr Mode kBothPaths[] = {Mode::whole_row, Mode::candidates};
 
- private:
-  Backend& inner_;
-  std::vector<int32_t> poison_;
-  float delta_;
-};
+const char* to_string(Mode mode) {
+  return mode == Mode::whole_row ? "whole row" : mode == Mode::candidates ? "masked candidates" : "mask ignored";
+}
+
+// The wrapped backend's logits, with `poison` raised by `delta` (+60: a logit the random model
+// never reaches).
+WrappedBackend poisoned(Backend& inner, Mode mode, std::vector<int32_t> poison, float delta = 60.0f) {
+  return WrappedBackend(inner, mode, [poison = std::move(poison), delta](std::span<float> row, int) {
+    for (int32_t id : poison) row[size_t(id)] += delta;
+  });
+}
 
 struct Model {
   std::unique_ptr<Engine> engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
@@ -116,34 +112,154 @@ const json kSchema = json::parse(R"({"type": "object", "properties": {
     "note": {"anyOf": [{"type": "null"}, {"const": 7}]}},
   "required": ["unit", "code", "ok", "tags"]})");
 
-TEST(ConstrainedGenerate, PoisonedTokensAreNeverProducedAndTheReplyValidates) {
+// The candidates generate() asks for at this setting (0: the whole row).
+int candidates_needed(const SamplingParams& sampling) {
+  return Sampler(sampling, model().tokenizer.vocab_size()).candidates_needed();
+}
+
+// Forbidden everywhere: a control token and an id of the padded tail (beyond the tokenizer);
+// forbidden almost everywhere: "X" and "{" (allowed once, at the start).
+std::vector<int32_t> poison_ids() {
   Model& m = model();
-  // Forbidden everywhere: a control token and an id of the padded tail (beyond the tokenizer);
-  // forbidden almost everywhere: "X" and "{" (allowed once, at the start).
   std::vector<int32_t> poison{m.id("<|im_start|>"), m.engine->config().vocab_size - 1};
   for (const char* text : {"X", "{"})
     for (int32_t id : m.tokenizer.encode(text)) poison.push_back(id);
-  PoisonBackend backend(m.engine->backend(), poison);
+  return poison;
+}
+
+TEST(ConstrainedGenerate, PoisonedTokensAreNeverProducedAndTheReplyValidates) {
+  Model& m = model();
+  const std::vector<int32_t> poison = poison_ids();
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
-  for (const SamplingParams& sampling : every_setting()) {
-    SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " top_k " << sampling.top_k << " seed "
-                                    << *sampling.seed);
-    grammar::GrammarMatcher matcher(compiled);
-    const Outcome r = run(backend, &matcher, sampling, 400);
-    EXPECT_EQ(r.result.finish, FinishReason::stop) << r.text;
-    const auto doc = RefParser(r.text, 32).document();
-    ASSERT_TRUE(doc) << "not JSON: " << r.text;
-    EXPECT_TRUE(RefValidator(kSchema).valid(kSchema, *doc)) << r.text;
-    for (int32_t id : r.result.tokens) {
-      EXPECT_NE(id, poison[0]);
-      EXPECT_NE(id, poison[1]);
+  for (Mode mode : kBothPaths) {
+    for (const SamplingParams& sampling : every_setting()) {
+      SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature << " top_k "
+                                      << sampling.top_k << " seed " << *sampling.seed);
+      WrappedBackend backend = poisoned(m.engine->backend(), mode, poison);
+      grammar::GrammarMatcher matcher(compiled);
+      const Outcome r = run(backend, &matcher, sampling, 400);
+      EXPECT_EQ(r.result.finish, FinishReason::stop) << r.text;
+      const auto doc = RefParser(r.text, 32).document();
+      ASSERT_TRUE(doc) << "not JSON: " << r.text;
+      EXPECT_TRUE(RefValidator(kSchema).valid(kSchema, *doc)) << r.text;
+      for (int32_t id : r.result.tokens) {
+        EXPECT_NE(id, poison[0]);
+        EXPECT_NE(id, poison[1]);
+      }
+      // Candidates whenever the sampler's draw allows them (greedy, top-k), every decode step
+      // after the first, each with the grammar's mask; the whole row otherwise.
+      const bool candidates = mode == Mode::candidates && candidates_needed(sampling) > 0;
+      EXPECT_EQ(backend.calls, candidates ? int(r.result.tokens.size()) - 1 : 0);
+      EXPECT_EQ(backend.masked_calls, backend.calls);
+      EXPECT_GT(r.result.grammar_seconds, 0.0);
     }
-    EXPECT_EQ(backend.candidate_calls, 0) << "a grammar needs the whole row";
-    EXPECT_GT(r.result.grammar_seconds, 0.0);
   }
   // The poison works: unconstrained, the poisoned tokens are what the model writes.
-  const Outcome free_run = run(backend, nullptr, every_setting()[0], 8);
-  EXPECT_NE(std::find(poison.begin(), poison.end(), free_run.result.tokens[0]), poison.end());
+  for (Mode mode : kBothPaths) {
+    WrappedBackend backend = poisoned(m.engine->backend(), mode, poison);
+    const Outcome free_run = run(backend, nullptr, every_setting()[0], 8);
+    for (int32_t id : free_run.result.tokens) EXPECT_NE(std::find(poison.begin(), poison.end(), id), poison.end());
+  }
+}
+
+// The draw from the backend's masked candidates is the draw from the masked row: the same tokens
+// at every setting that uses candidates (greedy, top-k with top-p or min-p; same seed), for a
+// schema and for a grammar that allows fewer tokens than top_k at most steps (the candidates are
+// then all the allowed tokens).
+TEST(ConstrainedGenerate, MaskedCandidatesGiveTheWholeRowTokens) {
+  Model& m = model();
+  grammar::GrammarOptions no_ws;
+  no_ws.max_whitespace = 0;
+  const std::shared_ptr<const grammar::CompiledGrammar> grammars[] = {
+      std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab),
+      std::make_shared<const grammar::CompiledGrammar>(
+          grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no", "maybe"]})"), no_ws), m.vocab)};
+  int compared = 0;
+  for (const auto& compiled : grammars) {
+    for (SamplingParams sampling : every_setting()) {
+      if (candidates_needed(sampling) == 0) continue;
+      for (uint64_t seed : {*sampling.seed, uint64_t(77), uint64_t(78)}) {
+        sampling.seed = seed;
+        SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " top_k " << sampling.top_k
+                                        << " seed " << seed);
+        WrappedBackend whole_row = poisoned(m.engine->backend(), Mode::whole_row, poison_ids());
+        WrappedBackend candidates = poisoned(m.engine->backend(), Mode::candidates, poison_ids());
+        grammar::GrammarMatcher a(compiled), b(compiled);
+        const Outcome want = run(whole_row, &a, sampling, 400);
+        const Outcome got = run(candidates, &b, sampling, 400);
+        EXPECT_EQ(got.result.tokens, want.result.tokens) << "whole row: " << want.text << "\ncandidates: " << got.text;
+        EXPECT_EQ(got.result.finish, want.result.finish);
+        EXPECT_EQ(candidates.calls, int(got.result.tokens.size()) - 1);
+        ++compared;
+      }
+    }
+  }
+  EXPECT_EQ(compared, 2 * 3 * 3);
+}
+
+// Sampled draws differ between seeds at these settings: the comparison above is not vacuous.
+TEST(ConstrainedGenerate, SeedsChangeTheMaskedCandidatesDraw) {
+  Model& m = model();
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
+  SamplingParams hot;
+  hot.temperature = 1.5f, hot.top_k = 20;
+  std::vector<std::vector<int32_t>> replies;
+  for (uint64_t seed : {1, 2, 3}) {
+    hot.seed = seed;
+    WrappedBackend backend = poisoned(m.engine->backend(), Mode::candidates, poison_ids());
+    grammar::GrammarMatcher matcher(compiled);
+    replies.push_back(run(backend, &matcher, hot, 400).result.tokens);
+  }
+  EXPECT_TRUE(replies[0] != replies[1] || replies[0] != replies[2]);
+}
+
+// A backend whose candidates ignore the mask hands over a poisoned token: generate() refuses it
+// (an error), never writes it. (Also: the masked-candidates tests above would see the poison.)
+TEST(ConstrainedGenerate, CandidatesThatIgnoreTheMaskAreAnErrorNotAWrongReply) {
+  Model& m = model();
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
+  for (const SamplingParams& sampling : every_setting()) {
+    if (candidates_needed(sampling) == 0) continue;
+    WrappedBackend broken = poisoned(m.engine->backend(), Mode::ignores_mask, poison_ids());
+    grammar::GrammarMatcher matcher(compiled);
+    EXPECT_THROW(run(broken, &matcher, sampling, 400), Error) << "temperature " << sampling.temperature;
+    EXPECT_EQ(broken.calls, 1) << "the first decode step's candidates";
+  }
+}
+
+// After the first token, every logit is NaN (or -inf): no token the grammar allows has a usable
+// logit. On the candidates path that is an Error, never a token the grammar forbids: for NaN the
+// candidates come back empty, for -inf they are allowed ids at -inf, which generate() leaves out
+// as the whole row's sampler does.
+TEST(ConstrainedGenerate, NoUsableAllowedLogitIsAnError) {
+  Model& m = model();
+  auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
+  for (float bad : {NAN, -INFINITY}) {
+    for (const SamplingParams& sampling : every_setting()) {
+      if (candidates_needed(sampling) == 0) continue;
+      SCOPED_TRACE(testing::Message() << bad << ", temperature " << sampling.temperature);
+      WrappedBackend backend(m.engine->backend(), Mode::candidates, [bad](std::span<float> row, int rows_before) {
+        if (rows_before > 0) std::fill(row.begin(), row.end(), bad);
+      });
+      grammar::GrammarMatcher matcher(compiled);
+      std::vector<int32_t> written;
+      GenerateRequest g;
+      g.prompt = m.tokenizer.encode("<|im_start|>user\nGive me JSON<|im_end|>\n<|im_start|>assistant\n");
+      g.max_new_tokens = 20;
+      g.sampling = sampling;
+      g.vocab_limit = m.tokenizer.vocab_size();
+      g.grammar = &matcher;
+      auto state = backend.new_sequence(256);
+      EXPECT_THROW(generate(backend, *state, g,
+                            [&](const GeneratedToken& t) {
+                              written.push_back(t.id);
+                              return true;
+                            }),
+                   Error);
+      EXPECT_EQ(written.size(), 1u) << "the prefill's token only";
+      EXPECT_EQ(backend.calls, 1);
+    }
+  }
 }
 
 // No whitespace after the value: once "yes" or "no" is closed nothing can follow (must_stop),
@@ -154,65 +270,112 @@ TEST(ConstrainedGenerate, TheGrammarsEndEndsTheGenerationAsAStop) {
   no_ws.max_whitespace = 0;
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(
       grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no"]})"), no_ws), m.vocab);
-  for (const SamplingParams& sampling : every_setting()) {
-    grammar::GrammarMatcher matcher(compiled);
-    const Outcome r = run(m.engine->backend(), &matcher, sampling, 50);
-    EXPECT_EQ(r.result.finish, FinishReason::stop);
-    EXPECT_TRUE(r.text == "\"yes\"" || r.text == "\"no\"") << r.text;
-    EXPECT_FALSE(m.vocab->is_stop(r.result.tokens.back()));
-    EXPECT_TRUE(matcher.must_stop());
-    EXPECT_EQ(r.fed, int64_t(r.result.tokens.size()) - 1) << "the grammar's last token is not fed back";
+  for (Mode mode : kBothPaths) {
+    for (const SamplingParams& sampling : every_setting()) {
+      WrappedBackend backend(m.engine->backend(), mode);
+      grammar::GrammarMatcher matcher(compiled);
+      const Outcome r = run(backend, &matcher, sampling, 50);
+      EXPECT_EQ(r.result.finish, FinishReason::stop);
+      EXPECT_TRUE(r.text == "\"yes\"" || r.text == "\"no\"") << r.text;
+      EXPECT_FALSE(m.vocab->is_stop(r.result.tokens.back()));
+      EXPECT_TRUE(matcher.must_stop());
+      EXPECT_EQ(r.fed, int64_t(r.result.tokens.size()) - 1) << "the grammar's last token is not fed back";
+    }
   }
 }
 
 // A poisoned <|im_end|> is taken the first moment the grammar accepts (the closing "}"), never before.
 TEST(ConstrainedGenerate, AStopTokenComesExactlyWhenTheGrammarAccepts) {
   Model& m = model();
-  PoisonBackend backend(m.engine->backend(), {m.id("<|im_end|>")});
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
-  for (const SamplingParams& sampling : every_setting()) {
-    grammar::GrammarMatcher matcher(compiled);
-    const Outcome r = run(backend, &matcher, sampling, 400);
-    ASSERT_EQ(r.result.finish, FinishReason::stop) << r.text;
-    EXPECT_EQ(r.result.tokens.back(), m.id("<|im_end|>"));
-    EXPECT_TRUE(matcher.is_finished());
-    const auto doc = RefParser(r.text, 32).document();
-    ASSERT_TRUE(doc) << r.text;
-    EXPECT_TRUE(RefValidator(kSchema).valid(kSchema, *doc)) << r.text;
-    EXPECT_EQ(r.text.back(), '}') << "the stop token comes at the first accepting point";
+  for (Mode mode : kBothPaths) {
+    for (const SamplingParams& sampling : every_setting()) {
+      SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature);
+      WrappedBackend backend = poisoned(m.engine->backend(), mode, {m.id("<|im_end|>")});
+      grammar::GrammarMatcher matcher(compiled);
+      const Outcome r = run(backend, &matcher, sampling, 400);
+      ASSERT_EQ(r.result.finish, FinishReason::stop) << r.text;
+      EXPECT_EQ(r.result.tokens.back(), m.id("<|im_end|>"));
+      EXPECT_TRUE(matcher.is_finished());
+      const auto doc = RefParser(r.text, 32).document();
+      ASSERT_TRUE(doc) << r.text;
+      EXPECT_TRUE(RefValidator(kSchema).valid(kSchema, *doc)) << r.text;
+      EXPECT_EQ(r.text.back(), '}') << "the stop token comes at the first accepting point";
+    }
   }
 }
 
 // Thinking: the reasoning is free. The model is made one that never writes a token other than
 // text (the grammar holds stop and control tokens back until the answer); until it ends its
-// reasoning, the constrained run writes exactly its tokens, at every setting.
+// reasoning, the constrained run writes exactly its tokens, at every setting, on both paths.
 TEST(ConstrainedGenerate, TheThinkingBlockIsTheModelsOwn) {
   Model& m = model();
   std::vector<int32_t> not_text;
   for (int32_t id = 0; id < m.vocab->size(); ++id)
     if (!m.vocab->is_text(id)) not_text.push_back(id);
-  PoisonBackend text_only(m.engine->backend(), not_text, -1000.0f);
   grammar::GrammarOptions thinking;
   thinking.thinking = true;
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema, thinking),
                                                                    m.vocab);
   int ended = 0;
-  for (const SamplingParams& sampling : every_setting()) {
-    SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " seed " << *sampling.seed);
-    grammar::GrammarMatcher matcher(compiled);
-    const Outcome constrained = run(text_only, &matcher, sampling, 40);
-    const Outcome free_run = run(text_only, nullptr, sampling, 40);
-    // The free run's tokens up to the one that completes "</think>" (all of them if none does).
-    const std::vector<int32_t>& tokens = free_run.result.tokens;
-    size_t n = 0;
-    while (n < tokens.size() && m.tokenizer.decode(std::span(tokens.data(), n)).find("</think>") == std::string::npos)
-      ++n;
-    ASSERT_GE(constrained.result.tokens.size(), n);
-    EXPECT_TRUE(std::equal(tokens.begin(), tokens.begin() + ptrdiff_t(n), constrained.result.tokens.begin()))
-        << "free:        " << free_run.text << "\nconstrained: " << constrained.text;
-    if (n < tokens.size()) ++ended;
+  for (Mode mode : kBothPaths) {
+    for (const SamplingParams& sampling : every_setting()) {
+      SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature << " seed "
+                                      << *sampling.seed);
+      WrappedBackend text_only = poisoned(m.engine->backend(), mode, not_text, -1000.0f);
+      grammar::GrammarMatcher matcher(compiled);
+      const Outcome constrained = run(text_only, &matcher, sampling, 40);
+      const Outcome free_run = run(text_only, nullptr, sampling, 40);
+      // The free run's tokens up to the one that completes "</think>" (all of them if none does).
+      const std::vector<int32_t>& tokens = free_run.result.tokens;
+      size_t n = 0;
+      while (n < tokens.size() && m.tokenizer.decode(std::span(tokens.data(), n)).find("</think>") == std::string::npos)
+        ++n;
+      ASSERT_GE(constrained.result.tokens.size(), n);
+      EXPECT_TRUE(std::equal(tokens.begin(), tokens.begin() + ptrdiff_t(n), constrained.result.tokens.begin()))
+          << "free:        " << free_run.text << "\nconstrained: " << constrained.text;
+      if (n < tokens.size()) ++ended;
+    }
   }
-  std::printf("  %d of %zu runs ended their reasoning within 40 tokens\n", ended, every_setting().size());
+  std::printf("  %d of %zu runs ended their reasoning within 40 tokens\n", ended, 2 * every_setting().size());
+}
+
+// The backend's own forward_candidates under a grammar (the GPU's masked top_candidates under
+// LILY_TEST_BACKEND=cuda: the mask filled while the step runs, uploaded, read in the selection)
+// against the same backend's whole row: the same tokens, greedy and sampled, for a schema and a
+// grammar allowing fewer tokens than top_k. On the CPU backend (no forward_candidates of its
+// own) both runs take the whole row: the comparison is the GPU's.
+TEST(ConstrainedGenerate, BackendMaskedCandidatesMatchTheWholeRow) {
+  const char* backend_name = std::getenv("LILY_TEST_BACKEND");
+  auto engine = Engine::load(EngineOptions{kModelDir, backend_name ? backend_name : "cpu", 0});
+  Model& m = model();
+  grammar::GrammarOptions no_ws;
+  no_ws.max_whitespace = 0;
+  const std::shared_ptr<const grammar::CompiledGrammar> grammars[] = {
+      std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab),
+      std::make_shared<const grammar::CompiledGrammar>(
+          grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no", "maybe"]})"), no_ws), m.vocab)};
+  SamplingParams greedy;
+  greedy.temperature = 0;
+  SamplingParams qwen;
+  qwen.temperature = 0.6f, qwen.top_k = 20, qwen.top_p = 0.95f;
+  SamplingParams wide;
+  wide.temperature = 1.5f, wide.top_k = 256, wide.min_p = 0.01f;
+  for (const auto& compiled : grammars) {
+    for (SamplingParams sampling : {greedy, qwen, wide}) {
+      for (uint64_t seed : {1, 2}) {
+        sampling.seed = seed;
+        SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " top_k " << sampling.top_k
+                                        << " seed " << seed);
+        WrappedBackend whole_row(engine->backend(), Mode::whole_row);
+        grammar::GrammarMatcher a(compiled), b(compiled);
+        const Outcome want = run(whole_row, &a, sampling, 400);
+        const Outcome got = run(engine->backend(), &b, sampling, 400);
+        EXPECT_EQ(got.result.tokens, want.result.tokens) << "whole row: " << want.text << "\nbackend: " << got.text;
+        EXPECT_EQ(got.result.finish, want.result.finish);
+      }
+    }
+  }
 }
 
 TEST(ConstrainedGenerate, AGrammarThatHasEndedIsRefused) {
@@ -224,6 +387,8 @@ TEST(ConstrainedGenerate, AGrammarThatHasEndedIsRefused) {
   SamplingParams greedy;
   greedy.temperature = 0;
   EXPECT_THROW(run(m.engine->backend(), &matcher, greedy, 5), Error);
+  WrappedBackend candidates(m.engine->backend(), Mode::candidates);
+  EXPECT_THROW(run(candidates, &matcher, greedy, 5), Error);
 }
 
 }  // namespace

@@ -4,12 +4,10 @@
 // no logprobs). Runs on the random-weight test model (tests/server/fixtures/tiny-chat), CPU.
 #include <gtest/gtest.h>
 
-#include <algorithm>
-#include <cmath>
 #include <cstdlib>
 #include <string>
-#include <utility>
 
+#include "candidate_backends.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 
@@ -18,50 +16,8 @@ namespace {
 
 const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixtures/tiny-chat";
 
-// Passes everything to a wrapped backend except forward_candidates, which stays the base's
-// "not offered": the whole-row path of the same backend.
-class WholeRowBackend : public Backend {
- public:
-  explicit WholeRowBackend(Backend& inner, std::string label = "whole-row") : inner_(inner), label_(std::move(label)) {}
-  std::string name() const override { return label_ + "(" + inner_.name() + ")"; }
-  const ModelConfig& config() const override { return inner_.config(); }
-  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
-  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
-               std::vector<float>& logits) override {
-    inner_.forward(state, tokens, wanted, logits);
-  }
-
- protected:
-  Backend& inner_;
-
- private:
-  std::string label_;
-};
-
-// Wraps a backend; forward_candidates runs the wrapped forward() and selects on the host (what
-// a GPU backend does on the device): descending logits, ties to the lower id, NaN excluded.
-class CandidateBackend final : public WholeRowBackend {
- public:
-  explicit CandidateBackend(Backend& inner) : WholeRowBackend(inner, "candidates") {}
-  bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
-                          std::vector<TokenLogit>& out) override {
-    ++calls;
-    last_count = count;
-    std::vector<float> logits;
-    inner_.forward(state, std::span<const int32_t>(&token, 1), LogitsWanted::last, logits);
-    std::vector<int32_t> ids;
-    for (int32_t i = 0; i < vocab_limit; ++i)
-      if (!std::isnan(logits[size_t(i)])) ids.push_back(i);
-    const size_t k = std::min(size_t(count), ids.size());
-    std::partial_sort(ids.begin(), ids.begin() + ptrdiff_t(k), ids.end(), [&](int32_t a, int32_t b) {
-      return logits[size_t(a)] > logits[size_t(b)] || (logits[size_t(a)] == logits[size_t(b)] && a < b);
-    });
-    out.clear();
-    for (size_t i = 0; i < k; ++i) out.push_back({ids[i], logits[size_t(ids[i])]});
-    return true;
-  }
-  int calls = 0, last_count = 0;
-};
+using test::WrappedBackend;
+using Mode = WrappedBackend::Mode;
 
 GenerateResult run(Backend& backend, const GenerateRequest& request) {
   auto state = backend.new_sequence(256);
@@ -108,13 +64,14 @@ TEST(Generate, CandidatePathGivesTheWholeRowTokens) {
     SCOPED_TRACE(c.name);
     const GenerateRequest request = request_with(c.sampling, c.top_logprobs);
     const GenerateResult want = run(plain, request);
-    CandidateBackend wrapped(plain);
+    WrappedBackend wrapped(plain, Mode::candidates);
     const GenerateResult got = run(wrapped, request);
     EXPECT_EQ(got.tokens, want.tokens);
     EXPECT_EQ(got.finish, want.finish);
     if (c.expected_count > 0) {
       EXPECT_EQ(wrapped.calls, int(want.tokens.size()) - 1) << "every decode step after the first";
       EXPECT_EQ(wrapped.last_count, c.expected_count);
+      EXPECT_EQ(wrapped.masked_calls, 0) << "no grammar, no mask";
     } else {
       EXPECT_EQ(wrapped.calls, 0);
     }
@@ -122,7 +79,7 @@ TEST(Generate, CandidatePathGivesTheWholeRowTokens) {
 }
 
 // A backend's own forward_candidates (the GPU's top_candidates under LILY_TEST_BACKEND=cuda)
-// against the same backend with it switched off (WholeRowBackend): the same tokens, greedy and
+// against the same backend with it switched off (the whole-row path): the same tokens, greedy and
 // sampled.
 TEST(Generate, BackendCandidatesMatchTheWholeRow) {
   const char* backend = std::getenv("LILY_TEST_BACKEND");
@@ -135,7 +92,7 @@ TEST(Generate, BackendCandidatesMatchTheWholeRow) {
   wide.temperature = 1.5f, wide.top_k = 256, wide.min_p = 0.01f;
   for (const SamplingParams& sampling : {greedy, qwen, wide}) {
     const GenerateRequest request = request_with(sampling);
-    WholeRowBackend whole_row(engine->backend());
+    WrappedBackend whole_row(engine->backend(), Mode::whole_row);
     EXPECT_EQ(run(engine->backend(), request).tokens, run(whole_row, request).tokens)
         << "temperature " << sampling.temperature << " top_k " << sampling.top_k;
   }
@@ -148,7 +105,7 @@ TEST(Generate, SeedsChangeSampledTokens) {
   hot.temperature = 2.0f, hot.top_k = 50;
   GenerateRequest a = request_with(hot), b = request_with(hot);
   b.sampling.seed = 99;
-  CandidateBackend wrapped(engine->backend());
+  WrappedBackend wrapped(engine->backend(), Mode::candidates);
   EXPECT_NE(run(wrapped, a).tokens, run(wrapped, b).tokens);
 }
 

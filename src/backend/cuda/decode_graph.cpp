@@ -15,6 +15,9 @@ DecodeGraph::DecodeGraph(DecodeStep& step, int vocab_size, bool pdl, cudaStream_
   next_token_ = DeviceBuffer(4);
   candidates_ = DeviceBuffer(kMaxTopCandidates * sizeof(Candidate));
   candidate_scratch_ = DeviceBuffer(top_candidates_scratch_bytes(vocab_size));
+  mask_ = DeviceBuffer(mask_words() * 8);
+  host_mask_words_ = mask_words();
+  CUDA_CHECK(cudaMallocHost(&host_mask_, host_mask_words_ * 8));
   CUDA_CHECK(cudaMallocHost(&host_token_, 4));
   CUDA_CHECK(cudaMallocHost(&host_ring_, kRing * 4));
   CUDA_CHECK(cudaMallocHost(&host_candidates_, kMaxTopCandidates * sizeof(Candidate)));
@@ -26,6 +29,7 @@ DecodeGraph::~DecodeGraph() {
   cudaFreeHost(host_ring_);
   cudaFreeHost(host_candidates_);
   cudaFreeHost(host_logits_);
+  cudaFreeHost(host_mask_);
 }
 
 void DecodeGraph::step(CudaSequenceState& s, int32_t token, float* host_logits) {
@@ -39,12 +43,39 @@ void DecodeGraph::step(CudaSequenceState& s, int32_t token, float* host_logits) 
 }
 
 void DecodeGraph::step_candidates(CudaSequenceState& s, int32_t token, int count, int32_t vocab_limit,
-                                  std::vector<TokenLogit>& out) {
+                                  const AllowedTokens* allowed, std::vector<TokenLogit>& out) {
   LILY_CHECK(count >= 1 && count <= kMaxTopCandidates, "{} candidates (1 to {})", count, kMaxTopCandidates);
+  const int n = std::min(vocab_limit, vocab_size_);
+  if (allowed) {
+    LILY_CHECK(allowed->fill && allowed->words * 64 >= size_t(n),
+               "an allowed-token mask of {} words does not cover the {} ids selected over", allowed->words, n);
+    // Before the launch: freeing pinned memory would wait for the step. The last step that read
+    // this buffer synchronized, so nothing reads it now.
+    if (allowed->words > host_mask_words_) {
+      CUDA_CHECK(cudaFreeHost(host_mask_));
+      host_mask_ = nullptr, host_mask_words_ = 0;
+      CUDA_CHECK(cudaMallocHost(&host_mask_, allowed->words * 8));
+      host_mask_words_ = allowed->words;
+    }
+  }
   write_token(token);
   launch(s);
-  top_candidates(step_.logits(), std::min(vocab_limit, vocab_size_), count, candidate_scratch_.get(),
-                 candidates_.as<Candidate>(), stream_);
+  const uint64_t* mask = nullptr;
+  if (allowed) {
+    try {
+      allowed->fill(std::span(host_mask_, allowed->words));  // while the GPU runs the step
+    } catch (...) {
+      CUDA_CHECK(cudaStreamSynchronize(stream_));  // the step happened: keep the host's count
+      s.advance_host(1);
+      throw;
+    }
+    // The words of the ids below vocab_size (what the selection reads; a grammar's vocabulary
+    // may be longer), after the step in stream order.
+    const size_t words = std::min(allowed->words, mask_words());
+    CUDA_CHECK(cudaMemcpyAsync(mask_.get(), host_mask_, words * 8, cudaMemcpyHostToDevice, stream_));
+    mask = mask_.as<uint64_t>();
+  }
+  top_candidates(step_.logits(), n, count, mask, candidate_scratch_.get(), candidates_.as<Candidate>(), stream_);
   CUDA_CHECK(cudaMemcpyAsync(host_candidates_, candidates_.get(), size_t(count) * sizeof(Candidate),
                              cudaMemcpyDeviceToHost, stream_));
   CUDA_CHECK(cudaStreamSynchronize(stream_));

@@ -27,15 +27,19 @@ class DecodeGraph {
   // One step of s after `token`; the logits row into host_logits (nullptr: none). Synchronizes.
   void step(CudaSequenceState& s, int32_t token, float* host_logits);
   // One step after `token`, then the `count` best logits below vocab_limit, selected on the GPU
-  // (Backend::forward_candidates' contract). Synchronizes.
+  // (Backend::forward_candidates' contract), among the ids `allowed` allows when not null: its
+  // mask is filled on the host while the step runs (the graph launch returns at once), straight
+  // into a pinned buffer, then copied to the device in stream order ahead of the selection.
+  // Synchronizes.
   void step_candidates(CudaSequenceState& s, int32_t token, int count, int32_t vocab_limit,
-                       std::vector<TokenLogit>& out);
+                       const AllowedTokens* allowed, std::vector<TokenLogit>& out);
   // `count` greedy steps after first_token, chained on the GPU: each step's arg max is the next
   // step's input; up to kRing steps in flight, the tokens copied back asynchronously.
   std::vector<int32_t> greedy(CudaSequenceState& s, int32_t first_token, int count);
 
  private:
   static constexpr int kRing = 8;
+  size_t mask_words() const { return (size_t(vocab_size_) + 63) / 64; }  // of a mask over the vocabulary
   void write_token(int32_t token);
   void launch(CudaSequenceState& s);  // captures s's graph on first use
   cudaGraphExec_t instantiate(cudaGraph_t graph) const;
@@ -46,6 +50,9 @@ class DecodeGraph {
   cudaStream_t stream_;
   DeviceBuffer next_token_;  // int32 [1]: the greedy pick of the last step
   DeviceBuffer candidates_, candidate_scratch_;
+  DeviceBuffer mask_;                     // uint64 [ceil(vocab / 64)]: the allowed ids of this step
+  uint64_t* host_mask_ = nullptr;         // pinned [host_mask_words_]: the mask on its way in,
+  size_t host_mask_words_ = 0;            // rewritten only after the step that read it synchronized
   int32_t* host_token_ = nullptr;         // pinned: the step's input on its way in
   int32_t* host_ring_ = nullptr;          // pinned [kRing]: greedy tokens on their way out
   Candidate* host_candidates_ = nullptr;  // pinned [kMaxTopCandidates]

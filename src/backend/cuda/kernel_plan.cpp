@@ -140,11 +140,13 @@ std::string KernelPlan::describe() const {
   out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
                      format_of(decode.lm_head.W));
   out += fmt::format(
-      "prefill pass (up to {} tokens): rms_norm + gemm_q4 projections; attention {}; DeltaNet {} below {} tokens, "
-      "else {}; MoE gemm_exact router, moe_topk, moe_plan, grouped gemm_q4 experts, moe_combine; the last row's "
-      "logits on the decode lm_head kernel\n",
-      prefill.chunk_tokens, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::recurrent),
-      prefill.chunked_delta_rule_from, kernel_name(DeltaRulePrefill::chunked));
+      "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + gemm_q4 projections "
+      "(split K on small grids); attention {}; DeltaNet {} below {} tokens, else {}; MoE gemm_exact router, moe_topk, "
+      "moe_plan, "
+      "grouped gemm_q4 experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
+      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, kernel_name(prefill.attention),
+      kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
+      kernel_name(DeltaRulePrefill::chunked));
   return out;
 }
 

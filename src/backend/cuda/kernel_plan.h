@@ -11,6 +11,10 @@
 //                    model), else mma (the small test models)
 //   prefill rule     the token loop below 48 tokens, the chunked rule from there (measured:
 //                    docs/perf.md)
+//   short passes     fewer than 5 tokens run as that many decode steps (the captured graph):
+//                    a prefill pass costs 8.2 ms at 2 tokens and 8.9 at 4, a step 1.8 ms;
+//                    passes of up to 32 tokens launch with PDL (-8% at 5 tokens, -6% at 16,
+//                    -2% at 32, but +3% at 47, +5% at 64, +2.5% at 4K) (H200, docs/perf.md)
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel
 // A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
 // not implement, ...) is refused here, when the backend is built, with what is wrong.
@@ -50,6 +54,8 @@ struct DecodePlan {
 };
 
 struct PrefillPlan {
+  int decode_steps_below = 5;        // forwards of 2 .. this - 1 tokens run as decode steps
+  int programmatic_below = 33;       // passes of fewer tokens launch with PDL (pdl_launch.cuh)
   int chunk_tokens = 8192;           // tokens per pass
   int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;

@@ -13,12 +13,17 @@
 //   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
 //                                                                       rms_norm, gemm_q4 (64 at a time)
 // The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h); the router is fp32-accurate
-// (gemm_exact), as in decode.
+// (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
+// blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of fewer than
+// the plan's programmatic_below tokens launch their kernels with programmatic dependent launch
+// (common/pdl_launch.cuh).
 #include "backend/cuda/prefill_pass.h"
 
 #include <algorithm>
 
 #include "backend/cuda/common/norm.h"
+#include "backend/cuda/common/phase_marks.h"
+#include "backend/cuda/common/programmatic_launches.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/attention_prefill.h"
@@ -64,6 +69,8 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
              "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
   stream_ = stream;
+  const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
+  phases::mark("embed", stream);
   CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
   // h = embed[tokens]
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
@@ -75,6 +82,7 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
   }
   advance_position(s.position(), T, stream);
   if (first_row < T) logits(first_row, T, host_logits);
+  phases::mark("end", stream);
 }
 
 // h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
@@ -82,17 +90,21 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
   const GpuAttention& a = layer.attention;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
-  gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_);
-  gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_);
-  gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_);
+  phases::mark("attention.qkv_proj", stream_);
+  gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_, split_.get());
+  gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_, split_.get());
+  gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_, split_.get());
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
+  phases::mark("attention.core", stream_);
   const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
   gated_attention_prefill(plan_.prefill.attention, p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
                           s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
   // h += o @ o_proj^T
-  gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
+  phases::mark("attention.o_proj", stream_);
+  gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
 }
 
 // h += gated_deltanet(RMSNorm(h)): the input projections, the core, out_proj (cpu::gated_deltanet)
@@ -100,33 +112,40 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
   const GpuDeltaNet& d = layer.deltanet;
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // qkv, z, b, a = x @ W^T
-  gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_);
-  gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_);
-  gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_);
-  gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_);
+  phases::mark("deltanet.in_proj", stream_);
+  gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_, split_.get());
+  gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_, split_.get());
+  gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_, split_.get());
+  gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_, split_.get());
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
+  phases::mark("deltanet.core", stream_);
   gated_deltanet_prefill(plan_.prefill.delta_rule(T), deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(),
                          b_.as<float>(), a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(),
                          deltanet_scratch_.get(), stream_);
   // h += y @ out_proj^T
-  gemm_q4_accumulate(d.out_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_);
+  phases::mark("deltanet.out_proj", stream_);
+  gemm_q4_accumulate(d.out_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
 }
 
 // h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs
 void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
   float* x = normed_.as<float>();
   // x = RMSNorm(h)
+  phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
-  moe_grouped_accumulate(layer.moe, x, T, c_.num_experts_per_tok, moe_scratch_.get(), h_.as<float>(), stream_);
+  moe_grouped_accumulate(layer.moe, x, T, c_.num_experts_per_tok, moe_scratch_.get(), h_.as<float>(), stream_, 0,
+                         split_.get());
 }
 
 // logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.
 void PrefillPass::logits(int first_row, int T, float* host_logits) {
   const int H = c_.hidden_size, rows = T - first_row;
   const size_t V = size_t(c_.vocab_size);
+  phases::mark("logits", stream_);
   const float* h = h_.as<float>() + size_t(first_row) * H;
   float* logits = logits_.as<float>();
   if (rows == 1) {  // the decode step's lm_head kernel
@@ -139,7 +158,7 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
   rms_norm(h, w_.final_norm, rows, H, c_.rms_norm_eps, x, stream_);
   for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
     const int n = std::min(kLogitRows, rows - r0);
-    gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_);
+    gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_, split_.get());
     CUDA_CHECK(
         cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost, stream_));
   }

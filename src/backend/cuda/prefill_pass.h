@@ -8,6 +8,7 @@
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/prefill/split_k.h"
 #include "backend/cuda/sequence_state.h"
 
 namespace lily::cuda {
@@ -43,6 +44,7 @@ class PrefillPass {
   DeviceBuffer moe_scratch_;       // routing, plan and intermediates of the grouped MoE
   DeviceBuffer deltanet_scratch_;  // conv outputs and the chunked rule's intermediates
   DeviceBuffer logits_;            // [64, V]: rows of logits on their way to the host
+  SplitKScratch split_;            // the short passes' split-K products (split_k.h)
 };
 
 }  // namespace lily::cuda

@@ -13,6 +13,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/norm.h"
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 
 #include <algorithm>
 
@@ -121,8 +122,7 @@ void rms_norm(const float* x, const float* gain, int rows, int n, float eps, flo
   LILY_CHECK(n > 0 && rows >= 0, "rms_norm: rows {} n {}", rows, n);
   if (rows == 0) return;
   const int threads = n >= 2048 ? 256 : n >= 256 ? 128 : 32;
-  rms_norm_kernel<<<rows, threads, 0, stream>>>(RmsNormParams{x, gain, y, n, eps});
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(rms_norm_kernel, dim3(rows), dim3(threads), 0, stream, RmsNormParams{x, gain, y, n, eps});
 }
 
 }  // namespace lily::cuda

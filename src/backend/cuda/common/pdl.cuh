@@ -9,7 +9,9 @@
 //     [loads that depend on nothing the predecessors write: weight prefetches]
 //     pdl_wait();               // the predecessor has finished and its writes are visible
 //     pdl_launch_dependents();  // let the successor's blocks be scheduled now
-// Without a programmatic edge (prefill, tests, PDL off) both are no-ops.
+// The prefill pass launches its kernels with programmatic stream serialization instead
+// (pdl_launch.cuh), each kernel waiting before it reads anything. Without a programmatic edge
+// (tests, PDL off) both are no-ops.
 //
 // The launch-order contract, for every kernel of the step:
 //   - what the direct predecessor writes is read only after pdl_wait();

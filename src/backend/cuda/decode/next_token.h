@@ -1,7 +1,7 @@
 // next_token.h: the next token from one row of logits on the GPU: its arg max (the greedy decode
 // graph, argmax.cu), or the k largest logits for samplers that need only them
-// (Backend::forward_candidates, top_candidates.cu): k (value, id) pairs leave the device instead
-// of the row.
+// (Backend::forward_candidates, top_candidates.cu), among the ids a grammar allows when it has a
+// mask: k (value, id) pairs leave the device instead of the row.
 #pragma once
 
 #include <cstddef>
@@ -27,7 +27,10 @@ size_t top_candidates_scratch_bytes(int n);
 
 // out[0 .. k) = the k largest of logits[0 .. n) in descending order, ties to the lower id; NaN
 // logits are never candidates (their slots, and any past n, hold id INT32_MAX, value -inf).
+// allowed: null, or a device bitmask of ceil(n / 64) words (bit i % 64 of word i / 64: token i
+// allowed; a grammar's mask); the ids it leaves out are never candidates either, like NaN ones.
 // 1 <= k <= kMaxTopCandidates. out: device memory for k candidates. Several launches, no sync.
-void top_candidates(const float* logits, int n, int k, void* scratch, Candidate* out, cudaStream_t stream);
+void top_candidates(const float* logits, int n, int k, const uint64_t* allowed, void* scratch, Candidate* out,
+                    cudaStream_t stream);
 
 }  // namespace lily::cuda

@@ -19,6 +19,7 @@
 //           both kernels by name, prefill then decode.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 
 #include <cuda_runtime.h>
 
@@ -337,8 +338,7 @@ void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   (void)configured;
   const int pairs = args.T * args.group;
   const dim3 grid(unsigned((pairs + kFlashRows - 1) / kFlashRows), unsigned(args.nkv));
-  flash_prefill_kernel<<<grid, kFlashThreads, kFlashSmem, stream>>>(args);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(flash_prefill_kernel, grid, dim3(kFlashThreads), kFlashSmem, stream, args);
 }
 
 }  // namespace
@@ -359,14 +359,13 @@ void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParam
              "gated_attention_prefill: {} does not take {} query heads per KV head", kernel_name(kernel),
              p.num_heads / p.num_kv_heads);
   const AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
-  kv_prep_kernel<<<unsigned(p.T), kThreads, 0, stream>>>(args);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(kv_prep_kernel, dim3(unsigned(p.T)), dim3(kThreads), 0, stream, args);
   if (kernel == AttentionPrefillKernel::flash) {
     launch_flash_prefill(args, stream);
     return;
   }
-  attention_prefill_simple_kernel<<<dim3(unsigned(p.T), unsigned(p.num_kv_heads)), kThreads, 0, stream>>>(args);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(attention_prefill_simple_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads)), dim3(kThreads), 0,
+                    stream, args);
 }
 
 }  // namespace lily::cuda

@@ -47,6 +47,7 @@
 //           carried states across calls).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/prefill/deltanet_prefill.h"
@@ -456,12 +457,10 @@ void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
               scratch + blocks * kC * kD * 2,
               scratch + blocks * (kC * kD * 2 + kC * kC),
               scratch + blocks * (kC * kD * 2 + kC * kC + kD * kD)};
-  deltanet_chunk_prep_kernel<<<dim3(unsigned(NC), unsigned(Hv)), kThreads, kPrepSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-  deltanet_chunk_state_kernel<<<unsigned(Hv * kSlices), kThreads, kStateSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
-  deltanet_chunk_output_kernel<<<dim3(unsigned(kSlices), unsigned(NC), unsigned(Hv)), kThreads, kOutSmem, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(deltanet_chunk_prep_kernel, dim3(unsigned(NC), unsigned(Hv)), dim3(kThreads), kPrepSmem, stream, p);
+  launch_after_wait(deltanet_chunk_state_kernel, dim3(unsigned(Hv * kSlices)), dim3(kThreads), kStateSmem, stream, p);
+  launch_after_wait(deltanet_chunk_output_kernel, dim3(unsigned(kSlices), unsigned(NC), unsigned(Hv)), dim3(kThreads),
+                    kOutSmem, stream, p);
 }
 
 }  // namespace lily::cuda

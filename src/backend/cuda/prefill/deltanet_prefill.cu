@@ -26,6 +26,7 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/deltanet_common.cuh"
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/prefill/deltanet_prefill.h"
 
 #include <algorithm>
@@ -212,20 +213,18 @@ void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, cons
   for (int t0 = 0; t0 < p.T; t0 += kPrefillChunk) {
     const int n = std::min(kPrefillChunk, p.T - t0);
     const dim3 conv_grid(unsigned((n + kConvRun - 1) / kConvRun), unsigned((heads + kConvWarps - 1) / kConvWarps));
-    deltanet_conv_kernel<kConvK><<<conv_grid, kConvWarps * 32, 0, stream>>>(args, t0, n);
-    CUDA_CHECK_LAUNCH();
-    conv_state_kernel<kConvK><<<unsigned((args.C + 255) / 256), 256, 0, stream>>>(args, t0, n);
-    CUDA_CHECK_LAUNCH();
+    launch_after_wait(deltanet_conv_kernel<kConvK>, dim3(conv_grid), dim3(kConvWarps * 32), 0, stream, args, t0, n);
+    launch_after_wait(conv_state_kernel<kConvK>, dim3(unsigned((args.C + 255) / 256)), dim3(256), 0, stream, args, t0,
+                      n);
     if (form == DeltaRulePrefill::chunked) {
       chunked.n = n, chunked.b = b + size_t(t0) * Hv, chunked.a = a + size_t(t0) * Hv;
       chunked.o = y + size_t(t0) * Hv * kHeadDim;
       delta_rule_chunked(chunked, stream);
     } else {
-      deltanet_scan_kernel<<<unsigned(Hv * kSlices), kThreads, 0, stream>>>(args, t0, n);
-      CUDA_CHECK_LAUNCH();
+      launch_after_wait(deltanet_scan_kernel, dim3(unsigned(Hv * kSlices)), dim3(kThreads), 0, stream, args, t0, n);
     }
-    gated_norm_kernel<<<unsigned((n * Hv + kNormRows - 1) / kNormRows), kNormRows * 32, 0, stream>>>(args, t0, n);
-    CUDA_CHECK_LAUNCH();
+    launch_after_wait(gated_norm_kernel, dim3(unsigned((n * Hv + kNormRows - 1) / kNormRows)), dim3(kNormRows * 32), 0,
+                      stream, args, t0, n);
   }
 }
 

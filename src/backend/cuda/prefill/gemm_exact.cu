@@ -13,13 +13,18 @@
 //           against all 64 weight rows (8 n-tiles). Per group: x -> bf16 hi/lo tiles and xsum,
 //           codes -> exact bf16 tile, scale and bias into shared memory (double buffered: the
 //           next group is staged while this one is multiplied).
+// Split K:  with a workspace (split_k.h) and a grid that would not cover the SMs (a few rows),
+//           the groups are split over gridDim.z blocks; the last block of an output tile adds
+//           the splits in order.
 // Used by:  the prefill router (moe_grouped.cu): N = 256, K = 2048, 8 bits.
 // Tested:   tests/cuda/test_gemm_exact.cu against cpu::linear (bound 2e-5 of max |y|).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
+#include "backend/cuda/prefill/split_k.cuh"
 
 namespace lily::cuda {
 
@@ -40,6 +45,7 @@ struct Params {
   const float* x;  // [T, K]
   float* y;        // [T, N]
   int T, N, K, bits;
+  SplitK split;  // used when gridDim.z > 1: the groups split over z (split_k.h)
 };
 
 struct __align__(16) Stage {
@@ -124,14 +130,16 @@ __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
   Stage* stage = reinterpret_cast<Stage*>(exact_smem);  // [2]
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g4 = lane / 4, t4 = lane % 4;
   const int row0 = blockIdx.y * kRows, col0 = blockIdx.x * kCols;
-  const int groups = p.K / kGroup;
+  // Groups [g0, g1): all of K, or this block's split.
+  const KRange kr = gridDim.z > 1 ? split_k_range(p.K / kGroup) : KRange{0, p.K / kGroup};
+  const int g0 = kr.begin, g1 = kr.end;
 
   float acc[kCols / 8][4] = {};  // rows 16 warp + g4 (+ 8), weight rows 8 n + 2 t4 (+ 1)
-  stage_group(p, 0, row0, col0, stage[0]);
-  for (int g = 0; g < groups; ++g) {
-    __syncthreads();  // stage g % 2 complete; stage (g + 1) % 2 free (read in step g - 1)
-    if (g + 1 < groups) stage_group(p, g + 1, row0, col0, stage[(g + 1) % 2]);
-    const Stage& st = stage[g % 2];
+  stage_group(p, g0, row0, col0, stage[0]);
+  for (int g = g0; g < g1; ++g) {
+    __syncthreads();  // stage (g - g0) % 2 complete; the other free (read in step g - 1)
+    if (g + 1 < g1) stage_group(p, g + 1, row0, col0, stage[(g + 1 - g0) % 2]);
+    const Stage& st = stage[(g - g0) % 2];
     float c[kCols / 8][4] = {};
 #pragma unroll
     for (int ks = 0; ks < kGroup / 16; ++ks) {
@@ -159,6 +167,14 @@ __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
       acc[n][3] = fmaf(s1, c[n][3], fmaf(b1, xs1, acc[n][3]));
     }
   }
+  if (gridDim.z > 1) {  // split K: the last block of this output tile sums the splits
+    float flat[kCols / 8 * 4];
+#pragma unroll
+    for (int r = 0; r < kCols / 8 * 4; ++r) flat[r] = acc[r / 4][r % 4];
+    if (!split_k_finish(flat, p.split, int(blockIdx.y * gridDim.x + blockIdx.x))) return;
+#pragma unroll
+    for (int r = 0; r < kCols / 8 * 4; ++r) acc[r / 4][r % 4] = flat[r];
+  }
 #pragma unroll
   for (int n = 0; n < kCols / 8; ++n) {
     const int col = col0 + 8 * n + 2 * t4;
@@ -174,7 +190,7 @@ __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
 
 }  // namespace
 
-void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split) {
   LILY_CHECK(W.batch == 1 && (W.bits == 4 || W.bits == 8) && W.group_size == 64 && W.cols > 0 && W.cols % 64 == 0 &&
                  W.rows > 0,
              "gemm_exact: [{}, {}, {}] q{} group {} (one matrix, 4/8 bits, group 64, cols a multiple of 64)", W.batch,
@@ -188,18 +204,22 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
     return true;
   }();
   (void)configured;
-  const Params p{reinterpret_cast<const uint8_t*>(W.codes),
-                 reinterpret_cast<const uint16_t*>(W.scales),
-                 reinterpret_cast<const uint16_t*>(W.biases),
-                 x,
-                 y,
-                 T,
-                 W.rows,
-                 W.cols,
-                 W.bits};
-  const dim3 grid(unsigned((W.rows + kCols - 1) / kCols), unsigned((T + kRows - 1) / kRows));
-  gemm_exact_kernel<<<grid, kThreads, 2 * sizeof(Stage), stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  Params p{reinterpret_cast<const uint8_t*>(W.codes),
+           reinterpret_cast<const uint16_t*>(W.scales),
+           reinterpret_cast<const uint16_t*>(W.biases),
+           x,
+           y,
+           T,
+           W.rows,
+           W.cols,
+           W.bits,
+           {}};
+  const unsigned gx = unsigned((W.rows + kCols - 1) / kCols), gy = unsigned((T + kRows - 1) / kRows);
+  // At least 2 groups a split: the router (4 blocks, 32 groups) in 16 splits, not 32.
+  const int splits = split_k_count(split, int64_t(gx) * gy, W.cols / kGroup, 2, int64_t(kThreads) * kCols / 8 * 4);
+  if (splits > 1) p.split = *split;
+  const dim3 grid(gx, gy, unsigned(splits));
+  launch_after_wait(gemm_exact_kernel, grid, dim3(kThreads), 2 * sizeof(Stage), stream, p);
 }
 
 }  // namespace lily::cuda

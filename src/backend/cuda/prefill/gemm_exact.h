@@ -5,11 +5,13 @@
 #pragma once
 
 #include "backend/cuda/common/gpu_types.h"
+#include "backend/cuda/prefill/split_k.h"
 
 namespace lily::cuda {
 
 // y[t, n] = sum_g scale[n, g] * (sum_{k in g} q[n, k] x[t, k]) + bias[n, g] * (sum_{k in g} x[t, k])
 // x: [T, W.cols] fp32 (16-byte aligned, W.cols a multiple of 64), y: [T, W.rows] fp32.
-void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+// split: optional workspace; with it, a grid of few blocks splits K (split_k.h).
+void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split = nullptr);
 
 }  // namespace lily::cuda

@@ -33,16 +33,26 @@
 //           load x(kt + 2) and scales(kt + 2) into registers; mma(kt); wait codes(kt + 1);
 //           dequant(kt + 1) into Bs. Buffers (kt + 1) & 1 were last read by mma(kt - 1), which
 //           every thread finished before the barrier.
+// Launch:   programmatic (pdl_launch.cuh): blocks may be scheduled while the previous kernel
+//           finishes; they wait for it before reading anything.
 // Guards:   rows past the end read zeros (x) and are not written; weight rows past N read row
 //           N - 1 and are not written. Grouped: blockIdx.x indexes the tile map; blocks past
 //           the device-side tile count exit before any barrier.
-// Variants: template <Tile, BITS 4|8, Epi store|accumulate|swiglu>; 8-bit only for Tile16 and
-//           Tile64 with store/accumulate (the router).
+// Split K:  dense products whose grid would not cover the SMs (passes of a few tokens) run with
+//           gridDim.z > 1 over a workspace (split_k.h): each block sums a range of K tiles, the
+//           last block of an output tile adds the ranges in order and runs the epilogue. A
+//           kernel of its own (SPLIT): with the split compiled into the one kernel, every 4K
+//           product measured ~5% slower.
+// Variants: template <Tile, BITS 4|8, Epi store|accumulate|swiglu, SPLIT (not Tile64)>; 8-bit
+//           only for Tile16 and Tile64 with store/accumulate (the router).
 // Tested:   tests/cuda/test_gemm_q4.cu against cpu::linear; the grouped form through
 //           tests/cuda/test_moe_grouped.cu.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/split_k.cuh"
 
 #include <type_traits>
 
@@ -142,8 +152,8 @@ struct Smem {
   static constexpr int kBytes = kA + kB + kCodes;
 };
 
-template <class TL, int BITS, Epi EPI>
-__global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
+template <class TL, int BITS, Epi EPI, bool SPLIT>
+__global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p, const SplitK split) {
   constexpr int BM = TL::BM, BN = TL::BN, MT = TL::MT, NT = TL::NT, kThreads = TL::kThreads;
   using S = Smem<TL, BITS>;
   constexpr int kStages = S::kStages, kRowBytes = S::kRowBytes, kChunks = S::kChunks;
@@ -158,17 +168,21 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
   uint16_t* Bs = As + 2 * BM * kRowStride;                                                   // [2][BN][kRowStride]
   uint4* ring = reinterpret_cast<uint4*>(reinterpret_cast<uint8_t*>(smem) + S::kA + S::kB);  // [kStages][kChunks]
 
+  pdl_wait();  // launched after the wait (pdl_launch.cuh): nothing of the predecessor is read before
+  pdl_launch_dependents();
   int expert = 0, r0, r1;
-  if (p.tiles) {
-    if (int(blockIdx.x) >= __ldg(p.num_tiles)) return;  // whole block: before any barrier
-    const int4 t = __ldg(p.tiles + blockIdx.x);
+  if (p.tiles) {                                         // the tile map through L2: written one or two launches back
+    if (int(blockIdx.x) >= __ldcg(p.num_tiles)) return;  // whole block: before any barrier
+    const int4 t = __ldcg(p.tiles + blockIdx.x);
     expert = t.x, r0 = t.y, r1 = t.z;
   } else {
     r0 = blockIdx.x * BM;
     r1 = min(p.T, r0 + BM);
   }
   const int n_out0 = blockIdx.y * kOutN;
-  const int KT = p.K / kBK;
+  // K tiles [k0, k0 + KT) of W: all of them, or this block's split.
+  const KRange kr = SPLIT ? split_k_range(p.K / kBK) : KRange{0, p.K / kBK};
+  const int k0 = kr.begin, KT = kr.end - kr.begin;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   const int wm = warp / TL::WN, wn = warp % TL::WN;
 
@@ -188,9 +202,9 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
     }
     const int64_t grow = int64_t(expert) * p.N + min(n, p.N - 1);
     // (selects, not p.codes[mi]: indexing the parameter array would copy it to local memory)
-    c_src[i] = (mi ? p.codes[1] : p.codes[0]) + grow * row_bytes + part * 16;
-    c_scale[i] = (mi ? p.scales[1] : p.scales[0]) + grow * gpr;
-    c_bias[i] = (mi ? p.biases[1] : p.biases[0]) + grow * gpr;
+    c_src[i] = (mi ? p.codes[1] : p.codes[0]) + grow * row_bytes + int64_t(k0) * kRowBytes + part * 16;
+    c_scale[i] = (mi ? p.scales[1] : p.scales[0]) + grow * gpr + k0;
+    c_bias[i] = (mi ? p.biases[1] : p.biases[0]) + grow * gpr + k0;
     c_dst[i] = r * kRowStride + part * kChunkCols;
   }
   // This thread's x float4s: source row pointers (nullptr: zeros) and offsets in As[buf].
@@ -202,8 +216,8 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
     const int pos = r0 + m;
     a_src[i] = nullptr;
     if (pos < r1) {
-      const int64_t src = p.gather ? __ldg(p.gather + pos) / p.gather_div : pos;
-      a_src[i] = p.x + src * p.K + c4 * 4;
+      const int64_t src = p.gather ? __ldcg(p.gather + pos) / p.gather_div : pos;
+      a_src[i] = p.x + src * p.K + int64_t(k0) * kBK + c4 * 4;
     }
     a_dst[i] = m * kRowStride + c4 * 4;
   }
@@ -310,6 +324,16 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
   }
   cp_async_wait<0>();
 
+  if constexpr (SPLIT) {  // the last block of this output tile sums the splits
+    constexpr int kRegs = MT * NT * 4;
+    float flat[kRegs];
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) flat[r] = acc[r / (NT * 4)][(r / 4) % NT][r % 4];
+    if (!split_k_finish(flat, split, int(blockIdx.y * gridDim.x + blockIdx.x))) return;
+#pragma unroll
+    for (int r = 0; r < kRegs; ++r) acc[r / (NT * 4)][(r / 4) % NT][r % 4] = flat[r];
+  }
+
   // Epilogue. Thread (g, t) of a warp holds rows g and g + 8 of each 16-row tile, columns
   // 2t and 2t + 1 of each 8-column tile. One owner per output element: deterministic.
   const int g = lane / 4, t = lane % 4;
@@ -348,27 +372,35 @@ __global__ void __launch_bounds__(TL::kThreads) gemm_q4_kernel(const Params p) {
 
 // ---- Launchers ------------------------------------------------------------------------------
 
-template <class TL, int BITS, Epi EPI>
-void launch(const Params& p, unsigned grid_x, cudaStream_t stream) {
+template <class TL, int BITS, Epi EPI, bool SPLIT>
+void launch(const Params& p, unsigned grid_x, unsigned splits, const SplitK& split, cudaStream_t stream) {
   constexpr int kOutN = EPI == Epi::swiglu ? TL::BN / 2 : TL::BN;
   constexpr int bytes = Smem<TL, BITS>::kBytes;
-  auto kernel = gemm_q4_kernel<TL, BITS, EPI>;
+  auto kernel = gemm_q4_kernel<TL, BITS, EPI, SPLIT>;
   static const bool configured = [&] {  // once per instantiation: allow > 48 KB of shared memory
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
     return true;
   }();
   (void)configured;
-  const dim3 grid(grid_x, unsigned((p.N + kOutN - 1) / kOutN));
-  kernel<<<grid, TL::kThreads, bytes, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  const dim3 grid(grid_x, unsigned((p.N + kOutN - 1) / kOutN), splits);
+  launch_after_wait(kernel, grid, dim3(TL::kThreads), bytes, stream, p, split);
 }
 
+// split: a workspace to split K over more blocks when the grid is small (dense only), or null.
 template <int BITS, Epi EPI>
-void dispatch_tile(int tile_rows, const Params& p, int rows, const int max_tiles, cudaStream_t stream) {
+void dispatch_tile(int tile_rows, const Params& p, int rows, const int max_tiles, const SplitK* split,
+                   cudaStream_t stream) {
   auto go = [&](auto tile) {
     using TL = decltype(tile);
+    constexpr int kOutN = EPI == Epi::swiglu ? TL::BN / 2 : TL::BN;
     const unsigned gx = p.tiles ? unsigned(max_tiles) : unsigned((rows + TL::BM - 1) / TL::BM);
-    launch<TL, BITS, EPI>(p, gx, stream);
+    const int64_t tiles = int64_t(gx) * ((p.N + kOutN - 1) / kOutN);
+    if constexpr (TL::BM != 64) {  // Tile64 runs only on grids that cover the SMs (dense()): no split form
+      const int64_t floats = int64_t(TL::kThreads) * TL::MT * TL::NT * 4;
+      const int splits = p.tiles ? 1 : split_k_count(split, tiles, p.K / kBK, 2, floats);
+      if (splits > 1) return launch<TL, BITS, EPI, true>(p, gx, unsigned(splits), *split, stream);
+    }
+    launch<TL, BITS, EPI, false>(p, gx, 1, SplitK{}, stream);
   };
   if constexpr (BITS == 8) {
     if (tile_rows <= 16) go(Tile16{});
@@ -412,7 +444,8 @@ Params make_params(const QMatrix& A, const QMatrix* B, const float* x, float* y,
 }
 
 template <Epi EPI>
-void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, cudaStream_t stream) {
+void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, const SplitK* split,
+           cudaStream_t stream) {
   LILY_CHECK(T >= 0, "gemm_q4: T = {}", T);
   if (T == 0) return;
   Params p = make_params(W, U, x, y, W.rows);
@@ -426,8 +459,8 @@ void dense(const QMatrix& W, const QMatrix* U, const float* x, float* y, int T, 
   int bm = gemm_q4_tile_rows(T);
   if (bm == 64 && blocks(64) < 132) bm = W.bits == 8 ? 16 : 32;
   if (bm == 32 && blocks(32) < 132) bm = 16;
-  if (W.bits == 4) dispatch_tile<4, EPI>(bm, p, T, 0, stream);
-  else if constexpr (EPI != Epi::swiglu) dispatch_tile<8, EPI>(bm, p, T, 0, stream);
+  if (W.bits == 4) dispatch_tile<4, EPI>(bm, p, T, 0, split, stream);
+  else if constexpr (EPI != Epi::swiglu) dispatch_tile<8, EPI>(bm, p, T, 0, split, stream);
 }
 
 template <Epi EPI>
@@ -442,7 +475,7 @@ void grouped(const QMatrix& W, const QMatrix* U, const float* x, const GroupedTi
   p.tiles = reinterpret_cast<const int4*>(g.tiles);
   p.num_tiles = g.num_tiles;
   p.gather = g.gather, p.gather_div = g.gather_div;
-  dispatch_tile<4, EPI>(g.tile_rows, p, 0, g.max_tiles, stream);
+  dispatch_tile<4, EPI>(g.tile_rows, p, 0, g.max_tiles, nullptr, stream);
 }
 
 }  // namespace
@@ -455,20 +488,21 @@ bool gemm_q4_supports(const QMatrix& W) {
 // block fastest with 16-row tiles at 8 rows per expert, 32 at 16 and 64 from 32 rows on.
 int gemm_q4_tile_rows(double rows) { return rows < 12 ? 16 : rows < 24 ? 32 : 64; }
 
-void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split) {
   check_matrix(W, "gemm_q4");
-  dense<Epi::store>(W.entry(0), nullptr, x, y, T, stream);
+  dense<Epi::store>(W.entry(0), nullptr, x, y, T, split, stream);
 }
 
-void gemm_q4_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream) {
+void gemm_q4_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split) {
   check_matrix(W, "gemm_q4_accumulate");
-  dense<Epi::accumulate>(W.entry(0), nullptr, x, y, T, stream);
+  dense<Epi::accumulate>(W.entry(0), nullptr, x, y, T, split, stream);
 }
 
-void gemm_q4_swiglu(const QMatrix& G, const QMatrix& U, const float* x, float* y, int T, cudaStream_t stream) {
+void gemm_q4_swiglu(const QMatrix& G, const QMatrix& U, const float* x, float* y, int T, cudaStream_t stream,
+                    const SplitK* split) {
   check_pair(G, U, "gemm_q4_swiglu");
   const QMatrix u = U.entry(0);
-  dense<Epi::swiglu>(G.entry(0), &u, x, y, T, stream);
+  dense<Epi::swiglu>(G.entry(0), &u, x, y, T, split, stream);
 }
 
 void gemm_q4_grouped_swiglu(const QMatrix& G, const QMatrix& U, const float* x, const GroupedTiles& tiles, float* y,

@@ -7,20 +7,28 @@
 #pragma once
 
 #include "backend/cuda/common/gpu_types.h"
+#include "backend/cuda/prefill/split_k.h"
 
 namespace lily::cuda {
 
 // Whether gemm_q4 and gemm_q4_accumulate take W (4 or 8 bits, group 64, cols a multiple of 64).
 bool gemm_q4_supports(const QMatrix& W);
 
+// The dense forms take an optional split-K workspace (split_k.h): with it, a product whose grid
+// would not cover the SMs (a pass of a few tokens) splits K over more blocks; without it, or
+// with a grid that covers them, one block per output tile sums all of K. Same bits either way
+// for a given workspace choice (the split sum has a fixed order).
+
 // y[t, n] = sum_c W[n, c] * x[t, c]      x: [T, W.cols] fp32 (16-byte aligned), y: [T, W.rows] fp32
-void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split = nullptr);
 
 // y[t, n] += sum_c W[n, c] * x[t, c]     (the residual add fused into the projection)
-void gemm_q4_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream);
+void gemm_q4_accumulate(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream,
+                        const SplitK* split = nullptr);
 
 // y[t, i] = silu(G x_t)_i * (U x_t)_i    G, U: [I, K] of one shape and bit width; y: [T, I]
-void gemm_q4_swiglu(const QMatrix& G, const QMatrix& U, const float* x, float* y, int T, cudaStream_t stream);
+void gemm_q4_swiglu(const QMatrix& G, const QMatrix& U, const float* x, float* y, int T, cudaStream_t stream,
+                    const SplitK* split = nullptr);
 
 // The grouped (MoE) form. Rows of the product live in expert-sorted order ("positions"); a
 // tile map built on the device (moe_grouped.cu) lists fixed-size tiles of positions that all

@@ -21,10 +21,13 @@
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/prefill/moe_grouped.h"
 
 #include <algorithm>
 
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
@@ -44,6 +47,8 @@ constexpr int kCombineThreads = 256;
 // One warp per token: warp_route_topk (route_topk.cuh), the rule the decode expert launches use.
 __global__ void __launch_bounds__(kTopkWarps * 32)
     moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
   if (t >= T) return;
   warp_route_topk(logits + int64_t(t) * E, E, k, ids + int64_t(t) * k, weights + int64_t(t) * k);
@@ -85,6 +90,8 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
 }
 
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   static_assert(kPlanThreads == 32 * 32 && kMaxExperts <= kPlanThreads);
   __shared__ int count[kMaxExperts], base[kMaxExperts];
   __shared__ int warp_count[32][kMaxExperts];  // per chunk: first position of each (warp, expert)
@@ -161,6 +168,8 @@ struct CombineParams {
 };
 
 __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombineParams p) {
+  pdl_wait();
+  pdl_launch_dependents();
   const int t = blockIdx.x;
   const float sg = 1.f / (1.f + expf(-p.shared_gate_logit[t]));
   for (int h = threadIdx.x * 4; h < p.H; h += kCombineThreads * 4) {
@@ -253,9 +262,8 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows) {
 void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
   LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E, "moe_topk: top-{} of {} experts", k, E);
   if (T <= 0) return;
-  moe_topk_kernel<<<unsigned((T + kTopkWarps - 1) / kTopkWarps), kTopkWarps * 32, 0, stream>>>(logits, T, E, k, ids,
-                                                                                               weights);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_topk_kernel, dim3(unsigned((T + kTopkWarps - 1) / kTopkWarps)), dim3(kTopkWarps * 32), 0,
+                    stream, logits, T, E, k, ids, weights);
 }
 
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream) {
@@ -265,12 +273,12 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
              moe_max_tiles(T * k, E, plan.tile_rows));
   const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
                      plan.sorted, plan.position, plan.tiles, plan.num_tiles};
-  moe_plan_kernel<<<1, kPlanThreads, 0, stream>>>(p);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, p);
 }
 
 void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
-                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows) {
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
+                                    const SplitK* split) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
@@ -285,6 +293,7 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   plan.num_tiles = at<int32_t>(scratch, l.num_tiles);
   plan.max_tiles = l.max_tiles;
   plan.tile_rows = l.tile_rows;
+  phases::mark("moe.plan", stream);
   moe_plan(ids, T, k, E, plan, stream);
 
   // Routed experts: gate/up over gathered token rows, then down over the act rows in place.
@@ -293,35 +302,40 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   g.gather = plan.sorted, g.gather_div = k;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
+  phases::mark("moe.experts_gate_up", stream);
   gemm_q4_grouped_swiglu(w.experts_gate, w.experts_up, x, g, act, stream);
   g.gather = nullptr, g.gather_div = 1;
+  phases::mark("moe.experts_down", stream);
   gemm_q4_grouped(w.experts_down, act, g, y, stream);
 
   // Shared expert and its per-token gate logit.
   float* shared_act = at<float>(scratch, l.shared_act);
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
-  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream);
-  gemm_q4(w.shared_down, shared_act, shared_y, T, stream);
-  gemm_q4(w.shared_expert_gate, x, sg, T, stream);
+  phases::mark("moe.shared", stream);
+  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream, split);
+  gemm_q4(w.shared_down, shared_act, shared_y, T, stream, split);
+  gemm_q4(w.shared_expert_gate, x, sg, T, stream, split);
 
   LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
+  phases::mark("moe.combine", stream);
   const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
-  moe_combine_kernel<<<unsigned(T), kCombineThreads, 0, stream>>>(c);
-  CUDA_CHECK_LAUNCH();
+  launch_after_wait(moe_combine_kernel, dim3(unsigned(T)), dim3(kCombineThreads), 0, stream, c);
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
-                            cudaStream_t stream, int tile_rows) {
+                            cudaStream_t stream, int tile_rows, const SplitK* split) {
   check_weights(w, k);
   if (T <= 0) return;
   const Layout l = layout(w, T, k, tile_rows);
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
-  gemm_exact(w.router, x, logits, T, stream);  // fp32-accurate, as the decode path and the CPU
+  phases::mark("moe.router", stream);
+  gemm_exact(w.router, x, logits, T, stream, split);  // fp32-accurate, as the decode path and the CPU
+  phases::mark("moe.topk", stream);
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows);
+  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split);
 }
 
 }  // namespace lily::cuda

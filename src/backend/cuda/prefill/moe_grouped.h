@@ -6,6 +6,7 @@
 #include <cstddef>
 
 #include "backend/cuda/common/gpu_types.h"
+#include "backend/cuda/prefill/split_k.h"
 
 namespace lily::cuda {
 
@@ -20,8 +21,9 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows = 
 // with bf16 inputs a near-tie between experts flips more often, and a flipped expert changes a
 // token's output by far more than rounding does).
 //   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
+// split: optional split-K workspace for the router and the shared expert (split_k.h).
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
-                            cudaStream_t stream, int tile_rows = 0);
+                            cudaStream_t stream, int tile_rows = 0, const SplitK* split = nullptr);
 
 // ---- The pieces (tests use them one by one) ---------------------------------------------
 
@@ -48,6 +50,7 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
 
 // The routed experts and the shared expert for given ids / weights ([T, k] on the device).
 void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
-                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows = 0);
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows = 0,
+                                    const SplitK* split = nullptr);
 
 }  // namespace lily::cuda
