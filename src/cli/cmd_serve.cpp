@@ -2,6 +2,8 @@
 //
 // The port is bound before the model loads: a port in use is refused at once, and /health
 // answers 503 with the loading phase (and stderr says how long it has taken) until it is loaded.
+#include <malloc.h>
+
 #include <chrono>
 #include <condition_variable>
 #include <cstdio>
@@ -67,8 +69,25 @@ class LoadTicker {
   std::thread thread_;
 };
 
+// glibc's malloc thresholds fixed at their start values, before any thread starts: a block of
+// 128 KiB or more (sequence states, KV caches, snapshots, the backend's scratch) is mmapped and
+// unmapped when freed, and an arena gives back its free top beyond 128 KiB. Left dynamic, the
+// first such block freed raises the mmap threshold to its size (up to 32 MiB) and the trim
+// threshold to twice that: the states then come from the arenas of the worker threads that ran
+// the requests, and each arena keeps up to the trim threshold of freed pages at its top, which
+// malloc_trim(0) after /cache/clear does not release (it trims the main heap's top, not a
+// thread arena's). What the server kept after /cache/clear then depended on where the last
+// states fell (tests/server/node/soak.mjs checks it).
+void fix_malloc_thresholds() {
+  constexpr int kThreshold = 128 << 10;
+  if (!mallopt(M_MMAP_THRESHOLD, kThreshold) || !mallopt(M_TRIM_THRESHOLD, kThreshold)) {
+    LILY_LOG_WARN("mallopt refused the mmap and trim thresholds of {} bytes", kThreshold);
+  }
+}
+
 int run_serve(ServeArgs& a) {
   if (a.verbose) set_log_level(LogLevel::debug);
+  fix_malloc_thresholds();
   const std::string dir = a.model.resolved_model_dir();
   if (a.server.model_name.empty()) {
     a.server.model_name = std::filesystem::path(dir).lexically_normal().filename().string();
