@@ -6,7 +6,8 @@
 #include <condition_variable>
 #include <csignal>
 #include <cstdio>
-#include <deque>
+#include <functional>
+#include <memory>
 #include <thread>
 
 #include "base/log.h"
@@ -108,54 +109,67 @@ std::string route_label(const HttpRequest& req) {
 
 // A fixed number of threads for completions; post() is refused (false) when all are taken, so
 // nothing waits for a thread: a request is running, waiting in the RequestQueue, or refused.
+// A task goes to the worker that went idle last (a stack, not a queue): the threads that run
+// requests stay as few as the requests at once, and the others' stacks and malloc caches stay
+// untouched. Woken in turn from one queue, every worker of the pool (--queue + 3) came to run
+// requests and kept the stack pages and thread cache it had touched: the server's memory grew
+// with the pool's size, not with the requests at once (tests/server/node/soak.mjs).
 class WorkerPool {
  public:
   explicit WorkerPool(size_t n) {
-    for (size_t i = 0; i < n; ++i) threads_.emplace_back([this] { loop(); });
+    workers_.reserve(n);
+    for (size_t i = 0; i < n; ++i) workers_.push_back(std::make_unique<Worker>());
+    for (auto it = workers_.rbegin(); it != workers_.rend(); ++it) idle_.push_back(it->get());  // worker 0 first
+    for (auto& w : workers_) w->thread = std::thread([this, w = w.get()] { loop(*w); });
   }
   ~WorkerPool() { join(); }
   bool post(std::function<void()> task) {
     std::lock_guard lock(mutex_);
-    if (stopping_ || busy_ + tasks_.size() >= threads_.size()) return false;
-    tasks_.push_back(std::move(task));
-    changed_.notify_one();
+    if (stopping_ || idle_.empty()) return false;
+    Worker* w = idle_.back();
+    idle_.pop_back();
+    w->task = std::move(task);
+    w->wake.notify_one();
     return true;
   }
   size_t busy() const {
     std::lock_guard lock(mutex_);
-    return busy_ + tasks_.size();
+    return workers_.size() - idle_.size();
   }
   void join() {
     {
       std::lock_guard lock(mutex_);
       stopping_ = true;
+      for (auto& w : workers_) w->wake.notify_one();
     }
-    changed_.notify_all();
-    for (auto& t : threads_) {
-      if (t.joinable()) t.join();
+    for (auto& w : workers_) {
+      if (w->thread.joinable()) w->thread.join();
     }
   }
 
  private:
-  void loop() {
+  struct Worker {
+    std::condition_variable wake;
+    std::function<void()> task;  // set by post(), under mutex_
+    std::thread thread;
+  };
+  void loop(Worker& w) {
     std::unique_lock lock(mutex_);
     while (true) {
-      changed_.wait(lock, [&] { return stopping_ || !tasks_.empty(); });
-      if (tasks_.empty()) return;
-      auto task = std::move(tasks_.front());
-      tasks_.pop_front();
-      ++busy_;
+      w.wake.wait(lock, [&] { return stopping_ || w.task; });
+      if (!w.task) return;
+      auto task = std::move(w.task);
+      w.task = nullptr;
       lock.unlock();
       task();
+      task = nullptr;  // the task's captures are released before this worker is offered again
       lock.lock();
-      --busy_;
+      idle_.push_back(&w);
     }
   }
   mutable std::mutex mutex_;
-  std::condition_variable changed_;
-  std::deque<std::function<void()>> tasks_;
-  std::vector<std::thread> threads_;
-  size_t busy_ = 0;
+  std::vector<std::unique_ptr<Worker>> workers_;
+  std::vector<Worker*> idle_;  // the last one went idle last, and takes the next task
   bool stopping_ = false;
 };
 
