@@ -79,10 +79,12 @@ class LoadTicker {
 // thread arena's). What the server kept after /cache/clear then depended on where the last
 // states fell (tests/server/node/soak.mjs checks it).
 void fix_malloc_thresholds() {
+#ifndef __SANITIZE_ADDRESS__  // AddressSanitizer's allocator has no such thresholds; its mallopt refuses all
   constexpr int kThreshold = 128 << 10;
   if (!mallopt(M_MMAP_THRESHOLD, kThreshold) || !mallopt(M_TRIM_THRESHOLD, kThreshold)) {
     LILY_LOG_WARN("mallopt refused the mmap and trim thresholds of {} bytes", kThreshold);
   }
+#endif
 }
 
 int run_serve(ServeArgs& a) {
