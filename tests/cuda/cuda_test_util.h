@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "backend/cuda/common/gpu_types.h"
+#include "base/bf16.h"
 #include "model/quant.h"
 #include "model/weights.h"
 
@@ -123,6 +124,40 @@ inline void expect_within(const std::vector<float>& got, const std::vector<doubl
   }
   EXPECT_LE(worst, 1.0) << "output " << at << ": gpu " << got[at] << ", reference " << want[at] << ", bound "
                         << bound[at];
+}
+
+// A product as the tensor-core kernels compute it (prefill/gemm_q4.h, decode/gemv_rows.h):
+// y[t, n] = sum_k bf16(x[t, k]) * bf16(s * q + b), with l1[t, n] = sum_k |x w| (the scale of
+// the rounding error).
+struct Bf16Reference {
+  std::vector<double> y, l1;
+};
+
+inline Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<float>& x, int T) {
+  const int N = W.rows, K = W.cols, bits = W.bits, per_word = 32 / bits;
+  const uint32_t mask = (1u << bits) - 1u;
+  std::vector<float> w(size_t(N) * K), xb(x.size());
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k) {
+      const size_t g = size_t(n) * (K / 64) + k / 64;
+      const uint32_t word = W.host.codes[(size_t(n) * K + k) / per_word];
+      const float q = float((word >> (bits * (k % per_word))) & mask);
+      w[size_t(n) * K + k] = round_bf16(std::fmaf(to_float(W.host.scales[g]), q, to_float(W.host.biases[g])));
+    }
+  for (size_t i = 0; i < x.size(); ++i) xb[i] = round_bf16(x[i]);
+  Bf16Reference r;
+  r.y.assign(size_t(T) * N, 0.0);
+  r.l1.assign(r.y.size(), 0.0);
+  for (int t = 0; t < T; ++t)
+    for (int n = 0; n < N; ++n) {
+      double acc = 0, l1 = 0;
+      for (int k = 0; k < K; ++k) {
+        const double p = double(xb[size_t(t) * K + k]) * double(w[size_t(n) * K + k]);
+        acc += p, l1 += std::fabs(p);
+      }
+      r.y[size_t(t) * N + n] = acc, r.l1[size_t(t) * N + n] = l1;
+    }
+  return r;
 }
 
 }  // namespace lily::test

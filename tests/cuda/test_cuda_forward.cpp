@@ -271,8 +271,9 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
 // 4-bit weights, every position of an 872-token text of nine conversations in the training
 // format (tests/fixtures/eval/lily_tiny_conversations.txt): the bound, max |diff| <=
 // 2e-2 x max |cpu| and the same arg max at >= 99% of positions, on a trained model (decisive
-// routers); and a prompt cut into passes of 64 tokens (14 passes, the last of one token) gives the
-// same logits as one pass.
+// routers); a prompt cut into passes of 64 tokens (14 passes, the last of one token) gives the
+// same logits as one pass; and passes of 5 to 16 tokens (gemv_rows) meet the bounds against the
+// CPU too.
 TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
   REQUIRE_GPU();
   const std::string dir = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
@@ -315,6 +316,31 @@ TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
   ASSERT_EQ(one.size(), many.size());
   const auto dp = position_max_diff(many, one, int64_t(head.size()), V);
   EXPECT_LE(*std::max_element(dp.begin(), dp.end()), 2e-2 * max_cpu) << "passes of 64 tokens against one pass";
+
+  // Passes of 5 to 16 tokens (the projections on gemv_rows, programmatic launches), every row
+  // against the CPU's at the same bounds.
+  auto s = gpu->new_sequence(T + 1);
+  std::vector<float> rows;
+  const size_t lengths[] = {5, 16, 9, 12, 8, 15, 7, 11};
+  size_t t = 0, short_agree = 0;
+  double short_diff = 0;
+  for (size_t piece = 0; t < 240; ++piece) {
+    const size_t n = lengths[piece % 8];
+    gpu->forward(*s, std::span<const int32_t>(ids.data() + t, n), LogitsWanted::all, rows);
+    ASSERT_EQ(rows.size(), n * size_t(V));
+    for (size_t i = 0; i < n; ++i) {
+      const float* g_row = &rows[i * size_t(V)];
+      const float* c_row = &c[(t + i) * size_t(V)];
+      for (int64_t v = 0; v < V; ++v) short_diff = std::max(short_diff, double(std::fabs(g_row[v] - c_row[v])));
+      short_agree += argmax(g_row, V) == argmax(c_row, V);
+    }
+    t += n;
+  }
+  std::printf("[lily-tiny, passes of 5-16 tokens] gpu vs cpu over %zu tokens: max |diff| %.4g (%.4g of max |cpu|), "
+              "arg max agreement %zu/%zu\n",
+              t, short_diff, short_diff / max_cpu, short_agree, t);
+  EXPECT_LE(short_diff, 2e-2 * max_cpu);
+  EXPECT_GE(double(short_agree), 0.99 * double(t));
 }
 
 // Counts the kernels of each captured decode step, after `inner` (decode-skip) has edited it.

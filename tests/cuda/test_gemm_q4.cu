@@ -27,40 +27,6 @@ namespace {
 
 constexpr double kBound = 2e-4;  // of sum_k |x_k w_k|, per output
 
-// The GEMM as the kernel computes it: y[t, n] = sum_k bf16(x[t, k]) * bf16(s * q + b), with
-// l1[t, n] = sum_k |x w| (the scale of the rounding error).
-struct Bf16Reference {
-  std::vector<double> y, l1;
-};
-
-Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<float>& x, int T) {
-  const int N = W.rows, K = W.cols, bits = W.bits, per_word = 32 / bits;
-  const uint32_t mask = (1u << bits) - 1u;
-  std::vector<float> w(static_cast<size_t>(N) * K), xb(x.size());
-  for (int n = 0; n < N; ++n)
-    for (int k = 0; k < K; ++k) {
-      const size_t g = static_cast<size_t>(n) * (K / 64) + k / 64;
-      const uint32_t word = W.host.codes[(static_cast<size_t>(n) * K + k) / per_word];
-      const float q = float((word >> (bits * (k % per_word))) & mask);
-      w[static_cast<size_t>(n) * K + k] = round_bf16(
-          std::fmaf(to_float(W.host.scales[g]), q, to_float(W.host.biases[g])));
-    }
-  for (size_t i = 0; i < x.size(); ++i) xb[i] = round_bf16(x[i]);
-  Bf16Reference r;
-  r.y.assign(static_cast<size_t>(T) * N, 0.0);
-  r.l1.assign(r.y.size(), 0.0);
-  for (int t = 0; t < T; ++t)
-    for (int n = 0; n < N; ++n) {
-      double acc = 0, l1 = 0;
-      for (int k = 0; k < K; ++k) {
-        const double p = double(xb[static_cast<size_t>(t) * K + k]) * double(w[static_cast<size_t>(n) * K + k]);
-        acc += p, l1 += std::fabs(p);
-      }
-      r.y[static_cast<size_t>(t) * N + n] = acc, r.l1[static_cast<size_t>(t) * N + n] = l1;
-    }
-  return r;
-}
-
 enum class Mode { store, accumulate };
 
 std::vector<float> check_gemm(int N, int K, int T, int bits, Mode mode, const cuda::SplitK* split = nullptr) {

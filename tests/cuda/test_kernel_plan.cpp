@@ -78,6 +78,8 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_EQ(plan.prefill.attention, cuda::AttentionPrefillKernel::flash);
   EXPECT_EQ(plan.prefill.delta_rule(47), cuda::DeltaRulePrefill::recurrent);
   EXPECT_EQ(plan.prefill.delta_rule(48), cuda::DeltaRulePrefill::chunked);
+  EXPECT_TRUE(plan.prefill.dense_rows(16));  // the fused projections as gemv_rows
+  EXPECT_FALSE(plan.prefill.dense_rows(17));
   const std::string text = plan.describe();
   EXPECT_NE(text.find("254 launches"), std::string::npos) << text;
   EXPECT_NE(text.find("prefetch_rms_norm_gemv [12352, 2048] q4"), std::string::npos) << text;
@@ -109,6 +111,7 @@ TEST(KernelPlan, EightBitPartsTakeTheFp32Kernel) {
   }
   EXPECT_EQ(plan.decode.lm_head.kernel, GemvKernel::fp32);
   EXPECT_EQ(plan.decode.launches(), 254 + 30 * 3);
+  EXPECT_FALSE(plan.prefill.dense_rows(1));  // no fused DeltaNet input matrix: gemm_q4 at every length
 }
 
 // lily-tiny's geometry (hidden 256, 16 experts of 128): gate/up on the mma kernel.

@@ -89,6 +89,18 @@ std::string layer_line(const DecodeLayerPlan& p) {
                      kernel_name(p.gate_up));
 }
 
+// Whether every layer's attention / DeltaNet projections are ones gemv_rows takes: the fused
+// input matrix (RMSNorm form) and the output projection (accumulating form).
+bool dense_rows_take(const GpuWeights& w) {
+  for (const GpuLayer& layer : w.layers) {
+    const bool attention = layer.kind == LayerKind::full_attention;
+    const QMatrix& input = attention ? layer.attention.qkv_proj : layer.deltanet.in_proj_all;
+    const QMatrix& output = attention ? layer.attention.o_proj : layer.deltanet.out_proj;
+    if (input.rows == 0 || !gemv_rows_supports(input, true) || !gemv_rows_supports(output, false)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int DecodePlan::launches() const {
@@ -112,6 +124,7 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
   plan.decode.lm_head = plan_rms_norm_gemv(w.lm_head, device, "lm_head");
   check_prefill_projection(w.lm_head, "lm_head");
   plan.prefill.chunk_tokens = prefill_chunk_tokens;
+  plan.prefill.dense_rows_up_to = dense_rows_take(w) ? kGemvRowsMaxT : 0;
   AttentionParams attention;
   attention.num_heads = c.num_attention_heads, attention.num_kv_heads = c.num_key_value_heads;
   plan.prefill.attention = attention_prefill_supports(AttentionPrefillKernel::flash, attention)
@@ -141,11 +154,12 @@ std::string KernelPlan::describe() const {
                      format_of(decode.lm_head.W));
   out += fmt::format(
       "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + gemm_q4 projections "
-      "(split K on small grids); attention {}; DeltaNet {} below {} tokens, else {}; MoE gemm_exact router, moe_topk, "
+      "(split K on small grids; gemv_rows up to {} tokens); attention {}; DeltaNet {} below {} tokens, else {}; MoE "
+      "gemm_exact router, moe_topk, "
       "moe_plan, "
       "grouped gemm_q4 experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
-      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, kernel_name(prefill.attention),
-      kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
+      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, prefill.dense_rows_up_to,
+      kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
       kernel_name(DeltaRulePrefill::chunked));
   return out;
 }

@@ -15,6 +15,9 @@
 //                    a prefill pass costs 8.2 ms at 2 tokens and 8.9 at 4, a step 1.8 ms;
 //                    passes of up to 32 tokens launch with PDL (-8% at 5 tokens, -6% at 16,
 //                    -2% at 32, but +3% at 47, +5% at 64, +2.5% at 4K) (H200, docs/perf.md)
+//   dense rows       passes of up to 16 tokens run the attention / DeltaNet projections as
+//                    few-row GEMVs (gemv_rows.h: RMSNorm and residual fused, the fused input
+//                    matrix in one launch) where every layer's matrices are 4-bit group 64
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel
 // A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
 // not implement, ...) is refused here, when the backend is built, with what is wrong.
@@ -25,6 +28,7 @@
 
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/decode/gemv_rows.h"
 #include "backend/cuda/decode/moe_decode.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/prefill/attention_prefill.h"
@@ -58,7 +62,9 @@ struct PrefillPlan {
   int programmatic_below = 33;       // passes of fewer tokens launch with PDL (pdl_launch.cuh)
   int chunk_tokens = 8192;           // tokens per pass
   int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
+  int dense_rows_up_to = 0;          // passes of at most this many tokens: gemv_rows projections
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
+  bool dense_rows(int T) const { return T <= dense_rows_up_to; }
   DeltaRulePrefill delta_rule(int T) const {
     return T < chunked_delta_rule_from ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
   }

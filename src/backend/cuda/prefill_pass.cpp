@@ -14,7 +14,10 @@
 //                                                                       rms_norm, gemm_q4 (64 at a time)
 // The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h); the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
-// blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of fewer than
+// blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
+// plan's dense_rows_up_to tokens run the attention / DeltaNet projections as few-row GEMVs
+// instead (decode/gemv_rows.h): the RMSNorm folded into the fused input projection's one
+// launch, the residual add into out_proj / o_proj's. Passes of fewer than
 // the plan's programmatic_below tokens launch their kernels with programmatic dependent launch
 // (common/pdl_launch.cuh).
 #include "backend/cuda/prefill_pass.h"
@@ -25,6 +28,7 @@
 #include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/programmatic_launches.h"
 #include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/decode/gemv_rows.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
@@ -88,15 +92,25 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
 // h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
 void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
   const GpuAttention& a = layer.attention;
-  float* x = normed_.as<float>();
-  // x = RMSNorm(h)
-  phases::mark("norm", stream_);
-  rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
-  // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
-  phases::mark("attention.qkv_proj", stream_);
-  gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_, split_.get());
-  gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_, split_.get());
-  gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_, split_.get());
+  if (plan_.prefill.dense_rows(T)) {
+    // [q, gate], k, v = RMSNorm(h) @ [Wq; Wk; Wv]^T, one launch
+    phases::mark("attention.qkv_proj", stream_);
+    RowsOutput y;
+    y.then(wide_.as<float>(), 0, a.q_proj.rows)
+        .then(k_.as<float>(), a.q_proj.rows, a.k_proj.rows)
+        .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
+    rms_norm_gemv_rows(a.qkv_proj, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
+  } else {
+    float* x = normed_.as<float>();
+    // x = RMSNorm(h)
+    phases::mark("norm", stream_);
+    rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+    // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
+    phases::mark("attention.qkv_proj", stream_);
+    gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_, split_.get());
+    gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_, split_.get());
+    gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_, split_.get());
+  }
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
   phases::mark("attention.core", stream_);
   const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
@@ -104,22 +118,34 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
                           s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
   // h += o @ o_proj^T
   phases::mark("attention.o_proj", stream_);
-  gemm_q4_accumulate(a.o_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
+  output_projection(a.o_proj, T);
 }
 
 // h += gated_deltanet(RMSNorm(h)): the input projections, the core, out_proj (cpu::gated_deltanet)
 void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
   const GpuDeltaNet& d = layer.deltanet;
-  float* x = normed_.as<float>();
-  // x = RMSNorm(h)
-  phases::mark("norm", stream_);
-  rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
-  // qkv, z, b, a = x @ W^T
-  phases::mark("deltanet.in_proj", stream_);
-  gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_, split_.get());
-  gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_, split_.get());
-  gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_, split_.get());
-  gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_, split_.get());
+  if (plan_.prefill.dense_rows(T)) {
+    // qkv, z, b, a = RMSNorm(h) @ [W_qkv; W_z; W_b; W_a]^T, one launch
+    phases::mark("deltanet.in_proj", stream_);
+    const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
+    RowsOutput y;
+    y.then(wide_.as<float>(), 0, d.in_proj_qkv.rows)
+        .then(z_.as<float>(), z0, d.in_proj_z.rows)
+        .then(b_.as<float>(), b0, d.in_proj_b.rows)
+        .then(a_.as<float>(), a0, d.in_proj_a.rows);
+    rms_norm_gemv_rows(d.in_proj_all, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
+  } else {
+    float* x = normed_.as<float>();
+    // x = RMSNorm(h)
+    phases::mark("norm", stream_);
+    rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+    // qkv, z, b, a = x @ W^T
+    phases::mark("deltanet.in_proj", stream_);
+    gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_, split_.get());
+    gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_, split_.get());
+    gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_, split_.get());
+    gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_, split_.get());
+  }
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   phases::mark("deltanet.core", stream_);
   gated_deltanet_prefill(plan_.prefill.delta_rule(T), deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(),
@@ -127,7 +153,13 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
                          deltanet_scratch_.get(), stream_);
   // h += y @ out_proj^T
   phases::mark("deltanet.out_proj", stream_);
-  gemm_q4_accumulate(d.out_proj, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
+  output_projection(d.out_proj, T);
+}
+
+// h += mixer_out @ W^T (out_proj, o_proj)
+void PrefillPass::output_projection(const QMatrix& W, int T) {
+  if (plan_.prefill.dense_rows(T)) gemv_rows_accumulate(W, mixer_out_.as<float>(), T, h_.as<float>(), stream_);
+  else gemm_q4_accumulate(W, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
 }
 
 // h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs

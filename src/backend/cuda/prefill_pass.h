@@ -26,6 +26,7 @@ class PrefillPass {
  private:
   void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void output_projection(const QMatrix& W, int T);
   void sparse_moe(const GpuLayer& layer, int T);
   void logits(int first_row, int T, float* host_logits);
 

@@ -1,0 +1,367 @@
+// gemv_rows.cu: the projections of a few rows (T = 1 .. 16) on the tensor cores for a 4-bit
+// affine-quantized W (mlx layout, spec §5b), the weights read once for all rows.
+//
+//   y[t, r] (+)= sum_c W[r, c] * x'[t, c],   W[r, c] = scale[r, c/64] * q[r, c] + bias[r, c/64]
+//   RMSNorm form: x'[t] = x[t] * inv_t * gain, inv_t = 1 / sqrt(mean(x[t]^2) + eps); else x' = x
+// Shapes:   W [rows, cols] (group 64, cols a multiple of 64, at most 4096; 2048 in the RMSNorm
+//           form) · x [T, cols] fp32 · y [T, rows] fp32, or the parts of a fused matrix
+//           (RowsOutput) · T <= 16.
+// Numerics: as gemm_q4 (prefill): x' rounded to bf16 once, each weight bf16(s * q + b) with one
+//           rounding (bf16x2 FMA of the exact code), mma.sync m16n8k16 with fp32 accumulation.
+// Layout:   the weights as the one-row mma_gemv reads them (quant_mma.cuh): a warp owns 16 rows
+//           of W (the A operand) and 512 of the columns; lane (g = lane / 4, t = lane % 4) loads
+//           chunk t (32 columns, 16 bytes) of each 128-column block for rows g and g + 8, so a
+//           chunk's 4 words are 8 mma k-steps of 16 columns across the quad. The B operand's 8
+//           columns are 8 tokens (NT tiles of 8 for T <= 8 NT): lane (g, t) needs token g's x at
+//           the same permuted columns as its weights, so x is staged once per block in shared
+//           memory as bf16 pairs in that order, [token][chunk][4 x uint4]: uint32 4w + j of a
+//           chunk = (x[8w + j], x[8w + j + 4]), the B registers of word w's two mma. The uint4 of
+//           word w sits at w ^ swizzle(chunk, token), so the 8 lanes of a quarter warp (2 tokens
+//           x 4 chunks) read 8 distinct bank groups.
+// Kernel:   gemv_rows_kernel<NT, KSPLIT, NORM, ACC>, 256 threads: a task is 8 / KSPLIT tiles of
+//           16 rows, each tile's columns split over KSPLIT warps (512 columns each) and summed
+//           in shared memory in a fixed order. The first task's weights are in registers before
+//           the PDL wait, the later tasks' on their way into L2; then x is staged (a warp per token, 8 columns a lane,
+//           several loads in flight; the RMSNorm's gain applied there, its 1 / rms to the sums), and the grid (at most
+//           the blocks resident at once) strides over tasks.
+// Tested:   tests/cuda/test_gemv_rows.cu against the bf16 reference of the prefill GEMM, T 1..16
+//           across the 8-token tiles, rows around the 16-row tiles, cols from one group to 4096,
+//           fused outputs into four parts, NaN-poisoned outputs and guards past every part.
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/mma.cuh"
+#include "backend/cuda/common/pdl.cuh"
+#include "backend/cuda/common/pdl_launch.cuh"
+#include "backend/cuda/common/quant_dot.cuh"
+#include "backend/cuda/common/quant_mma.cuh"
+#include "backend/cuda/decode/gemv_rows.h"
+
+#include <algorithm>
+
+namespace lily::cuda {
+
+namespace {
+
+constexpr int kThreads = 256, kWarps = kThreads / 32;
+constexpr int kPairs = 2;  // pairs of 128-column blocks a warp holds per task: 512 columns
+constexpr int kMaxCols = 4096, kNormMaxCols = 2048;
+
+struct Params {
+  const uint4* codes;      // [rows, cols / 32] chunks of 32 codes
+  const uint16_t* scales;  // [rows, cols / 64] bf16 bits
+  const uint16_t* biases;  // [rows, cols / 64] bf16 bits
+  const float* x;          // [T, cols]
+  const float* gain;       // [cols] (RMSNorm form)
+  float eps;
+  RowsOutput out;
+  int rows, cols, T;
+  int chunks;  // chunks of x staged per token: the warps' reach (KSPLIT x 512 columns / 32), zeros past cols
+};
+
+// The bank-group swizzle of x's uint4 units (see the Layout above).
+__device__ __forceinline__ int unit_swizzle(int chunk, int token) { return ((chunk >> 1) & 1) ^ ((token & 1) << 1); }
+
+// A bf16 (bits at p) in both halves of a word.
+__device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) {
+  const uint32_t v = __ldg(p);
+  return v | (v << 16);
+}
+
+__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// A warp's weights for one task: NPAIR pairs of blocks of rows g and g + 8.
+template <int NPAIR>
+struct RowsTile {
+  uint4 q[NPAIR][2][2];                            // [pair][block][row g, g + 8]
+  uint32_t scale[NPAIR][2][2], bias[NPAIR][2][2];  // of the lane's chunk's group, bf16x2
+};
+
+// Loads pairs pair0 .. pair0 + NPAIR - 1 (chunks past the row end: zero codes, scale and bias).
+template <int NPAIR>
+__device__ __forceinline__ void load_rows_tile(RowsTile<NPAIR>& t, const Params& p, int64_t row_g, int64_t row_g8,
+                                               int pair0) {
+  const int t4 = threadIdx.x % 4, cpr = p.cols / 32, gpr = p.cols / 64;
+#pragma unroll
+  for (int pp = 0; pp < NPAIR; ++pp)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + pp) + b) + t4, grp = chunk / 2;
+      const bool ok = chunk < cpr;
+      t.q[pp][b][0] = ok ? quant::load_codes(p.codes + row_g * cpr + chunk) : make_uint4(0, 0, 0, 0);
+      t.q[pp][b][1] = ok ? quant::load_codes(p.codes + row_g8 * cpr + chunk) : make_uint4(0, 0, 0, 0);
+      t.scale[pp][b][0] = ok ? load_bf16x2(p.scales + row_g * gpr + grp) : 0u;
+      t.scale[pp][b][1] = ok ? load_bf16x2(p.scales + row_g8 * gpr + grp) : 0u;
+      t.bias[pp][b][0] = ok ? load_bf16x2(p.biases + row_g * gpr + grp) : 0u;
+      t.bias[pp][b][1] = ok ? load_bf16x2(p.biases + row_g8 * gpr + grp) : 0u;
+    }
+}
+
+// The lines load_rows_tile would read, into L2 only: the block's later tasks, before its wait.
+template <int NPAIR>
+__device__ __forceinline__ void prefetch_rows_tile(const Params& p, int64_t row_g, int64_t row_g8, int pair0) {
+  const int t4 = threadIdx.x % 4, cpr = p.cols / 32, gpr = p.cols / 64;
+#pragma unroll
+  for (int pp = 0; pp < NPAIR; ++pp)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + pp) + b) + t4, grp = chunk / 2;
+      if (chunk >= cpr) continue;
+      prefetch_l2(p.codes + row_g * cpr + chunk), prefetch_l2(p.codes + row_g8 * cpr + chunk);
+      if (chunk % 2 == 0) {
+        prefetch_l2(p.scales + row_g * gpr + grp), prefetch_l2(p.scales + row_g8 * gpr + grp);
+        prefetch_l2(p.biases + row_g * gpr + grp), prefetch_l2(p.biases + row_g8 * gpr + grp);
+      }
+    }
+}
+
+// d[n] += the tile's rows (g, g + 8) times tokens n * 8 + (2t, 2t + 1) over the loaded pairs.
+template <int NT, int NPAIR>
+__device__ __forceinline__ void dot_rows_tile(const RowsTile<NPAIR>& t, const uint4* xf, int chunks, int pair0,
+                                              float (&d)[NT][4]) {
+  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+#pragma unroll
+  for (int pp = 0; pp < NPAIR; ++pp)
+#pragma unroll
+    for (int b = 0; b < 2; ++b) {
+      const int chunk = 4 * (2 * (pair0 + pp) + b) + t4;
+      const uint32_t wg[4] = {t.q[pp][b][0].x, t.q[pp][b][0].y, t.q[pp][b][0].z, t.q[pp][b][0].w};
+      const uint32_t wg8[4] = {t.q[pp][b][1].x, t.q[pp][b][1].y, t.q[pp][b][1].z, t.q[pp][b][1].w};
+#pragma unroll
+      for (int w = 0; w < 4; ++w) {
+        uint32_t ag[4], ag8[4];
+        quant_mma::dequant_word(wg[w], ag);
+        quant_mma::dequant_word(wg8[w], ag8);
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          ag[j] = fma_bf16x2(ag[j], t.scale[pp][b][0], t.bias[pp][b][0]);
+          ag8[j] = fma_bf16x2(ag8[j], t.scale[pp][b][1], t.bias[pp][b][1]);
+        }
+        const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
+        const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
+#pragma unroll
+        for (int n = 0; n < NT; ++n) {
+          const int token = n * 8 + g;
+          const uint4 xv = xf[(int64_t(token) * chunks + chunk) * 4 + (w ^ unit_swizzle(chunk, token))];
+          ptx::mma_bf16(d[n], a0, xv.x, xv.y);
+          ptx::mma_bf16(d[n], a1, xv.z, xv.w);
+        }
+      }
+    }
+}
+
+// Block-wide: bf16(x[t] * gain) (NORM; else bf16(x[t])) of tokens 0 .. 8 NT - 1 into xf, zeros
+// past T and cols; a warp per token, a lane one word (8 columns: two float4, one uint4 of xf) at
+// a time with WORDS words in flight. x was written by the previous kernel: read through L2.
+// NORM: inv[t] = 1 / sqrt(mean(x[t]^2) + eps), which the sums are scaled by (the rounding to bf16
+// is relative, so it may come before the scale). Deterministic: fixed-order sums.
+template <int NT, bool NORM, int WORDS>
+__device__ __forceinline__ void stage_rows(const Params& p, uint4* xf, float* inv) {
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  const int words = p.chunks * 4, real_words = p.cols / 8;
+  const float4* gain = reinterpret_cast<const float4*>(p.gain);
+  auto squares = [](float4 v, float s) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, s)))); };
+  auto times = [](float4 v, float4 g) { return make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w); };
+  for (int token = warp; token < NT * 8; token += kWarps) {
+    const bool real = token < p.T;
+    const float4* x = reinterpret_cast<const float4*>(p.x + int64_t(real ? token : 0) * p.cols);
+    float ss = 0.f;
+    for (int m0 = lane; m0 < words; m0 += 32 * WORDS) {
+      float4 a[WORDS], b[WORDS], ga[WORDS], gb[WORDS];
+#pragma unroll
+      for (int r = 0; r < WORDS; ++r) {
+        const int m = m0 + 32 * r;
+        const bool ok = real && m < real_words;
+        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
+        a[r] = ok ? __ldcg(x + 2 * m) : zero;
+        b[r] = ok ? __ldcg(x + 2 * m + 1) : zero;
+        if constexpr (NORM) ga[r] = ok ? __ldg(gain + 2 * m) : zero, gb[r] = ok ? __ldg(gain + 2 * m + 1) : zero;
+      }
+#pragma unroll
+      for (int r = 0; r < WORDS; ++r) {
+        const int m = m0 + 32 * r, chunk = m / 4;
+        if (m >= words) break;
+        if constexpr (NORM) ss = squares(b[r], squares(a[r], ss)), a[r] = times(a[r], ga[r]), b[r] = times(b[r], gb[r]);
+        const uint4 u = make_uint4(ptx::pack_bf16(a[r].x, b[r].x), ptx::pack_bf16(a[r].y, b[r].y),
+                                   ptx::pack_bf16(a[r].z, b[r].z), ptx::pack_bf16(a[r].w, b[r].w));
+        xf[(int64_t(token) * p.chunks + chunk) * 4 + ((m % 4) ^ unit_swizzle(chunk, token))] = u;
+      }
+    }
+    if constexpr (NORM) {
+      ss = quant::group_sum<32>(ss);
+      if (lane == 0) inv[token] = 1.f / sqrtf(ss / float(p.cols) + p.eps);
+    }
+  }
+}
+
+// y[token, row] (+)= v, in the part that holds `row`.
+template <bool ACC>
+__device__ __forceinline__ void store_output(const RowsOutput& out, int64_t row, int token, float v) {
+  float* y = out.parts[0].y;
+  int first = 0, ld = out.parts[0].ld;
+#pragma unroll
+  for (int i = 1; i < RowsOutput::kMaxParts; ++i)
+    if (i < out.count && row >= out.parts[i].first_row)
+      y = out.parts[i].y, first = out.parts[i].first_row, ld = out.parts[i].ld;
+  float* dst = y + int64_t(token) * ld + (row - first);
+  *dst = ACC ? *dst + v : v;
+}
+
+// Floats per row of a warp's partial sums: odd, so the final sum reads without bank conflicts.
+template <int NT>
+__host__ __device__ constexpr int partial_stride() {
+  return NT * 8 + 1;
+}
+
+template <int NT, int KSPLIT, bool NORM, bool ACC>
+__global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
+  extern __shared__ __align__(16) uint4 smem[];
+  constexpr int kTilesPerTask = kWarps / KSPLIT, kStride = partial_stride<NT>();
+  uint4* xf = smem;                                                                  // [8 NT][chunks][4]
+  float* partial = reinterpret_cast<float*>(smem + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][kStride]
+  float* inv = partial + kWarps * 16 * kStride;                                      // [8 NT] (NORM)
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kTilesPerTask - 1) / kTilesPerTask;
+  const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
+
+  auto rows_of = [&](int64_t task, int64_t& row_g, int64_t& row_g8) {
+    const int64_t tile = min(task * kTilesPerTask + local_tile, tiles - 1);
+    row_g = min(tile * 16 + g, int64_t(p.rows) - 1), row_g8 = min(tile * 16 + g + 8, int64_t(p.rows) - 1);
+  };
+  auto load = [&](RowsTile<kPairs>& t, int64_t task) {
+    int64_t row_g, row_g8;
+    rows_of(task, row_g, row_g8);
+    load_rows_tile<kPairs>(t, p, row_g, row_g8, kpart * kPairs);
+  };
+  RowsTile<kPairs> t;
+  if (blockIdx.x < tasks) load(t, blockIdx.x);  // weights depend on nothing: before the wait
+  for (int64_t task = blockIdx.x + gridDim.x; task < tasks; task += gridDim.x) {
+    int64_t row_g, row_g8;
+    rows_of(task, row_g, row_g8);
+    prefetch_rows_tile<kPairs>(p, row_g, row_g8, kpart * kPairs);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  stage_rows<NT, NORM, NORM || KSPLIT == 1 ? 4 : 8>(p, xf, inv);  // 8 words: spills with KSPLIT 1
+  __syncthreads();
+
+  for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
+    if (task != blockIdx.x) load(t, task);
+    float d[NT][4] = {};
+    dot_rows_tile<NT, kPairs>(t, xf, p.chunks, kpart * kPairs, d);
+    // d[n]: (row g, tokens 8n + 2t, + 1), (row g + 8, the same tokens)
+    float* mine = partial + warp * 16 * kStride;
+#pragma unroll
+    for (int n = 0; n < NT; ++n) {
+      const int token = n * 8 + 2 * t4;
+      mine[g * kStride + token] = d[n][0], mine[g * kStride + token + 1] = d[n][1];
+      mine[(g + 8) * kStride + token] = d[n][2], mine[(g + 8) * kStride + token + 1] = d[n][3];
+    }
+    __syncthreads();
+    for (int o = threadIdx.x; o < kTilesPerTask * 16 * p.T; o += kThreads) {
+      const int r = o % 16, lt = (o / 16) % kTilesPerTask, token = o / (16 * kTilesPerTask);
+      const int64_t row = (task * kTilesPerTask + lt) * 16 + r;
+      if (row >= p.rows) continue;
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KSPLIT; ++k) sum += partial[((lt * KSPLIT + k) * 16 + r) * kStride + token];
+      if constexpr (NORM) sum *= inv[token];
+      store_output<ACC>(p.out, row, token, sum);
+    }
+    __syncthreads();  // partial is rewritten by the next task
+  }
+}
+
+// KSPLIT: the fewest warps whose 512 columns each cover cols.
+int ksplit_for(int cols) {
+  const int pairs = (cols + quant_mma::kPairCols - 1) / quant_mma::kPairCols;
+  int k = 1;
+  while (k * kPairs < pairs) k *= 2;
+  return k;
+}
+
+template <int NT, int KSPLIT, bool NORM, bool ACC>
+void launch(const Params& p, cudaStream_t stream) {
+  auto* kernel = gemv_rows_kernel<NT, KSPLIT, NORM, ACC>;
+  const size_t sums = (size_t(kWarps) * 16 * partial_stride<NT>() + NT * 8) * 4;  // partial, inv
+  const size_t shared = size_t(NT) * 8 * size_t(p.chunks) * 64 + sums;
+  static const bool attribute_set = [&] {
+    const size_t most = size_t(NT) * 8 * (kMaxCols / 32) * 64 + sums;
+    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+    return true;
+  }();
+  (void)attribute_set;
+  int per_sm = 0;
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared));
+  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + (kWarps / KSPLIT) - 1) / (kWarps / KSPLIT);
+  const int64_t blocks = std::min<int64_t>(tasks, int64_t(std::max(1, per_sm)) * multiprocessor_count());
+  launch_after_wait(kernel, dim3(unsigned(blocks)), dim3(kThreads), shared, stream, p);
+}
+
+template <bool NORM, bool ACC>
+void dispatch(Params p, cudaStream_t stream) {
+  const int ksplit = ksplit_for(p.cols);
+  p.chunks = ksplit * kPairs * 8;
+  auto go = [&](auto nt) {
+    constexpr int NT = decltype(nt)::value;
+    switch (ksplit) {
+      case 1: launch<NT, 1, NORM, ACC>(p, stream); break;
+      case 2: launch<NT, 2, NORM, ACC>(p, stream); break;
+      case 4: launch<NT, 4, NORM, ACC>(p, stream); break;
+      default: launch<NT, 8, NORM, ACC>(p, stream); break;
+    }
+  };
+  if (p.T <= 8) go(quant::Int<1>{});
+  else go(quant::Int<2>{});
+  CUDA_CHECK_LAUNCH();
+}
+
+Params params_of(const QMatrix& W, const float* x, int T) {
+  Params p{};
+  p.codes = reinterpret_cast<const uint4*>(W.codes);
+  p.scales = reinterpret_cast<const uint16_t*>(W.scales);
+  p.biases = reinterpret_cast<const uint16_t*>(W.biases);
+  p.x = x;
+  p.rows = W.rows, p.cols = W.cols, p.T = T;
+  return p;
+}
+
+void check_call(const QMatrix& W, const float* x, int T, bool rms_norm, const char* what) {
+  LILY_CHECK(gemv_rows_supports(W, rms_norm), "{}: [{}, {}] q{} group {} is not a matrix it takes", what, W.rows,
+             W.cols, W.bits, W.group_size);
+  LILY_CHECK(T >= 1 && T <= kGemvRowsMaxT, "{}: {} rows (1 .. {})", what, T, kGemvRowsMaxT);
+  LILY_CHECK(aligned16(x), "{}: x must be 16-byte aligned", what);
+}
+
+}  // namespace
+
+bool gemv_rows_supports(const QMatrix& W, bool rms_norm) {
+  return W.batch == 1 && W.bits == 4 && W.group_size == 64 && W.rows > 0 && W.cols > 0 && W.cols % 64 == 0 &&
+         W.cols <= (rms_norm ? kNormMaxCols : kMaxCols) && aligned16(W.codes) && aligned16(W.scales) &&
+         aligned16(W.biases);
+}
+
+void rms_norm_gemv_rows(const QMatrix& W, const float* x, int T, const float* gain, float eps, const RowsOutput& y,
+                        cudaStream_t stream) {
+  check_call(W, x, T, true, "rms_norm_gemv_rows");
+  LILY_CHECK(y.count >= 1 && y.count <= RowsOutput::kMaxParts && y.parts[0].first_row == 0,
+             "rms_norm_gemv_rows: {} output parts, the first at row {}", y.count, y.parts[0].first_row);
+  for (int i = 1; i < y.count; ++i)
+    LILY_CHECK(y.parts[i].first_row > y.parts[i - 1].first_row && y.parts[i].first_row < W.rows,
+               "rms_norm_gemv_rows: output part {} starts at row {}", i, y.parts[i].first_row);
+  Params p = params_of(W, x, T);
+  p.gain = gain, p.eps = eps, p.out = y;
+  dispatch<true, false>(p, stream);
+}
+
+void gemv_rows_accumulate(const QMatrix& W, const float* x, int T, float* y, cudaStream_t stream) {
+  check_call(W, x, T, false, "gemv_rows_accumulate");
+  Params p = params_of(W, x, T);
+  p.out = RowsOutput::whole(y, W.rows);
+  dispatch<false, true>(p, stream);
+}
+
+}  // namespace lily::cuda

@@ -1,0 +1,54 @@
+// gemv_rows.h: the decode projections for a few rows at once (T = 1 .. 16): a pass of a few
+// tokens, and later a decode step of several rows (issue 16). The weights are read once for all
+// rows, as in the one-row GEMVs (gemv.h), and the rows ride in the tensor-core tiles' 8 columns:
+//   rms_norm_gemv_rows   y[t] = RMSNorm(x[t]; gain) @ W^T    the input projections (fused)
+//   gemv_rows_accumulate y[t] += x[t] @ W^T                  out_proj, o_proj (residual add)
+// Numerics are the prefill GEMM's (gemm_q4.h): x and the dequantized weights in bf16, fp32 sums.
+// The output of a fused matrix ([qkv; z; b; a], [q; k; v]) goes to its parts' buffers directly.
+#pragma once
+
+#include "backend/cuda/common/gpu_types.h"
+
+namespace lily::cuda {
+
+constexpr int kGemvRowsMaxT = 16;
+
+// Where output row r of token t goes: the part p with parts[p].first_row <= r < the next part's
+// first_row writes parts[p].y[t * parts[p].ld + r - parts[p].first_row]. Parts in row order,
+// the first at row 0.
+struct RowsOutput {
+  static constexpr int kMaxParts = 4;
+  struct Part {
+    float* y = nullptr;
+    int first_row = 0;
+    int ld = 0;  // floats from one token's row of the part to the next
+  };
+  Part parts[kMaxParts];
+  int count = 0;
+
+  // One buffer y [T, rows].
+  static RowsOutput whole(float* y, int rows) {
+    RowsOutput o;
+    o.parts[0] = {y, 0, rows};
+    o.count = 1;
+    return o;
+  }
+  RowsOutput& then(float* y, int first_row, int ld) {
+    parts[count++] = {y, first_row, ld};
+    return *this;
+  }
+};
+
+// Whether the kernels take W: 4-bit, group 64, cols a multiple of 64 up to 4096 (up to 2048 in
+// the RMSNorm form), arrays 16-byte aligned.
+bool gemv_rows_supports(const QMatrix& W, bool rms_norm);
+
+// y[t] = RMSNorm(x[t]) @ W^T for t < T,  RMSNorm(v) = v * rsqrt(mean(v^2) + eps) * gain
+// x: [T, W.cols] fp32, 16-byte aligned; gain: [W.cols]; 1 <= T <= kGemvRowsMaxT.
+void rms_norm_gemv_rows(const QMatrix& W, const float* x, int T, const float* gain, float eps, const RowsOutput& y,
+                        cudaStream_t stream);
+
+// y[t] += x[t] @ W^T for t < T.   x: [T, W.cols] fp32, 16-byte aligned;  y: [T, W.rows].
+void gemv_rows_accumulate(const QMatrix& W, const float* x, int T, float* y, cudaStream_t stream);
+
+}  // namespace lily::cuda
