@@ -80,6 +80,8 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_EQ(plan.prefill.delta_rule(48), cuda::DeltaRulePrefill::chunked);
   EXPECT_TRUE(plan.prefill.dense_rows(16));  // the fused projections as gemv_rows
   EXPECT_FALSE(plan.prefill.dense_rows(17));
+  EXPECT_EQ(plan.prefill.moe_experts(16), cuda::MoeExpertKernels::rows);
+  EXPECT_EQ(plan.prefill.moe_experts(17), cuda::MoeExpertKernels::gemm);
   const std::string text = plan.describe();
   EXPECT_NE(text.find("254 launches"), std::string::npos) << text;
   EXPECT_NE(text.find("prefetch_rms_norm_gemv [12352, 2048] q4"), std::string::npos) << text;

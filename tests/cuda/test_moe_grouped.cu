@@ -9,6 +9,8 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/prefill/moe_grouped.h"
 
+#include "backend/cuda/decode/moe_route_rows.h"
+
 #include <algorithm>
 #include <numeric>
 
@@ -133,9 +135,10 @@ TEST(CudaMoeGrouped, Plan) {
   check_plan(129, 4, 16, 16, Load::one_dominant);
 }
 
-void check_experts(const TestMoe& m, int T, int k, Load load) {
+void check_experts(const TestMoe& m, int T, int k, Load load,
+                   cuda::MoeExpertKernels kernels = cuda::MoeExpertKernels::gemm) {
   SCOPED_TRACE(testing::Message() << "E " << m.E << " H " << m.H << " I " << m.I << " T " << T << " k " << k << " load "
-                                  << int(load));
+                                  << int(load) << (kernels == cuda::MoeExpertKernels::rows ? " rows" : ""));
   const uint32_t seed = uint32_t(T * 7 + k + int(load) * 1000);
   const auto x = random_floats(static_cast<size_t>(T) * m.H, seed);
   const auto ids = make_ids(T, k, m.E, load, seed + 1);
@@ -146,9 +149,10 @@ void check_experts(const TestMoe& m, int T, int k, Load load) {
   const cuda::GpuMoe w = m.gpu();
   DeviceArray<float> dx(x), dw(weights), dout(out);
   DeviceArray<int32_t> dids(ids);
-  DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k));
+  DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k, 16));  // the most tiles
   scratch.poison();
-  cuda::moe_experts_grouped_accumulate(w, dx.get(), dids.get(), dw.get(), T, k, scratch.get(), dout.get(), nullptr);
+  cuda::moe_experts_grouped_accumulate(w, dx.get(), dids.get(), dw.get(), T, k, scratch.get(), dout.get(), nullptr, 0,
+                                       nullptr, kernels);
   CUDA_OK(cudaDeviceSynchronize());
   m.reference(x, ids, weights, T, k, out);
   const double err = relative_error(dout.download(), out);
@@ -163,6 +167,21 @@ TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
   const TestMoe wide(256, 128, 192, 64, 12);  // I = 3 x 64: not a multiple of Tile64's 128 weight rows
   for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
     for (int T : {1, 17, 300}) check_experts(wide, T, 8, load);
+}
+
+// Passes of at most 16 tokens on the few-row kernels (decode/gemv_rows.h): the same checks,
+// T across their 8-token tiles, H from 128 (8 tiles a task) to the model's 2048.
+TEST(CudaMoeGrouped, ExpertsOnFewRowKernels) {
+  REQUIRE_GPU();
+  const TestMoe small(16, 128, 64, 128, 11), wide(256, 128, 192, 64, 12), full(32, 2048, 512, 512, 13);
+  ASSERT_TRUE(cuda::moe_rows_supports(small.gpu()) && cuda::moe_rows_supports(full.gpu()));
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 2, 7, 8, 9, 15, 16}) {
+      check_experts(small, T, 4, load, cuda::MoeExpertKernels::rows);
+      check_experts(wide, T, 8, load, cuda::MoeExpertKernels::rows);
+    }
+  for (int T : {5, 16}) check_experts(full, T, 8, Load::uniform, cuda::MoeExpertKernels::rows);
+  check_experts(full, 16, 8, Load::one_dominant, cuda::MoeExpertKernels::rows);
 }
 
 TEST(CudaMoeGrouped, ModelWidths) {
@@ -217,6 +236,117 @@ TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
     EXPECT_LE(skipped, std::max(1, T / 50)) << "tokens far from the CPU result (expert flips?)";
     // Two bf16 roundings of the inputs (x into gate/up, act into down) against fp32 throughout.
     EXPECT_LT(diff, 2 * kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
+  }
+}
+
+// The route of a short pass in one launch (decode/moe_route_rows.h): x, logits and the shared
+// gate's logit against cpu::rms_norm and cpu::linear (fp32 both sides), T across 1..16.
+TEST(CudaMoeGrouped, RouteRows) {
+  REQUIRE_GPU();
+  for (const auto& [E, H] : {std::pair{16, 128}, std::pair{256, 2048}, std::pair{7, 64}})
+    for (int T : {1, 2, 9, 16}) {
+      SCOPED_TRACE(testing::Message() << "E " << E << " H " << H << " T " << T);
+      const TestMoe m(E, H, 64, 64, uint32_t(E + H + T), 0.5f);
+      const cuda::GpuMoe w = m.gpu();
+      ASSERT_TRUE(cuda::moe_route_rows_supports(w));
+      const auto h = random_floats(size_t(T) * H, uint32_t(T * 3 + 1), 2.f);
+      auto gain = random_floats(size_t(H), uint32_t(T * 3 + 2), 0.2f);
+      for (auto& g : gain) g += 1.f;
+      std::vector<float> x(h.size()), logits(size_t(T) * E), sg(static_cast<size_t>(T));
+      cpu::rms_norm(h.data(), gain.data(), T, H, 1e-6f, x.data());
+      cpu::linear(m.router.cpu(), x.data(), T, logits.data());
+      cpu::linear(m.egate.cpu(), x.data(), T, sg.data());
+
+      DeviceArray<float> dh(h), dgain(gain), dx(h.size()), dlogits(logits.size()), dsg(sg.size());
+      dx.poison(), dlogits.poison(), dsg.poison();
+      cuda::moe_route_rows(w, dh.get(), T, dgain.get(), 1e-6f, dx.get(), dlogits.get(), dsg.get(), nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_LT(relative_error(dx.download(), x), 1e-5);
+      EXPECT_LT(relative_error(dlogits.download(), logits), 1e-4);
+      EXPECT_LT(relative_error(dsg.download(), sg), 1e-4);
+    }
+}
+
+// moe_topk_plan is moe_topk then moe_plan, bit for bit.
+TEST(CudaMoeGrouped, TopkPlanIsTopkThenPlan) {
+  REQUIRE_GPU();
+  for (int T : {1, 5, 16, 32}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    const int E = 256, k = 8, P = T * k;
+    const auto logits = random_floats(size_t(T) * E, uint32_t(T + 77), 3.f);
+    DeviceArray<float> dlogits(logits);
+    struct Out {
+      DeviceArray<int32_t> ids, offsets, sorted, position, tiles, num;
+      DeviceArray<float> weights;
+      cuda::MoePlan plan;
+      Out(int P, int E)
+          : ids(size_t(P)),
+            offsets(size_t(E + 1)),
+            sorted(size_t(P)),
+            position(size_t(P)),
+            tiles(size_t(cuda::moe_max_tiles(P, E, 16)) * 4),
+            num(1),
+            weights(size_t(P)) {
+        for (auto* a : {&ids, &offsets, &sorted, &position, &tiles, &num}) a->poison();
+        weights.poison();
+        plan.offsets = offsets.get(), plan.sorted = sorted.get(), plan.position = position.get();
+        plan.tiles = tiles.get(), plan.num_tiles = num.get(), plan.tile_rows = 16;
+        plan.max_tiles = cuda::moe_max_tiles(P, E, 16);
+      }
+    } a(P, E), b(P, E);
+    cuda::moe_topk(dlogits.get(), T, E, k, a.ids.get(), a.weights.get(), nullptr);
+    cuda::moe_plan(a.ids.get(), T, k, E, a.plan, nullptr);
+    cuda::moe_topk_plan(dlogits.get(), T, k, E, b.ids.get(), b.weights.get(), b.plan, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_EQ(a.ids.download(), b.ids.download());
+    EXPECT_EQ(a.weights.download(), b.weights.download());
+    EXPECT_EQ(a.offsets.download(), b.offsets.download());
+    EXPECT_EQ(a.sorted.download(), b.sorted.download());
+    EXPECT_EQ(a.position.download(), b.position.download());
+    const auto num = a.num.download();
+    ASSERT_EQ(num, b.num.download());
+    auto ta = a.tiles.download(), tb = b.tiles.download();
+    ta.resize(size_t(num[0]) * 4), tb.resize(size_t(num[0]) * 4);
+    EXPECT_EQ(ta, tb);
+  }
+}
+
+// The whole block of a short pass (moe_rows_accumulate: the norm and route in one launch, top-k
+// with the plan, the experts on gemv_rows) against cpu::rms_norm + cpu::sparse_moe, T 1..16.
+TEST(CudaMoeGrouped, ShortPassBlockMatchesCpu) {
+  REQUIRE_GPU();
+  const int E = 16, k = 4, H = 128, I = 64, Is = 128;
+  const TestMoe m(E, H, I, Is, 21, 0.5f);
+  MoeWeights cw = m.cpu();
+  ModelConfig c;
+  c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
+  c.shared_expert_intermediate_size = Is;
+  const cuda::GpuMoe w = m.gpu();
+  ASSERT_TRUE(cuda::moe_rows_supports(w) && cuda::moe_route_rows_supports(w));
+  for (int T : {1, 2, 7, 9, 16}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    const auto h = random_floats(size_t(T) * H, uint32_t(T + 5), 2.f);
+    auto gain = random_floats(size_t(H), uint32_t(T + 6), 0.2f);
+    for (auto& g : gain) g += 1.f;
+    std::vector<float> x(h.size()), moe(h.size()), expected(h);
+    cpu::rms_norm(h.data(), gain.data(), T, H, 1e-6f, x.data());
+    cpu::sparse_moe(cw, c, x.data(), T, moe.data());
+    for (size_t i = 0; i < expected.size(); ++i) expected[i] += moe[i];
+
+    DeviceArray<float> dh(h), dgain(gain), dx(h.size());
+    DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k, 16));
+    scratch.poison(), dx.poison();
+    cuda::moe_rows_accumulate(w, dh.get(), dgain.get(), 1e-6f, T, k, scratch.get(), dx.get(), nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    EXPECT_LT(relative_error(dx.download(), x), 1e-5);
+    const auto got = dh.download();
+    double diff = 0, ref = 0;
+    for (size_t i = 0; i < got.size(); ++i) {
+      diff = std::max(diff, std::isfinite(got[i]) ? double(std::fabs(got[i] - expected[i])) : INFINITY);
+      ref = std::max(ref, double(std::fabs(moe[i])));
+    }
+    // The MoE's part of h: two bf16 roundings of the inputs against fp32 throughout.
+    EXPECT_LT(diff, 2 * kTolerance * ref) << "max |gpu - cpu| / max |cpu moe| = " << diff / ref;
   }
 }
 

@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <map>
 
+#include "backend/cuda/decode/moe_route_rows.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/gemm_q4.h"
 #include "base/error.h"
@@ -125,6 +127,10 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
   check_prefill_projection(w.lm_head, "lm_head");
   plan.prefill.chunk_tokens = prefill_chunk_tokens;
   plan.prefill.dense_rows_up_to = dense_rows_take(w) ? kGemvRowsMaxT : 0;
+  const bool moe_rows = std::all_of(w.layers.begin(), w.layers.end(), [](const GpuLayer& layer) {
+    return moe_rows_supports(layer.moe) && moe_route_rows_supports(layer.moe);
+  });
+  plan.prefill.moe_rows_up_to = moe_rows ? kGemvRowsMaxT : 0;
   AttentionParams attention;
   attention.num_heads = c.num_attention_heads, attention.num_kv_heads = c.num_key_value_heads;
   plan.prefill.attention = attention_prefill_supports(AttentionPrefillKernel::flash, attention)
@@ -154,13 +160,14 @@ std::string KernelPlan::describe() const {
                      format_of(decode.lm_head.W));
   out += fmt::format(
       "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + gemm_q4 projections "
-      "(split K on small grids; gemv_rows up to {} tokens); attention {}; DeltaNet {} below {} tokens, else {}; MoE "
+      "(split K on small grids; gemv_rows up to {} tokens, experts up to {}); attention {}; DeltaNet {} below {} "
+      "tokens, else {}; MoE "
       "gemm_exact router, moe_topk, "
       "moe_plan, "
       "grouped gemm_q4 experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
       prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, prefill.dense_rows_up_to,
-      kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
-      kernel_name(DeltaRulePrefill::chunked));
+      prefill.moe_rows_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::recurrent),
+      prefill.chunked_delta_rule_from, kernel_name(DeltaRulePrefill::chunked));
   return out;
 }
 

@@ -18,6 +18,9 @@
 //   dense rows       passes of up to 16 tokens run the attention / DeltaNet projections as
 //                    few-row GEMVs (gemv_rows.h: RMSNorm and residual fused, the fused input
 //                    matrix in one launch) where every layer's matrices are 4-bit group 64
+//   MoE rows         and the MoE block as moe_rows_accumulate (moe_grouped.h: the route in one
+//                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
+//                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel
 // A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
 // not implement, ...) is refused here, when the backend is built, with what is wrong.
@@ -33,6 +36,7 @@
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
+#include "backend/cuda/prefill/moe_grouped.h"
 
 namespace lily::cuda {
 
@@ -63,8 +67,12 @@ struct PrefillPlan {
   int chunk_tokens = 8192;           // tokens per pass
   int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
   int dense_rows_up_to = 0;          // passes of at most this many tokens: gemv_rows projections
+  int moe_rows_up_to = 0;            // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
+  MoeExpertKernels moe_experts(int T) const {
+    return T <= moe_rows_up_to ? MoeExpertKernels::rows : MoeExpertKernels::gemm;
+  }
   DeltaRulePrefill delta_rule(int T) const {
     return T < chunked_delta_rule_from ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
   }

@@ -17,7 +17,7 @@
 // blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
 // plan's dense_rows_up_to tokens run the attention / DeltaNet projections as few-row GEMVs
 // instead (decode/gemv_rows.h): the RMSNorm folded into the fused input projection's one
-// launch, the residual add into out_proj / o_proj's. Passes of fewer than
+// launch, the residual add into out_proj / o_proj's; and the experts (moe_rows_up_to). Passes of fewer than
 // the plan's programmatic_below tokens launch their kernels with programmatic dependent launch
 // (common/pdl_launch.cuh).
 #include "backend/cuda/prefill_pass.h"
@@ -165,12 +165,18 @@ void PrefillPass::output_projection(const QMatrix& W, int T) {
 // h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs
 void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
   float* x = normed_.as<float>();
+  const int k = c_.num_experts_per_tok;
+  if (plan_.prefill.moe_experts(T) == MoeExpertKernels::rows) {
+    // x = RMSNorm(h); h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x), the norm in the route
+    moe_rows_accumulate(layer.moe, h_.as<float>(), layer.post_attention_layernorm, c_.rms_norm_eps, T, k,
+                        moe_scratch_.get(), x, stream_);
+    return;
+  }
   // x = RMSNorm(h)
   phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
-  moe_grouped_accumulate(layer.moe, x, T, c_.num_experts_per_tok, moe_scratch_.get(), h_.as<float>(), stream_, 0,
-                         split_.get());
+  moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get());
 }
 
 // logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.

@@ -18,15 +18,19 @@
 //           chunk = (x[8w + j], x[8w + j + 4]), the B registers of word w's two mma. The uint4 of
 //           word w sits at w ^ swizzle(chunk, token), so the 8 lanes of a quarter warp (2 tokens
 //           x 4 chunks) read 8 distinct bank groups.
-// Kernel:   gemv_rows_kernel<NT, KSPLIT, NORM, ACC>, 256 threads: a task is 8 / KSPLIT tiles of
-//           16 rows, each tile's columns split over KSPLIT warps (512 columns each) and summed
-//           in shared memory in a fixed order. The first task's weights are in registers before
-//           the PDL wait, the later tasks' on their way into L2; then x is staged (a warp per token, 8 columns a lane,
-//           several loads in flight; the RMSNorm's gain applied there, its 1 / rms to the sums), and the grid (at most
-//           the blocks resident at once) strides over tasks.
+// Kernel:   gemv_rows_kernel<NT, KSPLIT, FORM>, 256 threads: a task is 8 / KSPLIT tiles of
+//           16 rows (SwiGLU: half of them G, half U of the same rows), each tile's columns split
+//           over KSPLIT warps (512 columns each) and summed in shared memory in a fixed order.
+//           The first task's weights are in registers before the PDL wait (grouped: after it,
+//           once the tile map names the expert), the later tasks' on their way into L2; then x
+//           is staged (a warp per token, 8 columns a lane, several loads in flight; the
+//           RMSNorm's gain applied there, its 1 / rms to the sums), and the block strides over
+//           its tasks: dense, a grid of at most the blocks resident at once; grouped, a grid of
+//           (a tile's tasks, the map's tiles), blocks past the map's count exiting.
 // Tested:   tests/cuda/test_gemv_rows.cu against the bf16 reference of the prefill GEMM, T 1..16
 //           across the 8-token tiles, rows around the 16-row tiles, cols from one group to 4096,
-//           fused outputs into four parts, NaN-poisoned outputs and guards past every part.
+//           fused outputs into four parts, NaN-poisoned outputs and guards past every part; the
+//           grouped and SwiGLU forms through tests/cuda/test_moe_grouped.cu (ExpertsOnFewRowKernels).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
@@ -45,17 +49,33 @@ namespace {
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kPairs = 2;  // pairs of 128-column blocks a warp holds per task: 512 columns
 constexpr int kMaxCols = 4096, kNormMaxCols = 2048;
+constexpr int kGroupedTasksPerBlock = 1;  // tasks of a tile a block takes (grouped; 4 measured slower)
 
-struct Params {
+enum class Form { norm, accumulate, store, swiglu };
+
+// A 4-bit matrix (or the first of a stack of experts) in the mlx layout.
+struct Matrix4 {
   const uint4* codes;      // [rows, cols / 32] chunks of 32 codes
   const uint16_t* scales;  // [rows, cols / 64] bf16 bits
   const uint16_t* biases;  // [rows, cols / 64] bf16 bits
-  const float* x;          // [T, cols]
-  const float* gain;       // [cols] (RMSNorm form)
+};
+
+struct Params {
+  Matrix4 w[2];       // W; the SwiGLU form: G, U
+  const float* x;     // [x rows, cols]
+  const float* gain;  // [cols] (RMSNorm form)
   float eps;
   RowsOutput out;
-  int rows, cols, T;
-  int chunks;  // chunks of x staged per token: the warps' reach (KSPLIT x 512 columns / 32), zeros past cols
+  int rows, cols;  // of W (of G and of U)
+  int T;           // tokens (without tiles)
+  int chunks;      // chunks of x staged per token: the warps' reach (KSPLIT x 512 columns / 32), zeros past cols
+  // Grouped (tiles != null): block y takes tile y of the map if y < *num_tiles: expert e, positions
+  // [first, end) (at most 16); x row of position q: gather[q] / gather_div (no gather: q); its
+  // output row q.
+  const int32_t* tiles;
+  const int32_t* num_tiles;
+  const int32_t* gather;
+  int gather_div;
 };
 
 // The bank-group swizzle of x's uint4 units (see the Layout above).
@@ -82,38 +102,39 @@ struct RowsTile {
 
 // Loads pairs pair0 .. pair0 + NPAIR - 1 (chunks past the row end: zero codes, scale and bias).
 template <int NPAIR>
-__device__ __forceinline__ void load_rows_tile(RowsTile<NPAIR>& t, const Params& p, int64_t row_g, int64_t row_g8,
-                                               int pair0) {
-  const int t4 = threadIdx.x % 4, cpr = p.cols / 32, gpr = p.cols / 64;
+__device__ __forceinline__ void load_rows_tile(RowsTile<NPAIR>& t, const Matrix4& m, int cols, int64_t row_g,
+                                               int64_t row_g8, int pair0) {
+  const int t4 = threadIdx.x % 4, cpr = cols / 32, gpr = cols / 64;
 #pragma unroll
   for (int pp = 0; pp < NPAIR; ++pp)
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int chunk = 4 * (2 * (pair0 + pp) + b) + t4, grp = chunk / 2;
       const bool ok = chunk < cpr;
-      t.q[pp][b][0] = ok ? quant::load_codes(p.codes + row_g * cpr + chunk) : make_uint4(0, 0, 0, 0);
-      t.q[pp][b][1] = ok ? quant::load_codes(p.codes + row_g8 * cpr + chunk) : make_uint4(0, 0, 0, 0);
-      t.scale[pp][b][0] = ok ? load_bf16x2(p.scales + row_g * gpr + grp) : 0u;
-      t.scale[pp][b][1] = ok ? load_bf16x2(p.scales + row_g8 * gpr + grp) : 0u;
-      t.bias[pp][b][0] = ok ? load_bf16x2(p.biases + row_g * gpr + grp) : 0u;
-      t.bias[pp][b][1] = ok ? load_bf16x2(p.biases + row_g8 * gpr + grp) : 0u;
+      t.q[pp][b][0] = ok ? quant::load_codes(m.codes + row_g * cpr + chunk) : make_uint4(0, 0, 0, 0);
+      t.q[pp][b][1] = ok ? quant::load_codes(m.codes + row_g8 * cpr + chunk) : make_uint4(0, 0, 0, 0);
+      t.scale[pp][b][0] = ok ? load_bf16x2(m.scales + row_g * gpr + grp) : 0u;
+      t.scale[pp][b][1] = ok ? load_bf16x2(m.scales + row_g8 * gpr + grp) : 0u;
+      t.bias[pp][b][0] = ok ? load_bf16x2(m.biases + row_g * gpr + grp) : 0u;
+      t.bias[pp][b][1] = ok ? load_bf16x2(m.biases + row_g8 * gpr + grp) : 0u;
     }
 }
 
 // The lines load_rows_tile would read, into L2 only: the block's later tasks, before its wait.
 template <int NPAIR>
-__device__ __forceinline__ void prefetch_rows_tile(const Params& p, int64_t row_g, int64_t row_g8, int pair0) {
-  const int t4 = threadIdx.x % 4, cpr = p.cols / 32, gpr = p.cols / 64;
+__device__ __forceinline__ void prefetch_rows_tile(const Matrix4& m, int cols, int64_t row_g, int64_t row_g8,
+                                                   int pair0) {
+  const int t4 = threadIdx.x % 4, cpr = cols / 32, gpr = cols / 64;
 #pragma unroll
   for (int pp = 0; pp < NPAIR; ++pp)
 #pragma unroll
     for (int b = 0; b < 2; ++b) {
       const int chunk = 4 * (2 * (pair0 + pp) + b) + t4, grp = chunk / 2;
       if (chunk >= cpr) continue;
-      prefetch_l2(p.codes + row_g * cpr + chunk), prefetch_l2(p.codes + row_g8 * cpr + chunk);
+      prefetch_l2(m.codes + row_g * cpr + chunk), prefetch_l2(m.codes + row_g8 * cpr + chunk);
       if (chunk % 2 == 0) {
-        prefetch_l2(p.scales + row_g * gpr + grp), prefetch_l2(p.scales + row_g8 * gpr + grp);
-        prefetch_l2(p.biases + row_g * gpr + grp), prefetch_l2(p.biases + row_g8 * gpr + grp);
+        prefetch_l2(m.scales + row_g * gpr + grp), prefetch_l2(m.scales + row_g8 * gpr + grp);
+        prefetch_l2(m.biases + row_g * gpr + grp), prefetch_l2(m.biases + row_g8 * gpr + grp);
       }
     }
 }
@@ -158,16 +179,17 @@ __device__ __forceinline__ void dot_rows_tile(const RowsTile<NPAIR>& t, const ui
 // a time with WORDS words in flight. x was written by the previous kernel: read through L2.
 // NORM: inv[t] = 1 / sqrt(mean(x[t]^2) + eps), which the sums are scaled by (the rounding to bf16
 // is relative, so it may come before the scale). Deterministic: fixed-order sums.
-template <int NT, bool NORM, int WORDS>
-__device__ __forceinline__ void stage_rows(const Params& p, uint4* xf, float* inv) {
+// x_row(i): the row of x of token slot i (i < n), n <= 8 NT.
+template <int NT, bool NORM, int WORDS, typename XRow>
+__device__ __forceinline__ void stage_rows(const Params& p, int n, XRow x_row, uint4* xf, float* inv) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int words = p.chunks * 4, real_words = p.cols / 8;
   const float4* gain = reinterpret_cast<const float4*>(p.gain);
   auto squares = [](float4 v, float s) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, s)))); };
   auto times = [](float4 v, float4 g) { return make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w); };
   for (int token = warp; token < NT * 8; token += kWarps) {
-    const bool real = token < p.T;
-    const float4* x = reinterpret_cast<const float4*>(p.x + int64_t(real ? token : 0) * p.cols);
+    const bool real = token < n;
+    const float4* x = reinterpret_cast<const float4*>(p.x + (real ? x_row(token) : 0) * p.cols);
     float ss = 0.f;
     for (int m0 = lane; m0 < words; m0 += 32 * WORDS) {
       float4 a[WORDS], b[WORDS], ga[WORDS], gb[WORDS];
@@ -210,42 +232,80 @@ __device__ __forceinline__ void store_output(const RowsOutput& out, int64_t row,
   *dst = ACC ? *dst + v : v;
 }
 
+// Words of x a lane stages at once: as many as the registers beside the weights allow (ptxas: no
+// spills at 128 registers).
+template <int NT, int KSPLIT, Form FORM>
+__host__ __device__ constexpr int kStageWords() {
+  if (FORM == Form::norm) return NT == 2 ? 2 : 4;  // x and the gain
+  if (FORM == Form::swiglu) return 4;
+  return NT == 2 || KSPLIT == 1 ? 4 : 8;
+}
+
+__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
+
 // Floats per row of a warp's partial sums: odd, so the final sum reads without bank conflicts.
 template <int NT>
 __host__ __device__ constexpr int partial_stride() {
   return NT * 8 + 1;
 }
 
-template <int NT, int KSPLIT, bool NORM, bool ACC>
+template <int NT, int KSPLIT, Form FORM>
 __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
   extern __shared__ __align__(16) uint4 smem[];
+  constexpr bool NORM = FORM == Form::norm, SWIGLU = FORM == Form::swiglu;
   constexpr int kTilesPerTask = kWarps / KSPLIT, kStride = partial_stride<NT>();
+  constexpr int kOutTiles = SWIGLU ? kTilesPerTask / 2 : kTilesPerTask;  // a task's output tiles of 16 rows
+  static_assert(kOutTiles >= 1);
   uint4* xf = smem;                                                                  // [8 NT][chunks][4]
   float* partial = reinterpret_cast<float*>(smem + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][kStride]
   float* inv = partial + kWarps * 16 * kStride;                                      // [8 NT] (NORM)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kTilesPerTask - 1) / kTilesPerTask;
+  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
   const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
 
+  // The warp's matrix and rows in a task: SwiGLU: the first half of the warps G, the second U,
+  // of the same rows.
+  Matrix4 m = p.w[SWIGLU && local_tile >= kOutTiles ? 1 : 0];
   auto rows_of = [&](int64_t task, int64_t& row_g, int64_t& row_g8) {
-    const int64_t tile = min(task * kTilesPerTask + local_tile, tiles - 1);
+    const int64_t tile = min(task * kOutTiles + local_tile % kOutTiles, tiles - 1);
     row_g = min(tile * 16 + g, int64_t(p.rows) - 1), row_g8 = min(tile * 16 + g + 8, int64_t(p.rows) - 1);
   };
   auto load = [&](RowsTile<kPairs>& t, int64_t task) {
     int64_t row_g, row_g8;
     rows_of(task, row_g, row_g8);
-    load_rows_tile<kPairs>(t, p, row_g, row_g8, kpart * kPairs);
+    load_rows_tile<kPairs>(t, m, p.cols, row_g, row_g8, kpart * kPairs);
   };
   RowsTile<kPairs> t;
-  if (blockIdx.x < tasks) load(t, blockIdx.x);  // weights depend on nothing: before the wait
-  for (int64_t task = blockIdx.x + gridDim.x; task < tasks; task += gridDim.x) {
-    int64_t row_g, row_g8;
-    rows_of(task, row_g, row_g8);
-    prefetch_rows_tile<kPairs>(p, row_g, row_g8, kpart * kPairs);
+  const bool grouped = p.tiles != nullptr;
+  if (!grouped) {  // weights depend on nothing: before the wait, the later tasks' into L2
+    if (blockIdx.x < tasks) load(t, blockIdx.x);
+    for (int64_t task = blockIdx.x + gridDim.x; task < tasks; task += gridDim.x) {
+      int64_t row_g, row_g8;
+      rows_of(task, row_g, row_g8);
+      prefetch_rows_tile<kPairs>(m, p.cols, row_g, row_g8, kpart * kPairs);
+    }
   }
   pdl_wait();
   pdl_launch_dependents();
-  stage_rows<NT, NORM, NORM || KSPLIT == 1 ? 4 : 8>(p, xf, inv);  // 8 words: spills with KSPLIT 1
+  int n = p.T, first = 0;  // the tokens: positions [first, first + n)
+  if (grouped) {           // the tile map is a predecessor's: after the wait
+    if (int(blockIdx.y) >= __ldcg(p.num_tiles)) return;
+    const int4 tile = __ldcg(reinterpret_cast<const int4*>(p.tiles) + blockIdx.y);
+    first = tile.y, n = tile.z - tile.y;
+    const int64_t cpr = p.cols / 32, gpr = p.cols / 64, e = tile.x;
+    m.codes += e * p.rows * cpr, m.scales += e * p.rows * gpr, m.biases += e * p.rows * gpr;
+    load(t, blockIdx.x);
+    for (int64_t task = blockIdx.x + gridDim.x; task < tasks; task += gridDim.x) {  // the later tasks into L2
+      int64_t row_g, row_g8;
+      rows_of(task, row_g, row_g8);
+      prefetch_rows_tile<kPairs>(m, p.cols, row_g, row_g8, kpart * kPairs);
+    }
+  }
+  auto x_row = [&](int i) -> int64_t {
+    if (!grouped) return i;
+    return p.gather ? __ldcg(p.gather + first + i) / p.gather_div : first + i;
+  };
+  stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(p, n, x_row, xf, inv);
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -255,21 +315,26 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     // d[n]: (row g, tokens 8n + 2t, + 1), (row g + 8, the same tokens)
     float* mine = partial + warp * 16 * kStride;
 #pragma unroll
-    for (int n = 0; n < NT; ++n) {
-      const int token = n * 8 + 2 * t4;
-      mine[g * kStride + token] = d[n][0], mine[g * kStride + token + 1] = d[n][1];
-      mine[(g + 8) * kStride + token] = d[n][2], mine[(g + 8) * kStride + token + 1] = d[n][3];
+    for (int j = 0; j < NT; ++j) {
+      const int token = j * 8 + 2 * t4;
+      mine[g * kStride + token] = d[j][0], mine[g * kStride + token + 1] = d[j][1];
+      mine[(g + 8) * kStride + token] = d[j][2], mine[(g + 8) * kStride + token + 1] = d[j][3];
     }
     __syncthreads();
-    for (int o = threadIdx.x; o < kTilesPerTask * 16 * p.T; o += kThreads) {
-      const int r = o % 16, lt = (o / 16) % kTilesPerTask, token = o / (16 * kTilesPerTask);
-      const int64_t row = (task * kTilesPerTask + lt) * 16 + r;
+    for (int o = threadIdx.x; o < kOutTiles * 16 * n; o += kThreads) {
+      const int r = o % 16, lt = (o / 16) % kOutTiles, token = o / (16 * kOutTiles);
+      const int64_t row = (task * kOutTiles + lt) * 16 + r;
       if (row >= p.rows) continue;
-      float sum = 0.f;
+      auto sum_of = [&](int tile) {
+        float sum = 0.f;
 #pragma unroll
-      for (int k = 0; k < KSPLIT; ++k) sum += partial[((lt * KSPLIT + k) * 16 + r) * kStride + token];
-      if constexpr (NORM) sum *= inv[token];
-      store_output<ACC>(p.out, row, token, sum);
+        for (int k = 0; k < KSPLIT; ++k) sum += partial[((tile * KSPLIT + k) * 16 + r) * kStride + token];
+        return sum;
+      };
+      float v = sum_of(lt);
+      if constexpr (NORM) v *= inv[token];
+      if constexpr (SWIGLU) v = silu(v) * sum_of(lt + kOutTiles);
+      store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
     }
     __syncthreads();  // partial is rewritten by the next task
   }
@@ -283,9 +348,9 @@ int ksplit_for(int cols) {
   return k;
 }
 
-template <int NT, int KSPLIT, bool NORM, bool ACC>
-void launch(const Params& p, cudaStream_t stream) {
-  auto* kernel = gemv_rows_kernel<NT, KSPLIT, NORM, ACC>;
+template <int NT, int KSPLIT, Form FORM>
+void launch(const Params& p, int max_tiles, cudaStream_t stream) {
+  auto* kernel = gemv_rows_kernel<NT, KSPLIT, FORM>;
   const size_t sums = (size_t(kWarps) * 16 * partial_stride<NT>() + NT * 8) * 4;  // partial, inv
   const size_t shared = size_t(NT) * 8 * size_t(p.chunks) * 64 + sums;
   static const bool attribute_set = [&] {
@@ -294,36 +359,48 @@ void launch(const Params& p, cudaStream_t stream) {
     return true;
   }();
   (void)attribute_set;
+  constexpr int kOutTiles = FORM == Form::swiglu ? kWarps / KSPLIT / 2 : kWarps / KSPLIT;
+  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
+  if (p.tiles) {  // a tile's tasks over a few blocks, each its tasks' weights in flight at once
+    const int64_t blocks = (tasks + kGroupedTasksPerBlock - 1) / kGroupedTasksPerBlock;
+    launch_after_wait(kernel, dim3(unsigned(blocks), unsigned(max_tiles)), dim3(kThreads), shared, stream, p);
+    return;
+  }
   int per_sm = 0;
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, kThreads, shared));
-  const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + (kWarps / KSPLIT) - 1) / (kWarps / KSPLIT);
   const int64_t blocks = std::min<int64_t>(tasks, int64_t(std::max(1, per_sm)) * multiprocessor_count());
   launch_after_wait(kernel, dim3(unsigned(blocks)), dim3(kThreads), shared, stream, p);
 }
 
-template <bool NORM, bool ACC>
-void dispatch(Params p, cudaStream_t stream) {
+// T: the most tokens of a group (grouped: of a tile).
+template <Form FORM>
+void dispatch(Params p, int T, int max_tiles, cudaStream_t stream) {
   const int ksplit = ksplit_for(p.cols);
   p.chunks = ksplit * kPairs * 8;
   auto go = [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
     switch (ksplit) {
-      case 1: launch<NT, 1, NORM, ACC>(p, stream); break;
-      case 2: launch<NT, 2, NORM, ACC>(p, stream); break;
-      case 4: launch<NT, 4, NORM, ACC>(p, stream); break;
-      default: launch<NT, 8, NORM, ACC>(p, stream); break;
+      case 1: launch<NT, 1, FORM>(p, max_tiles, stream); break;
+      case 2: launch<NT, 2, FORM>(p, max_tiles, stream); break;
+      case 4: launch<NT, 4, FORM>(p, max_tiles, stream); break;
+      default:
+        if constexpr (FORM != Form::swiglu) launch<NT, 8, FORM>(p, max_tiles, stream);
+        break;
     }
   };
-  if (p.T <= 8) go(quant::Int<1>{});
+  if (T <= 8) go(quant::Int<1>{});
   else go(quant::Int<2>{});
   CUDA_CHECK_LAUNCH();
 }
 
+Matrix4 matrix_of(const QMatrix& W) {
+  return {reinterpret_cast<const uint4*>(W.codes), reinterpret_cast<const uint16_t*>(W.scales),
+          reinterpret_cast<const uint16_t*>(W.biases)};
+}
+
 Params params_of(const QMatrix& W, const float* x, int T) {
   Params p{};
-  p.codes = reinterpret_cast<const uint4*>(W.codes);
-  p.scales = reinterpret_cast<const uint16_t*>(W.scales);
-  p.biases = reinterpret_cast<const uint16_t*>(W.biases);
+  p.w[0] = p.w[1] = matrix_of(W);
   p.x = x;
   p.rows = W.rows, p.cols = W.cols, p.T = T;
   return p;
@@ -336,17 +413,28 @@ void check_call(const QMatrix& W, const float* x, int T, bool rms_norm, const ch
   LILY_CHECK(aligned16(x), "{}: x must be 16-byte aligned", what);
 }
 
+void set_groups(Params& p, const RowsGroups& groups) {
+  p.tiles = groups.tiles, p.num_tiles = groups.num_tiles, p.gather = groups.gather;
+  p.gather_div = std::max(1, groups.gather_div);
+}
+
 }  // namespace
 
 bool gemv_rows_supports(const QMatrix& W, bool rms_norm) {
-  return W.batch == 1 && W.bits == 4 && W.group_size == 64 && W.rows > 0 && W.cols > 0 && W.cols % 64 == 0 &&
+  return W.bits == 4 && W.group_size == 64 && W.rows > 0 && W.cols > 0 && W.cols % 64 == 0 &&
          W.cols <= (rms_norm ? kNormMaxCols : kMaxCols) && aligned16(W.codes) && aligned16(W.scales) &&
          aligned16(W.biases);
+}
+
+bool gemv_rows_swiglu_supports(const QMatrix& G, const QMatrix& U) {
+  return gemv_rows_supports(G, false) && gemv_rows_supports(U, false) && G.rows == U.rows && G.cols == U.cols &&
+         G.batch == U.batch && ksplit_for(G.cols) <= 4;
 }
 
 void rms_norm_gemv_rows(const QMatrix& W, const float* x, int T, const float* gain, float eps, const RowsOutput& y,
                         cudaStream_t stream) {
   check_call(W, x, T, true, "rms_norm_gemv_rows");
+  LILY_CHECK(W.batch == 1, "rms_norm_gemv_rows: a stack of {} matrices", W.batch);
   LILY_CHECK(y.count >= 1 && y.count <= RowsOutput::kMaxParts && y.parts[0].first_row == 0,
              "rms_norm_gemv_rows: {} output parts, the first at row {}", y.count, y.parts[0].first_row);
   for (int i = 1; i < y.count; ++i)
@@ -354,14 +442,37 @@ void rms_norm_gemv_rows(const QMatrix& W, const float* x, int T, const float* ga
                "rms_norm_gemv_rows: output part {} starts at row {}", i, y.parts[i].first_row);
   Params p = params_of(W, x, T);
   p.gain = gain, p.eps = eps, p.out = y;
-  dispatch<true, false>(p, stream);
+  dispatch<Form::norm>(p, T, 0, stream);
 }
 
 void gemv_rows_accumulate(const QMatrix& W, const float* x, int T, float* y, cudaStream_t stream) {
   check_call(W, x, T, false, "gemv_rows_accumulate");
+  LILY_CHECK(W.batch == 1, "gemv_rows_accumulate: a stack of {} matrices", W.batch);
   Params p = params_of(W, x, T);
   p.out = RowsOutput::whole(y, W.rows);
-  dispatch<false, true>(p, stream);
+  dispatch<Form::accumulate>(p, T, 0, stream);
+}
+
+void gemv_rows(const QMatrix& W, const float* x, int T, const RowsGroups* groups, float* y, cudaStream_t stream) {
+  check_call(W, x, T, false, "gemv_rows");
+  LILY_CHECK(groups || W.batch == 1, "gemv_rows: a stack of {} matrices without a tile map", W.batch);
+  Params p = params_of(W, x, T);
+  p.out = RowsOutput::whole(y, W.rows);
+  if (groups) set_groups(p, *groups);
+  dispatch<Form::store>(p, T, groups ? groups->max_tiles : 0, stream);
+}
+
+void gemv_rows_swiglu(const QMatrix& G, const QMatrix& U, const float* x, int T, const RowsGroups* groups, float* act,
+                      cudaStream_t stream) {
+  LILY_CHECK(gemv_rows_swiglu_supports(G, U), "gemv_rows_swiglu: G [{}, {}, {}] q{}, U [{}, {}, {}] q{}", G.batch,
+             G.rows, G.cols, G.bits, U.batch, U.rows, U.cols, U.bits);
+  check_call(G, x, T, false, "gemv_rows_swiglu");
+  LILY_CHECK(groups || G.batch == 1, "gemv_rows_swiglu: a stack of {} matrices without a tile map", G.batch);
+  Params p = params_of(G, x, T);
+  p.w[1] = matrix_of(U);
+  p.out = RowsOutput::whole(act, G.rows);
+  if (groups) set_groups(p, *groups);
+  dispatch<Form::swiglu>(p, T, groups ? groups->max_tiles : 0, stream);
 }
 
 }  // namespace lily::cuda

@@ -18,6 +18,13 @@
 // Bounds:   the tile map has at most moe_max_tiles(T*k, E, BM) entries; the grouped GEMMs are
 //           launched with that many blocks in x and the extra ones exit on the device count.
 // Tile rows: BM = gemm_q4_tile_rows(T*k / E): the expected rows per expert (16, 32 or 64).
+// Few rows: passes of at most 16 tokens may run the experts on decode/gemv_rows.h instead
+//           (MoeExpertKernels::rows): tiles of 16 (one per expert used: a token picks an expert
+//           once), each tile's tokens through its expert's rows read once; the shared expert
+//           the same way over all T rows. moe_rows_accumulate is the whole block so, from h:
+//             x, logits, sg = norm, router, shared gate     moe_route_rows (decode/, one launch)
+//             ids, w, plan  = top-k and the plan             moe_plan_kernel with its top-k
+//             experts, shared expert on gemv_rows, moe_combine_kernel into h
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
@@ -29,6 +36,8 @@
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/route_topk.cuh"
+#include "backend/cuda/decode/gemv_rows.h"
+#include "backend/cuda/decode/moe_route_rows.h"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
 
@@ -60,6 +69,10 @@ struct PlanParams {
   const int32_t* ids;  // [P]
   int P, E, tile_rows;
   int32_t *offsets, *sorted, *position, *tiles, *num_tiles;
+  // Top-k first (moe_topk_plan): ids [T, k] and weights from logits [T, E], T = P / k <= 32.
+  const float* logits;
+  int k;
+  float* weights;
 };
 
 // Exclusive prefix sum of v over the block (kPlanThreads threads); *total gets the sum.
@@ -93,6 +106,13 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
   pdl_wait();
   pdl_launch_dependents();
   static_assert(kPlanThreads == 32 * 32 && kMaxExperts <= kPlanThreads);
+  if (p.logits) {  // a warp per token: its top-k into ids and weights, read below by the block
+    const int t = threadIdx.x / 32;
+    if (t < p.P / p.k)
+      warp_route_topk(p.logits + int64_t(t) * p.E, p.E, p.k, const_cast<int32_t*>(p.ids) + int64_t(t) * p.k,
+                      p.weights + int64_t(t) * p.k);
+    __syncthreads();
+  }
   __shared__ int count[kMaxExperts], base[kMaxExperts];
   __shared__ int warp_count[32][kMaxExperts];  // per chunk: first position of each (warp, expert)
   __shared__ int warp_sums[32];
@@ -272,19 +292,32 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
              "moe_plan: room for {} tiles, {} pairs may need {}", plan.max_tiles, T * k,
              moe_max_tiles(T * k, E, plan.tile_rows));
   const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
-                     plan.sorted, plan.position, plan.tiles, plan.num_tiles};
+                     plan.sorted, plan.position, plan.tiles, plan.num_tiles, nullptr,
+                     k,           nullptr};
   launch_after_wait(moe_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, p);
 }
 
-void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
-                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
-                                    const SplitK* split) {
-  check_weights(w, k);
-  LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
-  if (T <= 0) return;
-  const Layout l = layout(w, T, k, tile_rows);
-  const int E = w.experts_gate.batch, H = w.experts_gate.cols;
+void moe_topk_plan(const float* logits, int T, int k, int E, int32_t* ids, float* weights, const MoePlan& plan,
+                   cudaStream_t stream) {
+  LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E && T >= 1 && T <= kPlanThreads / 32,
+             "moe_topk_plan: top-{} of {} experts for {} tokens (at most {})", k, E, T, kPlanThreads / 32);
+  LILY_CHECK(plan.tile_rows >= 1 && plan.max_tiles >= moe_max_tiles(T * k, E, plan.tile_rows),
+             "moe_topk_plan: room for {} tiles, {} pairs may need {}", plan.max_tiles, T * k,
+             moe_max_tiles(T * k, E, plan.tile_rows));
+  const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
+                     plan.sorted, plan.position, plan.tiles, plan.num_tiles, logits,
+                     k,           weights};
+  launch_after_wait(moe_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, p);
+}
 
+bool moe_rows_supports(const GpuMoe& w) {
+  return gemv_rows_swiglu_supports(w.experts_gate, w.experts_up) && gemv_rows_supports(w.experts_down, false) &&
+         gemv_rows_swiglu_supports(w.shared_gate, w.shared_up) && gemv_rows_supports(w.shared_down, false);
+}
+
+namespace {
+
+MoePlan plan_in(void* scratch, const Layout& l) {
   MoePlan plan;
   plan.offsets = at<int32_t>(scratch, l.offsets);
   plan.sorted = at<int32_t>(scratch, l.sorted);
@@ -293,34 +326,91 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   plan.num_tiles = at<int32_t>(scratch, l.num_tiles);
   plan.max_tiles = l.max_tiles;
   plan.tile_rows = l.tile_rows;
-  phases::mark("moe.plan", stream);
-  moe_plan(ids, T, k, E, plan, stream);
+  return plan;
+}
 
-  // Routed experts: gate/up over gathered token rows, then down over the act rows in place.
-  GroupedTiles g;
-  g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
-  g.gather = plan.sorted, g.gather_div = k;
+// The routed experts over the plan's tiles, the shared expert (and its gate logit unless the
+// route wrote it: sg_ready), and the combine into out.
+void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, const MoePlan& plan, const Layout& l,
+                         int T, int k, void* scratch, float* out, cudaStream_t stream, const SplitK* split, bool rows,
+                         bool sg_ready) {
+  const int H = w.experts_gate.cols;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
-  phases::mark("moe.experts_gate_up", stream);
-  gemm_q4_grouped_swiglu(w.experts_gate, w.experts_up, x, g, act, stream);
-  g.gather = nullptr, g.gather_div = 1;
-  phases::mark("moe.experts_down", stream);
-  gemm_q4_grouped(w.experts_down, act, g, y, stream);
-
-  // Shared expert and its per-token gate logit.
   float* shared_act = at<float>(scratch, l.shared_act);
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
-  phases::mark("moe.shared", stream);
-  gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream, split);
-  gemm_q4(w.shared_down, shared_act, shared_y, T, stream, split);
-  gemm_q4(w.shared_expert_gate, x, sg, T, stream, split);
+  if (rows) {
+    RowsGroups groups{plan.tiles, plan.num_tiles, plan.max_tiles, plan.sorted, k};
+    phases::mark("moe.experts_gate_up", stream);
+    gemv_rows_swiglu(w.experts_gate, w.experts_up, x, T, &groups, act, stream);
+    groups.gather = nullptr, groups.gather_div = 1;
+    phases::mark("moe.experts_down", stream);
+    gemv_rows(w.experts_down, act, T, &groups, y, stream);
+    phases::mark("moe.shared", stream);
+    gemv_rows_swiglu(w.shared_gate, w.shared_up, x, T, nullptr, shared_act, stream);
+    gemv_rows(w.shared_down, shared_act, T, nullptr, shared_y, stream);
+  } else {
+    GroupedTiles g;
+    g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
+    g.gather = plan.sorted, g.gather_div = k;
+    phases::mark("moe.experts_gate_up", stream);
+    gemm_q4_grouped_swiglu(w.experts_gate, w.experts_up, x, g, act, stream);
+    g.gather = nullptr, g.gather_div = 1;
+    phases::mark("moe.experts_down", stream);
+    gemm_q4_grouped(w.experts_down, act, g, y, stream);
+    phases::mark("moe.shared", stream);
+    gemm_q4_swiglu(w.shared_gate, w.shared_up, x, shared_act, T, stream, split);
+    gemm_q4(w.shared_down, shared_act, shared_y, T, stream, split);
+  }
+  // The shared expert's per-token gate logit (8-bit in mlx checkpoints).
+  if (!sg_ready) gemm_q4(w.shared_expert_gate, x, sg, T, stream, split);
 
   LILY_CHECK(aligned16(out), "moe_grouped: out must be 16-byte aligned");
   phases::mark("moe.combine", stream);
   const CombineParams c{y, plan.position, weights, shared_y, sg, H, k, out};
   launch_after_wait(moe_combine_kernel, dim3(unsigned(T)), dim3(kCombineThreads), 0, stream, c);
+}
+
+void check_rows(const GpuMoe& w, int T) {
+  LILY_CHECK(T <= kGemvRowsMaxT && moe_rows_supports(w),
+             "moe_grouped: the few-row kernels take at most {} tokens of 4-bit experts ({} tokens)", kGemvRowsMaxT, T);
+}
+
+}  // namespace
+
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
+                                    const SplitK* split, MoeExpertKernels kernels) {
+  check_weights(w, k);
+  LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
+  if (T <= 0) return;
+  const bool rows = kernels == MoeExpertKernels::rows;
+  if (rows) check_rows(w, T);
+  const Layout l = layout(w, T, k, rows ? 16 : tile_rows);
+  const MoePlan plan = plan_in(scratch, l);
+  phases::mark("moe.plan", stream);
+  moe_plan(ids, T, k, w.experts_gate.batch, plan, stream);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, rows, false);
+}
+
+void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps, int T, int k, void* scratch, float* x,
+                         cudaStream_t stream) {
+  check_weights(w, k);
+  LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
+  check_rows(w, T);
+  LILY_CHECK(moe_route_rows_supports(w), "moe_rows_accumulate: the router [{}, {}] q{} is not one it takes",
+             w.router.rows, w.router.cols, w.router.bits);
+  const Layout l = layout(w, T, k, 16);
+  int32_t* ids = at<int32_t>(scratch, l.ids);
+  float* weights = at<float>(scratch, l.weights);
+  float* logits = at<float>(scratch, l.logits);
+  phases::mark("moe.router", stream);
+  moe_route_rows(w, h, T, gain, eps, x, logits, at<float>(scratch, l.sg), stream);
+  const MoePlan plan = plan_in(scratch, l);
+  phases::mark("moe.plan", stream);
+  moe_topk_plan(logits, T, k, w.experts_gate.batch, ids, weights, plan, stream);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, h, stream, nullptr, true, true);
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,

@@ -10,6 +10,14 @@
 
 namespace lily::cuda {
 
+// Which kernels run the experts (routed and shared): the tensor-core GEMMs (gemm_q4), or for
+// passes of at most 16 tokens the few-row GEMVs (decode/gemv_rows.h), which read each routed
+// expert's rows once for the tokens routed to it and the shared expert's once for all T.
+enum class MoeExpertKernels { gemm, rows };
+
+// Whether the few-row kernels take these experts (4-bit group 64, H <= 2048).
+bool moe_rows_supports(const GpuMoe& w);
+
 // Device scratch for T tokens (the caller keeps it; contents are per call). tile_rows: 0 picks
 // the grouped GEMMs' tile from the load (gemm_q4_tile_rows of the mean rows per expert); 16, 32
 // or 64 force it (bench/kernels/moe_grouped measures the choice). Pass the same value to the
@@ -24,6 +32,13 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows = 
 // split: optional split-K workspace for the router and the shared expert (split_k.h).
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
                             cudaStream_t stream, int tile_rows = 0, const SplitK* split = nullptr);
+
+// The whole block for a pass of at most 16 tokens, from the residual stream h: x = RMSNorm(h;
+// gain) (written to x), the routing in two launches (decode/moe_route_rows.h, then the top-k with
+// the plan), the experts on the few-row kernels, h += the combine. Needs moe_rows_supports(w)
+// and moe_route_rows_supports(w).   h, x: [T, H] fp32.
+void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps, int T, int k, void* scratch, float* x,
+                         cudaStream_t stream);
 
 // ---- The pieces (tests use them one by one) ---------------------------------------------
 
@@ -48,9 +63,14 @@ int moe_max_tiles(int pairs, int E, int tile_rows);
 // Builds plan (whose device arrays the caller sized with moe_max_tiles) from ids: [T, k].
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream);
 
-// The routed experts and the shared expert for given ids / weights ([T, k] on the device).
+// moe_topk then moe_plan in one launch, for T <= 32: ids [T, k] and weights [T, k] written too.
+void moe_topk_plan(const float* logits, int T, int k, int E, int32_t* ids, float* weights, const MoePlan& plan,
+                   cudaStream_t stream);
+
+// The routed experts and the shared expert for given ids / weights ([T, k] on the device);
+// kernels: rows needs T <= 16 (kGemvRowsMaxT) and moe_rows_supports(w).
 void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
                                     int k, void* scratch, float* out, cudaStream_t stream, int tile_rows = 0,
-                                    const SplitK* split = nullptr);
+                                    const SplitK* split = nullptr, MoeExpertKernels kernels = MoeExpertKernels::gemm);
 
 }  // namespace lily::cuda
