@@ -35,7 +35,7 @@ using namespace quant;
 
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kMaxT = 16, kMaxHidden = 2048, kMaxE = 256;
-constexpr int kBlockT = 4;  // tokens a block takes: grid (rows / 8, T / 4) fills ~132 SMs at E = 256, T = 16
+constexpr int kBlockT = 4;            // tokens a block takes: grid (rows / 8, T / 4) fills ~132 SMs at E = 256, T = 16
 constexpr int kMaxChunksPerLane = 4;  // 8-bit rows of 2048: 128 chunks over 32 lanes
 
 struct Matrix {
@@ -149,9 +149,9 @@ Matrix matrix_of(const QMatrix& W) {
 bool moe_route_rows_supports(const GpuMoe& w) {
   const QMatrix &r = w.router, &g = w.shared_expert_gate;
   const int H = r.cols;
-  return (r.bits == 4 || r.bits == 8) && g.bits == r.bits && r.group_size == 64 && g.group_size == 64 &&
-         r.batch == 1 && r.rows >= 1 && r.rows <= kMaxE && H > 0 && H % 64 == 0 && H <= kMaxHidden && g.rows == 1 &&
-         g.cols == H && H * r.bits / 128 <= 32 * kMaxChunksPerLane && aligned16(r.codes) && aligned16(g.codes);
+  return (r.bits == 4 || r.bits == 8) && g.bits == r.bits && r.group_size == 64 && g.group_size == 64 && r.batch == 1 &&
+         r.rows >= 1 && r.rows <= kMaxE && H > 0 && H % 64 == 0 && H <= kMaxHidden && g.rows == 1 && g.cols == H &&
+         H * r.bits / 128 <= 32 * kMaxChunksPerLane && aligned16(r.codes) && aligned16(g.codes);
 }
 
 void moe_route_rows(const GpuMoe& w, const float* h, int T, const float* gain, float eps, float* x, float* logits,
