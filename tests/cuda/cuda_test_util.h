@@ -128,9 +128,9 @@ inline void expect_within(const std::vector<float>& got, const std::vector<doubl
 
 // A product as the tensor-core kernels compute it (prefill/gemm_q4.h, decode/gemv_rows.h):
 // y[t, n] = sum_k bf16(x[t, k]) * bf16(s * q + b), with l1[t, n] = sum_k |x w| (the scale of
-// the rounding error).
+// the rounding error) and max_term[t, n] = max_k |x w|.
 struct Bf16Reference {
-  std::vector<double> y, l1;
+  std::vector<double> y, l1, max_term;
 };
 
 inline Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<float>& x, int T) {
@@ -148,14 +148,15 @@ inline Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<floa
   Bf16Reference r;
   r.y.assign(size_t(T) * N, 0.0);
   r.l1.assign(r.y.size(), 0.0);
+  r.max_term.assign(r.y.size(), 0.0);
   for (int t = 0; t < T; ++t)
     for (int n = 0; n < N; ++n) {
-      double acc = 0, l1 = 0;
+      double acc = 0, l1 = 0, most = 0;
       for (int k = 0; k < K; ++k) {
         const double p = double(xb[size_t(t) * K + k]) * double(w[size_t(n) * K + k]);
-        acc += p, l1 += std::fabs(p);
+        acc += p, l1 += std::fabs(p), most = std::max(most, std::fabs(p));
       }
-      r.y[size_t(t) * N + n] = acc, r.l1[size_t(t) * N + n] = l1;
+      r.y[size_t(t) * N + n] = acc, r.l1[size_t(t) * N + n] = l1, r.max_term[size_t(t) * N + n] = most;
     }
   return r;
 }

@@ -1,11 +1,12 @@
 // test_gemv_rows.cu: the few-row projections (backend/cuda/decode/gemv_rows.h) against the
 // tensor-core kernels' own arithmetic on the host (cuda_test_util.h's bf16_reference).
 //
-// Reference: x rounded to bf16 (the RMSNorm form: x * gain rounded, the sums then scaled by
-// 1 / rms(x), as the kernel does), each weight bf16(s * q + b), products summed in double; bound
-// per output 2e-4 * sum_k |x_k w_k| (an indexing error is off by ~|y|, hundreds of times more;
-// test_gemm_q4.cu says why this bound). The RMSNorm form is also held to the fp32 reference
-// (cpu::rms_norm, cpu::linear) at 1e-2 of max |y|: a lost gain or norm fails that.
+// Reference: x rounded to bf16 (the RMSNorm form: cpu::rms_norm's x * inv * gain rounded, as the
+// kernel does), each weight bf16(s * q + b), products summed in double; bound per output 2e-4 *
+// sum_k |x_k w_k| (an indexing error is off by ~|y|, hundreds of times more; test_gemm_q4.cu says
+// why this bound), plus in the RMSNorm form one bf16 step (2^-7) of the largest term: the GPU sums
+// mean(x^2) in another order, so a value may round to the neighbouring bf16. The RMSNorm form is
+// also held to the fp32 reference (cpu::rms_norm, cpu::linear) at 1e-2 of max |y|.
 // Edge sizes: T 1..16 across the 8-token tiles (1, 2, 7, 8, 9, 15, 16), rows around the 16-row
 // tiles (1, 15, 16, 17, 33, 300), cols of one group, a partial 512-column warp share and the
 // widest (64, 192, 576, 2048, 4096 for the accumulating form); outputs NaN-poisoned before
@@ -35,17 +36,9 @@ void check_rms_norm(int rows, int cols, int T, const std::vector<int>& part_rows
   auto gain = random_floats(size_t(cols), seed + 2, 0.2f);
   for (auto& g : gain) g += 1.f;  // zero-centred: 1 + w
   const float eps = 1e-6f;
-  std::vector<float> scaled(x.size()), normed(x.size()), fp32(size_t(T) * rows);
-  std::vector<double> inv(static_cast<size_t>(T));
-  for (int t = 0; t < T; ++t) {
-    double ss = 0;
-    for (int c = 0; c < cols; ++c) ss += double(x[size_t(t) * cols + c]) * x[size_t(t) * cols + c];
-    inv[size_t(t)] = 1.0 / std::sqrt(ss / cols + eps);
-    for (int c = 0; c < cols; ++c) scaled[size_t(t) * cols + c] = x[size_t(t) * cols + c] * gain[size_t(c)];
-  }
-  Bf16Reference ref = bf16_reference(W, scaled, T);
-  for (size_t i = 0; i < ref.y.size(); ++i) ref.y[i] *= inv[i / size_t(rows)], ref.l1[i] *= inv[i / size_t(rows)];
+  std::vector<float> normed(x.size()), fp32(size_t(T) * rows);
   cpu::rms_norm(x.data(), gain.data(), T, cols, eps, normed.data());
+  const Bf16Reference ref = bf16_reference(W, normed, T);
   cpu::linear(W.cpu(), normed.data(), T, fp32.data());
 
   DeviceArray<float> dx(x), dgain(gain);
@@ -75,7 +68,7 @@ void check_rms_norm(int rows, int cols, int T, const std::vector<int>& part_rows
     first += n;
   }
   std::vector<double> bound(ref.l1.size());
-  for (size_t i = 0; i < bound.size(); ++i) bound[i] = kBound * ref.l1[i];
+  for (size_t i = 0; i < bound.size(); ++i) bound[i] = kBound * ref.l1[i] + std::ldexp(ref.max_term[i], -7);
   expect_within(got, ref.y, bound);
   const double err = relative_error(got, fp32);
   EXPECT_LT(err, 1e-2) << "max |gpu - fp32 reference| / max |fp32 reference| = " << err;

@@ -3,6 +3,7 @@
 //
 //   y[t, r] (+)= sum_c W[r, c] * x'[t, c],   W[r, c] = scale[r, c/64] * q[r, c] + bias[r, c/64]
 //   RMSNorm form: x'[t] = x[t] * inv_t * gain, inv_t = 1 / sqrt(mean(x[t]^2) + eps); else x' = x
+//   SwiGLU form: y[t, r] = silu((G x[t])_r) * (U x[t])_r;  grouped: W of the tile's expert
 // Shapes:   W [rows, cols] (group 64, cols a multiple of 64, at most 4096; 2048 in the RMSNorm
 //           form) · x [T, cols] fp32 · y [T, rows] fp32, or the parts of a fused matrix
 //           (RowsOutput) · T <= 16.
@@ -23,8 +24,8 @@
 //           over KSPLIT warps (512 columns each) and summed in shared memory in a fixed order.
 //           The first task's weights are in registers before the PDL wait (grouped: after it,
 //           once the tile map names the expert), the later tasks' on their way into L2; then x
-//           is staged (a warp per token, 8 columns a lane, several loads in flight; the
-//           RMSNorm's gain applied there, its 1 / rms to the sums), and the block strides over
+//           is staged (a warp per token, 8 columns a lane, several loads in flight; normalized
+//           there as rms_norm does, so short and long passes round x alike), and the block strides over
 //           its tasks: dense, a grid of at most the blocks resident at once; grouped, a grid of
 //           (a tile's tasks, the map's tiles), blocks past the map's count exiting.
 // Tested:   tests/cuda/test_gemv_rows.cu against the bf16 reference of the prefill GEMM, T 1..16
@@ -174,23 +175,37 @@ __device__ __forceinline__ void dot_rows_tile(const RowsTile<NPAIR>& t, const ui
     }
 }
 
-// Block-wide: bf16(x[t] * gain) (NORM; else bf16(x[t])) of tokens 0 .. 8 NT - 1 into xf, zeros
-// past T and cols; a warp per token, a lane one word (8 columns: two float4, one uint4 of xf) at
-// a time with WORDS words in flight. x was written by the previous kernel: read through L2.
-// NORM: inv[t] = 1 / sqrt(mean(x[t]^2) + eps), which the sums are scaled by (the rounding to bf16
-// is relative, so it may come before the scale). Deterministic: fixed-order sums.
-// x_row(i): the row of x of token slot i (i < n), n <= 8 NT.
+// Block-wide: bf16(x[t] * inv_t * gain) (NORM, as rms_norm computes it, so a short pass rounds x
+// as a long one does; else bf16(x[t])) of tokens 0 .. 8 NT - 1 into xf, zeros past T and cols; a
+// warp per token, a lane one word (8 columns: two float4, one uint4 of xf) at a time with WORDS
+// words in flight. NORM: inv_t = 1 / sqrt(mean(x[t]^2) + eps) from a first pass over the row.
+// x was written by the previous kernel: read through L2. Deterministic: fixed-order sums.
 template <int NT, bool NORM, int WORDS, typename XRow>
-__device__ __forceinline__ void stage_rows(const Params& p, int n, XRow x_row, uint4* xf, float* inv) {
+__device__ __forceinline__ void stage_rows(const Params& p, int n, XRow x_row, uint4* xf) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int words = p.chunks * 4, real_words = p.cols / 8;
   const float4* gain = reinterpret_cast<const float4*>(p.gain);
   auto squares = [](float4 v, float s) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, s)))); };
-  auto times = [](float4 v, float4 g) { return make_float4(v.x * g.x, v.y * g.y, v.z * g.z, v.w * g.w); };
+  auto normed = [](float4 v, float inv, float4 g) {
+    return make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+  };
   for (int token = warp; token < NT * 8; token += kWarps) {
     const bool real = token < n;
     const float4* x = reinterpret_cast<const float4*>(p.x + (real ? x_row(token) : 0) * p.cols);
-    float ss = 0.f;
+    float inv = 1.f;
+    if (NORM && real) {
+      float ss = 0.f;
+      for (int i0 = lane; i0 < p.cols / 4; i0 += 32 * 8) {
+        float4 v[8];
+#pragma unroll
+        for (int r = 0; r < 8; ++r)
+          v[r] = i0 + 32 * r < p.cols / 4 ? __ldcg(x + i0 + 32 * r) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+        for (int r = 0; r < 8; ++r) ss = squares(v[r], ss);
+      }
+      ss = quant::group_sum<32>(ss);
+      inv = 1.f / sqrtf(ss / float(p.cols) + p.eps);
+    }
     for (int m0 = lane; m0 < words; m0 += 32 * WORDS) {
       float4 a[WORDS], b[WORDS], ga[WORDS], gb[WORDS];
 #pragma unroll
@@ -206,15 +221,11 @@ __device__ __forceinline__ void stage_rows(const Params& p, int n, XRow x_row, u
       for (int r = 0; r < WORDS; ++r) {
         const int m = m0 + 32 * r, chunk = m / 4;
         if (m >= words) break;
-        if constexpr (NORM) ss = squares(b[r], squares(a[r], ss)), a[r] = times(a[r], ga[r]), b[r] = times(b[r], gb[r]);
+        if constexpr (NORM) a[r] = normed(a[r], inv, ga[r]), b[r] = normed(b[r], inv, gb[r]);
         const uint4 u = make_uint4(ptx::pack_bf16(a[r].x, b[r].x), ptx::pack_bf16(a[r].y, b[r].y),
                                    ptx::pack_bf16(a[r].z, b[r].z), ptx::pack_bf16(a[r].w, b[r].w));
         xf[(int64_t(token) * p.chunks + chunk) * 4 + ((m % 4) ^ unit_swizzle(chunk, token))] = u;
       }
-    }
-    if constexpr (NORM) {
-      ss = quant::group_sum<32>(ss);
-      if (lane == 0) inv[token] = 1.f / sqrtf(ss / float(p.cols) + p.eps);
     }
   }
 }
@@ -258,7 +269,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
   static_assert(kOutTiles >= 1);
   uint4* xf = smem;                                                                  // [8 NT][chunks][4]
   float* partial = reinterpret_cast<float*>(smem + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][kStride]
-  float* inv = partial + kWarps * 16 * kStride;                                      // [8 NT] (NORM)
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
   const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
   const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
@@ -305,7 +315,7 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     if (!grouped) return i;
     return p.gather ? __ldcg(p.gather + first + i) / p.gather_div : first + i;
   };
-  stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(p, n, x_row, xf, inv);
+  stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(p, n, x_row, xf);
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
@@ -332,7 +342,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
         return sum;
       };
       float v = sum_of(lt);
-      if constexpr (NORM) v *= inv[token];
       if constexpr (SWIGLU) v = silu(v) * sum_of(lt + kOutTiles);
       store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
     }
@@ -351,7 +360,7 @@ int ksplit_for(int cols) {
 template <int NT, int KSPLIT, Form FORM>
 void launch(const Params& p, int max_tiles, cudaStream_t stream) {
   auto* kernel = gemv_rows_kernel<NT, KSPLIT, FORM>;
-  const size_t sums = (size_t(kWarps) * 16 * partial_stride<NT>() + NT * 8) * 4;  // partial, inv
+  const size_t sums = size_t(kWarps) * 16 * partial_stride<NT>() * 4;  // partial
   const size_t shared = size_t(NT) * 8 * size_t(p.chunks) * 64 + sums;
   static const bool attribute_set = [&] {
     const size_t most = size_t(NT) * 8 * (kMaxCols / 32) * 64 + sums;
