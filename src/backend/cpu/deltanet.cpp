@@ -37,15 +37,14 @@ void causal_conv_silu(const std::vector<float>& weight, int64_t K, std::vector<f
   conv_state.swap(next);
 }
 
-// x * rsqrt(sum(x^2) + 1e-6) * scale, over n values (HF/FLA l2norm, spec §2.6).
+}  // namespace
+
 void l2_normalize(float* x, int64_t n, float scale) {
   double ss = 0;
   for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
   const float inv = 1.f / std::sqrt(float(ss) + 1e-6f) * scale;
   for (int64_t i = 0; i < n; ++i) x[i] *= inv;
 }
-
-}  // namespace
 
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
                     float* out) {

@@ -25,6 +25,9 @@ void rms_norm(const float* x, const float* gain, int64_t rows, int64_t n, float 
 //   y = (x * rsqrt(mean(x^2) + eps) * weight) * silu(z)
 void gated_rms_norm(const float* x, const float* z, const float* weight, int64_t rows, int64_t n, float eps, float* y);
 
+// x * rsqrt(sum(x^2) + 1e-6) * scale, over n values (HF/FLA l2norm of q and k heads, spec §2.6).
+void l2_normalize(float* x, int64_t n, float scale);
+
 // Rotary embedding, NEOX rotate-half on the first `rotary_dim` of each head (spec §2.5):
 //   pairs (j, j + rotary_dim/2); angle = position * theta^(-2j/rotary_dim)
 // x: [T, heads, head_dim], positions first_position + t.

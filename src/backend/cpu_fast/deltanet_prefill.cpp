@@ -22,16 +22,9 @@ namespace lily::cpu_fast {
 
 namespace {
 
+using cpu::l2_normalize;
 using cpu::sigmoid;
 using cpu::softplus;
-
-// x * rsqrt(sum(x^2) + 1e-6) * scale, over n values (as deltanet.cpp).
-void l2_normalize(float* x, int64_t n, float scale) {
-  double ss = 0;
-  for (int64_t i = 0; i < n; ++i) ss += double(x[i]) * x[i];
-  const float inv = 1.f / std::sqrt(float(ss) + 1e-6f) * scale;
-  for (int64_t i = 0; i < n; ++i) x[i] *= inv;
-}
 
 // Channels [c0, c1) of the causal depthwise conv over X = [state (K-1 rows) ; mixed (T rows)],
 // then SiLU: u[t, ch] = silu(sum_i w[ch, i] X[t + i, ch]); the state becomes X's last K-1 rows.
