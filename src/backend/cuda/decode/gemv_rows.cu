@@ -22,8 +22,9 @@
 // Kernel:   gemv_rows_kernel<NT, KSPLIT, FORM>, 256 threads: a task is 8 / KSPLIT tiles of
 //           16 rows (SwiGLU: half of them G, half U of the same rows), each tile's columns split
 //           over KSPLIT warps (512 columns each) and summed in shared memory in a fixed order.
-//           The first task's weights are in registers before the PDL wait (grouped: after it,
-//           once the tile map names the expert), the later tasks' on their way into L2; then x
+//           The first task's weights are in registers before the PDL wait and the later tasks'
+//           on their way into L2 (grouped: one task, loaded once the tile map names the expert,
+//           after the wait); then x
 //           is staged (a warp per token, 8 columns a lane, several loads in flight; normalized
 //           there as rms_norm does, so short and long passes round x alike), and the block strides over
 //           its tasks: dense, a grid of at most the blocks resident at once; grouped, a grid of
@@ -50,7 +51,6 @@ namespace {
 constexpr int kThreads = 256, kWarps = kThreads / 32;
 constexpr int kPairs = 2;  // pairs of 128-column blocks a warp holds per task: 512 columns
 constexpr int kMaxCols = 4096, kNormMaxCols = 2048;
-constexpr int kGroupedTasksPerBlock = 1;  // tasks of a tile a block takes (grouped; 4 measured slower)
 
 enum class Form { norm, accumulate, store, swiglu };
 
@@ -305,11 +305,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     const int64_t cpr = p.cols / 32, gpr = p.cols / 64, e = tile.x;
     m.codes += e * p.rows * cpr, m.scales += e * p.rows * gpr, m.biases += e * p.rows * gpr;
     load(t, blockIdx.x);
-    for (int64_t task = blockIdx.x + gridDim.x; task < tasks; task += gridDim.x) {  // the later tasks into L2
-      int64_t row_g, row_g8;
-      rows_of(task, row_g, row_g8);
-      prefetch_rows_tile<kPairs>(m, p.cols, row_g, row_g8, kpart * kPairs);
-    }
   }
   auto x_row = [&](int i) -> int64_t {
     if (!grouped) return i;
@@ -370,9 +365,8 @@ void launch(const Params& p, int max_tiles, cudaStream_t stream) {
   (void)attribute_set;
   constexpr int kOutTiles = FORM == Form::swiglu ? kWarps / KSPLIT / 2 : kWarps / KSPLIT;
   const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
-  if (p.tiles) {  // a tile's tasks over a few blocks, each its tasks' weights in flight at once
-    const int64_t blocks = (tasks + kGroupedTasksPerBlock - 1) / kGroupedTasksPerBlock;
-    launch_after_wait(kernel, dim3(unsigned(blocks), unsigned(max_tiles)), dim3(kThreads), shared, stream, p);
+  if (p.tiles) {  // a block a task of a tile (blocks taking 4 tasks each measured slower)
+    launch_after_wait(kernel, dim3(unsigned(tasks), unsigned(max_tiles)), dim3(kThreads), shared, stream, p);
     return;
   }
   int per_sm = 0;
