@@ -7,6 +7,7 @@
 // poisoned before each launch.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <vector>
@@ -139,10 +140,10 @@ struct GpuLayer {
     if (T == 1 && !prefill_one) {
       cuda::gated_deltanet_decode(p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(), nullptr);
     } else {
-      DeviceArray<char> scratch(cuda::deltanet_prefill_scratch_bytes(mode, p));
+      DeviceArray<char> scratch(std::max<size_t>(1, cuda::deltanet_prefill_scratch_bytes(mode, p)));
       scratch.poison();
       cuda::gated_deltanet_prefill(mode, p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(),
-                                   scratch.get(), nullptr);
+                                   mode == Mode::rows ? nullptr : scratch.get(), nullptr);
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return y.download();
@@ -165,8 +166,8 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
     Inputs in(layer, T, seed + 100 + uint32_t(i) * 7);
     const auto want = reference(layer, host, in, T);
     const auto got = gpu.run(in, T, mode, prefill_one);
-    SCOPED_TRACE(testing::Message() << (mode == Mode::chunked ? "chunked" : "recurrent") << " Hk " << Hk << " Hv " << Hv
-                                    << " block " << i << " T " << T << " decay shift " << decay_shift);
+    SCOPED_TRACE(testing::Message() << cuda::kernel_name(mode) << " Hk " << Hk << " Hv " << Hv << " block " << i
+                                    << " T " << T << " decay shift " << decay_shift);
     const double ey = relative_error(got, want), ec = relative_error(gpu.conv.download(), host.conv),
                  es = relative_error(gpu.ssm.download(), host.ssm);
     EXPECT_LT(ey, kTolerance) << "y";
@@ -217,6 +218,19 @@ TEST(CudaDeltaNet, PrefillConvRunsAndHeadCounts) {
   check_blocks(3, 3, {600}, 65, Mode::recurrent);
 }
 
+// Passes of 1 .. 16 tokens on the decode kernel (DeltaRulePrefill::rows): every length across
+// its 8- and 16-token forms, fewer tokens than the conv window (1, 2: the new conv state keeps
+// old rows), states carried from pass to pass and into decode steps, one and two v-heads per key
+// head, and a key-head count of 3.
+TEST(CudaDeltaNet, RowsForm) {
+  REQUIRE_GPU();
+  for (int T = 1; T <= 16; ++T) check_blocks(2, 4, {T}, 71 + uint32_t(T), Mode::rows);
+  for (int T : {2, 5, 8, 9, 16}) check_blocks(16, 32, {T}, 91 + uint32_t(T), Mode::rows);
+  check_blocks(2, 4, {16, 1, 2, 3, 16, 9, 1}, 95, Mode::rows);
+  check_blocks(16, 32, {7, 16, 1, 2}, 96, Mode::rows);
+  check_blocks(3, 3, {4, 13, 1}, 97, Mode::rows);
+}
+
 TEST(CudaDeltaNet, PrefillThenDecode) {
   REQUIRE_GPU();
   check_blocks(2, 4, {65, 1, 1, 1, 2, 1}, 11);
@@ -240,6 +254,7 @@ TEST(CudaDeltaNet, ScratchBytes) {
   const size_t u512 = size_t(512) * p.conv_dim() * sizeof(float);
   p.T = 1;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), size_t(p.conv_dim()) * 4);
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::rows, p), 0u);
   p.T = 1000;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p), u512 + size_t(8) * 32 * 36928 * sizeof(float));
   p.T = 65;

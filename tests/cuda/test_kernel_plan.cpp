@@ -76,6 +76,8 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_EQ(plan.decode.launches(), 254);
   EXPECT_EQ(plan.prefill.chunk_tokens, 8192);
   EXPECT_EQ(plan.prefill.attention, cuda::AttentionPrefillKernel::flash);
+  EXPECT_EQ(plan.prefill.delta_rule(16), cuda::DeltaRulePrefill::rows);
+  EXPECT_EQ(plan.prefill.delta_rule(17), cuda::DeltaRulePrefill::recurrent);
   EXPECT_EQ(plan.prefill.delta_rule(47), cuda::DeltaRulePrefill::recurrent);
   EXPECT_EQ(plan.prefill.delta_rule(48), cuda::DeltaRulePrefill::chunked);
   EXPECT_TRUE(plan.prefill.dense_rows(16));  // the fused projections as gemv_rows

@@ -1,6 +1,7 @@
 // bench_deltanet_prefill.cu: microseconds per gated_deltanet_prefill call (conv, delta rule, gated
 // norm) at the model's size (Hk 16, Hv 32), both forms of the delta rule, per prompt length: the
-// table the kernel plan's crossover (PrefillPlan::chunked_delta_rule_from) comes from. Random
+// table the kernel plan's crossover (PrefillPlan::chunked_delta_rule_from) comes from; and for
+// passes of 1 .. 16 tokens the decode kernel (rows) against the token loop (deltanet_rows_up_to). Random
 // inputs; the median of 20 (5 from 1024 tokens) calls after 3 warm-ups, timed with events.
 // The kernels one by one: nsys profile --stats=true, or ncu -k regex:'conv|gated_norm|chunk'.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
@@ -55,28 +56,34 @@ int main() {
   cudaEvent_t start, stop;
   CUDA_CHECK(cudaEventCreate(&start));
   CUDA_CHECK(cudaEventCreate(&stop));
+  auto time_us = [&](cuda::DeltaRulePrefill form, int T) {
+    p.T = T;
+    auto call = [&] { cuda::gated_deltanet_prefill(form, p, mixed, z, b, a, conv, ssm, y, scratch, nullptr); };
+    for (int i = 0; i < 3; ++i) call();
+    const int reps = T <= 512 ? 20 : 5;
+    std::vector<float> ms;
+    for (int i = 0; i < reps; ++i) {
+      CUDA_CHECK(cudaEventRecord(start));
+      call();
+      CUDA_CHECK(cudaEventRecord(stop));
+      CUDA_CHECK(cudaEventSynchronize(stop));
+      float t = 0;
+      CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
+      ms.push_back(t);
+    }
+    std::sort(ms.begin(), ms.end());
+    return 1000.f * ms[ms.size() / 2];
+  };
+  std::printf("%6s %14s %14s %8s\n", "T", "rows us", "recurrent us", "ratio");
+  for (int T : {1, 2, 4, 5, 8, 9, 12, 16}) {
+    const float rows = time_us(cuda::DeltaRulePrefill::rows, T), loop = time_us(cuda::DeltaRulePrefill::recurrent, T);
+    std::printf("%6d %14.1f %14.1f %8.2f\n", T, rows, loop, rows / loop);
+  }
   std::printf("%6s %14s %14s %8s\n", "T", "recurrent us", "chunked us", "ratio");
   for (int T : {2, 16, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096}) {
-    float us[2];
-    for (cuda::DeltaRulePrefill form : {cuda::DeltaRulePrefill::recurrent, cuda::DeltaRulePrefill::chunked}) {
-      p.T = T;
-      auto call = [&] { cuda::gated_deltanet_prefill(form, p, mixed, z, b, a, conv, ssm, y, scratch, nullptr); };
-      for (int i = 0; i < 3; ++i) call();
-      const int reps = T <= 512 ? 20 : 5;
-      std::vector<float> ms;
-      for (int i = 0; i < reps; ++i) {
-        CUDA_CHECK(cudaEventRecord(start));
-        call();
-        CUDA_CHECK(cudaEventRecord(stop));
-        CUDA_CHECK(cudaEventSynchronize(stop));
-        float t = 0;
-        CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-        ms.push_back(t);
-      }
-      std::sort(ms.begin(), ms.end());
-      us[form == cuda::DeltaRulePrefill::chunked] = 1000.f * ms[ms.size() / 2];
-    }
-    std::printf("%6d %14.1f %14.1f %8.2f\n", T, us[0], us[1], us[0] / us[1]);
+    const float loop = time_us(cuda::DeltaRulePrefill::recurrent, T),
+                chunked = time_us(cuda::DeltaRulePrefill::chunked, T);
+    std::printf("%6d %14.1f %14.1f %8.2f\n", T, loop, chunked, loop / chunked);
   }
   return 0;
 }

@@ -66,6 +66,7 @@ struct PrefillPlan {
   int programmatic_below = 33;       // passes of fewer tokens launch with PDL (pdl_launch.cuh)
   int chunk_tokens = 8192;           // tokens per pass
   int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
+  int deltanet_rows_up_to = 16;      // passes of at most this many tokens: the decode kernel
   int dense_rows_up_to = 0;          // passes of at most this many tokens: gemv_rows projections
   int moe_rows_up_to = 0;            // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;
@@ -74,6 +75,7 @@ struct PrefillPlan {
     return T <= moe_rows_up_to ? MoeExpertKernels::rows : MoeExpertKernels::gemm;
   }
   DeltaRulePrefill delta_rule(int T) const {
+    if (T <= deltanet_rows_up_to) return DeltaRulePrefill::rows;
     return T < chunked_delta_rule_from ? DeltaRulePrefill::recurrent : DeltaRulePrefill::chunked;
   }
 };

@@ -86,27 +86,40 @@ __device__ __forceinline__ void st4(float* p, float4 v) { *reinterpret_cast<floa
 
 // One token of the delta rule (spec §3.1) on this thread's state entries S[32w + i][col]:
 //   S <- alpha S;  m = S^T k;  delta = beta (v - m);  S <- S + k delta^T;  returns o[col] = S^T q.
-// q_s, k_s: [128] shared; v: v[col]; red: [2][4][32] shared. Two block barriers inside.
+// q_s, k_s: [128] shared (16-byte aligned); v: v[col]; red: [2][4][32] shared. Two block barriers
+// inside. The warp's 32 rows of k and q come as float4 broadcasts, and each dot runs as four
+// interleaved partial sums (a chain of 32 dependent FMAs was the token's critical path).
 __device__ __forceinline__ float delta_step(float (&s)[kRows], const float* q_s, const float* k_s, float v, float alpha,
                                             float beta, float (*red)[4][kCols]) {
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, a0 = warp * kRows;
-  float m = 0.f;
+  const float4* k4 = reinterpret_cast<const float4*>(k_s + a0);
+  const float4* q4 = reinterpret_cast<const float4*>(q_s + a0);
+  float m[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    s[i] *= alpha;  // decay first
-    m += s[i] * k_s[a0 + i];
+  for (int i = 0; i < kRows / 4; ++i) {
+    const float4 k = k4[i];
+    const float kv[4] = {k.x, k.y, k.z, k.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[4 * i + j] *= alpha;  // decay first
+      m[j] += s[4 * i + j] * kv[j];
+    }
   }
-  red[0][warp][lane] = m;
+  red[0][warp][lane] = (m[0] + m[1]) + (m[2] + m[3]);
   __syncthreads();
-  m = red[0][0][lane] + red[0][1][lane] + red[0][2][lane] + red[0][3][lane];
-  const float delta = beta * (v - m);
-  float o = 0.f;
+  const float delta = beta * (v - (red[0][0][lane] + red[0][1][lane] + red[0][2][lane] + red[0][3][lane]));
+  float o[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int i = 0; i < kRows; ++i) {
-    s[i] += k_s[a0 + i] * delta;  // rank-1 write
-    o += s[i] * q_s[a0 + i];      // read with the updated state
+  for (int i = 0; i < kRows / 4; ++i) {
+    const float4 k = k4[i], q = q4[i];
+    const float kv[4] = {k.x, k.y, k.z, k.w}, qv[4] = {q.x, q.y, q.z, q.w};
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      s[4 * i + j] += kv[j] * delta;  // rank-1 write
+      o[j] += s[4 * i + j] * qv[j];   // read with the updated state
+    }
   }
-  red[1][warp][lane] = o;
+  red[1][warp][lane] = (o[0] + o[1]) + (o[2] + o[3]);
   __syncthreads();
   return red[1][0][lane] + red[1][1][lane] + red[1][2][lane] + red[1][3][lane];
 }

@@ -1,17 +1,19 @@
-// deltanet_decode.h: the core of a Gated DeltaNet layer for one token (T = 1) in one launch
-// (deltanet_decode.cu).
+// deltanet_decode.h: the core of a Gated DeltaNet layer for a few consecutive tokens of one
+// sequence (T = 1 .. 16: a decode step, a short pass) in one launch (deltanet_decode.cu).
 #pragma once
 
 #include "backend/cuda/common/deltanet.h"
 
 namespace lily::cuda {
 
-// mixed: [conv_dim] pre-conv q|k|v (in_proj_qkv output), z: [Hv*128], b, a: [Hv]
+constexpr int kDeltaNetDecodeMaxT = 16;
+
+// mixed: [T, conv_dim] pre-conv q|k|v (in_proj_qkv output), z: [T, Hv*128], b, a: [T, Hv]
 // conv_state: [K-1, conv_dim] fp32 (oldest first), updated;  ssm_state: [Hv, 128, 128] fp32
-// (dk-major, as the CPU backend), updated;  y: [Hv*128] = gated_rms_norm(o, z), ready for out_proj.
+// (dk-major, as the CPU backend), updated;  y: [T, Hv*128] = gated_rms_norm(o, z), ready for out_proj.
 //   u = silu(conv(mixed)); q = l2norm(q)/sqrt(128); k = l2norm(k); beta = sigmoid(b);
 //   g = -exp(A_log) * softplus(a + dt_bias); o = delta rule; y = rmsnorm(o) * w * silu(z)
-// p.T must be 1.
+// 1 <= p.T <= kDeltaNetDecodeMaxT; the tokens in order, each after the one before.
 void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
                            float* conv_state, float* ssm_state, float* y, cudaStream_t stream);
 

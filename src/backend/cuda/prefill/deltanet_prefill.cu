@@ -8,6 +8,8 @@
 //   y = norm_w * rmsnorm(o) * silu(z)          (per v-head, over its 128 outputs)
 // Shapes:   mixed [T, conv_dim] · z, y [T, Hv*128] · b, a [T, Hv] · conv_state [K-1, conv_dim] ·
 //           S [Hv, 128 (dk), 128 (dv)] fp32, all fp32.  v-head h reads q/k head h / (Hv/Hk).
+// A pass of at most 16 tokens may instead run the decode kernel (DeltaRulePrefill::rows,
+// decode/deltanet_decode.h): the whole core in one launch.
 // Kernels (per chunk):
 //   deltanet_conv_kernel   conv + SiLU (+ l2norm for q/k heads) of every (token, head): a warp per
 //                          (head, run of 16 tokens), 4 heads per block, lane = 4 channels
@@ -27,6 +29,7 @@
 #include "backend/cuda/common/deltanet_common.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
+#include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
 
 #include <algorithm>
@@ -127,7 +130,8 @@ __global__ void conv_state_kernel(CoreArgs p, int t0, int n) {
 __global__ void __launch_bounds__(kThreads) deltanet_scan_kernel(CoreArgs p, int t0, int n) {
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ float q_s[kHeadDim], k_s[kHeadDim], v_s[kCols];
+  __shared__ __align__(16) float q_s[kHeadDim], k_s[kHeadDim];
+  __shared__ float v_s[kCols];
   __shared__ float red[2][4][kCols];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int h = blockIdx.x / kSlices, slice = blockIdx.x % kSlices;
@@ -182,11 +186,16 @@ __global__ void __launch_bounds__(kNormRows * 32) gated_norm_kernel(CoreArgs p, 
 }  // namespace
 
 const char* kernel_name(DeltaRulePrefill form) {
-  return form == DeltaRulePrefill::chunked ? "delta_rule_chunked" : "deltanet_scan (recurrent)";
+  switch (form) {
+    case DeltaRulePrefill::rows: return "deltanet_decode (rows)";
+    case DeltaRulePrefill::recurrent: return "deltanet_scan (recurrent)";
+    default: return "delta_rule_chunked";
+  }
 }
 
 // The conv outputs u [min(T, 512), conv_dim], then (chunked) the chunked rule's scratch.
 size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParams& p) {
+  if (form == DeltaRulePrefill::rows) return 0;
   const int n = std::min(std::max(p.T, 1), kPrefillChunk);
   const size_t u_bytes = size_t(n) * size_t(p.conv_dim()) * sizeof(float);
   if (form == DeltaRulePrefill::recurrent) return u_bytes;
@@ -196,6 +205,10 @@ size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParam
 void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, const float* mixed, const float* z,
                             const float* b, const float* a, float* conv_state, float* ssm_state, float* y,
                             void* scratch, cudaStream_t stream) {
+  if (form == DeltaRulePrefill::rows) {  // the decode kernel, the tokens one after another
+    gated_deltanet_decode(p, mixed, z, b, a, conv_state, ssm_state, y, stream);
+    return;
+  }
   check_deltanet_params(p);
   LILY_CHECK(scratch != nullptr, "gated_deltanet_prefill: a prefill of {} tokens needs scratch", p.T);
   // The conv and gated-norm kernels move float4s: every prefill buffer starts on 16 bytes (the

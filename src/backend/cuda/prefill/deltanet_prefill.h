@@ -8,14 +8,15 @@
 
 namespace lily::cuda {
 
-// How the delta rule runs over a chunk: the token loop (spec §3.1) or the chunked form (spec §3.2,
-// deltanet_chunked.cu). The kernel plan picks by length (kernel_plan.h).
-enum class DeltaRulePrefill { recurrent, chunked };
+// How the delta rule runs over a chunk: the whole core of a few tokens in the decode kernel
+// (rows: decode/deltanet_decode.h, T <= 16), the token loop (spec §3.1) or the chunked form
+// (spec §3.2, deltanet_chunked.cu). The kernel plan picks by length (kernel_plan.h).
+enum class DeltaRulePrefill { rows, recurrent, chunked };
 
 const char* kernel_name(DeltaRulePrefill form);
 
-// Device scratch of gated_deltanet_prefill for p.T tokens, in bytes: min(T, 512) * conv_dim floats
-// (the conv outputs of one 512-token chunk), plus for the chunked form
+// Device scratch of gated_deltanet_prefill for p.T tokens, in bytes: none for the rows form, else
+// min(T, 512) * conv_dim floats (the conv outputs of one 512-token chunk), plus for the chunked form
 // delta_rule_chunked_scratch_bytes(min(T, 512), Hv) (36,928 floats per v-head and 64 tokens).
 size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParams& p);
 
