@@ -170,18 +170,25 @@ TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
 }
 
 // Passes of at most 16 tokens on the few-row kernels (decode/gemv_rows.h): the same checks,
-// T across their 8-token tiles, H from 128 (8 tiles a task) to the model's 2048.
+// T across their 8-token tiles, H from 128 (8 tiles a task) to the model's 2048. The model's
+// expert widths (full: gate/up 2048 -> 512, down 512 -> 2048) and mid's gate/up (1024 -> 256)
+// take the shared-memory ring kernel (gemv_rows_grouped.cu), the rest the register form.
 TEST(CudaMoeGrouped, ExpertsOnFewRowKernels) {
   REQUIRE_GPU();
   const TestMoe small(16, 128, 64, 128, 11), wide(256, 128, 192, 64, 12), full(32, 2048, 512, 512, 13);
-  ASSERT_TRUE(cuda::moe_rows_supports(small.gpu()) && cuda::moe_rows_supports(full.gpu()));
+  const TestMoe mid(16, 1024, 256, 256, 14);  // the shared expert of the experts' shape: folded in
+  ASSERT_TRUE(cuda::moe_rows_supports(small.gpu()) && cuda::moe_rows_supports(full.gpu()) &&
+              cuda::moe_rows_supports(mid.gpu()));
   for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
     for (int T : {1, 2, 7, 8, 9, 15, 16}) {
       check_experts(small, T, 4, load, cuda::MoeExpertKernels::rows);
       check_experts(wide, T, 8, load, cuda::MoeExpertKernels::rows);
     }
-  for (int T : {5, 16}) check_experts(full, T, 8, Load::uniform, cuda::MoeExpertKernels::rows);
-  check_experts(full, 16, 8, Load::one_dominant, cuda::MoeExpertKernels::rows);
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 5, 8, 9, 16}) {
+      check_experts(full, T, 8, load, cuda::MoeExpertKernels::rows);
+      check_experts(mid, T, 8, load, cuda::MoeExpertKernels::rows);
+    }
 }
 
 TEST(CudaMoeGrouped, ModelWidths) {

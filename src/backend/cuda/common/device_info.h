@@ -17,6 +17,17 @@ inline int multiprocessor_count() {
   return count;
 }
 
+// The most dynamic shared memory a block of the current device may ask for (opt-in).
+inline int max_dynamic_shared_bytes() {
+  static const int bytes = [] {
+    int device = 0, n = 0;
+    CUDA_CHECK(cudaGetDevice(&device));
+    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    return n;
+  }();
+  return bytes;
+}
+
 // The device properties the kernel plan decides by (kernel_plan.h). Tests describe a device of
 // their own, so the plan can be checked without one.
 struct DeviceLimits {

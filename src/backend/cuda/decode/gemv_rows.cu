@@ -35,12 +35,10 @@
 //           grouped and SwiGLU forms through tests/cuda/test_moe_grouped.cu (ExpertsOnFewRowKernels).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/device_info.h"
-#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
-#include "backend/cuda/common/quant_dot.cuh"
-#include "backend/cuda/common/quant_mma.cuh"
 #include "backend/cuda/decode/gemv_rows.h"
+#include "backend/cuda/decode/gemv_rows_common.cuh"
 
 #include <algorithm>
 
@@ -48,58 +46,7 @@ namespace lily::cuda {
 
 namespace {
 
-constexpr int kThreads = 256, kWarps = kThreads / 32;
-constexpr int kPairs = 2;  // pairs of 128-column blocks a warp holds per task: 512 columns
-constexpr int kMaxCols = 4096, kNormMaxCols = 2048;
-
-enum class Form { norm, accumulate, store, swiglu };
-
-// A 4-bit matrix (or the first of a stack of experts) in the mlx layout.
-struct Matrix4 {
-  const uint4* codes;      // [rows, cols / 32] chunks of 32 codes
-  const uint16_t* scales;  // [rows, cols / 64] bf16 bits
-  const uint16_t* biases;  // [rows, cols / 64] bf16 bits
-};
-
-struct Params {
-  Matrix4 w[2];       // W; the SwiGLU form: G, U
-  const float* x;     // [x rows, cols]
-  const float* gain;  // [cols] (RMSNorm form)
-  float eps;
-  RowsOutput out;
-  int rows, cols;  // of W (of G and of U)
-  int T;           // tokens (without tiles)
-  int chunks;      // chunks of x staged per token: the warps' reach (KSPLIT x 512 columns / 32), zeros past cols
-  // Grouped (tiles != null): block y takes tile y of the map if y < *num_tiles: expert e, positions
-  // [first, end) (at most 16); x row of position q: gather[q] / gather_div (no gather: q); its
-  // output row q.
-  const int32_t* tiles;
-  const int32_t* num_tiles;
-  const int32_t* gather;
-  int gather_div;
-};
-
-// The bank-group swizzle of x's uint4 units (see the Layout above).
-__device__ __forceinline__ int unit_swizzle(int chunk, int token) { return ((chunk >> 1) & 1) ^ ((token & 1) << 1); }
-
-// A bf16 (bits at p) in both halves of a word.
-__device__ __forceinline__ uint32_t load_bf16x2(const uint16_t* p) {
-  const uint32_t v = __ldg(p);
-  return v | (v << 16);
-}
-
-__device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t c) {
-  uint32_t d;
-  asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
-  return d;
-}
-
-// A warp's weights for one task: NPAIR pairs of blocks of rows g and g + 8.
-template <int NPAIR>
-struct RowsTile {
-  uint4 q[NPAIR][2][2];                            // [pair][block][row g, g + 8]
-  uint32_t scale[NPAIR][2][2], bias[NPAIR][2][2];  // of the lane's chunk's group, bf16x2
-};
+using namespace gemv_rows_detail;
 
 // Loads pairs pair0 .. pair0 + NPAIR - 1 (chunks past the row end: zero codes, scale and bias).
 template <int NPAIR>
@@ -138,126 +85,6 @@ __device__ __forceinline__ void prefetch_rows_tile(const Matrix4& m, int cols, i
         prefetch_l2(m.biases + row_g * gpr + grp), prefetch_l2(m.biases + row_g8 * gpr + grp);
       }
     }
-}
-
-// d[n] += the tile's rows (g, g + 8) times tokens n * 8 + (2t, 2t + 1) over the loaded pairs.
-template <int NT, int NPAIR>
-__device__ __forceinline__ void dot_rows_tile(const RowsTile<NPAIR>& t, const uint4* xf, int chunks, int pair0,
-                                              float (&d)[NT][4]) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
-#pragma unroll
-  for (int pp = 0; pp < NPAIR; ++pp)
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int chunk = 4 * (2 * (pair0 + pp) + b) + t4;
-      const uint32_t wg[4] = {t.q[pp][b][0].x, t.q[pp][b][0].y, t.q[pp][b][0].z, t.q[pp][b][0].w};
-      const uint32_t wg8[4] = {t.q[pp][b][1].x, t.q[pp][b][1].y, t.q[pp][b][1].z, t.q[pp][b][1].w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t ag[4], ag8[4];
-        quant_mma::dequant_word(wg[w], ag);
-        quant_mma::dequant_word(wg8[w], ag8);
-#pragma unroll
-        for (int j = 0; j < 4; ++j) {
-          ag[j] = fma_bf16x2(ag[j], t.scale[pp][b][0], t.bias[pp][b][0]);
-          ag8[j] = fma_bf16x2(ag8[j], t.scale[pp][b][1], t.bias[pp][b][1]);
-        }
-        const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
-        const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
-#pragma unroll
-        for (int n = 0; n < NT; ++n) {
-          const int token = n * 8 + g;
-          const uint4 xv = xf[(int64_t(token) * chunks + chunk) * 4 + (w ^ unit_swizzle(chunk, token))];
-          ptx::mma_bf16(d[n], a0, xv.x, xv.y);
-          ptx::mma_bf16(d[n], a1, xv.z, xv.w);
-        }
-      }
-    }
-}
-
-// Block-wide: bf16(x[t] * inv_t * gain) (NORM, as rms_norm computes it, so a short pass rounds x
-// as a long one does; else bf16(x[t])) of tokens 0 .. 8 NT - 1 into xf, zeros past T and cols; a
-// warp per token, a lane one word (8 columns: two float4, one uint4 of xf) at a time with WORDS
-// words in flight. NORM: inv_t = 1 / sqrt(mean(x[t]^2) + eps) from a first pass over the row.
-// x was written by the previous kernel: read through L2. Deterministic: fixed-order sums.
-template <int NT, bool NORM, int WORDS, typename XRow>
-__device__ __forceinline__ void stage_rows(const Params& p, int n, XRow x_row, uint4* xf) {
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int words = p.chunks * 4, real_words = p.cols / 8;
-  const float4* gain = reinterpret_cast<const float4*>(p.gain);
-  auto squares = [](float4 v, float s) { return fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, s)))); };
-  auto normed = [](float4 v, float inv, float4 g) {
-    return make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
-  };
-  for (int token = warp; token < NT * 8; token += kWarps) {
-    const bool real = token < n;
-    const float4* x = reinterpret_cast<const float4*>(p.x + (real ? x_row(token) : 0) * p.cols);
-    float inv = 1.f;
-    if (NORM && real) {
-      float ss = 0.f;
-      for (int i0 = lane; i0 < p.cols / 4; i0 += 32 * 8) {
-        float4 v[8];
-#pragma unroll
-        for (int r = 0; r < 8; ++r)
-          v[r] = i0 + 32 * r < p.cols / 4 ? __ldcg(x + i0 + 32 * r) : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-        for (int r = 0; r < 8; ++r) ss = squares(v[r], ss);
-      }
-      ss = quant::group_sum<32>(ss);
-      inv = 1.f / sqrtf(ss / float(p.cols) + p.eps);
-    }
-    for (int m0 = lane; m0 < words; m0 += 32 * WORDS) {
-      float4 a[WORDS], b[WORDS], ga[WORDS], gb[WORDS];
-#pragma unroll
-      for (int r = 0; r < WORDS; ++r) {
-        const int m = m0 + 32 * r;
-        const bool ok = real && m < real_words;
-        const float4 zero = make_float4(0.f, 0.f, 0.f, 0.f);
-        a[r] = ok ? __ldcg(x + 2 * m) : zero;
-        b[r] = ok ? __ldcg(x + 2 * m + 1) : zero;
-        if constexpr (NORM) ga[r] = ok ? __ldg(gain + 2 * m) : zero, gb[r] = ok ? __ldg(gain + 2 * m + 1) : zero;
-      }
-#pragma unroll
-      for (int r = 0; r < WORDS; ++r) {
-        const int m = m0 + 32 * r, chunk = m / 4;
-        if (m >= words) break;
-        if constexpr (NORM) a[r] = normed(a[r], inv, ga[r]), b[r] = normed(b[r], inv, gb[r]);
-        const uint4 u = make_uint4(ptx::pack_bf16(a[r].x, b[r].x), ptx::pack_bf16(a[r].y, b[r].y),
-                                   ptx::pack_bf16(a[r].z, b[r].z), ptx::pack_bf16(a[r].w, b[r].w));
-        xf[(int64_t(token) * p.chunks + chunk) * 4 + ((m % 4) ^ unit_swizzle(chunk, token))] = u;
-      }
-    }
-  }
-}
-
-// y[token, row] (+)= v, in the part that holds `row`.
-template <bool ACC>
-__device__ __forceinline__ void store_output(const RowsOutput& out, int64_t row, int token, float v) {
-  float* y = out.parts[0].y;
-  int first = 0, ld = out.parts[0].ld;
-#pragma unroll
-  for (int i = 1; i < RowsOutput::kMaxParts; ++i)
-    if (i < out.count && row >= out.parts[i].first_row)
-      y = out.parts[i].y, first = out.parts[i].first_row, ld = out.parts[i].ld;
-  float* dst = y + int64_t(token) * ld + (row - first);
-  *dst = ACC ? *dst + v : v;
-}
-
-// Words of x a lane stages at once: as many as the registers beside the weights allow (ptxas: no
-// spills at 128 registers).
-template <int NT, int KSPLIT, Form FORM>
-__host__ __device__ constexpr int kStageWords() {
-  if (FORM == Form::norm) return NT == 2 ? 2 : 4;  // x and the gain
-  if (FORM == Form::swiglu) return 4;
-  return NT == 2 || KSPLIT == 1 ? 4 : 8;
-}
-
-__device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
-
-// Floats per row of a warp's partial sums: odd, so the final sum reads without bank conflicts.
-template <int NT>
-__host__ __device__ constexpr int partial_stride() {
-  return NT * 8 + 1;
 }
 
 template <int NT, int KSPLIT, Form FORM>
@@ -310,13 +137,13 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     if (!grouped) return i;
     return p.gather ? __ldcg(p.gather + first + i) / p.gather_div : first + i;
   };
-  stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(p, n, x_row, xf);
+  stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(p, p.x, n, x_row, xf);
   __syncthreads();
 
   for (int64_t task = blockIdx.x; task < tasks; task += gridDim.x) {
     if (task != blockIdx.x) load(t, task);
     float d[NT][4] = {};
-    dot_rows_tile<NT, kPairs>(t, xf, p.chunks, kpart * kPairs, d);
+    dot_rows_tile_of<NT, kPairs>(t, kpart * kPairs, StagedX{xf, p.chunks}, n, d);
     // d[n]: (row g, tokens 8n + 2t, + 1), (row g + 8, the same tokens)
     float* mine = partial + warp * 16 * kStride;
 #pragma unroll
@@ -342,14 +169,6 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     }
     __syncthreads();  // partial is rewritten by the next task
   }
-}
-
-// KSPLIT: the fewest warps whose 512 columns each cover cols.
-int ksplit_for(int cols) {
-  const int pairs = (cols + quant_mma::kPairCols - 1) / quant_mma::kPairCols;
-  int k = 1;
-  while (k * kPairs < pairs) k *= 2;
-  return k;
 }
 
 template <int NT, int KSPLIT, Form FORM>
@@ -380,6 +199,11 @@ template <Form FORM>
 void dispatch(Params p, int T, int max_tiles, cudaStream_t stream) {
   const int ksplit = ksplit_for(p.cols);
   p.chunks = ksplit * kPairs * 8;
+  if (p.tiles && grouped_ring_supports(p.rows, p.cols)) {  // the experts' shapes
+    gemv_rows_grouped(p, FORM == Form::swiglu, T, stream);
+    CUDA_CHECK_LAUNCH();
+    return;
+  }
   auto go = [&](auto nt) {
     constexpr int NT = decltype(nt)::value;
     switch (ksplit) {
@@ -419,6 +243,22 @@ void check_call(const QMatrix& W, const float* x, int T, bool rms_norm, const ch
 void set_groups(Params& p, const RowsGroups& groups) {
   p.tiles = groups.tiles, p.num_tiles = groups.num_tiles, p.gather = groups.gather;
   p.gather_div = std::max(1, groups.gather_div);
+}
+
+bool same_shape(const QMatrix& a, const QMatrix& b) {
+  return gemv_rows_supports(b, false) && a.rows == b.rows && a.cols == b.cols && b.batch == 1;
+}
+
+// The groups' extra into the ring kernel's last tile, where it takes it (U: SwiGLU's, or null).
+bool fold_extra(Params& p, const RowsGroups& g, const QMatrix& W, const QMatrix* U) {
+  if (!g.extra_w || g.extra_T < 1) return false;
+  LILY_CHECK(g.extra_T <= kGemvRowsMaxT && g.extra_x && g.extra_y && aligned16(g.extra_x) && (!U || g.extra_u),
+             "gemv_rows: an extra group of {} rows", g.extra_T);
+  if (!grouped_ring_supports(W.rows, W.cols) || !same_shape(W, *g.extra_w) || (U && !same_shape(*U, *g.extra_u)))
+    return false;
+  p.extra_w[0] = matrix_of(*g.extra_w), p.extra_w[1] = matrix_of(U ? *g.extra_u : *g.extra_w);
+  p.extra_x = g.extra_x, p.extra_y = g.extra_y, p.extra_n = g.extra_T;
+  return true;
 }
 
 }  // namespace
@@ -462,7 +302,10 @@ void gemv_rows(const QMatrix& W, const float* x, int T, const RowsGroups* groups
   Params p = params_of(W, x, T);
   p.out = RowsOutput::whole(y, W.rows);
   if (groups) set_groups(p, *groups);
-  dispatch<Form::store>(p, T, groups ? groups->max_tiles : 0, stream);
+  const bool folded = groups && fold_extra(p, *groups, W, nullptr);
+  dispatch<Form::store>(p, std::max(T, folded ? groups->extra_T : 0), groups ? groups->max_tiles : 0, stream);
+  if (groups && groups->extra_w && groups->extra_T > 0 && !folded)
+    gemv_rows(*groups->extra_w, groups->extra_x, groups->extra_T, nullptr, groups->extra_y, stream);
 }
 
 void gemv_rows_swiglu(const QMatrix& G, const QMatrix& U, const float* x, int T, const RowsGroups* groups, float* act,
@@ -475,7 +318,11 @@ void gemv_rows_swiglu(const QMatrix& G, const QMatrix& U, const float* x, int T,
   p.w[1] = matrix_of(U);
   p.out = RowsOutput::whole(act, G.rows);
   if (groups) set_groups(p, *groups);
-  dispatch<Form::swiglu>(p, T, groups ? groups->max_tiles : 0, stream);
+  const bool folded = groups && fold_extra(p, *groups, G, &U);
+  dispatch<Form::swiglu>(p, std::max(T, folded ? groups->extra_T : 0), groups ? groups->max_tiles : 0, stream);
+  if (groups && groups->extra_w && groups->extra_T > 0 && !folded)
+    gemv_rows_swiglu(*groups->extra_w, *groups->extra_u, groups->extra_x, groups->extra_T, nullptr, groups->extra_y,
+                     stream);
 }
 
 }  // namespace lily::cuda

@@ -57,6 +57,14 @@ struct RowsGroups {
   int max_tiles = 0;
   const int32_t* gather = nullptr;
   int gather_div = 1;
+  // One more group: rows [0, extra_T) of extra_x through extra_w (and extra_u: SwiGLU) into
+  // extra_y [extra_T, rows]: the shared expert beside the routed ones, in the same launch where
+  // the kernel takes it (a matrix of the stack's shape), else in a launch of its own.
+  const QMatrix* extra_w = nullptr;
+  const QMatrix* extra_u = nullptr;
+  const float* extra_x = nullptr;
+  float* extra_y = nullptr;
+  int extra_T = 0;
 };
 
 // y[t] = RMSNorm(x[t]) @ W^T for t < T,  RMSNorm(v) = v * rsqrt(mean(v^2) + eps) * gain
@@ -68,7 +76,8 @@ void rms_norm_gemv_rows(const QMatrix& W, const float* x, int T, const float* ga
 void gemv_rows_accumulate(const QMatrix& W, const float* x, int T, float* y, cudaStream_t stream);
 
 // y[t] = x[t] @ W^T for t < T (groups null), or for every position of every tile with W_e
-// (groups: W a stack; T the most positions a tile has, at most 16).  y: [positions, W.rows].
+// (groups: W a stack; T the most positions a tile has, at most 16), and the groups' extra.
+// y: [positions, W.rows].
 void gemv_rows(const QMatrix& W, const float* x, int T, const RowsGroups* groups, float* y, cudaStream_t stream);
 
 // act[t] = silu(G x[t]) * (U x[t]), the same way.  act: [positions, G.rows].

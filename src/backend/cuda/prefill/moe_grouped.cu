@@ -24,7 +24,7 @@
 //           the same way over all T rows. moe_rows_accumulate is the whole block so, from h:
 //             x, logits, sg = norm, router, shared gate     moe_route_rows (decode/, one launch)
 //             ids, w, plan  = top-k and the plan             moe_plan_kernel with its top-k
-//             experts, shared expert on gemv_rows, moe_combine_kernel into h
+//             experts (the shared expert as one more group of the same launches), moe_combine_kernel into h
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
@@ -341,15 +341,17 @@ void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, 
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
   if (rows) {
+    // The shared expert rides along as one more group (in the same launches where it has the
+    // routed experts' shape).
     RowsGroups groups{plan.tiles, plan.num_tiles, plan.max_tiles, plan.sorted, k};
+    groups.extra_w = &w.shared_gate, groups.extra_u = &w.shared_up, groups.extra_x = x, groups.extra_y = shared_act;
+    groups.extra_T = T;
     phases::mark("moe.experts_gate_up", stream);
     gemv_rows_swiglu(w.experts_gate, w.experts_up, x, T, &groups, act, stream);
     groups.gather = nullptr, groups.gather_div = 1;
+    groups.extra_w = &w.shared_down, groups.extra_u = nullptr, groups.extra_x = shared_act, groups.extra_y = shared_y;
     phases::mark("moe.experts_down", stream);
     gemv_rows(w.experts_down, act, T, &groups, y, stream);
-    phases::mark("moe.shared", stream);
-    gemv_rows_swiglu(w.shared_gate, w.shared_up, x, T, nullptr, shared_act, stream);
-    gemv_rows(w.shared_down, shared_act, T, nullptr, shared_y, stream);
   } else {
     GroupedTiles g;
     g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
