@@ -9,8 +9,8 @@
 // also held to the fp32 reference (cpu::rms_norm, cpu::linear) at 1e-2 of max |y|.
 // Edge sizes: T 1..16 across the 8-token tiles (1, 2, 7, 8, 9, 15, 16), rows around the 16-row
 // tiles (1, 15, 16, 17, 33, 300), cols of one group, a partial 512-column warp share and the
-// widest (64, 192, 576, 2048, 4096 for the accumulating form); outputs NaN-poisoned before
-// each launch, guard values after every output part.
+// widest (64, 192, 576, 2048, 4096 for the accumulating form), the shapes of the ring kernel;
+// outputs NaN-poisoned before each launch, guard values after every output part.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/gemv_rows.h"
 
@@ -131,6 +131,21 @@ TEST(CudaGemvRows, ModelShapes) {
     check_rms_norm(9216, 2048, T, {8192, 512, 512});
     check_accumulate(2048, 4096, T);
   }
+}
+
+// The shapes the shared-memory ring kernel takes (gemv_rows_ring.cu: cols 512, 1024, 2048, rows
+// a multiple of a task's): fewer items than blocks (32 rows), several a block (8192 rows), T
+// across the token tiles; and a row count just off it, which the register form takes.
+TEST(CudaGemvRows, RingShapes) {
+  REQUIRE_GPU();
+  for (int T : {1, 8, 9, 16})
+    for (int cols : {512, 1024, 2048}) {
+      for (int rows : {32, 64, 320, 8192}) {
+        check_rms_norm(rows, cols, T, {rows});
+        check_accumulate(rows, cols, T);
+      }
+      check_rms_norm(48, cols, T, {48});
+    }
 }
 
 TEST(CudaGemvRows, RefusesWhatItDoesNotTake) {

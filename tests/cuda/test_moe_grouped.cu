@@ -172,7 +172,7 @@ TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
 // Passes of at most 16 tokens on the few-row kernels (decode/gemv_rows.h): the same checks,
 // T across their 8-token tiles, H from 128 (8 tiles a task) to the model's 2048. The model's
 // expert widths (full: gate/up 2048 -> 512, down 512 -> 2048) and mid's gate/up (1024 -> 256)
-// take the shared-memory ring kernel (gemv_rows_grouped.cu), the rest the register form.
+// take the shared-memory ring kernel (gemv_rows_ring.cu), the rest the register form.
 TEST(CudaMoeGrouped, ExpertsOnFewRowKernels) {
   REQUIRE_GPU();
   const TestMoe small(16, 128, 64, 128, 11), wide(256, 128, 192, 64, 12), full(32, 2048, 512, 512, 13);

@@ -199,8 +199,8 @@ template <Form FORM>
 void dispatch(Params p, int T, int max_tiles, cudaStream_t stream) {
   const int ksplit = ksplit_for(p.cols);
   p.chunks = ksplit * kPairs * 8;
-  if (p.tiles && grouped_ring_supports(p.rows, p.cols)) {  // the experts' shapes
-    gemv_rows_grouped(p, FORM == Form::swiglu, T, stream);
+  if (ring_supports(p.rows, p.cols, p.tiles != nullptr, FORM == Form::swiglu)) {  // the model's shapes
+    gemv_rows_ring(p, FORM, T, stream);
     CUDA_CHECK_LAUNCH();
     return;
   }
@@ -254,7 +254,8 @@ bool fold_extra(Params& p, const RowsGroups& g, const QMatrix& W, const QMatrix*
   if (!g.extra_w || g.extra_T < 1) return false;
   LILY_CHECK(g.extra_T <= kGemvRowsMaxT && g.extra_x && g.extra_y && aligned16(g.extra_x) && (!U || g.extra_u),
              "gemv_rows: an extra group of {} rows", g.extra_T);
-  if (!grouped_ring_supports(W.rows, W.cols) || !same_shape(W, *g.extra_w) || (U && !same_shape(*U, *g.extra_u)))
+  if (!ring_supports(W.rows, W.cols, true, U != nullptr) || !same_shape(W, *g.extra_w) ||
+      (U && !same_shape(*U, *g.extra_u)))
     return false;
   p.extra_w[0] = matrix_of(*g.extra_w), p.extra_w[1] = matrix_of(U ? *g.extra_u : *g.extra_w);
   p.extra_x = g.extra_x, p.extra_y = g.extra_y, p.extra_n = g.extra_T;

@@ -1,5 +1,5 @@
-// gemv_rows_common.cuh: what the few-row GEMV kernels share (gemv_rows.cu: the dense forms and
-// small stacks, registers; gemv_rows_grouped.cu: stacks of experts through a shared-memory ring):
+// gemv_rows_common.cuh: what the few-row GEMV kernels share (gemv_rows.cu: the register form;
+// gemv_rows_ring.cu: the weights through a shared-memory ring, where the shapes allow):
 // the parameters, the warp's weight tile and its mma dot against x staged in shared memory, the
 // staging of x (RMSNorm folded in), the output store. gemv_rows.cu's header holds the layout.
 // Internal to backend/cuda/decode.
@@ -221,10 +221,10 @@ inline int ksplit_for(int cols) {
   return k;
 }
 
-// gemv_rows_grouped.cu: whether its ring kernel takes a stack of [rows, cols] (the experts'
-// shapes: rows a multiple of 128, cols 512, 1024 or 2048), and the kernel over p's tile map (T:
-// the most positions a tile has).
-bool grouped_ring_supports(int rows, int cols);
-void gemv_rows_grouped(const Params& p, bool swiglu, int T, cudaStream_t stream);
+// gemv_rows_ring.cu: whether its kernel takes [rows, cols] (cols 512, 1024 or 2048; rows a
+// multiple of 128 for a stack of experts, of a task's rows for one matrix), and the kernel in
+// `form` (T: the most positions a tile has; dense: the rows of x).
+bool ring_supports(int rows, int cols, bool grouped, bool swiglu);
+void gemv_rows_ring(const Params& p, Form form, int T, cudaStream_t stream);
 
 }  // namespace lily::cuda::gemv_rows_detail

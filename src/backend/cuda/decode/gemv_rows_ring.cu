@@ -1,16 +1,17 @@
-// gemv_rows_grouped.cu: the routed experts of a short pass (T <= 16 tokens) as few-row GEMVs over
-// the plan's tile map, the weights streamed through a ring of shared-memory stages so that every
-// SM keeps reading while it computes (gemv_rows.cu's register form reads a block's weights, then
-// computes, then exits: about half the copy bandwidth on these shapes).
-//
-//   y[q, r] = sum_c W_e[r, c] * x[gather(q), c]                (store form: the experts' down)
-//   y[q, r] = silu((G_e x)_r) * (U_e x)_r                      (SwiGLU form: gate/up)
-//   for every position q of tile j = {expert e, first, end}, j < *num_tiles
-//   and, optionally, one more tile of all T rows through a matrix of the stack's shape (the shared
-//   expert beside the routed ones: its launch saved).
-// Shapes:   W a stack [E, rows, cols] (4-bit, group 64; rows a multiple of 16, cols 512 * KSPLIT
-//           for KSPLIT = 1, 2 or 4: the experts' 512 x 2048 and 2048 x 512) · x [.., cols] fp32 ·
-//           y [positions, rows] fp32 · a tile at most 16 positions.
+// gemv_rows_ring.cu: the few-row GEMVs of short passes (T <= 16 tokens) with the weights streamed
+// through a ring of shared-memory stages, so that every SM keeps reading while it computes
+// (gemv_rows.cu's register form reads a block's weights, then computes, then exits: about half
+// the copy bandwidth on these shapes). Two uses:
+//   grouped: the routed experts over the plan's tile map, for every position q of tile
+//            j = {expert e, first, end}, j < *num_tiles, and optionally one more tile of all T
+//            rows through a matrix of the stack's shape (the shared expert: its launches saved):
+//              y[q, r] = sum_c W_e[r, c] * x[gather(q), c]          (store: the experts' down)
+//              y[q, r] = silu((G_e x)_r) * (U_e x)_r                  (SwiGLU: gate/up)
+//   dense:   one matrix over x's T rows, in any of gemv_rows.cu's forms (the RMSNorm form: the
+//            input projections), its first items' weights in flight before the PDL wait.
+// Shapes:   W [rows, cols] or a stack [E, rows, cols] (4-bit, group 64), cols 512 * KSPLIT for
+//           KSPLIT = 1, 2 or 4 (the experts' 512 x 2048 and 2048 x 512, the input projections'
+//           [12352 | 9216] x 2048) · x [.., cols] fp32 · y fp32 · a tile at most 16 positions.
 // Numerics: gemv_rows.cu's: the same warp tiles, mma and fixed-order sums, bit for bit.
 // Layout:   an item is (tile, task): a task is gemv_rows.cu's (8 / KSPLIT tiles of 16 rows of W;
 //           SwiGLU: half G, half U), items in tile-major order, and a persistent block (one an SM)
@@ -19,13 +20,15 @@
 //           group scales and biases) goes by cp.async into its part of a stage: each lane copies
 //           the 8 code units it will read back itself ([unit][lane]: no bank conflicts), lanes
 //           0-15 a row's scales and 16-31 a row's biases (16 bytes each).
-// Kernel:   gemv_rows_grouped_kernel<NT, KSPLIT, FORM>, 256 threads, kStages stages: after the
-//           PDL wait (the tile map is a predecessor's) the block issues its first kStages - 1
-//           items; each iteration issues item + kStages - 1, stages x if the tile changed, waits
-//           for its own stage, multiplies, and sums the KSPLIT partials through shared memory.
-// Tested:   tests/cuda/test_moe_grouped.cu (ExpertsOnFewRowKernels: the model's expert widths at
-//           T 1..16, uniform, few and one dominant expert, NaN-poisoned outputs) against the bf16
-//           reference; the other shapes take gemv_rows.cu's register form.
+// Kernel:   gemv_rows_ring_kernel<NT, KSPLIT, FORM>, 256 threads, kStages stages: the block
+//           issues its first kStages - 1 items (grouped: after the PDL wait, the tile map being a
+//           predecessor's); each iteration issues item + kStages - 1, stages x if the tile
+//           changed, waits for its own stage, multiplies, and sums the KSPLIT partials through
+//           shared memory.
+// Tested:   tests/cuda/test_moe_grouped.cu (ExpertsOnFewRowKernels: the model's expert widths
+//           and 1024 x 256 at T 1..16, uniform, few and one dominant expert, the shared expert
+//           folded in) and tests/cuda/test_gemv_rows.cu (the dense forms at the model's input
+//           projections and at ring shapes around them) against the bf16 reference.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/pdl.cuh"
@@ -86,9 +89,9 @@ __device__ __forceinline__ void read_weights(const uint4* src, RowsTile<kPairs>&
 }
 
 template <int NT, int KSPLIT, Form FORM>
-__global__ void __launch_bounds__(kThreads, 1) gemv_rows_grouped_kernel(Params p) {
+__global__ void __launch_bounds__(kThreads, 1) gemv_rows_ring_kernel(Params p) {
   extern __shared__ __align__(16) uint4 smem[];
-  constexpr bool SWIGLU = FORM == Form::swiglu;
+  constexpr bool SWIGLU = FORM == Form::swiglu, NORM = FORM == Form::norm;
   constexpr int kTilesPerTask = kWarps / KSPLIT, kStride = partial_stride<NT>();
   constexpr int kOutTiles = SWIGLU ? kTilesPerTask / 2 : kTilesPerTask;  // a task's output tiles of 16 rows
   static_assert(kOutTiles >= 1);
@@ -101,25 +104,32 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_grouped_kernel(Params p
   const int which = SWIGLU && local_tile >= kOutTiles ? 1 : 0;  // SwiGLU: the second half of the warps U
   uint4* my_ring = ring + warp * kWarpUnits;
 
-  pdl_wait();  // the tile map and x are predecessors'
-  pdl_launch_dependents();
-  const int num_tiles = __ldcg(p.num_tiles);  // then the extra tile, if any
-  const int64_t items = int64_t(num_tiles + (p.extra_n > 0 ? 1 : 0)) * tasks;
-  const int64_t begin = items * blockIdx.x / gridDim.x, end = items * (blockIdx.x + 1) / gridDim.x;
-
+  const bool grouped = p.tiles != nullptr;  // else one tile of all p.T rows of x
+  int num_tiles = 1;                        // then the extra tile, if any
+  int64_t begin = 0, end = 0;
   int issued_tile = -1, expert = 0;
   auto issue = [&](int64_t item) {
     const int tile = int(item / tasks), task = int(item % tasks);
-    if (tile != issued_tile) issued_tile = tile, expert = tile < num_tiles ? __ldcg(p.tiles + 4 * int64_t(tile)) : 0;
+    if (tile != issued_tile)
+      issued_tile = tile, expert = grouped && tile < num_tiles ? __ldcg(p.tiles + 4 * int64_t(tile)) : 0;
     const int64_t row0 = int64_t(task * kOutTiles + local_tile % kOutTiles) * 16;
     issue_weights(tile < num_tiles ? p.w[which] : p.extra_w[which], expert, p.rows, p.cols, row0, kpart,
                   my_ring + int((item - begin) % kStages) * kStageUnits);
   };
+  // The block's range of items, and its first kStages - 1 items' weights on their way.
+  auto start = [&] {
+    const int64_t items = int64_t(num_tiles + (p.extra_n > 0 ? 1 : 0)) * tasks;
+    begin = items * blockIdx.x / gridDim.x, end = items * (blockIdx.x + 1) / gridDim.x;
 #pragma unroll
-  for (int s = 0; s < kStages - 1; ++s) {
-    if (begin + s < end) issue(begin + s);
-    ptx::cp_async_commit();  // possibly empty: keeps the group count uniform
-  }
+    for (int s = 0; s < kStages - 1; ++s) {
+      if (begin + s < end) issue(begin + s);
+      ptx::cp_async_commit();  // possibly empty: keeps the group count uniform
+    }
+  };
+  if (!grouped) start();  // dense: the weights depend on nothing, in flight before the wait
+  pdl_wait();             // the tile map and x are predecessors'
+  pdl_launch_dependents();
+  if (grouped) num_tiles = __ldcg(p.num_tiles), start();
 
   int tile = -1, first = 0, n = 0;  // the staged tile: positions [first, first + n)
   for (int64_t item = begin; item < end; ++item) {
@@ -128,7 +138,11 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_grouped_kernel(Params p
     const int task = int(item % tasks);
     if (int(item / tasks) != tile) {  // a new tile: its x (every warp is past the last item's reads)
       tile = int(item / tasks);
-      if (tile < num_tiles) {
+      if (!grouped) {
+        first = 0, n = p.T;
+        stage_rows<NT, NORM, kStageWords<NT, KSPLIT, FORM>()>(
+            p, p.x, n, [](int i) { return int64_t(i); }, xf);
+      } else if (tile < num_tiles) {
         const int4 info = __ldcg(reinterpret_cast<const int4*>(p.tiles) + tile);
         first = info.y, n = info.z - info.y;
         auto x_row = [&](int i) -> int64_t {
@@ -168,7 +182,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_grouped_kernel(Params p
       float v = sum_of(lt);
       if constexpr (SWIGLU) v = silu(v) * sum_of(lt + kOutTiles);
       const int64_t row = (int64_t(task) * kOutTiles + lt) * 16 + r;
-      if (tile < num_tiles) store_output<false>(p.out, row, first + token, v);
+      if (tile < num_tiles) store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
       else p.extra_y[int64_t(token) * p.rows + row] = v;
     }
     __syncthreads();  // partial, x and this stage are rewritten by the next items
@@ -184,7 +198,7 @@ constexpr size_t shared_bytes() {
 
 template <int NT, int KSPLIT, Form FORM>
 void launch(const Params& p, cudaStream_t stream) {
-  auto* kernel = gemv_rows_grouped_kernel<NT, KSPLIT, FORM>;
+  auto* kernel = gemv_rows_ring_kernel<NT, KSPLIT, FORM>;
   constexpr size_t bytes = shared_bytes<NT, KSPLIT>();
   static const bool attribute_set = [&] {
     CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
@@ -210,17 +224,22 @@ void dispatch(const Params& p, int T, cudaStream_t stream) {
 
 }  // namespace
 
-bool grouped_ring_supports(int rows, int cols) {  // the extra tile: rows, cols alike
-  const int ksplit = ksplit_for(cols);
-  return rows > 0 && rows % (16 * kWarps) == 0 && ksplit <= 4 && cols == 512 * ksplit &&
+bool ring_supports(int rows, int cols, bool grouped, bool swiglu) {
+  const int ksplit = ksplit_for(cols), out_tiles = kWarps / ksplit / (swiglu ? 2 : 1);
+  return rows > 0 && ksplit <= 4 && cols == 512 * ksplit && rows % (16 * (grouped ? kWarps : out_tiles)) == 0 &&
          shared_bytes<2, 4>() <= size_t(max_dynamic_shared_bytes());
 }
 
-void gemv_rows_grouped(const Params& p, bool swiglu, int T, cudaStream_t stream) {
-  LILY_CHECK(p.tiles && p.num_tiles && grouped_ring_supports(p.rows, p.cols) && T >= 1 && T <= kGemvRowsMaxT,
-             "gemv_rows_grouped: [{}, {}] with {} tokens a tile", p.rows, p.cols, T);
-  if (swiglu) dispatch<Form::swiglu>(p, T, stream);
-  else dispatch<Form::store>(p, T, stream);
+void gemv_rows_ring(const Params& p, Form form, int T, cudaStream_t stream) {
+  LILY_CHECK(ring_supports(p.rows, p.cols, p.tiles != nullptr, form == Form::swiglu) && T >= 1 && T <= kGemvRowsMaxT &&
+                 (p.tiles == nullptr) == (p.num_tiles == nullptr),
+             "gemv_rows_ring: [{}, {}] with {} tokens a tile", p.rows, p.cols, T);
+  switch (form) {
+    case Form::norm: dispatch<Form::norm>(p, T, stream); break;
+    case Form::accumulate: dispatch<Form::accumulate>(p, T, stream); break;
+    case Form::store: dispatch<Form::store>(p, T, stream); break;
+    case Form::swiglu: dispatch<Form::swiglu>(p, T, stream); break;
+  }
 }
 
 }  // namespace lily::cuda::gemv_rows_detail
