@@ -160,15 +160,17 @@ std::string KernelPlan::describe() const {
                      format_of(decode.lm_head.W));
   out += fmt::format(
       "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + gemm_q4 projections "
-      "(split K on small grids; gemv_rows up to {} tokens, experts up to {}); attention {}; DeltaNet {} up to {} "
+      "(split K on small grids; gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "
+      "else {}; DeltaNet {} up to {} "
       "tokens, {} below {} "
       "tokens, else {}; MoE "
       "gemm_exact router, moe_topk, "
       "moe_plan, "
       "grouped gemm_q4 experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
       prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, prefill.dense_rows_up_to,
-      prefill.moe_rows_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
-      prefill.deltanet_rows_up_to, kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
+      prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::simple), prefill.simple_attention_up_to,
+      kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows), prefill.deltanet_rows_up_to,
+      kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
       kernel_name(DeltaRulePrefill::chunked));
   return out;
 }

@@ -114,7 +114,7 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
   phases::mark("attention.core", stream_);
   const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
-  gated_attention_prefill(plan_.prefill.attention, p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
+  gated_attention_prefill(plan_.prefill.attention_kernel(T), p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
                           s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
   // h += o @ o_proj^T
   phases::mark("attention.o_proj", stream_);
