@@ -76,8 +76,8 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_EQ(plan.decode.launches(), 254);
   EXPECT_EQ(plan.prefill.chunk_tokens, 8192);
   EXPECT_EQ(plan.prefill.attention, cuda::AttentionPrefillKernel::flash);
-  EXPECT_EQ(plan.prefill.attention_kernel(16), cuda::AttentionPrefillKernel::simple);
-  EXPECT_EQ(plan.prefill.attention_kernel(17), cuda::AttentionPrefillKernel::flash);
+  EXPECT_EQ(plan.prefill.attention_kernel(32), cuda::AttentionPrefillKernel::simple);
+  EXPECT_EQ(plan.prefill.attention_kernel(33), cuda::AttentionPrefillKernel::flash);
   EXPECT_EQ(plan.prefill.delta_rule(16), cuda::DeltaRulePrefill::rows);
   EXPECT_EQ(plan.prefill.delta_rule(17), cuda::DeltaRulePrefill::recurrent);
   EXPECT_EQ(plan.prefill.delta_rule(47), cuda::DeltaRulePrefill::recurrent);

@@ -22,7 +22,7 @@
 //                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel;
-//                    passes of up to 16 tokens the simple kernel (a block a token and KV head:
+//                    passes of up to 32 tokens the simple kernel (a block a token and KV head:
 //                    32 blocks at 16 tokens where flash has 4 of 64 query rows)
 // A checkpoint that no kernel takes (experts that are not 4-bit, a head size the attention does
 // not implement, ...) is refused here, when the backend is built, with what is wrong.
@@ -72,7 +72,7 @@ struct PrefillPlan {
   int dense_rows_up_to = 0;          // passes of at most this many tokens: gemv_rows projections
   int moe_rows_up_to = 0;            // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
-  int simple_attention_up_to = 16;  // passes of at most this many tokens: the simple kernel
+  int simple_attention_up_to = 32;  // passes of at most this many tokens: the simple kernel
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
   AttentionPrefillKernel attention_kernel(int T) const {
     return T <= simple_attention_up_to ? AttentionPrefillKernel::simple : attention;
