@@ -6,25 +6,23 @@
 
 namespace lily::cuda {
 
+// An attribute of the current device.
+inline int device_attribute(cudaDeviceAttr attribute) {
+  int device = 0, n = 0;
+  CUDA_CHECK(cudaGetDevice(&device));
+  CUDA_CHECK(cudaDeviceGetAttribute(&n, attribute, device));
+  return n;
+}
+
 // The current device's multiprocessor count: grids of one block per SM, split counts.
 inline int multiprocessor_count() {
-  static const int count = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
+  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
   return count;
 }
 
 // The most dynamic shared memory a block of the current device may ask for (opt-in).
 inline int max_dynamic_shared_bytes() {
-  static const int bytes = [] {
-    int device = 0, n = 0;
-    CUDA_CHECK(cudaGetDevice(&device));
-    CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    return n;
-  }();
+  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
   return bytes;
 }
 

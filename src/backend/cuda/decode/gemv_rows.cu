@@ -91,12 +91,12 @@ template <int NT, int KSPLIT, Form FORM>
 __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
   extern __shared__ __align__(16) uint4 smem[];
   constexpr bool NORM = FORM == Form::norm, SWIGLU = FORM == Form::swiglu;
-  constexpr int kTilesPerTask = kWarps / KSPLIT, kStride = partial_stride<NT>();
+  constexpr int kTilesPerTask = kWarps / KSPLIT;
   constexpr int kOutTiles = SWIGLU ? kTilesPerTask / 2 : kTilesPerTask;  // a task's output tiles of 16 rows
   static_assert(kOutTiles >= 1);
   uint4* xf = smem;                                                                  // [8 NT][chunks][4]
-  float* partial = reinterpret_cast<float*>(smem + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][kStride]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  float* partial = reinterpret_cast<float*>(smem + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][stride]
+  const int warp = threadIdx.x / 32, g = (threadIdx.x % 32) / 4;
   const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
   const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
 
@@ -144,30 +144,10 @@ __global__ void __launch_bounds__(kThreads, 2) gemv_rows_kernel(Params p) {
     if (task != blockIdx.x) load(t, task);
     float d[NT][4] = {};
     dot_rows_tile_of<NT, kPairs>(t, kpart * kPairs, StagedX{xf, p.chunks}, n, d);
-    // d[n]: (row g, tokens 8n + 2t, + 1), (row g + 8, the same tokens)
-    float* mine = partial + warp * 16 * kStride;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int token = j * 8 + 2 * t4;
-      mine[g * kStride + token] = d[j][0], mine[g * kStride + token + 1] = d[j][1];
-      mine[(g + 8) * kStride + token] = d[j][2], mine[(g + 8) * kStride + token + 1] = d[j][3];
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < kOutTiles * 16 * n; o += kThreads) {
-      const int r = o % 16, lt = (o / 16) % kOutTiles, token = o / (16 * kOutTiles);
+    sum_partials<NT, KSPLIT, kOutTiles, SWIGLU>(d, partial, n, [&](int lt, int r, int token, float v) {
       const int64_t row = (task * kOutTiles + lt) * 16 + r;
-      if (row >= p.rows) continue;
-      auto sum_of = [&](int tile) {
-        float sum = 0.f;
-#pragma unroll
-        for (int k = 0; k < KSPLIT; ++k) sum += partial[((tile * KSPLIT + k) * 16 + r) * kStride + token];
-        return sum;
-      };
-      float v = sum_of(lt);
-      if constexpr (SWIGLU) v = silu(v) * sum_of(lt + kOutTiles);
-      store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
-    }
-    __syncthreads();  // partial is rewritten by the next task
+      if (row < p.rows) store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
+    });
   }
 }
 

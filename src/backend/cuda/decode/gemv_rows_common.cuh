@@ -213,6 +213,38 @@ __host__ __device__ constexpr int partial_stride() {
   return NT * 8 + 1;
 }
 
+// A task's end, block-wide, after each warp's dot_rows_tile: the warps' accumulators into their
+// rows of `partial` ([warps][16][partial_stride], d[j] = (row g, tokens 8j + 2t, + 1), (row g + 8,
+// the same tokens)), then for every output (output tile lt < OUT_TILES, row r, token < n) the sum
+// of its KSPLIT warps' partials in a fixed order (SwiGLU: silu(G) * U, U the tiles after G's)
+// handed to store(lt, r, token, v). Two block barriers: after it, partial may be rewritten.
+template <int NT, int KSPLIT, int OUT_TILES, bool SWIGLU, typename Store>
+__device__ __forceinline__ void sum_partials(const float (&d)[NT][4], float* partial, int n, Store store) {
+  constexpr int kStride = partial_stride<NT>();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  float* mine = partial + warp * 16 * kStride;
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+    const int token = j * 8 + 2 * t4;
+    mine[g * kStride + token] = d[j][0], mine[g * kStride + token + 1] = d[j][1];
+    mine[(g + 8) * kStride + token] = d[j][2], mine[(g + 8) * kStride + token + 1] = d[j][3];
+  }
+  __syncthreads();
+  for (int o = threadIdx.x; o < OUT_TILES * 16 * n; o += kThreads) {
+    const int r = o % 16, lt = (o / 16) % OUT_TILES, token = o / (16 * OUT_TILES);
+    auto sum_of = [&](int tile) {
+      float sum = 0.f;
+#pragma unroll
+      for (int k = 0; k < KSPLIT; ++k) sum += partial[((tile * KSPLIT + k) * 16 + r) * kStride + token];
+      return sum;
+    };
+    float v = sum_of(lt);
+    if constexpr (SWIGLU) v = silu(v) * sum_of(lt + OUT_TILES);
+    store(lt, r, token, v);
+  }
+  __syncthreads();
+}
+
 // KSPLIT: the fewest warps whose 512 columns each cover cols.
 inline int ksplit_for(int cols) {
   const int pairs = (cols + quant_mma::kPairCols - 1) / quant_mma::kPairCols;

@@ -92,13 +92,13 @@ template <int NT, int KSPLIT, Form FORM>
 __global__ void __launch_bounds__(kThreads, 1) gemv_rows_ring_kernel(Params p) {
   extern __shared__ __align__(16) uint4 smem[];
   constexpr bool SWIGLU = FORM == Form::swiglu, NORM = FORM == Form::norm;
-  constexpr int kTilesPerTask = kWarps / KSPLIT, kStride = partial_stride<NT>();
+  constexpr int kTilesPerTask = kWarps / KSPLIT;
   constexpr int kOutTiles = SWIGLU ? kTilesPerTask / 2 : kTilesPerTask;  // a task's output tiles of 16 rows
   static_assert(kOutTiles >= 1);
   uint4* ring = smem;                                                              // [kStages][kWarps][kWarpUnits]
   uint4* xf = smem + kStages * kStageUnits;                                        // [8 NT][chunks][4]
-  float* partial = reinterpret_cast<float*>(xf + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][kStride]
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  float* partial = reinterpret_cast<float*>(xf + int64_t(NT) * 8 * p.chunks * 4);  // [warps][16][stride]
+  const int warp = threadIdx.x / 32;
   const int kpart = warp % KSPLIT, local_tile = warp / KSPLIT;
   const int tasks = p.rows / 16 / kOutTiles;
   const int which = SWIGLU && local_tile >= kOutTiles ? 1 : 0;  // SwiGLU: the second half of the warps U
@@ -162,30 +162,12 @@ __global__ void __launch_bounds__(kThreads, 1) gemv_rows_ring_kernel(Params p) {
     read_weights(my_ring + int((item - begin) % kStages) * kStageUnits, t);
     float d[NT][4] = {};
     dot_rows_tile_of<NT, kPairs>(t, kpart * kPairs, StagedX{xf, p.chunks}, n, d);
-    // d[j]: (row g, tokens 8j + 2t, + 1), (row g + 8, the same tokens)
-    float* mine = partial + warp * 16 * kStride;
-#pragma unroll
-    for (int j = 0; j < NT; ++j) {
-      const int token = j * 8 + 2 * t4;
-      mine[g * kStride + token] = d[j][0], mine[g * kStride + token + 1] = d[j][1];
-      mine[(g + 8) * kStride + token] = d[j][2], mine[(g + 8) * kStride + token + 1] = d[j][3];
-    }
-    __syncthreads();
-    for (int o = threadIdx.x; o < kOutTiles * 16 * n; o += kThreads) {
-      const int r = o % 16, lt = (o / 16) % kOutTiles, token = o / (16 * kOutTiles);
-      auto sum_of = [&](int tile_of_task) {
-        float sum = 0.f;
-#pragma unroll
-        for (int k = 0; k < KSPLIT; ++k) sum += partial[((tile_of_task * KSPLIT + k) * 16 + r) * kStride + token];
-        return sum;
-      };
-      float v = sum_of(lt);
-      if constexpr (SWIGLU) v = silu(v) * sum_of(lt + kOutTiles);
+    // then partial, x and this stage may be rewritten by the next items
+    sum_partials<NT, KSPLIT, kOutTiles, SWIGLU>(d, partial, n, [&](int lt, int r, int token, float v) {
       const int64_t row = (int64_t(task) * kOutTiles + lt) * 16 + r;
       if (tile < num_tiles) store_output<FORM == Form::accumulate>(p.out, row, first + token, v);
       else p.extra_y[int64_t(token) * p.rows + row] = v;
-    }
-    __syncthreads();  // partial, x and this stage are rewritten by the next items
+    });
   }
   ptx::cp_async_wait<0>();
 }
