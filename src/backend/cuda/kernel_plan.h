@@ -32,6 +32,7 @@
 #include <vector>
 
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/gemv_rows.h"
 #include "backend/cuda/decode/moe_decode.h"
@@ -64,13 +65,13 @@ struct DecodePlan {
 };
 
 struct PrefillPlan {
-  int decode_steps_below = 5;        // forwards of 2 .. this - 1 tokens run as decode steps
-  int programmatic_below = 33;       // passes of fewer tokens launch with PDL (pdl_launch.cuh)
-  int chunk_tokens = 8192;           // tokens per pass
-  int chunked_delta_rule_from = 48;  // passes of fewer tokens run the token loop
-  int deltanet_rows_up_to = 16;      // passes of at most this many tokens: the decode kernel
-  int dense_rows_up_to = 0;          // passes of at most this many tokens: gemv_rows projections
-  int moe_rows_up_to = 0;            // passes of at most this many tokens: gemv_rows experts
+  int decode_steps_below = 5;                     // forwards of 2 .. this - 1 tokens run as decode steps
+  int programmatic_below = 33;                    // passes of fewer tokens launch with PDL (pdl_launch.cuh)
+  int chunk_tokens = 8192;                        // tokens per pass
+  int chunked_delta_rule_from = 48;               // passes of fewer tokens run the token loop
+  int deltanet_rows_up_to = kDeltaNetDecodeMaxT;  // passes of at most this many tokens: the decode kernel
+  int dense_rows_up_to = 0;                       // passes of at most this many tokens: gemv_rows projections
+  int moe_rows_up_to = 0;                         // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
   int simple_attention_up_to = 32;  // passes of at most this many tokens: the simple kernel
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
