@@ -11,6 +11,7 @@
 // empty kernels, and of one kernel with a grid barrier (atomic arrival counter, acquire spin) in
 // place of the second launch: what fusing two dependent launches through a barrier would save.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/pdl.cuh"
@@ -74,24 +75,10 @@ double graph_us(cudaStream_t s, int reps, const std::function<void(int)>& body) 
   cuda::make_edges_programmatic(g);
   cudaGraphExec_t e;
   CUDA_CHECK(cudaGraphInstantiate(&e, g, 0));
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) CUDA_CHECK(cudaGraphLaunch(e, s));
-  std::vector<float> ms;
-  for (int i = 0; i < 15; ++i) {
-    CUDA_CHECK(cudaEventRecord(a, s));
-    CUDA_CHECK(cudaGraphLaunch(e, s));
-    CUDA_CHECK(cudaEventRecord(b, s));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
+  const double ms = bench::median_ms([&] { CUDA_CHECK(cudaGraphLaunch(e, s)); }, 15, 3, s);
   CUDA_CHECK(cudaGraphExecDestroy(e));
   CUDA_CHECK(cudaGraphDestroy(g));
-  return ms[ms.size() / 2] * 1000.0 / reps;
+  return ms * 1000.0 / reps;
 }
 
 }  // namespace

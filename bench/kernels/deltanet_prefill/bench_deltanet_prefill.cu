@@ -5,6 +5,7 @@
 // inputs; the median of 20 (5 from 1024 tokens) calls after 3 warm-ups, timed with events.
 // The kernels one by one: nsys profile --stats=true, or ncu -k regex:'conv|gated_norm|chunk'.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/median_ms.cuh"
 #include "backend/cuda/prefill/deltanet_prefill.h"
 
 #include <algorithm>
@@ -53,26 +54,10 @@ int main() {
   p.T = Tmax;
   void* scratch = nullptr;  // the chunked form's is the larger
   CUDA_CHECK(cudaMalloc(&scratch, cuda::deltanet_prefill_scratch_bytes(cuda::DeltaRulePrefill::chunked, p)));
-  cudaEvent_t start, stop;
-  CUDA_CHECK(cudaEventCreate(&start));
-  CUDA_CHECK(cudaEventCreate(&stop));
   auto time_us = [&](cuda::DeltaRulePrefill form, int T) {
     p.T = T;
     auto call = [&] { cuda::gated_deltanet_prefill(form, p, mixed, z, b, a, conv, ssm, y, scratch, nullptr); };
-    for (int i = 0; i < 3; ++i) call();
-    const int reps = T <= 512 ? 20 : 5;
-    std::vector<float> ms;
-    for (int i = 0; i < reps; ++i) {
-      CUDA_CHECK(cudaEventRecord(start));
-      call();
-      CUDA_CHECK(cudaEventRecord(stop));
-      CUDA_CHECK(cudaEventSynchronize(stop));
-      float t = 0;
-      CUDA_CHECK(cudaEventElapsedTime(&t, start, stop));
-      ms.push_back(t);
-    }
-    std::sort(ms.begin(), ms.end());
-    return 1000.f * ms[ms.size() / 2];
+    return float(1000.0 * bench::median_ms(call, T <= 512 ? 20 : 5, 3));
   };
   std::printf("%6s %14s %14s %8s\n", "T", "rows us", "recurrent us", "ratio");
   for (int T : {1, 2, 4, 5, 8, 9, 12, 16}) {

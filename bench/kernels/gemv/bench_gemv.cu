@@ -5,6 +5,7 @@
 // launches after 20 warm-ups, each launch timed with events; weights rotate over enough copies to
 // exceed the L2.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/moe_decode.h"
@@ -22,24 +23,9 @@ namespace {
 
 double bytes_of(int rows, int cols, int bits) { return double(rows) * cols * bits / 8 + double(rows) * cols / 64 * 4; }
 
-// Median microseconds of f(copy) over launches, rotating over `copies`.
+// Median microseconds of f(copy) over 200 launches after 20, rotating over `copies`.
 double time_us(int copies, const std::function<void(int)>& f) {
-  cudaEvent_t a, b;
-  cudaEventCreate(&a), cudaEventCreate(&b);
-  for (int i = 0; i < 20; ++i) f(i % copies);
-  std::vector<float> ms;
-  for (int i = 0; i < 200; ++i) {
-    cudaEventRecord(a);
-    f(i % copies);
-    cudaEventRecord(b);
-    cudaEventSynchronize(b);
-    float t;
-    cudaEventElapsedTime(&t, a, b);
-    ms.push_back(t);
-  }
-  CUDA_CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return ms[ms.size() / 2] * 1000.0;
+  return bench::median_ms([&](int i) { f(i % copies); }, 200, 20) * 1000.0;
 }
 
 void report(const char* name, double bytes, double us) {

@@ -12,6 +12,7 @@
 // Median of 20 timed calls after 3 warm-ups, events around each; random weights (speed does
 // not depend on the values). TFLOP/s counts the routed and shared expert products only.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
 #include "backend/cuda/prefill/gemm_q4.h"
 #include "backend/cuda/prefill/moe_grouped.h"
@@ -23,29 +24,10 @@
 #include <vector>
 
 using namespace lily;
+using bench::median_ms;
 using bench::random_qmatrix;
 
 namespace {
-
-double median_ms(const std::function<void()>& f) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) f();
-  std::vector<float> ms;
-  for (int i = 0; i < 20; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    f();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  std::sort(ms.begin(), ms.end());
-  cudaEventDestroy(a), cudaEventDestroy(b);
-  return ms[ms.size() / 2];
-}
 
 // ids [T, 8]: distinct experts per token; skewed: 3 of 4 picks from the first 64 experts.
 std::vector<int32_t> make_ids(int T, bool skewed, uint32_t seed) {

@@ -27,6 +27,7 @@
 #include <functional>
 #include <vector>
 
+#include "../common/median_ms.cuh"
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
@@ -198,25 +199,7 @@ DeviceList upload(const persistent::TaskList& l) {
 }
 
 // Median microseconds of `launch` over 21 runs after 3 warm-ups.
-double median_us(const std::function<void()>& launch) {
-  cudaEvent_t a, b;
-  CUDA_CHECK(cudaEventCreate(&a));
-  CUDA_CHECK(cudaEventCreate(&b));
-  for (int i = 0; i < 3; ++i) launch();
-  std::vector<float> ms;
-  for (int i = 0; i < 21; ++i) {
-    CUDA_CHECK(cudaEventRecord(a));
-    launch();
-    CUDA_CHECK(cudaEventRecord(b));
-    CUDA_CHECK(cudaEventSynchronize(b));
-    float t = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&t, a, b));
-    ms.push_back(t);
-  }
-  CUDA_CHECK(cudaGetLastError());
-  std::sort(ms.begin(), ms.end());
-  return double(ms[ms.size() / 2]) * 1000.0;
-}
+double median_us(const std::function<void()>& launch) { return bench::median_ms(launch, 21, 3) * 1000.0; }
 
 }  // namespace
 
