@@ -1,0 +1,274 @@
+// decode_tasks.cpp: see decode_tasks.h.
+#include "backend/cuda/persistent/decode_tasks.h"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+
+#include "base/error.h"
+
+namespace lily::cuda::persistent {
+
+namespace {
+
+Access read(uint32_t buffer, uint64_t begin, uint64_t end) { return {Access::Kind::read, buffer, begin, end}; }
+Access write(uint32_t buffer, uint64_t begin, uint64_t end) { return {Access::Kind::write, buffer, begin, end}; }
+Access accumulate(uint32_t buffer, uint64_t begin, uint64_t end) {
+  return {Access::Kind::accumulate, buffer, begin, end};
+}
+
+// Sizes of the step (floats unless named), from the config.
+struct Shape {
+  uint64_t H, E, k, I, V;
+  uint64_t attention_rows, deltanet_rows;  // of the fused input projections
+  uint64_t q_width, kv_width, heads;
+  uint64_t key_heads, value_heads, dk, dv, key_dim, value_dim, conv_dim, conv_taps;
+
+  explicit Shape(const ModelConfig& c)
+      : H(c.hidden_size),
+        E(c.num_experts),
+        k(c.num_experts_per_tok),
+        I(std::max(c.moe_intermediate_size, c.shared_expert_intermediate_size)),
+        V(c.vocab_size),
+        attention_rows(2 * uint64_t(c.attention_q_width()) + 2 * uint64_t(c.attention_kv_width())),
+        deltanet_rows(uint64_t(c.linear_conv_dim()) + c.linear_value_dim() + 2 * uint64_t(c.linear_num_value_heads)),
+        q_width(c.attention_q_width()),
+        kv_width(c.attention_kv_width()),
+        heads(c.num_attention_heads),
+        key_heads(c.linear_num_key_heads),
+        value_heads(c.linear_num_value_heads),
+        dk(c.linear_key_head_dim),
+        dv(c.linear_value_head_dim),
+        key_dim(c.linear_key_dim()),
+        value_dim(c.linear_value_dim()),
+        conv_dim(c.linear_conv_dim()),
+        conv_taps(std::max(1, c.linear_conv_kernel_dim - 1)) {}
+};
+
+// Builds the list: counters handed out in step order, tasks dealt to blocks round-robin.
+class Builder {
+ public:
+  Builder(const ModelConfig& c, const DecodeTiling& t) : c_(c), t_(t), s_(c) {
+    out_.list.blocks.resize(size_t(t.blocks));
+    const uint64_t splits = uint64_t(t.attention_splits);
+    out_.buffer_bytes = {4,
+                         s_.H * 4,
+                         std::max(s_.attention_rows, s_.deltanet_rows) * 4,
+                         std::max(s_.value_dim, s_.q_width) * 4,
+                         s_.H * 4,
+                         (s_.E + 1) * 4,
+                         s_.k * 8,
+                         (s_.k + 1) * s_.I * 4,
+                         splits * s_.heads * (uint64_t(c.head_dim) + 2) * 4,
+                         s_.V * 4,
+                         4};
+    for (int l = 0; l < c.num_layers; ++l) out_.buffer_bytes.push_back(state_bytes(c.layer_types[size_t(l)]));
+  }
+
+  DecodeTasks build() {
+    const int32_t embedded = counter();
+    add(DecodeOp::embed, 0, 0, 1, "embed", {}, embedded, {read(kToken, 0, 4), write(kHidden, 0, s_.H * 4)});
+    Wait h_ready{uint32_t(embedded), 1};
+    for (int l = 0; l < c_.num_layers; ++l) h_ready = layer(l, h_ready);
+    for (uint64_t r = 0; r < s_.V; r += uint64_t(t_.lm_head_rows)) {
+      const uint64_t e = std::min(s_.V, r + uint64_t(t_.lm_head_rows));
+      add(DecodeOp::lm_head, 0, r, e - r, fmt::format("lm_head rows {}..{}", r, e), {h_ready}, -1,
+          {read(kHidden, 0, s_.H * 4), write(kLogits, r * 4, e * 4)});
+    }
+    add(DecodeOp::advance, 0, 0, 1, "advance", {h_ready}, -1, {write(kPosition, 0, 4)});
+    return std::move(out_);
+  }
+
+ private:
+  uint64_t state_bytes(LayerKind kind) const {
+    if (kind == LayerKind::full_attention) return (kCacheRows + 1) * 2 * s_.kv_width * 2;  // k and v, bf16
+    return s_.conv_dim * s_.conv_taps * 4 + s_.value_heads * s_.dk * s_.dv * 4;
+  }
+
+  int32_t counter() {
+    producers_.push_back(0);
+    return int32_t(out_.list.counters++);
+  }
+
+  void add(DecodeOp op, int layer, uint64_t first, uint64_t count, std::string name, std::vector<Wait> waits,
+           int32_t signal, std::vector<Access> accesses) {
+    Task task;
+    task.op = uint16_t(op), task.layer = uint16_t(layer), task.first = uint32_t(first), task.count = uint32_t(count);
+    task.waits = std::move(waits), task.signal = signal, task.accesses = std::move(accesses);
+    task.name = std::move(name);
+    out_.list.blocks[cursor_++ % out_.list.blocks.size()].push_back(std::move(task));
+    if (signal >= 0) ++producers_[signal];
+  }
+
+  // The wait for every task that signalled `counter` so far.
+  Wait all_of(int32_t counter) { return {uint32_t(counter), producers_[counter]}; }
+
+  // Tiles of [0, n) by `rows`, each task made by f(begin, end).
+  template <class F>
+  void tiles(uint64_t n, int rows, F f) {
+    for (uint64_t r = 0; r < n; r += uint64_t(rows)) f(r, std::min(n, r + uint64_t(rows)));
+  }
+
+  // One layer after h is ready; returns the wait for the layer's output h.
+  Wait layer(int l, Wait h_ready) {
+    const bool attention = c_.layer_types[size_t(l)] == LayerKind::full_attention;
+    const uint64_t in_rows = attention ? s_.attention_rows : s_.deltanet_rows;
+    const std::string at = fmt::format("layer {} ", l);
+
+    const int32_t projected = counter();
+    tiles(in_rows, t_.in_proj_rows, [&](uint64_t r, uint64_t e) {
+      add(DecodeOp::in_proj, l, r, e - r, at + fmt::format("in_proj rows {}..{}", r, e), {h_ready}, projected,
+          {read(kHidden, 0, s_.H * 4), write(kProj, r * 4, e * 4)});
+    });
+    const int32_t mixed = attention ? attention_core(l, all_of(projected)) : deltanet_core(l, all_of(projected));
+
+    const int32_t out = counter();
+    const uint64_t mixer_width = attention ? s_.q_width : s_.value_dim;
+    tiles(s_.H, t_.out_proj_rows, [&](uint64_t r, uint64_t e) {
+      add(DecodeOp::out_proj, l, r, e - r, at + fmt::format("out_proj rows {}..{}", r, e), {all_of(mixed)}, out,
+          {read(kMixer, 0, mixer_width * 4), accumulate(kHidden, r * 4, e * 4)});
+    });
+    return moe(l, all_of(out));
+  }
+
+  // DeltaNet: tasks of value heads [v, v + n) read their key heads' q and k, their v, z, b and a,
+  // and update those channels' conv state and those heads' recurrent state.
+  int32_t deltanet_core(int l, Wait projected) {
+    const int32_t done = counter();
+    const uint64_t per_key = s_.value_heads / s_.key_heads, state = kLayerState + uint32_t(l);
+    const uint64_t ssm_at = s_.conv_dim * s_.conv_taps * 4;
+    tiles(s_.value_heads, t_.deltanet_heads, [&](uint64_t v0, uint64_t v1) {
+      const uint64_t k0 = v0 / per_key, k1 = v1 / per_key;
+      const uint64_t q[2] = {k0 * s_.dk, k1 * s_.dk}, kk[2] = {s_.key_dim + q[0], s_.key_dim + q[1]};
+      const uint64_t vv[2] = {2 * s_.key_dim + v0 * s_.dv, 2 * s_.key_dim + v1 * s_.dv};
+      const uint64_t z0 = s_.conv_dim, b0 = z0 + s_.value_dim, a0 = b0 + s_.value_heads;
+      std::vector<Access> use = {
+          read(kProj, q[0] * 4, q[1] * 4),
+          read(kProj, kk[0] * 4, kk[1] * 4),
+          read(kProj, vv[0] * 4, vv[1] * 4),
+          read(kProj, (z0 + v0 * s_.dv) * 4, (z0 + v1 * s_.dv) * 4),
+          read(kProj, (b0 + v0) * 4, (b0 + v1) * 4),
+          read(kProj, (a0 + v0) * 4, (a0 + v1) * 4),
+          write(state, q[0] * s_.conv_taps * 4, q[1] * s_.conv_taps * 4),  // conv state: [channel][tap]
+          write(state, kk[0] * s_.conv_taps * 4, kk[1] * s_.conv_taps * 4),
+          write(state, vv[0] * s_.conv_taps * 4, vv[1] * s_.conv_taps * 4),
+          write(state, ssm_at + v0 * s_.dk * s_.dv * 4, ssm_at + v1 * s_.dk * s_.dv * 4),
+          write(kMixer, v0 * s_.dv * 4, v1 * s_.dv * 4)};
+      add(DecodeOp::deltanet_core, l, v0, v1 - v0, fmt::format("layer {} deltanet heads {}..{}", l, v0, v1),
+          {projected}, done, std::move(use));
+    });
+    return done;
+  }
+
+  // Attention: each split reads its part of the cache (the first also appends this token's k and
+  // v), all of q, k, v, and writes its partial outputs; the combine writes the gated output.
+  int32_t attention_core(int l, Wait projected) {
+    const int32_t split_done = counter(), done = counter();
+    const uint64_t row = 2 * s_.kv_width * 2, state = kLayerState + uint32_t(l);
+    const uint64_t partial = s_.heads * (uint64_t(c_.head_dim) + 2) * 4;
+    for (int sp = 0; sp < t_.attention_splits; ++sp) {
+      std::vector<Access> use = {read(kProj, 0, s_.attention_rows * 4), read(state, 0, kCacheRows * row),
+                                 read(kPosition, 0, 4), write(kPartials, sp * partial, (sp + 1) * partial)};
+      if (sp == 0) use.push_back(write(state, kCacheRows * row, (kCacheRows + 1) * row));
+      add(DecodeOp::attention_split, l, uint64_t(sp), 1, fmt::format("layer {} attention split {}", l, sp), {projected},
+          split_done, std::move(use));
+    }
+    add(DecodeOp::attention_combine, l, 0, 1, fmt::format("layer {} attention combine", l), {all_of(split_done)}, done,
+        {read(kPartials, 0, uint64_t(t_.attention_splits) * partial), read(kProj, 0, 2 * s_.q_width * 4),
+         write(kMixer, 0, s_.q_width * 4)});
+    return done;
+  }
+
+  // The MoE after out_proj; returns the wait for h with every slot's down added.
+  Wait moe(int l, Wait h_ready) {
+    const std::string at = fmt::format("layer {} ", l);
+    const int32_t normed = counter(), routed = counter(), chosen = counter(), down = counter();
+    add(DecodeOp::moe_norm, l, 0, 1, at + "moe_norm", {h_ready}, normed,
+        {read(kHidden, 0, s_.H * 4), write(kMoeInput, 0, s_.H * 4)});
+    tiles(s_.E + 1, t_.router_rows, [&](uint64_t r, uint64_t e) {
+      add(DecodeOp::router, l, r, e - r, at + fmt::format("router rows {}..{}", r, e), {all_of(normed)}, routed,
+          {read(kMoeInput, 0, s_.H * 4), write(kRouterLogits, r * 4, e * 4)});
+    });
+    add(DecodeOp::top_k, l, 0, 1, at + "top_k", {all_of(routed)}, chosen,
+        {read(kRouterLogits, 0, s_.E * 4), write(kTopK, 0, s_.k * 8)});
+    // Slots 0..k-1: the chosen experts; slot k: the shared expert (needs x, not the choice).
+    std::vector<int32_t> acted;
+    for (uint64_t slot = 0; slot <= s_.k; ++slot) {
+      const bool shared = slot == s_.k;
+      const int32_t act = counter();
+      acted.push_back(act);
+      tiles(s_.I, t_.expert_rows, [&](uint64_t r, uint64_t e) {
+        std::vector<Access> use = {read(kMoeInput, 0, s_.H * 4),
+                                   write(kAct, (slot * s_.I + r) * 4, (slot * s_.I + e) * 4)};
+        if (!shared) use.push_back(read(kTopK, 0, s_.k * 8));
+        add(DecodeOp::gate_up, l, r, e - r, at + fmt::format("gate_up slot {} rows {}..{}", slot, r, e),
+            {shared ? all_of(normed) : all_of(chosen)}, act, std::move(use));
+      });
+    }
+    for (uint64_t slot = 0; slot <= s_.k; ++slot) {
+      const bool shared = slot == s_.k;
+      const Wait act = all_of(acted[slot]);
+      tiles(s_.H, t_.down_rows, [&](uint64_t r, uint64_t e) {
+        std::vector<Access> use = {read(kAct, slot * s_.I * 4, (slot + 1) * s_.I * 4),
+                                   shared ? read(kRouterLogits, s_.E * 4, (s_.E + 1) * 4) : read(kTopK, 0, s_.k * 8),
+                                   accumulate(kHidden, r * 4, e * 4)};
+        std::vector<Wait> waits = {act};
+        if (shared) waits.push_back(all_of(routed));  // its gate is the router's last row
+        add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), std::move(waits),
+            down, std::move(use));
+      });
+    }
+    return all_of(down);
+  }
+
+  const ModelConfig& c_;
+  const DecodeTiling t_;
+  const Shape s_;
+  DecodeTasks out_;
+  size_t cursor_ = 0;
+  std::vector<uint32_t> producers_;  // by counter: the tasks that signal it so far
+};
+
+}  // namespace
+
+const char* op_name(DecodeOp op) {
+  switch (op) {
+    case DecodeOp::embed: return "embed";
+    case DecodeOp::in_proj: return "in_proj";
+    case DecodeOp::deltanet_core: return "deltanet_core";
+    case DecodeOp::attention_split: return "attention_split";
+    case DecodeOp::attention_combine: return "attention_combine";
+    case DecodeOp::out_proj: return "out_proj";
+    case DecodeOp::moe_norm: return "moe_norm";
+    case DecodeOp::router: return "router";
+    case DecodeOp::top_k: return "top_k";
+    case DecodeOp::gate_up: return "gate_up";
+    case DecodeOp::down: return "down";
+    case DecodeOp::lm_head: return "lm_head";
+    case DecodeOp::advance: return "advance";
+  }
+  return "?";
+}
+
+DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t) {
+  LILY_CHECK(t.blocks > 0 && t.in_proj_rows > 0 && t.out_proj_rows > 0 && t.router_rows > 0 && t.expert_rows > 0 &&
+                 t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_heads > 0 && t.attention_splits > 0,
+             "decode tasks: every tile size and the block count must be positive");
+  LILY_CHECK(c.num_layers > 0 && size_t(c.num_layers) == c.layer_types.size() && c.hidden_size > 0 &&
+                 c.num_experts > 0 && c.num_experts_per_tok > 0 && c.vocab_size > 0,
+             "decode tasks: config with {} layers ({} layer types), hidden {}, {} experts (top {}), vocabulary {}",
+             c.num_layers, c.layer_types.size(), c.hidden_size, c.num_experts, c.num_experts_per_tok, c.vocab_size);
+  if (c.num_layers_of(LayerKind::linear_attention) > 0) {
+    LILY_CHECK(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
+               "decode tasks: {} DeltaNet value heads over {} key heads", c.linear_num_value_heads,
+               c.linear_num_key_heads);
+    const int per_key = c.linear_num_value_heads / c.linear_num_key_heads;
+    LILY_CHECK(t.deltanet_heads % per_key == 0,
+               "decode tasks: DeltaNet tasks of {} value heads would split a key head's channels ({} value heads "
+               "a key head)",
+               t.deltanet_heads, per_key);
+  }
+  return Builder(c, t).build();
+}
+
+}  // namespace lily::cuda::persistent
