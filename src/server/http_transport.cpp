@@ -338,17 +338,23 @@ class Session final : public std::enable_shared_from_this<Session> {
     });
   }
 
-  // The reads' deadline: when it passes, the pending read is cancelled (its socket stays open,
-  // so that a request too slow to arrive is answered 408 before the connection closes).
-  // Beast's own stream timeout would close the socket first.
+  // The reads' deadline. When it passes, the receiving side of the socket is shut down: the read
+  // in progress, and any read after it, ends at once as end-of-file, so that a request too slow
+  // to arrive is answered 408 (read_failed) before the connection closes. A cancel alone is not
+  // enough: async_read_header is many reads, and a deadline that falls between two of them (a
+  // header line just read, its handler queued on the strand) cancels nothing. Beast's own
+  // stream timeout would close the socket, with no 408. A deadline re-armed after its timer
+  // fired but before its handler ran is recognised by its generation.
   void arm_deadline(double seconds) {
     stream_.expires_never();  // the last write's timeout does not apply to the reads
     deadline_hit_ = false;
+    const uint64_t generation = ++deadline_generation_;
     deadline_.expires_after(millis(seconds));
-    deadline_.async_wait([self = shared_from_this()](beast::error_code ec) {
-      if (ec) return;  // re-armed or cancelled
+    deadline_.async_wait([self = shared_from_this(), generation](beast::error_code ec) {
+      if (ec || generation != self->deadline_generation_) return;  // re-armed or cancelled
       self->deadline_hit_ = true;
       beast::error_code ignored;
+      self->stream_.socket().shutdown(tcp::socket::shutdown_receive, ignored);
       self->stream_.socket().cancel(ignored);
     });
   }
@@ -416,6 +422,7 @@ class Session final : public std::enable_shared_from_this<Session> {
   void on_body(beast::error_code ec);
 
   void read_failed(beast::error_code ec) {
+    ++deadline_generation_;
     deadline_.cancel();
     if (deadline_hit_) {
       return refuse(408,
@@ -474,12 +481,13 @@ class Session final : public std::enable_shared_from_this<Session> {
   std::optional<http::request_parser<http::string_body>> parser_;
   int fd_ = -1;
   // Strand only.
-  HttpRequest head_;           // the request being read
-  bool idle_ = true;           // waiting for the next request
-  bool body_unread_ = false;   // the request's body is still on the wire
-  bool head_request_ = false;  // HEAD: no body in the response
-  bool deadline_hit_ = false;  // the read was cancelled by its deadline
-  std::string inflight_;       // the bytes of the write in flight
+  HttpRequest head_;                  // the request being read
+  bool idle_ = true;                  // waiting for the next request
+  bool body_unread_ = false;          // the request's body is still on the wire
+  bool head_request_ = false;         // HEAD: no body in the response
+  bool deadline_hit_ = false;         // the read was cut by its deadline
+  uint64_t deadline_generation_ = 0;  // arm_deadline's count
+  std::string inflight_;              // the bytes of the write in flight
   Clock::time_point linger_deadline_;
   size_t lingered_ = 0;
   char discard_[16384];
@@ -528,6 +536,7 @@ class SessionExchange final : public Exchange {
 void Session::on_body(beast::error_code ec) {
   if (ec) return read_failed(ec);
   body_unread_ = false;
+  ++deadline_generation_;  // a deadline that fell while the body's handler was queued is void
   deadline_.cancel();
   HttpRequest request = std::move(head_);
   head_ = HttpRequest();
