@@ -90,14 +90,16 @@ class Builder {
     return int32_t(out_.list.counters++);
   }
 
-  void add(DecodeOp op, int layer, uint64_t first, uint64_t count, std::string name, std::vector<Wait> waits,
-           int32_t signal, std::vector<Access> accesses) {
+  Task& add(DecodeOp op, int layer, uint64_t first, uint64_t count, std::string name, std::vector<Wait> waits,
+            int32_t signal, std::vector<Access> accesses) {
     Task task;
     task.op = uint16_t(op), task.layer = uint16_t(layer), task.first = uint32_t(first), task.count = uint32_t(count);
     task.waits = std::move(waits), task.signal = signal, task.accesses = std::move(accesses);
     task.name = std::move(name);
-    out_.list.blocks[cursor_++ % out_.list.blocks.size()].push_back(std::move(task));
+    auto& block = out_.list.blocks[cursor_++ % out_.list.blocks.size()];
+    block.push_back(std::move(task));
     if (signal >= 0) ++producers_[signal];
+    return block.back();
   }
 
   // The wait for every task that signalled `counter` so far.
@@ -202,7 +204,8 @@ class Builder {
                                    write(kAct, (slot * s_.I + r) * 4, (slot * s_.I + e) * 4)};
         if (!shared) use.push_back(read(kTopK, 0, s_.k * 8));
         add(DecodeOp::gate_up, l, r, e - r, at + fmt::format("gate_up slot {} rows {}..{}", slot, r, e),
-            {shared ? all_of(normed) : all_of(chosen)}, act, std::move(use));
+            {shared ? all_of(normed) : all_of(chosen)}, act, std::move(use))
+            .slot = uint16_t(slot);
       });
     }
     for (uint64_t slot = 0; slot <= s_.k; ++slot) {
@@ -215,7 +218,8 @@ class Builder {
         std::vector<Wait> waits = {act};
         if (shared) waits.push_back(all_of(routed));  // its gate is the router's last row
         add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), std::move(waits),
-            down, std::move(use));
+            down, std::move(use))
+            .slot = uint16_t(slot);
       });
     }
     return all_of(down);
