@@ -11,8 +11,8 @@
 //                    model), else mma (the small test models)
 //   prefill rule     the token loop below 48 tokens, the chunked rule from there (measured:
 //                    docs/perf.md)
-//   short passes     fewer than 5 tokens run as that many decode steps (the captured graph):
-//                    a prefill pass costs 8.2 ms at 2 tokens and 8.9 at 4, a step 1.8 ms;
+//   short passes     one token runs as a decode step (the captured graph), from 2 tokens a
+//                    pass (2 tokens 3.0 ms, 4: 3.5, against 3.6 and 7.1 as decode steps);
 //                    passes of up to 32 tokens launch with PDL (-8% at 5 tokens, -6% at 16,
 //                    -2% at 32, but +3% at 47, +5% at 64, +2.5% at 4K) (H200, docs/perf.md)
 //   dense rows       passes of up to 16 tokens run the attention / DeltaNet projections as
@@ -65,7 +65,7 @@ struct DecodePlan {
 };
 
 struct PrefillPlan {
-  int decode_steps_below = 5;                     // forwards of 2 .. this - 1 tokens run as decode steps
+  int decode_steps_below = 2;                     // forwards of fewer tokens run as decode steps
   int programmatic_below = 33;                    // passes of fewer tokens launch with PDL (pdl_launch.cuh)
   int chunk_tokens = 8192;                        // tokens per pass
   int chunked_delta_rule_from = 48;               // passes of fewer tokens run the token loop
