@@ -1,0 +1,253 @@
+// test_gemm_w4_wgmma.cu: the wgmma W4A16 GEMM (backend/cuda/prefill/gemm_w4_wgmma.cu) against the
+// kernel's own arithmetic on the host, as test_gemm_q4.cu checks gemm_q4: x rounded to bf16,
+// every weight bf16(s*q + b), products summed in double; each output within 2e-4 * sum_k |x w|
+// (an indexing error is off by ~|y|, hundreds of times that). Outputs poisoned (NaN) first.
+// Edge sizes: tokens around the 64/128-token tiles (1, 63, 64, 65, 128, 129, 300), weight rows
+// around the 128-row (SwiGLU: 64-row) block (1, 127, 128, 129, 300), K of 1, 4 and 8 stages' worth
+// and past the ring (512, 2048, 4096); the grouped forms with empty, 1-row, full and split
+// experts and gathered rows. x_to_bf16_permuted against the host permutation, bit for bit.
+#include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/prefill/gemm_w4_wgmma.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
+
+#include <cstring>
+
+#include "base/bf16.h"
+#include "cuda_test_util.h"
+
+namespace lily::test {
+namespace {
+
+constexpr double kBound = 2e-4;  // of sum_k |x_k w_k|, per output
+
+// x as x_to_bf16_permuted writes it, into xp [T, K] on the device.
+void permute(const std::vector<float>& x, int T, int K, const DeviceArray<bf16>& xp) {
+  DeviceArray<float> dx(x);
+  cuda::x_to_bf16_permuted(dx.get(), xp.get(), T, K, nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+}
+
+enum class Mode { store, accumulate };
+
+void check_gemm(int N, int K, int T, Mode mode) {
+  SCOPED_TRACE(testing::Message() << "N " << N << " K " << K << " T " << T
+                                  << (mode == Mode::accumulate ? " accumulate" : ""));
+  const uint32_t seed = uint32_t(N * 7919 + K * 131 + T * 17);
+  TestQMatrix W(1, N, K, 4, seed);
+  const auto x = random_floats(size_t(T) * K, seed + 1);
+  const auto y0 = random_floats(size_t(T) * N, seed + 2);
+  Bf16Reference ref = bf16_reference(W, x, T);
+  std::vector<double> bound(ref.l1.size());
+  for (size_t i = 0; i < bound.size(); ++i) {
+    bound[i] = kBound * ref.l1[i];
+    if (mode == Mode::accumulate) ref.y[i] += y0[i], bound[i] += 1e-6 * std::fabs(y0[i]);
+  }
+  const DeviceArray<bf16> xp(size_t(T) * K);
+  permute(x, T, K, xp);
+  DeviceArray<float> dy(size_t(T) * N);
+  if (mode == Mode::accumulate) {
+    dy.upload(y0);
+    cuda::gemm_w4_wgmma_accumulate(W.gpu(), xp.get(), dy.get(), T, nullptr);
+  } else {
+    dy.poison();
+    cuda::gemm_w4_wgmma(W.gpu(), xp.get(), dy.get(), T, nullptr);
+  }
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_within(dy.download(), ref.y, bound);
+}
+
+void check_swiglu(int I, int K, int T) {
+  SCOPED_TRACE(testing::Message() << "swiglu I " << I << " K " << K << " T " << T);
+  const uint32_t seed = uint32_t(I * 31 + K * 7 + T);
+  TestQMatrix G(1, I, K, 4, seed), U(1, I, K, 4, seed + 1);
+  const auto x = random_floats(size_t(T) * K, seed + 2);
+  const Bf16Reference g = bf16_reference(G, x, T), u = bf16_reference(U, x, T);
+  std::vector<double> want(g.y.size()), bound(g.y.size());
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double sg = g.y[i] / (1.0 + std::exp(-g.y[i]));
+    want[i] = sg * u.y[i];
+    bound[i] = 1.1 * std::fabs(u.y[i]) * kBound * g.l1[i] + std::fabs(sg) * kBound * u.l1[i] +
+               1e-6 * std::fabs(want[i]);
+  }
+  const DeviceArray<bf16> xp(size_t(T) * K);
+  permute(x, T, K, xp);
+  DeviceArray<float> dy(want.size());
+  dy.poison();
+  cuda::gemm_w4_wgmma_swiglu(G.gpu(), U.gpu(), xp.get(), dy.get(), T, nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  expect_within(dy.download(), want, bound);
+}
+
+TEST(CudaGemmW4Wgmma, PermutesXExactly) {
+  REQUIRE_GPU();
+  for (int T : {1, 3, 65})
+    for (int K : {64, 512, 2048}) {
+      const auto x = random_floats(size_t(T) * K, uint32_t(T * 100 + K));
+      const DeviceArray<bf16> xp(size_t(T) * K);
+      permute(x, T, K, xp);
+      const std::vector<bf16> got = xp.download();
+      for (int t = 0; t < T; ++t)
+        for (int k = 0; k < K; ++k) {
+          const int src = k / 64 * 64 + cuda::w4_wgmma::k_of_column(k % 64);
+          ASSERT_EQ(got[size_t(t) * K + k].bits, to_bf16(x[size_t(t) * K + src]).bits) << "T " << T << " K " << K;
+        }
+    }
+}
+
+TEST(CudaGemmW4Wgmma, EdgeSizes) {
+  REQUIRE_GPU();
+  for (int T : {1, 63, 64, 65, 128, 129, 300})
+    for (int N : {1, 127, 128, 129, 300}) check_gemm(N, 512, T, Mode::store);
+}
+
+TEST(CudaGemmW4Wgmma, LongK) {
+  REQUIRE_GPU();
+  for (int T : {16, 65, 200}) {
+    check_gemm(257, 2048, T, Mode::store);
+    check_gemm(129, 4096, T, Mode::store);
+  }
+}
+
+TEST(CudaGemmW4Wgmma, Accumulate) {
+  REQUIRE_GPU();
+  for (int T : {1, 65, 130})
+    for (int N : {1, 129}) check_gemm(N, 1024, T, Mode::accumulate);
+}
+
+TEST(CudaGemmW4Wgmma, SwiGLU) {
+  REQUIRE_GPU();
+  for (int T : {1, 64, 65, 200})
+    for (int I : {1, 63, 64, 65, 130}) check_swiglu(I, 512, T);
+  check_swiglu(512, 2048, 130);
+}
+
+// Model shapes of one prefill chunk: in_proj_qkvz, out_proj (accumulate), shared expert.
+TEST(CudaGemmW4Wgmma, ModelShapes) {
+  REQUIRE_GPU();
+  check_gemm(12352, 2048, 256, Mode::store);
+  check_gemm(2048, 4096, 256, Mode::accumulate);
+  check_swiglu(512, 2048, 256);
+}
+
+// The grouped forms: experts of `counts[e]` positions each (expert-sorted), tiles of at most
+// tile_rows positions, position p reading x row gather[p] / div.
+void check_grouped(const std::vector<int>& counts, int N, int K, int tile_rows, int div, bool swiglu) {
+  SCOPED_TRACE(testing::Message() << "grouped N " << N << " K " << K << " tile " << tile_rows << " div " << div
+                                  << (swiglu ? " swiglu" : ""));
+  const int E = int(counts.size());
+  int positions = 0;
+  std::vector<int32_t> tiles;
+  std::vector<int> expert_of;
+  for (int e = 0; e < E; ++e) {
+    for (int first = 0; first < counts[e]; first += tile_rows)
+      tiles.insert(tiles.end(), {e, positions + first, positions + std::min(counts[e], first + tile_rows), 0});
+    for (int i = 0; i < counts[e]; ++i) expert_of.push_back(e);
+    positions += counts[e];
+  }
+  const int num_tiles = int(tiles.size() / 4), max_tiles = num_tiles + 3;  // blocks past the count exit
+  tiles.resize(size_t(max_tiles) * 4, 0);
+  const int rows_x = std::max(1, (positions + div - 1) / div);
+  std::vector<int32_t> gather(std::max(positions, 1));
+  std::mt19937 rng(uint32_t(positions * 13 + N));
+  for (auto& g : gather) g = int32_t(rng() % uint32_t(rows_x * div));
+  const uint32_t seed = uint32_t(N * 3 + K + positions);
+  TestQMatrix W(E, N, K, 4, seed), U(E, N, K, 4, seed + 1);
+  const auto x = random_floats(size_t(rows_x) * K, seed + 2);
+
+  // The reference, position by position against its expert's matrix.
+  std::vector<double> want(size_t(positions) * N), bound(want.size());
+  for (int e = 0; e < E; ++e) {
+    // one expert's matrices as single-entry TestQMatrix views are not needed: gather its rows
+    std::vector<float> xe;
+    std::vector<int> ps;
+    for (int p = 0; p < positions; ++p)
+      if (expert_of[p] == e) {
+        ps.push_back(p);
+        const int r = gather[p] / div;
+        xe.insert(xe.end(), x.begin() + size_t(r) * K, x.begin() + size_t(r + 1) * K);
+      }
+    if (ps.empty()) continue;
+    TestQMatrix We(1, N, K, 4, 0), Ue(1, N, K, 4, 0);
+    We.host.codes.assign(W.host.codes.begin() + size_t(e) * N * K / 8,
+                         W.host.codes.begin() + size_t(e + 1) * N * K / 8);
+    We.host.scales.assign(W.host.scales.begin() + size_t(e) * N * K / 64,
+                          W.host.scales.begin() + size_t(e + 1) * N * K / 64);
+    We.host.biases.assign(W.host.biases.begin() + size_t(e) * N * K / 64,
+                          W.host.biases.begin() + size_t(e + 1) * N * K / 64);
+    Ue.host.codes.assign(U.host.codes.begin() + size_t(e) * N * K / 8,
+                         U.host.codes.begin() + size_t(e + 1) * N * K / 8);
+    Ue.host.scales.assign(U.host.scales.begin() + size_t(e) * N * K / 64,
+                          U.host.scales.begin() + size_t(e + 1) * N * K / 64);
+    Ue.host.biases.assign(U.host.biases.begin() + size_t(e) * N * K / 64,
+                          U.host.biases.begin() + size_t(e + 1) * N * K / 64);
+    const Bf16Reference g = bf16_reference(We, xe, int(ps.size()));
+    const Bf16Reference u = swiglu ? bf16_reference(Ue, xe, int(ps.size())) : Bf16Reference{};
+    for (size_t i = 0; i < ps.size(); ++i)
+      for (int n = 0; n < N; ++n) {
+        const size_t at = i * N + n, out = size_t(ps[i]) * N + n;
+        if (!swiglu) {
+          want[out] = g.y[at], bound[out] = kBound * g.l1[at];
+          continue;
+        }
+        const double sg = g.y[at] / (1.0 + std::exp(-g.y[at]));
+        want[out] = sg * u.y[at];
+        bound[out] = 1.1 * std::fabs(u.y[at]) * kBound * g.l1[at] + std::fabs(sg) * kBound * u.l1[at] +
+                     1e-6 * std::fabs(want[out]);
+      }
+  }
+
+  const DeviceArray<bf16> xp(size_t(rows_x) * K);
+  permute(x, rows_x, K, xp);
+  DeviceArray<int32_t> dtiles(tiles), dcount(std::vector<int32_t>{num_tiles}), dgather(gather);
+  DeviceArray<float> dy(std::max<size_t>(want.size(), 1));
+  dy.poison();
+  cuda::GroupedTiles gt;
+  gt.tiles = dtiles.get(), gt.num_tiles = dcount.get(), gt.max_tiles = max_tiles, gt.tile_rows = tile_rows;
+  gt.gather = dgather.get(), gt.gather_div = div;
+  if (swiglu) cuda::gemm_w4_wgmma_grouped_swiglu(W.gpu(), U.gpu(), xp.get(), gt, dy.get(), nullptr);
+  else cuda::gemm_w4_wgmma_grouped(W.gpu(), xp.get(), gt, dy.get(), nullptr);
+  EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  if (positions == 0) return;
+  expect_within(dy.download(), want, bound);
+}
+
+TEST(CudaGemmW4Wgmma, Grouped) {
+  REQUIRE_GPU();
+  const std::vector<int> counts = {0, 1, 63, 64, 65, 130, 7};
+  for (int tile_rows : {16, 64})
+    for (bool swiglu : {false, true}) {
+      check_grouped(counts, swiglu ? 65 : 129, 512, tile_rows, 1, swiglu);
+      check_grouped(counts, swiglu ? 64 : 128, 2048, tile_rows, 8, swiglu);  // 8 positions a token (top-8)
+    }
+  check_grouped({128, 0, 128, 3}, 2048, 512, 64, 8, false);  // the experts' down shape
+}
+
+// Rows and tokens past the output must not be touched: y is a window into a larger buffer.
+TEST(CudaGemmW4Wgmma, WritesOnlyItsRows) {
+  REQUIRE_GPU();
+  for (int T : {3, 70, 129}) {
+    const int N = 130, K = 512;
+    TestQMatrix W(1, N, K, 4, 5);
+    const auto x = random_floats(size_t(T) * K, 6);
+    const DeviceArray<bf16> xp(size_t(T) * K);
+    permute(x, T, K, xp);
+    DeviceArray<float> dy(size_t(T) * N + 64);
+    dy.upload(std::vector<float>(dy.size(), 12345.f));
+    cuda::gemm_w4_wgmma(W.gpu(), xp.get(), dy.get(), T, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = dy.download();
+    for (size_t i = size_t(T) * N; i < got.size(); ++i) ASSERT_EQ(got[i], 12345.f) << "T " << T << " index " << i;
+  }
+}
+
+TEST(CudaGemmW4Wgmma, RefusesWhatItDoesNotTake) {
+  REQUIRE_GPU();
+  TestQMatrix W(1, 8, 448, 4, 1);  // 448 columns: not a multiple of 512
+  EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(W.gpu()));
+  EXPECT_THROW(cuda::gemm_w4_wgmma(W.gpu(), nullptr, nullptr, 1, nullptr), Error);
+  TestQMatrix W8(1, 8, 512, 8, 1);
+  EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(W8.gpu()));
+}
+
+}  // namespace
+}  // namespace lily::test
