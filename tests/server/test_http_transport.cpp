@@ -42,6 +42,17 @@ class EchoHandler final : public RequestHandler {
   std::atomic<int> handled{0};
 };
 
+// An HttpTransport on a free port of 127.0.0.1 with the EchoHandler, stopped when it goes.
+struct EchoServer {
+  EchoServer(const TransportLimits& limits, int threads) : transport("127.0.0.1", 0, limits, handler) {
+    transport.start(threads);
+  }
+  ~EchoServer() { transport.stop(); }
+  int port() const { return transport.port(); }
+  EchoHandler handler;
+  HttpTransport transport;
+};
+
 int connect_to(int port) {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
   sockaddr_in a{};
@@ -95,12 +106,10 @@ Reply trickle(int port, const std::string& first, const std::string& line, std::
 std::string status_line(const std::string& data) { return data.substr(0, data.find("\r\n")); }
 
 TEST(HttpTransport, EveryTrickledRequestIsCutAtItsDeadlineWith408) {
-  EchoHandler handler;
   TransportLimits limits;
   limits.read_timeout = 0.2;
   limits.max_header_bytes = 4 << 20;  // the header limit must not be what ends the request
-  HttpTransport transport("127.0.0.1", 0, limits, handler);
-  transport.start(2);
+  EchoServer server(limits, 2);
   // Header lines every 100-400 us from 24 clients at once: the deadline falls while a line is
   // being read, again and again.
   constexpr int kClients = 24;
@@ -108,7 +117,7 @@ TEST(HttpTransport, EveryTrickledRequestIsCutAtItsDeadlineWith408) {
   std::vector<std::thread> clients;
   for (int c = 0; c < kClients; ++c) {
     clients.emplace_back([&, c] {
-      replies[size_t(c)] = trickle(transport.port(), "GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n", "X-Slow: 1\r\n",
+      replies[size_t(c)] = trickle(server.port(), "GET /slow HTTP/1.1\r\nHost: 127.0.0.1\r\n", "X-Slow: 1\r\n",
                                    std::chrono::microseconds(100 + 100 * (c % 4)), std::chrono::seconds(4));
     });
   }
@@ -120,18 +129,15 @@ TEST(HttpTransport, EveryTrickledRequestIsCutAtItsDeadlineWith408) {
     EXPECT_LT(r.seconds, 2.0) << "client " << c;
     EXPECT_NE(r.data.find("within 0.2 s of its first byte"), std::string::npos) << r.data;
   }
-  EXPECT_EQ(handler.handled, 0);
-  transport.stop();
+  EXPECT_EQ(server.handler.handled, 0);
 }
 
 TEST(HttpTransport, ARequestInTimeIsAnsweredAndItsConnectionKept) {
-  EchoHandler handler;
   TransportLimits limits;
   limits.read_timeout = 0.3;
   limits.idle_timeout = 2;
-  HttpTransport transport("127.0.0.1", 0, limits, handler);
-  transport.start(2);
-  const int fd = connect_to(transport.port());
+  EchoServer server(limits, 2);
+  const int fd = connect_to(server.port());
   for (int i = 0; i < 3; ++i) {
     // The request in two parts, 100 ms apart: within its deadline.
     const std::string head = "GET /r" + std::to_string(i) + " HTTP/1.1\r\nHost: 127.0.0.1\r\n";
@@ -155,21 +161,17 @@ TEST(HttpTransport, ARequestInTimeIsAnsweredAndItsConnectionKept) {
     std::this_thread::sleep_for(std::chrono::milliseconds(400));
   }
   close(fd);
-  EXPECT_EQ(handler.handled, 3);
-  transport.stop();
+  EXPECT_EQ(server.handler.handled, 3);
 }
 
 TEST(HttpTransport, AnIdleConnectionIsClosedWithoutAResponse) {
-  EchoHandler handler;
   TransportLimits limits;
   limits.idle_timeout = 0.2;
-  HttpTransport transport("127.0.0.1", 0, limits, handler);
-  transport.start(1);
-  const Reply r = trickle(transport.port(), "", "", std::chrono::seconds(10), std::chrono::seconds(3));
+  EchoServer server(limits, 1);
+  const Reply r = trickle(server.port(), "", "", std::chrono::seconds(10), std::chrono::seconds(3));
   EXPECT_TRUE(r.closed);
   EXPECT_EQ(r.data, "");
   EXPECT_LT(r.seconds, 2.0);
-  transport.stop();
 }
 
 }  // namespace
