@@ -139,10 +139,13 @@ LILY_AVX512 void unpack_params(const bf16* params, int64_t groups, float* out) {
     const __mmask8 mask = __mmask8((1u << n) - 1u);
     __m512i z[4], d[4];
     for (int m = 0; m < 4; ++m) {
-      __m512i v = _mm512_setzero_si512();
-      for (int q = 0; q < 4; ++q)
-        v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, params + (4 * q + m) * groups + g0), q);
-      z[m] = v;
+      // rows m, 4 + m, 8 + m, 12 + m into lanes 0..3 (immediates spelled out: -O2 does not unroll)
+      const bf16* r = params + m * groups + g0;
+      const int64_t q = 4 * groups;
+      __m512i v = _mm512_zextsi128_si512(_mm_maskz_loadu_epi16(mask, r));
+      v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, r + q), 1);
+      v = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, r + 2 * q), 2);
+      z[m] = _mm512_inserti32x4(v, _mm_maskz_loadu_epi16(mask, r + 3 * q), 3);
     }
     transpose_dwords(z, d);
     for (int64_t p = 0; 2 * p < n; ++p) {
