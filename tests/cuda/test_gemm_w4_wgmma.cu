@@ -3,9 +3,9 @@
 // every weight bf16(s*q + b), products summed in double; each output within 2e-4 * sum_k |x w|
 // (an indexing error is off by ~|y|, hundreds of times that). Outputs poisoned (NaN) first.
 // Edge sizes: tokens around the 64/128-token tiles (1, 63, 64, 65, 128, 129, 300), weight rows
-// around the 128-row (SwiGLU: 64-row) block (1, 127, 128, 129, 300), K of 1, 4 and 8 stages' worth
-// and past the ring (512, 2048, 4096); the grouped forms with empty, 1-row, full and split
-// experts and gathered rows. x_to_bf16_permuted against the host permutation, bit for bit.
+// around the 128-row (SwiGLU: 64-row) block (1, 127, 128, 129, 300), K of 1 to 9 groups (the
+// scales copied plainly below 8 or off a multiple of 8) and 8, 32 and 64 groups (past the ring); the grouped forms with
+// empty, 1-row, full and split experts and gathered rows. x_to_bf16_permuted against the host permutation, bit for bit.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/prefill/gemm_w4_wgmma.h"
 #include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
@@ -98,6 +98,15 @@ TEST(CudaGemmW4Wgmma, EdgeSizes) {
   REQUIRE_GPU();
   for (int T : {1, 63, 64, 65, 128, 129, 300})
     for (int N : {1, 127, 128, 129, 300}) check_gemm(N, 512, T, Mode::store);
+}
+
+// K of 1 to 7 groups and past 8 without being a multiple: the scales' plain-copy path (tiny
+// models: hidden 256, expert intermediate 128).
+TEST(CudaGemmW4Wgmma, ShortAndOddK) {
+  REQUIRE_GPU();
+  for (int K : {64, 128, 256, 448, 576})
+    for (int T : {1, 65, 130}) check_gemm(129, K, T, Mode::store);
+  check_swiglu(65, 256, 70);
 }
 
 TEST(CudaGemmW4Wgmma, LongK) {
@@ -220,6 +229,8 @@ TEST(CudaGemmW4Wgmma, Grouped) {
       check_grouped(counts, swiglu ? 64 : 128, 2048, tile_rows, 8, swiglu);  // 8 positions a token (top-8)
     }
   check_grouped({128, 0, 128, 3}, 2048, 512, 64, 8, false);  // the experts' down shape
+  check_grouped(counts, 65, 256, 64, 8, true);               // tiny models: hidden 256,
+  check_grouped(counts, 256, 128, 64, 1, false);             // expert intermediate 128
 }
 
 // Rows and tokens past the output must not be touched: y is a window into a larger buffer.
@@ -242,9 +253,14 @@ TEST(CudaGemmW4Wgmma, WritesOnlyItsRows) {
 
 TEST(CudaGemmW4Wgmma, RefusesWhatItDoesNotTake) {
   REQUIRE_GPU();
-  TestQMatrix W(1, 8, 448, 4, 1);  // 448 columns: not a multiple of 512
-  EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(W.gpu()));
-  EXPECT_THROW(cuda::gemm_w4_wgmma(W.gpu(), nullptr, nullptr, 1, nullptr), Error);
+  TestQMatrix W(1, 8, 128, 4, 1);
+  cuda::QMatrix odd = W.gpu();
+  odd.cols = 96;  // not a multiple of the group
+  EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(odd));
+  EXPECT_THROW(cuda::gemm_w4_wgmma(odd, nullptr, nullptr, 1, nullptr), Error);
+  cuda::QMatrix group32 = W.gpu();
+  group32.group_size = 32;
+  EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(group32));
   TestQMatrix W8(1, 8, 512, 8, 1);
   EXPECT_FALSE(cuda::gemm_w4_wgmma_supports(W8.gpu()));
 }

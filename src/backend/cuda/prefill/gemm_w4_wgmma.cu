@@ -5,7 +5,7 @@
 //   y[t, n] (+)= sum_k x[t, k] * W[n, k],   W[n, k] = scale[n, k/64] * q[n, k] + bias[n, k/64]
 // As wgmma computes it: y^T = W x^T, M = weight rows, N = tokens, K = columns.
 // Shapes:   xp [T, K] bf16 in the K order of gemm_w4_wgmma_layout.h (x_to_bf16_permuted) ·
-//           W [E, rows, K] 4-bit mlx codes, group 64, K a multiple of 512 · y [T, rows] fp32
+//           W [E, rows, K] 4-bit mlx codes, group 64, K a multiple of 64 · y [T, rows] fp32
 //           (or [T, I] of silu(G x) * U x for the SwiGLU form).
 // Numerics: gemm_q4's: w -> bf16 with one rounding (bf16x2 FMA of the exact code q with the bf16
 //           scale and bias), x bf16, fp32 accumulation; only the order of the sums differs.
@@ -14,7 +14,8 @@
 //           consumer 1 the same rows of U) and NT tokens (64 or 128), over K groups of 64 columns.
 // Pipeline: kStages stages in shared memory, each one K group: the B tile (NT tokens x 128 bytes,
 //           swizzled, 1024-aligned) and the codes of the block's 128 rows (32 bytes each). The
-//           scales and biases of all the block's rows and groups are copied once, with stage 0.
+//           scales and biases of all the block's rows and groups are copied once, with stage 0
+//           (16-byte cp.async where a row's are whole pieces, K a multiple of 512; else plain).
 //           The producer's threads fill a stage with 16-byte cp.async (x rows gathered for the
 //           experts; rows past the end zero-filled), and kLag stages later, once their copies have
 //           landed, make them visible to the async proxy (fence.proxy.async) and arrive on the
@@ -218,7 +219,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
     for (int kt = 0; kt < G; ++kt) {
       const int st = kt % kStages;
       if (kt >= kStages) mbarrier_wait(empty + st, ((kt / kStages) - 1) & 1);
-      if (kt == 0) {  // the scales and biases of every row and group, with stage 0
+      if (kt == 0 && G % 8 == 0) {  // the scales and biases of every row and group, with stage 0
         const int per_row = G / 8;
         for (int j = pt; j < kRows * per_row; j += 128) {
           const int lr = j / per_row, part = j % per_row;
@@ -226,6 +227,14 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
           const int64_t row = global_row(lr, mi);
           cp_async16(sc + lr * G + part * 8, (mi ? p.scales[1] : p.scales[0]) + row * G + part * 8);
           cp_async16(bi + lr * G + part * 8, (mi ? p.biases[1] : p.biases[0]) + row * G + part * 8);
+        }
+      } else if (kt == 0) {  // rows not of 16-byte pieces (K < 512 or not a multiple): plain copies
+        for (int j = pt; j < kRows * G; j += 128) {
+          const int lr = j / G, g = j % G;
+          int mi;
+          const int64_t row = global_row(lr, mi);
+          sc[lr * G + g] = (mi ? p.scales[1] : p.scales[0])[row * G + g];
+          bi[lr * G + g] = (mi ? p.biases[1] : p.biases[0])[row * G + g];
         }
       }
 #pragma unroll
@@ -334,7 +343,7 @@ __global__ void x_to_bf16_permuted_kernel(const float* __restrict__ x, uint4* __
 // ---- Host side -------------------------------------------------------------------------------
 
 void check_matrix(const QMatrix& m, const char* what) {
-  LILY_CHECK(gemm_w4_wgmma_supports(m), "{}: [{}, {}] q{} group {} (4 bits, group 64, cols a multiple of 512)", what,
+  LILY_CHECK(gemm_w4_wgmma_supports(m), "{}: [{}, {}] q{} group {} (4 bits, group 64, cols a multiple of 64)", what,
              m.rows, m.cols, m.bits, m.group_size);
 }
 
@@ -396,7 +405,7 @@ void grouped(const QMatrix& W, const QMatrix* U, const bf16* xp, const GroupedTi
 }  // namespace
 
 bool gemm_w4_wgmma_supports(const QMatrix& W) {
-  return W.bits == 4 && W.group_size == 64 && W.rows > 0 && W.cols > 0 && W.cols % 512 == 0;
+  return W.bits == 4 && W.group_size == 64 && W.rows > 0 && W.cols > 0 && W.cols % kGroup == 0;
 }
 
 void x_to_bf16_permuted(const float* x, bf16* xp, int T, int K, cudaStream_t stream) {

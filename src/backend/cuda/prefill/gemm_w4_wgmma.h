@@ -11,8 +11,8 @@
 
 namespace lily::cuda {
 
-// Whether the wgmma kernels take W: 4 bits, group 64, cols a multiple of 512 (each row's scales
-// are copied in 16-byte pieces), and a device of compute capability 9.0.
+// Whether the wgmma kernels take W: 4 bits, group 64, cols a multiple of 64 (sm_90a only: the
+// caller checks the device).
 bool gemm_w4_wgmma_supports(const QMatrix& W);
 
 // xp[t, 64 g + c] = bf16(x[t, 64 g + k(c)])  (k(c): w4_wgmma::k_of_column)   x: [T, K] fp32, xp: [T, K]
