@@ -86,10 +86,25 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_FALSE(plan.prefill.dense_rows(17));
   EXPECT_EQ(plan.prefill.moe_experts(16), cuda::MoeExpertKernels::rows);
   EXPECT_EQ(plan.prefill.moe_experts(17), cuda::MoeExpertKernels::gemm);
+  EXPECT_EQ(plan.prefill.moe_experts(511), cuda::MoeExpertKernels::gemm);
+  EXPECT_EQ(plan.prefill.moe_experts(512), cuda::MoeExpertKernels::wgmma);
+  EXPECT_FALSE(plan.prefill.wgmma(255));
+  EXPECT_TRUE(plan.prefill.wgmma(256));
   const std::string text = plan.describe();
+  EXPECT_NE(text.find("rms_norm + gemm_w4_wgmma projections"), std::string::npos) << text;
   EXPECT_NE(text.find("254 launches"), std::string::npos) << text;
   EXPECT_NE(text.find("prefetch_rms_norm_gemv [12352, 2048] q4"), std::string::npos) << text;
   EXPECT_NE(text.find("moe_gate_up_staged"), std::string::npos) << text;
+}
+
+// Before Hopper (no wgmma) every prefill product stays on gemm_q4.
+TEST(KernelPlan, NoWgmmaBeforeHopper) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  const Weights w(c);
+  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, cuda::DeviceLimits{108, 80}, 8192);
+  EXPECT_FALSE(plan.prefill.wgmma(8192));
+  EXPECT_EQ(plan.prefill.moe_experts(8192), cuda::MoeExpertKernels::gemm);
+  EXPECT_NE(plan.describe().find("rms_norm + gemm_q4"), std::string::npos) << plan.describe();
 }
 
 // On a device with fewer SMs a block holds more rows: past its shared memory, the input
@@ -118,6 +133,7 @@ TEST(KernelPlan, EightBitPartsTakeTheFp32Kernel) {
   EXPECT_EQ(plan.decode.lm_head.kernel, GemvKernel::fp32);
   EXPECT_EQ(plan.decode.launches(), 254 + 30 * 3);
   EXPECT_FALSE(plan.prefill.dense_rows(1));  // no fused DeltaNet input matrix: gemm_q4 at every length
+  EXPECT_FALSE(plan.prefill.wgmma(8192));    // nor wgmma: it takes 4-bit matrices only
 }
 
 // lily-tiny's geometry (hidden 256, 16 experts of 128): gate/up on the mma kernel.

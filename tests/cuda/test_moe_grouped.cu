@@ -138,7 +138,10 @@ TEST(CudaMoeGrouped, Plan) {
 void check_experts(const TestMoe& m, int T, int k, Load load,
                    cuda::MoeExpertKernels kernels = cuda::MoeExpertKernels::gemm) {
   SCOPED_TRACE(testing::Message() << "E " << m.E << " H " << m.H << " I " << m.I << " T " << T << " k " << k << " load "
-                                  << int(load) << (kernels == cuda::MoeExpertKernels::rows ? " rows" : ""));
+                                  << int(load)
+                                  << (kernels == cuda::MoeExpertKernels::rows    ? " rows"
+                                      : kernels == cuda::MoeExpertKernels::wgmma ? " wgmma"
+                                                                                 : ""));
   const uint32_t seed = uint32_t(T * 7 + k + int(load) * 1000);
   const auto x = random_floats(static_cast<size_t>(T) * m.H, seed);
   const auto ids = make_ids(T, k, m.E, load, seed + 1);
@@ -198,6 +201,20 @@ TEST(CudaMoeGrouped, ModelWidths) {
   check_experts(full, 300, 8, Load::one_dominant);
 }
 
+// The experts on the wgmma GEMMs (64-position tiles): the checks of ExpertsUnevenLoads and
+// ModelWidths, I from one K group (64) up.
+TEST(CudaMoeGrouped, ExpertsOnWgmma) {
+  REQUIRE_GPU();
+  const auto wgmma = cuda::MoeExpertKernels::wgmma;
+  const TestMoe small(16, 128, 64, 128, 11), wide(256, 128, 192, 64, 12), full(32, 2048, 512, 512, 13);
+  for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
+    for (int T : {1, 17, 64, 65, 300}) check_experts(small, T, 4, load, wgmma);
+  for (Load load : {Load::uniform, Load::one_dominant})
+    for (int T : {1, 17, 300}) check_experts(wide, T, 8, load, wgmma);
+  check_experts(full, 65, 8, Load::uniform, wgmma);
+  check_experts(full, 300, 8, Load::one_dominant, wgmma);
+}
+
 // Routing included (the fp32-accurate router, gemm_exact), against cpu::sparse_moe. The router's
 // scale spreads the logits; tokens whose experts still differ are reported and skipped (a
 // near-tie, not an error), and must be rare.
@@ -209,41 +226,42 @@ TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
   ModelConfig c;
   c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = I;
   c.shared_expert_intermediate_size = Is;
-  for (int T : {1, 17, 65, 300}) {
-    SCOPED_TRACE(testing::Message() << "T " << T);
-    const auto x = random_floats(static_cast<size_t>(T) * H, uint32_t(T + 5));
-    std::vector<float> expected(static_cast<size_t>(T) * H);
-    cpu::sparse_moe(cw, c, x.data(), T, expected.data());
+  for (int T : {1, 17, 65, 300})
+    for (auto kernels : {cuda::MoeExpertKernels::gemm, cuda::MoeExpertKernels::wgmma}) {
+      SCOPED_TRACE(testing::Message() << "T " << T << (kernels == cuda::MoeExpertKernels::wgmma ? " wgmma" : ""));
+      const auto x = random_floats(static_cast<size_t>(T) * H, uint32_t(T + 5));
+      std::vector<float> expected(static_cast<size_t>(T) * H);
+      cpu::sparse_moe(cw, c, x.data(), T, expected.data());
 
-    const cuda::GpuMoe w = m.gpu();
-    DeviceArray<float> dx(x), dout(static_cast<size_t>(T) * H);
-    CUDA_OK(cudaMemset(dout.get(), 0, dout.size() * sizeof(float)));
-    DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k));
-    scratch.poison();
-    cuda::moe_grouped_accumulate(w, dx.get(), T, k, scratch.get(), dout.get(), nullptr);
-    CUDA_OK(cudaDeviceSynchronize());
-    const auto got = dout.download();
+      const cuda::GpuMoe w = m.gpu();
+      DeviceArray<float> dx(x), dout(static_cast<size_t>(T) * H);
+      CUDA_OK(cudaMemset(dout.get(), 0, dout.size() * sizeof(float)));
+      DeviceArray<uint8_t> scratch(cuda::moe_grouped_scratch_bytes(w, T, k));
+      scratch.poison();
+      cuda::moe_grouped_accumulate(w, dx.get(), T, k, scratch.get(), dout.get(), nullptr, 0, nullptr, kernels);
+      CUDA_OK(cudaDeviceSynchronize());
+      const auto got = dout.download();
 
-    // Per token: a token whose output is far off had an expert flip (near-tie); count those.
-    int skipped = 0;
-    double diff = 0, ref = 0;
-    for (int t = 0; t < T; ++t) {
-      double d = 0, r = 0;
-      for (int h = 0; h < H; ++h) {
-        d = std::max(d,
-                     double(std::fabs(got[static_cast<size_t>(t) * H + h] - expected[static_cast<size_t>(t) * H + h])));
-        r = std::max(r, double(std::fabs(expected[static_cast<size_t>(t) * H + h])));
+      // Per token: a token whose output is far off had an expert flip (near-tie); count those.
+      int skipped = 0;
+      double diff = 0, ref = 0;
+      for (int t = 0; t < T; ++t) {
+        double d = 0, r = 0;
+        for (int h = 0; h < H; ++h) {
+          d = std::max(
+              d, double(std::fabs(got[static_cast<size_t>(t) * H + h] - expected[static_cast<size_t>(t) * H + h])));
+          r = std::max(r, double(std::fabs(expected[static_cast<size_t>(t) * H + h])));
+        }
+        if (std::isnan(d) || d > 5 * kTolerance * r) {
+          ++skipped;
+          continue;
+        }
+        diff = std::max(diff, d), ref = std::max(ref, r);
       }
-      if (std::isnan(d) || d > 5 * kTolerance * r) {
-        ++skipped;
-        continue;
-      }
-      diff = std::max(diff, d), ref = std::max(ref, r);
+      EXPECT_LE(skipped, std::max(1, T / 50)) << "tokens far from the CPU result (expert flips?)";
+      // Two bf16 roundings of the inputs (x into gate/up, act into down) against fp32 throughout.
+      EXPECT_LT(diff, 2 * kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
     }
-    EXPECT_LE(skipped, std::max(1, T / 50)) << "tokens far from the CPU result (expert flips?)";
-    // Two bf16 roundings of the inputs (x into gate/up, act into down) against fp32 throughout.
-    EXPECT_LT(diff, 2 * kTolerance * ref) << "max |gpu - cpu| / max |cpu| = " << diff / ref;
-  }
 }
 
 // The route of a short pass in one launch (decode/moe_route_rows.h): x, logits and the shared

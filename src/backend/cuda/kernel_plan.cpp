@@ -9,6 +9,7 @@
 #include "backend/cuda/decode/moe_route_rows.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma.h"
 #include "base/error.h"
 
 namespace lily::cuda {
@@ -103,6 +104,26 @@ bool dense_rows_take(const GpuWeights& w) {
   return true;
 }
 
+// Whether every projection a prefill pass runs on a GEMM (the attention and DeltaNet inputs and
+// outputs, the routed and shared experts) is one the wgmma GEMM takes.
+bool wgmma_takes(const GpuWeights& w) {
+  for (const GpuLayer& layer : w.layers) {
+    std::vector<const QMatrix*> m;
+    if (layer.kind == LayerKind::full_attention) {
+      const GpuAttention& a = layer.attention;
+      m = {&a.q_proj, &a.k_proj, &a.v_proj, &a.o_proj};
+    } else {
+      const GpuDeltaNet& d = layer.deltanet;
+      m = {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj};
+    }
+    const GpuMoe& e = layer.moe;
+    m.insert(m.end(), {&e.experts_gate, &e.experts_up, &e.experts_down, &e.shared_gate, &e.shared_up});
+    for (const QMatrix* W : m)
+      if (!gemm_w4_wgmma_supports(*W)) return false;
+  }
+  return true;
+}
+
 }  // namespace
 
 int DecodePlan::launches() const {
@@ -131,6 +152,10 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
     return moe_rows_supports(layer.moe) && moe_route_rows_supports(layer.moe);
   });
   plan.prefill.moe_rows_up_to = moe_rows ? kGemvRowsMaxT : 0;
+  if (device.compute_capability == 90 && wgmma_takes(w)) {
+    plan.prefill.wgmma_from = 256;  // measured: below, out_proj [2048, 4096] is slower than on gemm_q4's split K
+    plan.prefill.wgmma_experts_from = 512;
+  }
   AttentionParams attention;
   attention.num_heads = c.num_attention_heads, attention.num_kv_heads = c.num_key_value_heads;
   plan.prefill.attention = attention_prefill_supports(AttentionPrefillKernel::flash, attention)
@@ -159,19 +184,23 @@ std::string KernelPlan::describe() const {
   out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
                      format_of(decode.lm_head.W));
   out += fmt::format(
-      "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + gemm_q4 projections "
-      "(split K on small grids; gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "
+      "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + {} projections "
+      "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "
       "else {}; DeltaNet {} up to {} "
       "tokens, {} below {} "
       "tokens, else {}; MoE "
       "gemm_exact router, moe_topk, "
       "moe_plan, "
-      "grouped gemm_q4 experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
-      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below, prefill.dense_rows_up_to,
-      prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::simple), prefill.simple_attention_up_to,
-      kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows), prefill.deltanet_rows_up_to,
-      kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
-      kernel_name(DeltaRulePrefill::chunked));
+      "grouped {} experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
+      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
+      prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
+      prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::simple),
+      prefill.simple_attention_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
+      prefill.deltanet_rows_up_to, kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
+      kernel_name(DeltaRulePrefill::chunked),
+      prefill.wgmma_experts_from < PrefillPlan::kNever
+          ? fmt::format("gemm_w4_wgmma from {} tokens, else gemm_q4", prefill.wgmma_experts_from)
+          : std::string("gemm_q4"));
   return out;
 }
 

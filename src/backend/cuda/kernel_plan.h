@@ -21,6 +21,13 @@
 //   MoE rows         and the MoE block as moe_rows_accumulate (moe_grouped.h: the route in one
 //                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
+//   prefill GEMM     the projections of passes of 256 tokens and more: wgmma (gemm_w4_wgmma.h)
+//                    on an sm_90 device where every one of them is 4-bit group 64 (2.5x gemm_q4 on
+//                    the input projections at 4K; below 256 tokens out_proj is slower than
+//                    gemm_q4's split K), else mma.sync (gemm_q4.h); the routed and shared experts
+//                    on wgmma from 512 tokens (their 64-token tiles match gemm_q4 at 512, 1.1-2x
+//                    at 4K); the router and the shared expert's gate (8-bit) stay on gemm_exact /
+//                    gemm_q4 (H200, docs/perf.md)
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel;
 //                    passes of up to 32 tokens the simple kernel (a block a token and KV head:
 //                    32 blocks at 16 tokens where flash has 4 of 64 query rows)
@@ -74,12 +81,17 @@ struct PrefillPlan {
   int moe_rows_up_to = 0;                         // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
   int simple_attention_up_to = 32;  // passes of at most this many tokens: the simple kernel
+  int wgmma_from = kNever;          // passes of at least this many tokens: the projections on wgmma
+  int wgmma_experts_from = kNever;  //   and the experts
+  static constexpr int kNever = 1 << 30;
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
+  bool wgmma(int T) const { return T >= wgmma_from; }
   AttentionPrefillKernel attention_kernel(int T) const {
     return T <= simple_attention_up_to ? AttentionPrefillKernel::simple : attention;
   }
   MoeExpertKernels moe_experts(int T) const {
-    return T <= moe_rows_up_to ? MoeExpertKernels::rows : MoeExpertKernels::gemm;
+    if (T <= moe_rows_up_to) return MoeExpertKernels::rows;
+    return T >= wgmma_experts_from ? MoeExpertKernels::wgmma : MoeExpertKernels::gemm;
   }
   DeltaRulePrefill delta_rule(int T) const {
     if (T <= deltanet_rows_up_to) return DeltaRulePrefill::rows;

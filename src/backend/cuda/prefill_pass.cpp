@@ -3,7 +3,7 @@
 //
 //   h = embed[tokens]
 //   per layer:  x = RMSNorm(h)                                          rms_norm
-//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm_q4 x4
+//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm_q4 (or gemm_w4_wgmma) x4
 //                          y = gated_deltanet(qkv, z, b, a)             gated_deltanet_prefill
 //                          h += y @ out_proj^T                          gemm_q4_accumulate
 //               attention: q,gate, k, v = x @ W^T                       gemm_q4 x3
@@ -12,7 +12,8 @@
 //               h += experts(RMSNorm(h)) + shared(RMSNorm(h))           rms_norm, moe_grouped_accumulate
 //   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
 //                                                                       rms_norm, gemm_q4 (64 at a time)
-// The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h); the router is fp32-accurate
+// The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h; on sm_90a the plan's longer passes run
+// gemm_w4_wgmma.h, x converted to bf16 once per input and read by all its products); the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
 // blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
 // plan's dense_rows_up_to tokens run the attention / DeltaNet projections as few-row GEMVs
@@ -33,6 +34,7 @@
 #include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
 #include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma.h"
 #include "backend/cuda/prefill/moe_grouped.h"
 
 namespace lily::cuda {
@@ -58,6 +60,8 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
   k_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
   v_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
   mixer_out_ = DeviceBuffer(T * std::max<uint64_t>(value_dim, c_.attention_q_width()) * 4);
+  if (plan.prefill.wgmma_from <= plan.prefill.chunk_tokens)
+    xp_ = DeviceBuffer(T * std::max({H, value_dim, uint64_t(c_.attention_q_width())}) * 2);
   moe_scratch_ = DeviceBuffer(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c_.num_experts_per_tok));
   for (const GpuLayer& layer : w.layers)  // the chunked form's is the larger
     if (layer.kind == LayerKind::linear_attention) {
@@ -107,9 +111,10 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
     rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
     // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
     phases::mark("attention.qkv_proj", stream_);
-    gemm_q4(a.q_proj, x, wide_.as<float>(), T, stream_, split_.get());
-    gemm_q4(a.k_proj, x, k_.as<float>(), T, stream_, split_.get());
-    gemm_q4(a.v_proj, x, v_.as<float>(), T, stream_, split_.get());
+    const GemmInput in = gemm_input(x, T, c_.hidden_size);
+    gemm(a.q_proj, in, wide_.as<float>(), T);
+    gemm(a.k_proj, in, k_.as<float>(), T);
+    gemm(a.v_proj, in, v_.as<float>(), T);
   }
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
   phases::mark("attention.core", stream_);
@@ -141,10 +146,11 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
     rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
     // qkv, z, b, a = x @ W^T
     phases::mark("deltanet.in_proj", stream_);
-    gemm_q4(d.in_proj_qkv, x, wide_.as<float>(), T, stream_, split_.get());
-    gemm_q4(d.in_proj_z, x, z_.as<float>(), T, stream_, split_.get());
-    gemm_q4(d.in_proj_b, x, b_.as<float>(), T, stream_, split_.get());
-    gemm_q4(d.in_proj_a, x, a_.as<float>(), T, stream_, split_.get());
+    const GemmInput in = gemm_input(x, T, c_.hidden_size);
+    gemm(d.in_proj_qkv, in, wide_.as<float>(), T);
+    gemm(d.in_proj_z, in, z_.as<float>(), T);
+    gemm(d.in_proj_b, in, b_.as<float>(), T);
+    gemm(d.in_proj_a, in, a_.as<float>(), T);
   }
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   phases::mark("deltanet.core", stream_);
@@ -159,7 +165,23 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
 // h += mixer_out @ W^T (out_proj, o_proj)
 void PrefillPass::output_projection(const QMatrix& W, int T) {
   if (plan_.prefill.dense_rows(T)) gemv_rows_accumulate(W, mixer_out_.as<float>(), T, h_.as<float>(), stream_);
-  else gemm_q4_accumulate(W, mixer_out_.as<float>(), h_.as<float>(), T, stream_, split_.get());
+  else gemm_accumulate(W, gemm_input(mixer_out_.as<float>(), T, W.cols), h_.as<float>(), T);
+}
+
+PrefillPass::GemmInput PrefillPass::gemm_input(const float* x, int T, int K) {
+  if (!plan_.prefill.wgmma(T)) return {x, nullptr};
+  x_to_bf16_permuted(x, xp_.as<bf16>(), T, K, stream_);
+  return {x, xp_.as<bf16>()};
+}
+
+void PrefillPass::gemm(const QMatrix& W, const GemmInput& in, float* y, int T) {
+  if (in.xp) gemm_w4_wgmma(W, in.xp, y, T, stream_);
+  else gemm_q4(W, in.x, y, T, stream_, split_.get());
+}
+
+void PrefillPass::gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T) {
+  if (in.xp) gemm_w4_wgmma_accumulate(W, in.xp, y, T, stream_);
+  else gemm_q4_accumulate(W, in.x, y, T, stream_, split_.get());
 }
 
 // h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs
@@ -176,7 +198,8 @@ void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
   phases::mark("norm", stream_);
   rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
   // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
-  moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get());
+  moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get(),
+                         plan_.prefill.moe_experts(T));
 }
 
 // logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.

@@ -27,6 +27,15 @@ class PrefillPass {
   void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void output_projection(const QMatrix& W, int T);
+  // The pass's GEMMs on the plan's kernel: x [T, K] fp32 for gemm_q4, or converted once into
+  // xp_ (bf16 in the wgmma GEMM's K order) for every product that reads it.
+  struct GemmInput {
+    const float* x;
+    const bf16* xp;  // nullptr: gemm_q4
+  };
+  GemmInput gemm_input(const float* x, int T, int K);
+  void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T
+  void gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T);  // y += x @ W^T
   void sparse_moe(const GpuLayer& layer, int T);
   void logits(int first_row, int T, float* host_logits);
 
@@ -42,6 +51,7 @@ class PrefillPass {
   DeviceBuffer b_, a_;             // [T, Hv]
   DeviceBuffer k_, v_;             // [T, nkv * hd]
   DeviceBuffer mixer_out_;         // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
+  DeviceBuffer xp_;                // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
   DeviceBuffer moe_scratch_;       // routing, plan and intermediates of the grouped MoE
   DeviceBuffer deltanet_scratch_;  // conv outputs and the chunked rule's intermediates
   DeviceBuffer logits_;            // [64, V]: rows of logits on their way to the host

@@ -29,9 +29,13 @@ inline int max_dynamic_shared_bytes() {
 // The device properties the kernel plan decides by (kernel_plan.h). Tests describe a device of
 // their own, so the plan can be checked without one.
 struct DeviceLimits {
-  int multiprocessors = 132;  // the H200's
+  int multiprocessors = 132;    // the H200's
+  int compute_capability = 90;  // major * 10 + minor: 90 has wgmma (the build targets sm_90a)
 };
 
-inline DeviceLimits current_device_limits() { return DeviceLimits{multiprocessor_count()}; }
+inline DeviceLimits current_device_limits() {
+  return DeviceLimits{multiprocessor_count(), 10 * device_attribute(cudaDevAttrComputeCapabilityMajor) +
+                                                  device_attribute(cudaDevAttrComputeCapabilityMinor)};
+}
 
 }  // namespace lily::cuda

@@ -25,6 +25,9 @@
 //             x, logits, sg = norm, router, shared gate     moe_route_rows (decode/, one launch)
 //             ids, w, plan  = top-k and the plan             moe_plan_kernel with its top-k
 //             experts (the shared expert as one more group of the same launches), moe_combine_kernel into h
+// wgmma:    on sm_90a (MoeExpertKernels::wgmma) the same products on gemm_w4_wgmma.h, 64-position
+//           tiles: x and act each converted once to bf16 in the GEMM's K order (xp, act_p); the
+//           shared expert's down stays on gemm_q4 (K = 512: as fast).
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
@@ -40,6 +43,7 @@
 #include "backend/cuda/decode/moe_route_rows.h"
 #include "backend/cuda/prefill/gemm_exact.h"
 #include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma.h"
 
 namespace lily::cuda {
 
@@ -211,7 +215,8 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombinePar
 // ---- Scratch layout ---------------------------------------------------------------------
 
 struct Layout {
-  size_t logits, ids, weights, offsets, sorted, position, tiles, num_tiles, act, y, shared_act, shared_y, sg, bytes;
+  size_t logits, ids, weights, offsets, sorted, position, tiles, num_tiles, act, y, shared_act, shared_y, sg;
+  size_t xp, act_p, bytes;  // the wgmma form's bf16 copies of x [T, H] and act [P, I]
   int max_tiles, tile_rows;
 };
 
@@ -242,6 +247,8 @@ Layout layout(const GpuMoe& w, int T, int k, int tile_rows) {
   l.shared_act = take(size_t(T) * Is * 4);
   l.shared_y = take(size_t(T) * H * 4);
   l.sg = take(size_t(T) * 4);
+  l.xp = take(size_t(T) * H * 2);
+  l.act_p = take(P * I * 2);
   l.bytes = at;
   return l;
 }
@@ -332,15 +339,15 @@ MoePlan plan_in(void* scratch, const Layout& l) {
 // The routed experts over the plan's tiles, the shared expert (and its gate logit unless the
 // route wrote it: sg_ready), and the combine into out.
 void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, const MoePlan& plan, const Layout& l,
-                         int T, int k, void* scratch, float* out, cudaStream_t stream, const SplitK* split, bool rows,
-                         bool sg_ready) {
+                         int T, int k, void* scratch, float* out, cudaStream_t stream, const SplitK* split,
+                         MoeExpertKernels kernels, bool sg_ready) {
   const int H = w.experts_gate.cols;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
   float* shared_act = at<float>(scratch, l.shared_act);
   float* shared_y = at<float>(scratch, l.shared_y);
   float* sg = at<float>(scratch, l.sg);
-  if (rows) {
+  if (kernels == MoeExpertKernels::rows) {
     // The shared expert rides along as one more group (in the same launches where it has the
     // routed experts' shape).
     RowsGroups groups{plan.tiles, plan.num_tiles, plan.max_tiles, plan.sorted, k};
@@ -352,6 +359,24 @@ void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, 
     groups.extra_w = &w.shared_down, groups.extra_u = nullptr, groups.extra_x = shared_act, groups.extra_y = shared_y;
     phases::mark("moe.experts_down", stream);
     gemv_rows(w.experts_down, act, T, &groups, y, stream);
+  } else if (kernels == MoeExpertKernels::wgmma) {
+    const int I = w.experts_gate.rows, P = T * k;
+    bf16* xp = at<bf16>(scratch, l.xp);
+    bf16* act_p = at<bf16>(scratch, l.act_p);
+    GroupedTiles g;
+    g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
+    g.gather = plan.sorted, g.gather_div = k;
+    phases::mark("moe.experts_gate_up", stream);
+    x_to_bf16_permuted(x, xp, T, H, stream);  // xp: [T, H] bf16, the GEMM's K order
+    gemm_w4_wgmma_grouped_swiglu(w.experts_gate, w.experts_up, xp, g, act, stream);
+    g.gather = nullptr, g.gather_div = 1;
+    phases::mark("moe.experts_down", stream);
+    x_to_bf16_permuted(act, act_p, P, I, stream);  // act_p: [P, I] bf16
+    gemm_w4_wgmma_grouped(w.experts_down, act_p, g, y, stream);
+    phases::mark("moe.shared", stream);
+    gemm_w4_wgmma_swiglu(w.shared_gate, w.shared_up, xp, shared_act, T, stream);
+    // the shared down [H, Is] (K = 512): gemm_q4 measured as fast (0.101 against 0.105 + 0.009 ms)
+    gemm_q4(w.shared_down, shared_act, shared_y, T, stream, split);
   } else {
     GroupedTiles g;
     g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
@@ -374,6 +399,14 @@ void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, 
   launch_after_wait(moe_combine_kernel, dim3(unsigned(T)), dim3(kCombineThreads), 0, stream, c);
 }
 
+void check_wgmma(const GpuMoe& w, int tile_rows) {
+  LILY_CHECK(tile_rows == 0 || tile_rows == 64, "moe_grouped: the wgmma experts take 64-position tiles ({})",
+             tile_rows);
+  for (const QMatrix* m : {&w.experts_gate, &w.experts_up, &w.experts_down, &w.shared_gate, &w.shared_up})
+    LILY_CHECK(gemm_w4_wgmma_supports(*m), "moe_grouped: the wgmma GEMM does not take [{}, {}] q{} group {}", m->rows,
+               m->cols, m->bits, m->group_size);
+}
+
 void check_rows(const GpuMoe& w, int T) {
   LILY_CHECK(T <= kGemvRowsMaxT && moe_rows_supports(w),
              "moe_grouped: the few-row kernels take at most {} tokens of 4-bit experts ({} tokens)", kGemvRowsMaxT, T);
@@ -387,13 +420,14 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
-  const bool rows = kernels == MoeExpertKernels::rows;
+  const bool rows = kernels == MoeExpertKernels::rows, wgmma = kernels == MoeExpertKernels::wgmma;
   if (rows) check_rows(w, T);
-  const Layout l = layout(w, T, k, rows ? 16 : tile_rows);
+  if (wgmma) check_wgmma(w, tile_rows);
+  const Layout l = layout(w, T, k, rows ? 16 : wgmma ? 64 : tile_rows);
   const MoePlan plan = plan_in(scratch, l);
   phases::mark("moe.plan", stream);
   moe_plan(ids, T, k, w.experts_gate.batch, plan, stream);
-  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, rows, false);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, kernels, false);
 }
 
 void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps, int T, int k, void* scratch, float* x,
@@ -412,14 +446,15 @@ void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps
   const MoePlan plan = plan_in(scratch, l);
   phases::mark("moe.plan", stream);
   moe_topk_plan(logits, T, k, w.experts_gate.batch, ids, weights, plan, stream);
-  experts_and_combine(w, x, weights, plan, l, T, k, scratch, h, stream, nullptr, true, true);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, h, stream, nullptr, MoeExpertKernels::rows, true);
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
-                            cudaStream_t stream, int tile_rows, const SplitK* split) {
+                            cudaStream_t stream, int tile_rows, const SplitK* split, MoeExpertKernels kernels) {
   check_weights(w, k);
+  LILY_CHECK(kernels != MoeExpertKernels::rows, "moe_grouped_accumulate: the few-row form is moe_rows_accumulate");
   if (T <= 0) return;
-  const Layout l = layout(w, T, k, tile_rows);
+  const Layout l = layout(w, T, k, kernels == MoeExpertKernels::wgmma ? 64 : tile_rows);
   int32_t* ids = at<int32_t>(scratch, l.ids);
   float* weights = at<float>(scratch, l.weights);
   float* logits = at<float>(scratch, l.logits);
@@ -427,7 +462,7 @@ void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void*
   gemm_exact(w.router, x, logits, T, stream, split);  // fp32-accurate, as the decode path and the CPU
   phases::mark("moe.topk", stream);
   moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split);
+  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels);
 }
 
 }  // namespace lily::cuda
