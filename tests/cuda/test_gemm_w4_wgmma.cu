@@ -223,14 +223,15 @@ void check_grouped(const std::vector<int>& counts, int N, int K, int tile_rows, 
 TEST(CudaGemmW4Wgmma, Grouped) {
   REQUIRE_GPU();
   const std::vector<int> counts = {0, 1, 63, 64, 65, 130, 7};
-  for (int tile_rows : {16, 64})
+  for (int tile_rows : {16, 64, 128})
     for (bool swiglu : {false, true}) {
       check_grouped(counts, swiglu ? 65 : 129, 512, tile_rows, 1, swiglu);
       check_grouped(counts, swiglu ? 64 : 128, 2048, tile_rows, 8, swiglu);  // 8 positions a token (top-8)
     }
   check_grouped({128, 0, 128, 3}, 2048, 512, 64, 8, false);  // the experts' down shape
-  check_grouped(counts, 65, 256, 64, 8, true);               // tiny models: hidden 256,
-  check_grouped(counts, 256, 128, 64, 1, false);             // expert intermediate 128
+  check_grouped({129, 0, 300, 3}, 2048, 512, 128, 8, false);
+  check_grouped(counts, 65, 256, 64, 8, true);    // tiny models: hidden 256,
+  check_grouped(counts, 256, 128, 64, 1, false);  // expert intermediate 128
 }
 
 // Rows and tokens past the output must not be touched: y is a window into a larger buffer.

@@ -213,6 +213,7 @@ TEST(CudaMoeGrouped, ExpertsOnWgmma) {
     for (int T : {1, 17, 300}) check_experts(wide, T, 8, load, wgmma);
   check_experts(full, 65, 8, Load::uniform, wgmma);
   check_experts(full, 300, 8, Load::one_dominant, wgmma);
+  check_experts(full, 400, 8, Load::uniform, wgmma);  // 100 rows an expert: 128-position tiles
 }
 
 // Routing included (the fp32-accurate router, gemm_exact), against cpu::sparse_moe. The router's

@@ -148,6 +148,16 @@ void experts(int T) {
   const double c_down = median_ms([&] { cuda::x_to_bf16_permuted(down.x, down.xp, T * 8, I, nullptr); });
   const double w4_down = median_ms([&] { cuda::gemm_w4_wgmma_grouped(D, down.xp, w4d, down.y, nullptr); });
   row("experts down [256x2048,512]", T, flop_down, q4_down, c_down, w4_down);
+  // The same on 128-position tiles (the wgmma experts' tile where experts average 64 rows or more).
+  TileMap w4_map128 = tile_map(T, 128, 5);
+  const cuda::GroupedTiles w4g128 = grouped_tiles(w4_map128, 128);
+  cuda::GroupedTiles w4d128 = w4g128;
+  w4d128.gather = nullptr, w4d128.gather_div = 1;
+  const double w4_up128 = median_ms([&] { cuda::gemm_w4_wgmma_grouped_swiglu(G, U, up.xp, w4g128, up.y, nullptr); });
+  row("  gate/up, 128-position tiles", T, flop_up, q4_up, c_up, w4_up128);
+  const double w4_down128 = median_ms([&] { cuda::gemm_w4_wgmma_grouped(D, down.xp, w4d128, down.y, nullptr); });
+  row("  down, 128-position tiles", T, flop_down, q4_down, c_down, w4_down128);
+  release(w4_map128);
   release(up), release(down), release(q4_map), release(w4_map);
   bench::free_random_qmatrix(G), bench::free_random_qmatrix(U), bench::free_random_qmatrix(D);
 }

@@ -392,14 +392,15 @@ void dense(const QMatrix& W, const QMatrix* U, const bf16* xp, float* y, int T, 
 template <Epi EPI>
 void grouped(const QMatrix& W, const QMatrix* U, const bf16* xp, const GroupedTiles& g, float* y, cudaStream_t stream) {
   LILY_CHECK(g.tiles && g.num_tiles && g.max_tiles >= 0, "gemm_w4_wgmma_grouped: no tile map");
-  LILY_CHECK(g.tile_rows >= 1 && g.tile_rows <= 64, "gemm_w4_wgmma_grouped: tile rows {} (at most 64)", g.tile_rows);
+  LILY_CHECK(g.tile_rows >= 1 && g.tile_rows <= 128, "gemm_w4_wgmma_grouped: tile rows {} (at most 128)", g.tile_rows);
   LILY_CHECK(g.gather_div >= 1, "gemm_w4_wgmma_grouped: gather_div {}", g.gather_div);
   if (g.max_tiles == 0) return;
   Params p = make_params(W, U, xp, y);
   p.tiles = reinterpret_cast<const int4*>(g.tiles);
   p.num_tiles = g.num_tiles;
   p.gather = g.gather, p.gather_div = g.gather_div;
-  launch<64, EPI>(p, g.max_tiles, stream);
+  if (g.tile_rows > 64) launch<128, EPI>(p, g.max_tiles, stream);
+  else launch<64, EPI>(p, g.max_tiles, stream);
 }
 
 }  // namespace

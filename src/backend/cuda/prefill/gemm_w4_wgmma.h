@@ -27,8 +27,8 @@ void gemm_w4_wgmma_accumulate(const QMatrix& W, const bf16* xp, float* y, int T,
 // y[t, i] = silu(G x_t)_i * (U x_t)_i    G, U: [I, K]; y: [T, I]
 void gemm_w4_wgmma_swiglu(const QMatrix& G, const QMatrix& U, const bf16* xp, float* y, int T, cudaStream_t stream);
 
-// The grouped (MoE) forms over gemm_q4's tile map (tile_rows 16, 32 or 64; the gather indexes
-// rows of xp). G, U, W: stacks [E, rows, K]; y: [positions, rows].
+// The grouped (MoE) forms over gemm_q4's tile map (tile_rows up to 128: tiles of more than 64
+// positions run the 128-token form; the gather indexes rows of xp). G, U, W: stacks [E, rows, K]; y: [positions, rows].
 void gemm_w4_wgmma_grouped_swiglu(const QMatrix& G, const QMatrix& U, const bf16* xp, const GroupedTiles& tiles,
                                   float* y, cudaStream_t stream);
 void gemm_w4_wgmma_grouped(const QMatrix& W, const bf16* xp, const GroupedTiles& tiles, float* y, cudaStream_t stream);

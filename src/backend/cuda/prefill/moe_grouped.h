@@ -13,8 +13,8 @@ namespace lily::cuda {
 // Which kernels run the experts (routed and shared): the tensor-core GEMMs (gemm_q4), or for
 // passes of at most 16 tokens the few-row GEMVs (decode/gemv_rows.h), which read each routed
 // expert's rows once for the tokens routed to it and the shared expert's once for all T.
-// wgmma: the Hopper GEMMs (gemm_w4_wgmma.h) on 64-position tiles, x and the activations converted
-// to bf16 once each (sm_90a; every expert matrix 4-bit group 64).
+// wgmma: the Hopper GEMMs (gemm_w4_wgmma.h) on 64- or 128-position tiles, x and the activations
+// converted to bf16 once each (sm_90a; every expert matrix 4-bit group 64).
 enum class MoeExpertKernels { gemm, rows, wgmma };
 
 // Whether the few-row kernels take these experts (4-bit group 64, H <= 2048).
@@ -32,7 +32,7 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows = 
 // token's output by far more than rounding does).
 //   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
 // split: optional split-K workspace for the router and the shared expert (split_k.h).
-// kernels: gemm or wgmma (wgmma takes tile_rows 0 or 64).
+// kernels: gemm or wgmma (wgmma takes tile_rows 0, 64 or 128).
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
                             cudaStream_t stream, int tile_rows = 0, const SplitK* split = nullptr,
                             MoeExpertKernels kernels = MoeExpertKernels::gemm);
