@@ -3,17 +3,18 @@
 //
 //   h = embed[tokens]
 //   per layer:  x = RMSNorm(h)                                          rms_norm
-//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm_q4 (or gemm_w4_wgmma) x4
+//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm x4
 //                          y = gated_deltanet(qkv, z, b, a)             gated_deltanet_prefill
-//                          h += y @ out_proj^T                          gemm_q4_accumulate
-//               attention: q,gate, k, v = x @ W^T                       gemm_q4 x3
+//                          h += y @ out_proj^T                          gemm_accumulate
+//               attention: q,gate, k, v = x @ W^T                       gemm x3
 //                          o = gated_attention(q, k, v; KV cache)       gated_attention_prefill
-//                          h += o @ o_proj^T                            gemm_q4_accumulate
+//                          h += o @ o_proj^T                            gemm_accumulate
 //               h += experts(RMSNorm(h)) + shared(RMSNorm(h))           rms_norm, moe_grouped_accumulate
 //   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
 //                                                                       rms_norm, gemm_q4 (64 at a time)
-// The GEMMs take x in bf16 and sum in fp32 (gemm_q4.h; on sm_90a the plan's longer passes run
-// gemm_w4_wgmma.h, x converted to bf16 once per input and read by all its products); the router is fp32-accurate
+// gemm / gemm_accumulate: gemm_q4 (gemm_q4.h), or on sm_90a from the plan's wgmma_from tokens
+// gemm_w4_wgmma (x converted to bf16 once per input, read by all its products). Both take x in
+// bf16 and sum in fp32; the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
 // blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
 // plan's dense_rows_up_to tokens run the attention / DeltaNet projections as few-row GEMVs
