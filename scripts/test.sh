@@ -4,6 +4,7 @@
 #   setup           scripts/setup.sh
 #   format          scripts/check_format.sh: the C++/CUDA sources as .clang-format says (fix: scripts/format.sh)
 #   build, test     build/ with warnings as errors (LILY_WERROR=ON; CUDA when nvcc is found); ctest
+#                   (the server's end-to-end scripts left to the sanitized run)
 #   sanitize-build, sanitize-test
 #                   build-sanitize/: the CPU code and its tests under AddressSanitizer (leaks
 #                   included) and UndefinedBehaviorSanitizer, no CUDA, no benchmarks; ctest. Any
@@ -42,6 +43,10 @@ build() {
 # (HeldOutToolCallsAreExact, ThinkingOn/Off, the ChatService and server tests), 40 times over:
 # 390 s alone under ASan and UBSan on the 2-core machine (32 s in the plain build), near its 600 s
 # ctest limit.
+# The server's end-to-end scripts (node clients, curl, the soak, the browser page: ~90 s, one at a
+# time on the server port) run once, in the sanitized build against the sanitized `lily serve`:
+# the same code, with every memory error, leak and undefined behaviour reported.
+server_e2e='^server_(node|curl|browser)_'
 sanitize_dir=${LILY_SANITIZE_BUILD_DIR:-build-sanitize}
 sanitize_build() {
   cmake -B "$sanitize_dir" -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=OFF -DLILY_BENCH=OFF \
@@ -70,7 +75,7 @@ fuzz_build() {
 phase setup bash scripts/setup.sh
 phase format bash scripts/check_format.sh
 phase build build
-phase test ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" "$@"
+phase test ctest --test-dir "$build_dir" --output-on-failure -j "$(nproc)" -E "$server_e2e" "$@"
 phase sanitize-build sanitize_build
 phase sanitize-test sanitize_test "$@"
 phase fuzz-build fuzz_build
