@@ -287,23 +287,8 @@ class TaskBodies {
 
   // softmax over the experts' logits, the k largest (ties to the lower id), renormalised.
   void top_k(StepBuffers& b) {
-    const int64_t E = c_.num_experts, k = c_.num_experts_per_tok;
-    const float top = *std::max_element(b.router_logits.begin(), b.router_logits.begin() + E);
-    std::vector<float> p(static_cast<size_t>(E));
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(b.router_logits[size_t(e)] - top));
-    for (auto& v : p) v = float(v / sum);
-    std::vector<int> order(static_cast<size_t>(E));
-    std::iota(order.begin(), order.end(), 0);
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int x, int y) {
-      return p[size_t(x)] > p[size_t(y)] || (p[size_t(x)] == p[size_t(y)] && x < y);
-    });
-    float chosen = 0;
-    for (int64_t i = 0; i < k; ++i) chosen += p[size_t(order[size_t(i)])];
-    for (int64_t i = 0; i < k; ++i) {
-      b.top_ids[size_t(i)] = order[size_t(i)];
-      b.top_weights[size_t(i)] = p[size_t(order[size_t(i)])] / chosen;
-    }
+    cpu::route_top_k(b.router_logits.data(), c_.num_experts, c_.num_experts_per_tok, b.top_ids.data(),
+                     b.top_weights.data());
   }
 
   int expert_of(const StepBuffers& b, int s) const {

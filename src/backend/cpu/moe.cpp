@@ -26,28 +26,34 @@ Routing route(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t
   Routing r;
   r.experts.resize(size_t(T * k));
   r.weights.resize(size_t(T * k));
-  std::vector<float> p(static_cast<size_t>(E));
-  std::vector<int> order(static_cast<size_t>(E));
-  for (int64_t t = 0; t < T; ++t) {
-    const float* l = logits.data() + t * E;
-    const float max_logit = *std::max_element(l, l + E);
-    double sum = 0;
-    for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(l[e] - max_logit));
-    for (auto& v : p) v = float(v / sum);
-    std::iota(order.begin(), order.end(), 0);
-    // Ties go to the lower expert index.
-    std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
-      return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
-    });
-    float chosen = 0;
-    for (int64_t i = 0; i < k; ++i) chosen += p[size_t(order[size_t(i)])];
-    for (int64_t i = 0; i < k; ++i) {
-      r.experts[size_t(t * k + i)] = order[size_t(i)];
-      r.weights[size_t(t * k + i)] = p[size_t(order[size_t(i)])] / chosen;
-    }
-  }
+  for (int64_t t = 0; t < T; ++t)
+    route_top_k(logits.data() + t * E, E, k, r.experts.data() + t * k, r.weights.data() + t * k);
   return r;
 }
+
+}  // namespace
+
+void route_top_k(const float* logits, int64_t E, int64_t k, int* experts, float* weights) {
+  const float max_logit = *std::max_element(logits, logits + E);
+  std::vector<float> p(static_cast<size_t>(E));
+  double sum = 0;
+  for (int64_t e = 0; e < E; ++e) sum += (p[size_t(e)] = std::exp(logits[e] - max_logit));
+  for (auto& v : p) v = float(v / sum);
+  std::vector<int> order(static_cast<size_t>(E));
+  std::iota(order.begin(), order.end(), 0);
+  // Ties go to the lower expert index.
+  std::partial_sort(order.begin(), order.begin() + k, order.end(), [&](int a, int b) {
+    return p[size_t(a)] > p[size_t(b)] || (p[size_t(a)] == p[size_t(b)] && a < b);
+  });
+  float chosen = 0;
+  for (int64_t i = 0; i < k; ++i) chosen += p[size_t(order[size_t(i)])];
+  for (int64_t i = 0; i < k; ++i) {
+    experts[i] = order[size_t(i)];
+    weights[i] = p[size_t(order[size_t(i)])] / chosen;
+  }
+}
+
+namespace {
 
 // SwiGLU MLP on n rows: out[n, H] = down(silu(gate x) * up x).
 void swiglu_mlp(const Matrix& gate, const Matrix& up, const Matrix& down, const float* x, int64_t n, float* out) {

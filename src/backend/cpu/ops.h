@@ -61,6 +61,10 @@ void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionC
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
                     float* out);
 
+// The routing of spec §2.7 for one token: softmax over the E router logits, the k largest (ties to
+// the lower expert id), renormalised over the k.   experts, weights: [k]
+void route_top_k(const float* logits, int64_t E, int64_t k, int* experts, float* weights);
+
 // Sparse MoE with the gated shared expert (spec §2.7). x: [T, H] (normed) -> out: [T, H].
 void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out);
 
