@@ -161,4 +161,26 @@ inline Bf16Reference bf16_reference(const TestQMatrix& W, const std::vector<floa
   return r;
 }
 
+// A fused SwiGLU product as the tensor-core kernels compute it: want[t, i] = silu(g) * u with
+// g, u the bf16_reference products of G and U [I, K] with x [T, K]; bound[t, i] the error that
+// `rel` * sum_k |x w| in each of g and u (the tests' kBound) can move it by, plus 1e-6 of |want|.
+struct SwigluReference {
+  std::vector<double> want, bound;  // [T, I]
+};
+
+inline SwigluReference swiglu_reference(const TestQMatrix& G, const TestQMatrix& U, const std::vector<float>& x, int T,
+                                        double rel) {
+  const Bf16Reference g = bf16_reference(G, x, T), u = bf16_reference(U, x, T);
+  SwigluReference r;
+  r.want.resize(g.y.size());
+  r.bound.resize(g.y.size());
+  for (size_t i = 0; i < r.want.size(); ++i) {
+    const double sg = g.y[i] / (1.0 + std::exp(-g.y[i]));
+    r.want[i] = sg * u.y[i];
+    // silu' <= 1.1: an error e_g in g moves silu(g) * u by at most 1.1 |u| e_g.
+    r.bound[i] = 1.1 * std::fabs(u.y[i]) * rel * g.l1[i] + std::fabs(sg) * rel * u.l1[i] + 1e-6 * std::fabs(r.want[i]);
+  }
+  return r;
+}
+
 }  // namespace lily::test

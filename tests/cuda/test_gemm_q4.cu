@@ -63,22 +63,14 @@ std::vector<float> check_swiglu(int I, int K, int T, const cuda::SplitK* split =
   const uint32_t seed = uint32_t(I * 31 + K * 7 + T);
   TestQMatrix G(1, I, K, 4, seed), U(1, I, K, 4, seed + 1);
   const auto x = random_floats(size_t(T) * K, seed + 2);
-  const Bf16Reference g = bf16_reference(G, x, T), u = bf16_reference(U, x, T);
-  std::vector<double> want(g.y.size()), bound(g.y.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double sg = g.y[i] / (1.0 + std::exp(-g.y[i]));
-    want[i] = sg * u.y[i];
-    // silu' <= 1.1: an error e_g in g moves silu(g) * u by at most 1.1 |u| e_g.
-    bound[i] = 1.1 * std::fabs(u.y[i]) * kBound * g.l1[i] + std::fabs(sg) * kBound * u.l1[i] +
-               1e-6 * std::fabs(want[i]);
-  }
+  const SwigluReference ref = swiglu_reference(G, U, x, T, kBound);
 
-  DeviceArray<float> dx(x), dy(want.size());
+  DeviceArray<float> dx(x), dy(ref.want.size());
   dy.poison();
   cuda::gemm_q4_swiglu(G.gpu(), U.gpu(), dx.get(), dy.get(), T, nullptr, split);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   const std::vector<float> got = dy.download();
-  expect_within(got, want, bound);
+  expect_within(got, ref.want, ref.bound);
   return got;
 }
 

@@ -61,21 +61,14 @@ void check_swiglu(int I, int K, int T) {
   const uint32_t seed = uint32_t(I * 31 + K * 7 + T);
   TestQMatrix G(1, I, K, 4, seed), U(1, I, K, 4, seed + 1);
   const auto x = random_floats(size_t(T) * K, seed + 2);
-  const Bf16Reference g = bf16_reference(G, x, T), u = bf16_reference(U, x, T);
-  std::vector<double> want(g.y.size()), bound(g.y.size());
-  for (size_t i = 0; i < want.size(); ++i) {
-    const double sg = g.y[i] / (1.0 + std::exp(-g.y[i]));
-    want[i] = sg * u.y[i];
-    bound[i] = 1.1 * std::fabs(u.y[i]) * kBound * g.l1[i] + std::fabs(sg) * kBound * u.l1[i] +
-               1e-6 * std::fabs(want[i]);
-  }
+  const SwigluReference ref = swiglu_reference(G, U, x, T, kBound);
   const DeviceArray<bf16> xp(size_t(T) * K);
   permute(x, T, K, xp);
-  DeviceArray<float> dy(want.size());
+  DeviceArray<float> dy(ref.want.size());
   dy.poison();
   cuda::gemm_w4_wgmma_swiglu(G.gpu(), U.gpu(), xp.get(), dy.get(), T, nullptr);
   EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
-  expect_within(dy.download(), want, bound);
+  expect_within(dy.download(), ref.want, ref.bound);
 }
 
 TEST(CudaGemmW4Wgmma, PermutesXExactly) {
@@ -189,19 +182,15 @@ void check_grouped(const std::vector<int>& counts, int N, int K, int tile_rows, 
                           U.host.scales.begin() + size_t(e + 1) * N * K / 64);
     Ue.host.biases.assign(U.host.biases.begin() + size_t(e) * N * K / 64,
                           U.host.biases.begin() + size_t(e + 1) * N * K / 64);
-    const Bf16Reference g = bf16_reference(We, xe, int(ps.size()));
-    const Bf16Reference u = swiglu ? bf16_reference(Ue, xe, int(ps.size())) : Bf16Reference{};
+    // This expert's outputs [ps.size(), N], then each row to its position.
+    const int rows = int(ps.size());
+    const Bf16Reference g = swiglu ? Bf16Reference{} : bf16_reference(We, xe, rows);
+    const SwigluReference s = swiglu ? swiglu_reference(We, Ue, xe, rows, kBound) : SwigluReference{};
     for (size_t i = 0; i < ps.size(); ++i)
       for (int n = 0; n < N; ++n) {
         const size_t at = i * N + n, out = size_t(ps[i]) * N + n;
-        if (!swiglu) {
-          want[out] = g.y[at], bound[out] = kBound * g.l1[at];
-          continue;
-        }
-        const double sg = g.y[at] / (1.0 + std::exp(-g.y[at]));
-        want[out] = sg * u.y[at];
-        bound[out] = 1.1 * std::fabs(u.y[at]) * kBound * g.l1[at] + std::fabs(sg) * kBound * u.l1[at] +
-                     1e-6 * std::fabs(want[out]);
+        if (swiglu) want[out] = s.want[at], bound[out] = s.bound[at];
+        else want[out] = g.y[at], bound[out] = kBound * g.l1[at];
       }
   }
 
