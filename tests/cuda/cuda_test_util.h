@@ -77,12 +77,25 @@ struct TestQMatrix {
   std::unique_ptr<DeviceArray<bf16>> scales, biases;
 
   TestQMatrix(int batch_, int rows_, int cols_, int bits_, uint32_t seed, float scale = 0.05f)
-      : batch(batch_), rows(rows_), cols(cols_), bits(bits_) {
-    auto w = random_floats(size_t(batch) * rows * cols, seed, scale);
-    host = lily::quantize_affine(w, int64_t(batch) * rows, cols, bits, 64);
+      : TestQMatrix(lily::quantize_affine(random_floats(size_t(batch_) * rows_ * cols_, seed, scale),
+                                          int64_t(batch_) * rows_, cols_, bits_, 64),
+                    batch_, rows_, cols_, bits_) {}
+  // Given host codes/scales/biases of `batch_` matrices, copied to the device.
+  TestQMatrix(lily::QuantizedMatrix host_, int batch_, int rows_, int cols_, int bits_)
+      : host(std::move(host_)), batch(batch_), rows(rows_), cols(cols_), bits(bits_) {
     codes = std::make_unique<DeviceArray<uint32_t>>(host.codes);
     scales = std::make_unique<DeviceArray<bf16>>(host.scales);
     biases = std::make_unique<DeviceArray<bf16>>(host.biases);
+  }
+  // Batch entry e as its own matrix (batch 1): one expert of a grouped weight, for the
+  // single-matrix references (bf16_reference, swiglu_reference).
+  TestQMatrix entry(int e) const {
+    const size_t words = size_t(rows) * cols * bits / 32, groups = size_t(rows) * (cols / 64);
+    lily::QuantizedMatrix one;
+    one.codes.assign(host.codes.begin() + size_t(e) * words, host.codes.begin() + size_t(e + 1) * words);
+    one.scales.assign(host.scales.begin() + size_t(e) * groups, host.scales.begin() + size_t(e + 1) * groups);
+    one.biases.assign(host.biases.begin() + size_t(e) * groups, host.biases.begin() + size_t(e + 1) * groups);
+    return TestQMatrix(std::move(one), 1, rows, cols, bits);
   }
   cuda::QMatrix gpu() const {
     cuda::QMatrix m;

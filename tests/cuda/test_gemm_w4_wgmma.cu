@@ -159,7 +159,7 @@ void check_grouped(const std::vector<int>& counts, int N, int K, int tile_rows, 
   // The reference, position by position against its expert's matrix.
   std::vector<double> want(size_t(positions) * N), bound(want.size());
   for (int e = 0; e < E; ++e) {
-    // one expert's matrices as single-entry TestQMatrix views are not needed: gather its rows
+    // Expert e's positions ps and the x rows they read, xe [ps.size(), K].
     std::vector<float> xe;
     std::vector<int> ps;
     for (int p = 0; p < positions; ++p)
@@ -169,23 +169,11 @@ void check_grouped(const std::vector<int>& counts, int N, int K, int tile_rows, 
         xe.insert(xe.end(), x.begin() + size_t(r) * K, x.begin() + size_t(r + 1) * K);
       }
     if (ps.empty()) continue;
-    TestQMatrix We(1, N, K, 4, 0), Ue(1, N, K, 4, 0);
-    We.host.codes.assign(W.host.codes.begin() + size_t(e) * N * K / 8,
-                         W.host.codes.begin() + size_t(e + 1) * N * K / 8);
-    We.host.scales.assign(W.host.scales.begin() + size_t(e) * N * K / 64,
-                          W.host.scales.begin() + size_t(e + 1) * N * K / 64);
-    We.host.biases.assign(W.host.biases.begin() + size_t(e) * N * K / 64,
-                          W.host.biases.begin() + size_t(e + 1) * N * K / 64);
-    Ue.host.codes.assign(U.host.codes.begin() + size_t(e) * N * K / 8,
-                         U.host.codes.begin() + size_t(e + 1) * N * K / 8);
-    Ue.host.scales.assign(U.host.scales.begin() + size_t(e) * N * K / 64,
-                          U.host.scales.begin() + size_t(e + 1) * N * K / 64);
-    Ue.host.biases.assign(U.host.biases.begin() + size_t(e) * N * K / 64,
-                          U.host.biases.begin() + size_t(e + 1) * N * K / 64);
+    const TestQMatrix We = W.entry(e);
     // This expert's outputs [ps.size(), N], then each row to its position.
     const int rows = int(ps.size());
     const Bf16Reference g = swiglu ? Bf16Reference{} : bf16_reference(We, xe, rows);
-    const SwigluReference s = swiglu ? swiglu_reference(We, Ue, xe, rows, kBound) : SwigluReference{};
+    const SwigluReference s = swiglu ? swiglu_reference(We, U.entry(e), xe, rows, kBound) : SwigluReference{};
     for (size_t i = 0; i < ps.size(); ++i)
       for (int n = 0; n < N; ++n) {
         const size_t at = i * N + n, out = size_t(ps[i]) * N + n;
