@@ -22,6 +22,10 @@ namespace {
 
 constexpr int kD = 128, kK = 4;
 constexpr double kTolerance = 1e-4;
+// The chunked form multiplies on the tensor cores in tf32 (deltanet_chunked.cu): its outputs and
+// state carry tf32's rounding (2^-11 of each operand), not fp32's: the worst of every test below
+// was 8.9e-4 on the H200 (2026-12-03); a wrong index or decay is off by 1e-1 and more.
+constexpr double kTf32Tolerance = 2e-3;
 
 using Mode = cuda::DeltaRulePrefill;
 
@@ -170,9 +174,11 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
                                     << " T " << T << " decay shift " << decay_shift);
     const double ey = relative_error(got, want), ec = relative_error(gpu.conv.download(), host.conv),
                  es = relative_error(gpu.ssm.download(), host.ssm);
-    EXPECT_LT(ey, kTolerance) << "y";
+    const bool tf32 = mode == Mode::chunked && (T > 1 || prefill_one);
+    const double bound = tf32 ? kTf32Tolerance : kTolerance;
+    EXPECT_LT(ey, bound) << "y";
     EXPECT_LT(ec, kTolerance) << "conv state";
-    EXPECT_LT(es, kTolerance) << "ssm state";
+    EXPECT_LT(es, bound) << "ssm state";
   }
 }
 
@@ -350,8 +356,8 @@ void check_chunked_rule(int Hk, int Hv, const std::vector<int>& lengths, uint32_
     cuda::delta_rule_chunked(args, nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     SCOPED_TRACE(testing::Message() << "Hk " << Hk << " Hv " << Hv << " call " << call << " n " << n);
-    EXPECT_LT(relative_error(o.download(), want), kTolerance) << "raw o";
-    EXPECT_LT(relative_error(S.download(), S_host), kTolerance) << "ssm state";
+    EXPECT_LT(relative_error(o.download(), want), kTf32Tolerance) << "raw o";
+    EXPECT_LT(relative_error(S.download(), S_host), kTf32Tolerance) << "ssm state";
   }
 }
 

@@ -1,7 +1,8 @@
 // bench_deltanet_prefill.cu: microseconds per gated_deltanet_prefill call (conv, delta rule, gated
 // norm) at the model's size (Hk 16, Hv 32), both forms of the delta rule, per prompt length: the
 // table the kernel plan's crossover (PrefillPlan::chunked_delta_rule_from) comes from; and for
-// passes of 1 .. 16 tokens the decode kernel (rows) against the token loop (deltanet_rows_up_to). Random
+// passes of 1 .. 16 tokens the decode kernel (rows) against the token loop (deltanet_rows_up_to); the
+// chunked rule alone on 64 and 512 tokens. Random
 // inputs; the median of 20 (5 from 1024 tokens) calls after 3 warm-ups, timed with events.
 // The kernels one by one: nsys profile --stats=true, or ncu -k regex:'conv|gated_norm|chunk'.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
@@ -10,6 +11,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <string>
 #include <vector>
 
 using namespace lily;
@@ -35,7 +37,9 @@ float* random_floats(size_t n, uint32_t seed, float center, float spread) {
 
 }  // namespace
 
-int main() {
+int main(int argc, char** argv) {
+  // `bench_deltanet_prefill rule`: only the chunked rule alone (for ncu -k regex:deltanet_chunk).
+  const bool rule_only = argc > 1 && std::string(argv[1]) == "rule";
   const int Tmax = 4096, Hk = 16, Hv = 32;
   cuda::DeltaNetParams p;
   p.num_key_heads = Hk, p.num_value_heads = Hv;
@@ -61,14 +65,26 @@ int main() {
   };
   std::printf("%6s %14s %14s %8s\n", "T", "rows us", "recurrent us", "ratio");
   for (int T : {1, 2, 4, 5, 8, 9, 12, 16}) {
+    if (rule_only) break;
     const float rows = time_us(cuda::DeltaRulePrefill::rows, T), loop = time_us(cuda::DeltaRulePrefill::recurrent, T);
     std::printf("%6d %14.1f %14.1f %8.2f\n", T, rows, loop, rows / loop);
   }
   std::printf("%6s %14s %14s %8s\n", "T", "recurrent us", "chunked us", "ratio");
   for (int T : {2, 16, 32, 48, 64, 128, 256, 512, 1024, 2048, 4096}) {
+    if (rule_only) break;
     const float loop = time_us(cuda::DeltaRulePrefill::recurrent, T),
                 chunked = time_us(cuda::DeltaRulePrefill::chunked, T);
     std::printf("%6d %14.1f %14.1f %8.2f\n", T, loop, chunked, loop / chunked);
+  }
+  // The chunked rule alone (deltanet_chunked.cu's three launches) on one prefill window: the rest
+  // of a call is the conv, the conv state and the gated norm.
+  std::printf("%6s %14s\n", "n", "rule alone us");
+  for (int n : {512, 64}) {
+    cuda::DeltaRuleChunkedArgs r;
+    r.n = n, r.num_key_heads = Hk, r.num_value_heads = Hv, r.conv_dim = C;
+    r.u = mixed, r.b = b, r.a = a, r.A_log = p.A_log, r.dt_bias = p.dt_bias, r.ssm_state = ssm, r.o = y;
+    r.scratch = scratch;  // the prefill's scratch for 4096 tokens holds the rule's for 512
+    std::printf("%6d %14.1f\n", n, 1000.0 * bench::median_ms([&] { cuda::delta_rule_chunked(r, nullptr); }, 20, 3));
   }
   return 0;
 }

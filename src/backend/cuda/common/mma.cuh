@@ -1,6 +1,6 @@
 // mma.cuh: the PTX wrappers the tensor-core kernels share (gemm_q4.cu, attention_prefill.cu,
 // attention_decode.cu, gemv_prefetch.cu, ...): cp.async copies into shared memory, ldmatrix, mma.sync
-// m16n8k16 with bf16 inputs and fp32 accumulators, float -> bf16x2 packing (sm_80 and later);
+// m16n8k16 with bf16 inputs and m16n8k8 with tf32 inputs, fp32 accumulators, float -> bf16x2 packing (sm_80 and later);
 // bulk copies global -> shared completing on an mbarrier (sm_90). Internal to backend/cuda.
 //
 // Fragment layouts of mma.sync.m16n8k16 (g = lane / 4, t = lane % 4), as the kernels use them:
@@ -44,6 +44,23 @@ __device__ __forceinline__ void ldmatrix_x4_trans(uint32_t (&r)[4], const void* 
 // d += a (16x16, row) * b (16x8, col), bf16 in, fp32 accumulate.
 __device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
   asm volatile("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+               "{%0, %1, %2, %3};\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// fp32 -> tf32 (10 mantissa bits), round to nearest; the operand form of mma_tf32.
+__device__ __forceinline__ uint32_t tf32(float x) {
+  uint32_t r;
+  asm("cvt.rna.tf32.f32 %0, %1;\n" : "=r"(r) : "f"(x));
+  return r;
+}
+
+// d += a (16x8, row) * b (8x8, col), tf32 in, fp32 accumulate. Fragments (g = lane / 4, t = lane % 4):
+//   A: a0 = (g, t)  a1 = (g+8, t)  a2 = (g, t+4)  a3 = (g+8, t+4);  B: b0 = (k t, n g)  b1 = (k t+4, n g);
+//   C as m16n8k16's: c0, c1 = (g, 2t..2t+1)  c2, c3 = (g+8, 2t..2t+1).
+__device__ __forceinline__ void mma_tf32(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile("mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
                "{%0, %1, %2, %3};\n"
                : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));

@@ -16,35 +16,37 @@
 // Shapes:   u [n, conv_dim] = q (l2-normalised, times 1/sqrt(128)) | k (l2-normalised) | v, as
 //           deltanet_conv_kernel writes it · b, a [n, Hv] · S [Hv, 128 (dk), 128 (dv)] fp32 ·
 //           o [n, Hv*128] raw delta-rule outputs (gated_norm_kernel runs on them next).
-//           v-head h reads q/k head h / (Hv/Hk). All fp32, fp32 arithmetic (no tensor cores).
+//           v-head h reads q/k head h / (Hv/Hk). All fp32; the matrix products run on the tensor
+//           cores in tf32 (10-bit mantissa, fp32 accumulation, mma.sync m16n8k8), the forward
+//           substitution and the gates in fp32 on the CUDA cores.
 // Scratch:  per (v-head, chunk) hc = h * NC + c, NC = ceil(n / 64):
 //             W [hc][64][128], U [hc][64][128] (V' after the state pass), Aqk [hc][64][64],
 //             H [hc][128][128] (the state at the chunk's start), gamma [hc][64].
 // Kernels:  three launches, 256 threads each (the FLA split: the sequential part carries only S):
 //   deltanet_chunk_prep_kernel    grid (NC, Hv); everything that does not need S. k and q rows in
 //             shared memory ([64][132] floats: float4 row reads without bank conflicts), gates and
-//             gamma; the two Gram matrices K K^T, Q K^T (a 4x4 tile of each per thread, rows
-//             i = ti + 16r, j = tj + 16s) masked with D into A (shared) and Aqk (global); v rows
-//             replace q; then the forward substitution through (I + A), one right-hand-side column
-//             per thread (128 of diag(beta) V, 128 of diag(beta exp(gamma)) K), the 64 unknowns of
-//             the column in registers, A's rows read as float4 broadcasts.
+//             gamma; the two Gram matrices K K^T, Q K^T on the tensor cores (a 16 x 32 tile of each
+//             per warp, the tiles above the diagonal skipped) masked with D into A (shared) and
+//             Aqk (global); v rows replace q; then the forward substitution through (I + A), one
+//             right-hand-side column per thread (128 of diag(beta) V, 128 of diag(beta exp(gamma)) K),
+//             the 64 unknowns of the column in registers, A's rows read as float4 broadcasts.
 //   deltanet_chunk_state_kernel   grid (Hv * 4): block = (v-head, 32 dv columns); the chunks in
-//             order, S's 128 x 32 slice in registers (4 x 4 per thread) and in shared memory.
-//             The next chunk's W, k rows, U slice and gamma stream in by cp.async (two stages,
-//             172.5 KB in all) while this one is computed:
-//               store S (the chunk's start state) to H;  V' = U - W S (2 x 4 per thread);
+//             order, S's 128 x 32 slice in the warps' accumulators (16 rows a warp) and in shared
+//             memory. The next chunk's W, k rows, U slice and gamma stream in by cp.async (two
+//             stages) while this one is computed:
+//               store S (the chunk's start state) to H;  V' = U - W S (16 x 16 a warp);
 //               V' -> global (over U), V' exp(gamma_63 - gamma_j) -> shared;
 //               S = exp(gamma_63) S + K^T (decayed V')   (the k rows past n are zero-filled)
 //   deltanet_chunk_output_kernel  grid (4 column slices, NC, Hv); every (chunk, slice) at once:
-//             O = exp(gamma) (Q H) + Aqk V' for 64 rows x 32 columns, 2 x 4 per thread; the
-//             Aqk V' sum stops at the warp's last row (Aqk is zero above its diagonal).
-// Cost:     per v-head and 64 tokens about 5.0 M fp32 multiply-adds (prep 1.6 M, state 2.1 M,
-//           output 1.3 M): 1.3 G per 512 tokens at Hv = 32, 38 us at the H200's fp32 peak; only
-//           the state pass (a third of it) is sequential. fp32
-//           on the CUDA cores because the results must match the fp32 token loop to ~1e-5; 3xTF32
-//           on the tensor cores is the next step if these kernels show up in the profile.
+//             O = exp(gamma) (Q H) + Aqk V' for 64 rows x 32 columns, 16 x 16 a warp; the Aqk V'
+//             sum stops at the tile's last row (Aqk is zero above its diagonal).
+// Cost:     per v-head and 64 tokens about 5.0 M multiply-adds (prep 1.6 M, state 2.1 M, output
+//           1.3 M), all but the forward substitution's 0.5 M on the tensor cores; only the state
+//           pass is sequential. tf32 rounds each product's operands to 2^-11: outputs and states
+//           within 9e-4 of the largest value of the fp32 token loop's in the tests (the wgmma
+//           prefill GEMMs before and after round their activations to bf16, 2^-9).
 // Tested:   tests/cuda/test_deltanet.cu (Chunked* vs the CPU recurrent rule, T = 1 .. 1000,
-//           carried states across calls).
+//           carried states across calls, within tf32's bound).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
@@ -65,23 +67,28 @@ using ptx::cp_async_wait;
 constexpr int kD = 128;  // dk = dv
 constexpr int kC = 64;   // tokens per chunk (spec §3.2)
 constexpr int kThreads = 256;
-constexpr int kLd = kD + 4;   // floats per shared row of a [64][128] tile
-constexpr int kLdA = kC + 4;  // floats per shared row of Aqk in the output kernel
-constexpr int kCols = 32;     // dv columns per block of the state pass and the output
+constexpr int kCols = 32;  // dv columns per block of the state pass and the output
 constexpr int kSlices = kD / kCols;
 constexpr int kTileLoads = kC * kD / 4 / kThreads;  // float4 per thread for a [64][128] tile (8)
+// Floats per shared row, chosen so that the tf32 fragment loads below hit 32 different banks:
+// a tile read along its rows (an A operand, or B = tile^T) wants a row length = 4 (mod 32), one
+// read down its columns (B = tile, or A = tile^T) a row length = 8 (mod 32).
+constexpr int kLd = kD + 4;      // [64][128] tiles read along rows: q, k (prep), W, Q
+constexpr int kLdT = kD + 8;     // the state pass's k rows, read as K^T
+constexpr int kLdA = kC + 4;     // Aqk in the output kernel
+constexpr int kLdS = kCols + 8;  // [rows][32] slices read down columns: S, H, U, V'
 
 // Floats of scratch per (v-head, chunk): W, U, Aqk, H, gamma.
 constexpr size_t kScratchFloats = size_t(kC) * kD * 2 + size_t(kC) * kC + size_t(kD) * kD + kC;
 
 // Shared memory per kernel, in floats.
-constexpr int kPrepFloats = 2 * kC * kLd + kC * kC + 3 * kC;              // K, Q|V, A, gamma, beta, beta exp(gamma)
-constexpr int kStageFloats = 2 * kC * kLd + kC * kCols + kC;              // W, K, U slice, gamma
-constexpr int kStateFloats = 2 * kStageFloats + kD * kCols + kC * kCols;  // 2 stages, S slice, decayed V'
-constexpr int kOutFloats = kC * kLd + kD * kCols + kC * kLdA + kC * kCols + kC;  // Q, H, Aqk, V', gamma
-constexpr size_t kPrepSmem = kPrepFloats * sizeof(float);                        // 84,736 bytes: 2 blocks per SM
-constexpr size_t kStateSmem = kStateFloats * sizeof(float);                      // 176,640 bytes
-constexpr size_t kOutSmem = kOutFloats * sizeof(float);                          // 76,032 bytes
+constexpr int kPrepFloats = 2 * kC * kLd + kC * kC + 3 * kC;            // K, Q|V, A, gamma, beta, beta exp(gamma)
+constexpr int kStageFloats = kC * kLd + kC * kLdT + kC * kLdS + kC;     // W, K, U slice, gamma
+constexpr int kStateFloats = 2 * kStageFloats + kD * kLdS + kC * kLdS;  // 2 stages, S slice, decayed V'
+constexpr int kOutFloats = kC * kLd + kD * kLdS + kC * kLdA + kC * kLdS + kC;  // Q, H, Aqk, V', gamma
+constexpr size_t kPrepSmem = kPrepFloats * sizeof(float);                      // 84,736 bytes: 2 blocks per SM
+constexpr size_t kStateSmem = kStateFloats * sizeof(float);                    // 188,928 bytes
+constexpr size_t kOutSmem = kOutFloats * sizeof(float);                        // 82,176 bytes: 2 blocks per SM
 
 struct ChunkArgs {
   int n, Hk, Hv, C, NC;          // tokens, key heads, value heads, conv_dim, chunks
@@ -109,31 +116,61 @@ __device__ __forceinline__ float4 lds4(const float* p) {
   return v;
 }
 
+// tf32 fragments of fp32 tiles in shared memory (mma.cuh: mma_tf32's layouts; g = lane / 4,
+// t = lane % 4), rows of ld floats:
+//   frag_a:    A [16 x 8] = M[m0 .., k0 ..]          (M row-major [m][k]; ld = 4 mod 32)
+//   frag_a_t:  A [16 x 8] = M[k0 .., m0 ..]^T        (M row-major [k][m]; ld = 8 mod 32)
+//   frag_b:    B [8 x 8]  = M[k0 .., n0 ..]          (M row-major [k][n]; ld = 8 mod 32)
+//   frag_b_t:  B [8 x 8]  = M[n0 .., k0 ..]^T        (M row-major [n][k]; ld = 4 mod 32)
+__device__ __forceinline__ void frag_a(uint32_t (&a)[4], const float* M, int ld, int m0, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float* q = M + (m0 + g) * ld + k0 + t;
+  a[0] = ptx::tf32(q[0]), a[1] = ptx::tf32(q[8 * ld]), a[2] = ptx::tf32(q[4]), a[3] = ptx::tf32(q[8 * ld + 4]);
+}
+__device__ __forceinline__ void frag_a_t(uint32_t (&a)[4], const float* M, int ld, int m0, int k0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float* q = M + (k0 + t) * ld + m0 + g;
+  a[0] = ptx::tf32(q[0]), a[1] = ptx::tf32(q[8]), a[2] = ptx::tf32(q[4 * ld]), a[3] = ptx::tf32(q[4 * ld + 8]);
+}
+__device__ __forceinline__ void frag_b(uint32_t& b0, uint32_t& b1, const float* M, int ld, int k0, int n0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float* q = M + (k0 + t) * ld + n0 + g;
+  b0 = ptx::tf32(q[0]), b1 = ptx::tf32(q[4 * ld]);
+}
+__device__ __forceinline__ void frag_b_t(uint32_t& b0, uint32_t& b1, const float* M, int ld, int k0, int n0) {
+  const int g = threadIdx.x % 32 / 4, t = threadIdx.x % 4;
+  const float* q = M + (n0 + g) * ld + k0 + t;
+  b0 = ptx::tf32(q[0]), b1 = ptx::tf32(q[4]);
+}
+
+// acc[s] += M[m0 .. m0+15, k] N[k, n0 + 8s .. n0 + 8s + 7] over k in [0, k_end) (a multiple of 8):
+// M row-major [m][k] with row length ldm, N row-major [k][n] with row length ldn.
+template <int NT>
+__device__ __forceinline__ void mma_rows(float (&acc)[NT][4], const float* M, int ldm, int m0, const float* N, int ldn,
+                                         int n0, int k_end) {
+#pragma unroll 4
+  for (int k0 = 0; k0 < k_end; k0 += 8) {
+    uint32_t a[4];
+    frag_a(a, M, ldm, m0, k0);
+#pragma unroll
+    for (int s = 0; s < NT; ++s) {
+      uint32_t b0, b1;
+      frag_b(b0, b1, N, ldn, k0, n0 + 8 * s);
+      ptx::mma_tf32(acc[s], a, b0, b1);
+    }
+  }
+}
+
+// The (row, column) of accumulator value e of n-tile s (mma.cuh's C layout) in a warp tile at
+// (m0, n0): row m0 + g (+8 for e >= 2), column n0 + 8s + 2t (+1 for odd e).
+__device__ __forceinline__ int acc_row(int m0, int e) { return m0 + threadIdx.x % 32 / 4 + (e >= 2 ? 8 : 0); }
+__device__ __forceinline__ int acc_col(int n0, int s) { return n0 + 8 * s + 2 * (threadIdx.x % 4); }
+
 // beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias)   (spec §2.6, as deltanet_common.cuh's gates())
 __device__ __forceinline__ void gate_logs(const ChunkArgs& p, int t, int h, float& g, float& beta) {
   const float x = p.a[size_t(t) * p.Hv + h] + p.dt_bias[h];
   beta = 1.f / (1.f + expf(-p.b[size_t(t) * p.Hv + h]));
   g = -expf(p.A_log[h]) * (x > 20.f ? x : log1pf(expf(x)));
-}
-
-// acc[r][c] += sum_k A[row_r][k] B[k][4 cg + c] over k < K (a multiple of 4), rows row0, row0 + 1:
-// A rows of lda floats, B rows of kCols floats, both in shared memory.
-template <int K>
-__device__ __forceinline__ void mul_2x4(float (&acc)[2][4], const float* A, int lda, int row0, const float* B, int cg,
-                                        int k_end = K) {
-#pragma unroll 4
-  for (int k = 0; k < k_end; k += 4) {
-    const float4 a0 = ld4(A + row0 * lda + k), a1 = ld4(A + (row0 + 1) * lda + k);
-#pragma unroll
-    for (int kk = 0; kk < 4; ++kk) {
-      const float4 bv = ld4(B + (k + kk) * kCols + 4 * cg);
-#pragma unroll
-      for (int c = 0; c < 4; ++c) {
-        acc[0][c] = fmaf(at(a0, kk), at(bv, c), acc[0][c]);
-        acc[1][c] = fmaf(at(a1, kk), at(bv, c), acc[1][c]);
-      }
-    }
-  }
 }
 
 // ---- 1. Per (chunk, v-head): gamma, A, Aqk, W, U ----------------------------------------------
@@ -171,27 +208,24 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_prep_kernel(ChunkA
   }
   __syncthreads();
 
-  // Gram products: kk[r][s] = k_i . k_j, qk[r][s] = q_i . k_j for i = ti + 16r, j = tj + 16s.
-  const int ti = t / 16, tj = t % 16;
+  // Gram products on the tensor cores: kk = K K^T, qk = Q K^T, 64 x 64 each. Warp w owns rows
+  // r0 .. r0 + 15 and columns c0 .. c0 + 31 (four n-tiles of 8); tiles wholly above the diagonal
+  // are masked to zero below and skipped here.
+  const int warp = t / 32, r0 = 16 * (warp / 2), c0 = 32 * (warp % 2);
   float kk[4][4] = {}, qk[4][4] = {};
 #pragma unroll 2
-  for (int k = 0; k < kD; k += 4) {
-    float4 qi[4], ki[4], kj[4];
+  for (int k0 = 0; k0 < kD; k0 += 8) {
+    uint32_t ak[4], aq[4];
+    frag_a(ak, K_s, kLd, r0, k0);
+    frag_a(aq, X_s, kLd, r0, k0);
 #pragma unroll
-    for (int r = 0; r < 4; ++r) {
-      qi[r] = ld4(X_s + (ti + 16 * r) * kLd + k);
-      ki[r] = ld4(K_s + (ti + 16 * r) * kLd + k);
-      kj[r] = ld4(K_s + (tj + 16 * r) * kLd + k);
+    for (int n = 0; n < 4; ++n) {
+      if (c0 + 8 * n > r0 + 15) continue;  // warp-uniform
+      uint32_t b0, b1;
+      frag_b_t(b0, b1, K_s, kLd, k0, c0 + 8 * n);
+      ptx::mma_tf32(kk[n], ak, b0, b1);
+      ptx::mma_tf32(qk[n], aq, b0, b1);
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-#pragma unroll
-      for (int s = 0; s < 4; ++s)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) {
-          kk[r][s] = fmaf(at(ki[r], e), at(kj[s], e), kk[r][s]);
-          qk[r][s] = fmaf(at(qi[r], e), at(kj[s], e), qk[r][s]);
-        }
   }
   // (after the Gram loop, so that gamma is not live across it)
   float gamma = 0.f;
@@ -219,13 +253,13 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_prep_kernel(ChunkA
   __syncthreads();  // gamma visible
   float* Aqk = p.Aqk + hc * kC * kC;
 #pragma unroll
-  for (int r = 0; r < 4; ++r)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const int i = ti + 16 * r, j = tj + 16 * s;
+    for (int e = 0; e < 4; ++e) {
+      const int i = acc_row(r0, e), j = acc_col(c0, n) + (e & 1);
       const float d = j <= i ? expf(gam_s[i] - gam_s[j]) : 0.f;  // never exp of a positive difference
-      A_s[i * kC + j] = j < i ? beta_s[i] * kk[r][s] * d : 0.f;
-      Aqk[i * kC + j] = j <= i ? qk[r][s] * d : 0.f;
+      A_s[i * kC + j] = j < i ? beta_s[i] * kk[n][e] * d : 0.f;
+      Aqk[i * kC + j] = j <= i ? qk[n][e] * d : 0.f;
     }
   __syncthreads();
 
@@ -265,94 +299,105 @@ __global__ void __launch_bounds__(kThreads, 1) deltanet_chunk_state_kernel(Chunk
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
-  float* stages = reinterpret_cast<float*>(smem4);  // 2 x {W [64][kLd], K [64][kLd], U [64][32], gamma [64]}
-  float* S_s = stages + 2 * kStageFloats;           // [128][32] S slice
-  float* V_s = S_s + kD * kCols;                    // [64][32] V'_j exp(gamma_63 - gamma_j)
+  float* stages = reinterpret_cast<float*>(smem4);  // 2 x {W [64][kLd], K [64][kLdT], U [64][kLdS], gamma [64]}
+  float* S_s = stages + 2 * kStageFloats;           // [128][kLdS] S slice
+  float* V_s = S_s + kD * kLdS;                     // [64][kLdS] V'_j exp(gamma_63 - gamma_j)
 
   const int h = blockIdx.x / kSlices, col0 = blockIdx.x % kSlices * kCols, t = threadIdx.x;
-  const int kh = h / (p.Hv / p.Hk), key_dim = p.Hk * kD;
-  const int cg = t % 8, rg = t / 8;  // S rows 4rg .. 4rg+3 (V' rows 2rg, 2rg+1), columns 4cg .. 4cg+3
+  const int kh = h / (p.Hv / p.Hk), key_dim = p.Hk * kD, warp = t / 32;
+  // Warp tiles: V' [64 x 32] in 16 x 16 tiles (rows vr, columns vc), S [128 x 32] in 16 x 32 ones
+  // (rows 16 warp), the S tile in registers from chunk to chunk.
+  const int vr = 16 * (warp / 2), vc = 16 * (warp % 2), sr = 16 * warp;
 
   // Chunk c's W, k rows (zero past n), U slice and gamma into a stage; one cp.async group.
   auto issue = [&](int c, float* stage) {
-    float *W_s = stage, *K_s = stage + kC * kLd, *U_s = K_s + kC * kLd, *g_s = U_s + kC * kCols;
+    float *W_s = stage, *K_s = W_s + kC * kLd, *U_s = K_s + kC * kLdT, *g_s = U_s + kC * kLdS;
     const int i0 = c * kC, nc = min(kC, p.n - i0);
     const size_t hc = size_t(h) * p.NC + c;
 #pragma unroll
     for (int it = 0; it < kTileLoads; ++it) {
       const int idx = t + it * kThreads, row = idx / (kD / 4), col = idx % (kD / 4) * 4;
       cp_async16(W_s + row * kLd + col, p.W + hc * kC * kD + row * kD + col);
-      if (row < nc) cp_async16(K_s + row * kLd + col, p.u + size_t(i0 + row) * p.C + key_dim + kh * kD + col);
-      else st4(K_s + row * kLd + col, make_float4(0.f, 0.f, 0.f, 0.f));
+      if (row < nc) cp_async16(K_s + row * kLdT + col, p.u + size_t(i0 + row) * p.C + key_dim + kh * kD + col);
+      else st4(K_s + row * kLdT + col, make_float4(0.f, 0.f, 0.f, 0.f));
     }
 #pragma unroll
     for (int it = 0; it < kC * kCols / 4 / kThreads; ++it) {
       const int idx = t + it * kThreads, row = idx / (kCols / 4), col = idx % (kCols / 4) * 4;
-      cp_async16(U_s + row * kCols + col, p.U + hc * kC * kD + row * kD + col0 + col);
+      cp_async16(U_s + row * kLdS + col, p.U + hc * kC * kD + row * kD + col0 + col);
     }
     if (t < kC / 4) cp_async16(g_s + 4 * t, p.gam + hc * kC + 4 * t);
     cp_async_commit();
   };
   issue(0, stages);
 
-  float s[4][4];  // S[4rg + r][col0 + 4cg + e]
-  float* S_g = p.S + size_t(h) * kD * kD + col0 + 4 * cg;
+  // S[sr + row, col0 + column] of the warp's tile, in mma_tf32's C layout; and in S_s.
+  float s[4][4];
+  float* S_g = p.S + size_t(h) * kD * kD + col0;
+  auto store_tile = [&](float* dst, int ld) {
 #pragma unroll
-  for (int r = 0; r < 4; ++r) {
-    const float4 v = ld4(S_g + (4 * rg + r) * kD);
-    s[r][0] = v.x, s[r][1] = v.y, s[r][2] = v.z, s[r][3] = v.w;
-    st4(S_s + (4 * rg + r) * kCols + 4 * cg, v);
-  }
+    for (int n = 0; n < 4; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2)
+        *reinterpret_cast<float2*>(dst + acc_row(sr, e) * ld + acc_col(0, n)) = make_float2(s[n][e], s[n][e + 1]);
+  };
+#pragma unroll
+  for (int n = 0; n < 4; ++n)
+#pragma unroll
+    for (int e = 0; e < 4; e += 2) {
+      const float2 v = *reinterpret_cast<const float2*>(S_g + acc_row(sr, e) * kD + acc_col(0, n));
+      s[n][e] = v.x, s[n][e + 1] = v.y;
+    }
+  store_tile(S_s, kLdS);
 
   for (int c = 0; c < p.NC; ++c) {
     const float* stage = stages + (c & 1) * kStageFloats;
-    const float *W_s = stage, *K_s = stage + kC * kLd, *U_s = K_s + kC * kLd, *g_s = U_s + kC * kCols;
-    const int nc = min(kC, p.n - c * kC);
+    const float *W_s = stage, *K_s = W_s + kC * kLd, *U_s = K_s + kC * kLdT, *g_s = U_s + kC * kLdS;
     const size_t hc = size_t(h) * p.NC + c;
     cp_async_wait<0>();
     __syncthreads();  // chunk c landed for all threads; S_s written; the other stage is free
     if (c + 1 < p.NC) issue(c + 1, stages + ((c + 1) & 1) * kStageFloats);
 
-    float* H = p.H + hc * kD * kD + col0 + 4 * cg;  // the state the chunk starts from
-#pragma unroll
-    for (int r = 0; r < 4; ++r) st4(H + (4 * rg + r) * kD, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
+    store_tile(p.H + hc * kD * kD + col0, kD);  // the state the chunk starts from
 
-    // V' = U - W S  (spec §3.2), rows 2rg, 2rg + 1
-    float acc[2][4] = {};
-    mul_2x4<kD>(acc, W_s, kLd, 2 * rg, S_s, cg);
+    // V' = U - W S  (spec §3.2); rows past n are zero (W and U are)
+    float v[2][4] = {};
+    mma_rows<2>(v, W_s, kLd, vr, S_s, kLdS, vc, kD);
     const float last = g_s[kC - 1];
-    float* Vg = p.U + hc * kC * kD + col0 + 4 * cg;
+    float* Vg = p.U + hc * kC * kD + col0;
 #pragma unroll
-    for (int r = 0; r < 2; ++r) {
-      const int row = 2 * rg + r;
-      const float4 u4 = ld4(U_s + row * kCols + 4 * cg);
-      const float4 v = make_float4(u4.x - acc[r][0], u4.y - acc[r][1], u4.z - acc[r][2], u4.w - acc[r][3]);
-      st4(Vg + row * kD, v);
-      const float d = expf(last - g_s[row]);
-      st4(V_s + row * kCols + 4 * cg, make_float4(v.x * d, v.y * d, v.z * d, v.w * d));
-    }
+    for (int n = 0; n < 2; ++n)
+#pragma unroll
+      for (int e = 0; e < 4; e += 2) {
+        const int row = acc_row(vr, e), col = acc_col(vc, n);
+        const float2 u = *reinterpret_cast<const float2*>(U_s + row * kLdS + col);
+        const float2 vv = make_float2(u.x - v[n][e], u.y - v[n][e + 1]);
+        *reinterpret_cast<float2*>(Vg + row * kD + col) = vv;
+        const float d = expf(last - g_s[row]);
+        *reinterpret_cast<float2*>(V_s + row * kLdS + col) = make_float2(vv.x * d, vv.y * d);
+      }
     __syncthreads();  // V_s complete; everyone is done reading S_s
 
-    // S <- exp(gamma_63) S + sum_j k_j (exp(gamma_63 - gamma_j) V'_j)^T
+    // S <- exp(gamma_63) S + K^T (decayed V')   (the k rows past n are zero-filled)
     const float decay = expf(last);
 #pragma unroll
-    for (int r = 0; r < 4; ++r)
+    for (int n = 0; n < 4; ++n)
 #pragma unroll
-      for (int e = 0; e < 4; ++e) s[r][e] *= decay;
-#pragma unroll 4
-    for (int j = 0; j < nc; ++j) {
-      const float4 kv = ld4(K_s + j * kLd + 4 * rg), vv = ld4(V_s + j * kCols + 4 * cg);
+      for (int e = 0; e < 4; ++e) s[n][e] *= decay;
+#pragma unroll 2
+    for (int k0 = 0; k0 < kC; k0 += 8) {
+      uint32_t a[4];
+      frag_a_t(a, K_s, kLdT, sr, k0);
 #pragma unroll
-      for (int r = 0; r < 4; ++r)
-#pragma unroll
-        for (int e = 0; e < 4; ++e) s[r][e] = fmaf(at(kv, r), at(vv, e), s[r][e]);
+      for (int n = 0; n < 4; ++n) {
+        uint32_t b0, b1;
+        frag_b(b0, b1, V_s, kLdS, k0, 8 * n);
+        ptx::mma_tf32(s[n], a, b0, b1);
+      }
     }
-#pragma unroll
-    for (int r = 0; r < 4; ++r)
-      st4(S_s + (4 * rg + r) * kCols + 4 * cg, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
+    store_tile(S_s, kLdS);
   }
-#pragma unroll
-  for (int r = 0; r < 4; ++r) st4(S_g + (4 * rg + r) * kD, make_float4(s[r][0], s[r][1], s[r][2], s[r][3]));
+  store_tile(S_g, kD);
 }
 
 // ---- 3. Per (32 columns, chunk, v-head): the outputs ------------------------------------------
@@ -361,11 +406,12 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
   pdl_wait();
   pdl_launch_dependents();
   extern __shared__ float4 smem4[];
-  float* Q_s = reinterpret_cast<float*>(smem4);  // [64][kLd] q rows (rows past n unset, never stored)
-  float* H_s = Q_s + kC * kLd;                   // [128][32] start state, this slice
-  float* A_s = H_s + kD * kCols;                 // [64][kLdA] Aqk
-  float* V_s = A_s + kC * kLdA;                  // [64][32] V', this slice
-  float* g_s = V_s + kC * kCols;                 // [64] gamma
+  float* Q_s = reinterpret_cast<float*>(smem4);  // [64][kLd] q rows (rows past n unset: they only reach
+                                                 // output rows that are never stored)
+  float* H_s = Q_s + kC * kLd;                   // [128][kLdS] start state, this slice
+  float* A_s = H_s + kD * kLdS;                  // [64][kLdA] Aqk
+  float* V_s = A_s + kC * kLdA;                  // [64][kLdS] V', this slice
+  float* g_s = V_s + kC * kLdS;                  // [64] gamma
 
   const int col0 = blockIdx.x * kCols, c = blockIdx.y, h = blockIdx.z, t = threadIdx.x;
   const int kh = h / (p.Hv / p.Hk);
@@ -379,7 +425,7 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
 #pragma unroll
   for (int it = 0; it < kD * kCols / 4 / kThreads; ++it) {
     const int idx = t + it * kThreads, row = idx / (kCols / 4), col = idx % (kCols / 4) * 4;
-    cp_async16(H_s + row * kCols + col, p.H + hc * kD * kD + row * kD + col0 + col);
+    cp_async16(H_s + row * kLdS + col, p.H + hc * kD * kD + row * kD + col0 + col);
   }
 #pragma unroll
   for (int it = 0; it < kC * kC / 4 / kThreads; ++it) {
@@ -389,32 +435,31 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
 #pragma unroll
   for (int it = 0; it < kC * kCols / 4 / kThreads; ++it) {
     const int idx = t + it * kThreads, row = idx / (kCols / 4), col = idx % (kCols / 4) * 4;
-    cp_async16(V_s + row * kCols + col, p.U + hc * kC * kD + row * kD + col0 + col);
+    cp_async16(V_s + row * kLdS + col, p.U + hc * kC * kD + row * kD + col0 + col);
   }
   if (t < kC / 4) cp_async16(g_s + 4 * t, p.gam + hc * kC + 4 * t);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
 
-  // O = diag(exp(gamma)) Q S + Aqk V'  (spec §3.2), rows 2rg, 2rg + 1, columns 4cg .. 4cg + 3
-  const int cg = t % 8, rg = t / 8;
+  // O = diag(exp(gamma)) Q S + Aqk V'  (spec §3.2); warp tiles of 16 x 16 (rows r0, columns c0).
+  const int warp = t / 32, r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
   float acc[2][4] = {};
-  mul_2x4<kD>(acc, Q_s, kLd, 2 * rg, H_s, cg);
+  mma_rows<2>(acc, Q_s, kLd, r0, H_s, kLdS, c0, kD);
+  const float d_lo = expf(g_s[acc_row(r0, 0)]), d_hi = expf(g_s[acc_row(r0, 2)]);
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const float decay = expf(g_s[2 * rg + r]);
+  for (int n = 0; n < 2; ++n) acc[n][0] *= d_lo, acc[n][1] *= d_lo, acc[n][2] *= d_hi, acc[n][3] *= d_hi;
+  // Aqk[i, j > i] = 0: the sum over j stops after the tile's last row.
+  mma_rows<2>(acc, A_s, kLdA, r0, V_s, kLdS, c0, r0 + 16);
 #pragma unroll
-    for (int e = 0; e < 4; ++e) acc[r][e] *= decay;
-  }
-  // The warp's rows are 8w .. 8w + 7, and Aqk[i, j > i] = 0: the sum stops at j = 8w + 7.
-  mul_2x4<kC>(acc, A_s, kLdA, 2 * rg, V_s, cg, 8 * (t / 32) + 8);
+  for (int n = 0; n < 2; ++n)
 #pragma unroll
-  for (int r = 0; r < 2; ++r) {
-    const int row = 2 * rg + r;
-    if (row < nc)
-      st4(p.o + size_t(i0 + row) * p.Hv * kD + h * kD + col0 + 4 * cg,
-          make_float4(acc[r][0], acc[r][1], acc[r][2], acc[r][3]));
-  }
+    for (int e = 0; e < 4; e += 2) {
+      const int row = acc_row(r0, e);
+      if (row < nc)
+        *reinterpret_cast<float2*>(p.o + size_t(i0 + row) * p.Hv * kD + h * kD + col0 + acc_col(c0, n)) = make_float2(
+            acc[n][e], acc[n][e + 1]);
+    }
 }
 
 }  // namespace
