@@ -94,6 +94,16 @@ struct ProfiledRegion {
   }
 };
 
+// One prefill of `tokens` into `state` from empty, in seconds; a profiler sees only the forward.
+double time_prefill_pass(Backend& backend, SequenceState& state, const std::vector<int32_t>& tokens,
+                         std::vector<float>& logits, bool profiled) {
+  state.reset();
+  ProfiledRegion region(profiled);
+  const double t0 = now_seconds();
+  backend.forward(state, tokens, LogitsWanted::last, logits);
+  return now_seconds() - t0;
+}
+
 std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& lengths, int repeats, bool on_cuda,
                                double peak_flops) {
   const ModelConfig& c = backend.config();
@@ -107,14 +117,14 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
   for (int32_t L : lengths) {
     auto tokens = random_tokens(L, c.vocab_size, uint32_t(L));
     auto state = backend.new_sequence(L + 1);
+    // One untimed pass first: a length can be the first to launch some kernels (the few-token
+    // forms, other tiles), and CUDA loads each on its first launch (lazy module loading). Timed,
+    // that pass was the reported time of --repeats 2, whose median is the slower of the two
+    // (docs/perf.md, lily serve's call 4: the first length's row).
+    time_prefill_pass(backend, *state, tokens, logits, false);
     std::vector<double> times;
-    for (int r = 0; r < repeats; ++r) {
-      state->reset();
-      ProfiledRegion region(on_cuda && r == 0);
-      double t0 = now_seconds();
-      backend.forward(*state, tokens, LogitsWanted::last, logits);
-      times.push_back(now_seconds() - t0);
-    }
+    for (int r = 0; r < repeats; ++r)
+      times.push_back(time_prefill_pass(backend, *state, tokens, logits, on_cuda && r == 0));
     double t = median(times);
     double tflops = prefill_flops(c, L) / t / 1e12;
     rows.push_back({"prefill", L, t, L / t, tflops, 100.0 * tflops * 1e12 / peak_flops});
@@ -408,7 +418,10 @@ CommandRegistration bench_command{
        sub.add_option("--decode-tokens", a->decode_tokens,
                       fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU)",
                                   kGpuDecodeTokens, kCpuDecodeTokens));
-       sub.add_option("--repeats", a->repeats, "Measurements per point (median reported)")->capture_default_str();
+       sub.add_option("--repeats", a->repeats,
+                      "Measurements per point (median reported), after one untimed warm-up pass of each prefill "
+                      "length and a warm-up of each decode depth")
+           ->capture_default_str();
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
                       "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
