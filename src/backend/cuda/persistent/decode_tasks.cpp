@@ -13,9 +13,6 @@ namespace {
 
 Access read(uint32_t buffer, uint64_t begin, uint64_t end) { return {Access::Kind::read, buffer, begin, end}; }
 Access write(uint32_t buffer, uint64_t begin, uint64_t end) { return {Access::Kind::write, buffer, begin, end}; }
-Access accumulate(uint32_t buffer, uint64_t begin, uint64_t end) {
-  return {Access::Kind::accumulate, buffer, begin, end};
-}
 
 // Sizes of the step (floats unless named), from the config.
 struct Shape {
@@ -45,55 +42,74 @@ struct Shape {
         conv_taps(std::max(1, c.linear_conv_kernel_dim - 1)) {}
 };
 
-// Builds the list: counters handed out in step order, tasks dealt to blocks round-robin.
+// Builds the list: counters handed out in step order, tasks dealt to blocks round-robin. Buffers of
+// T rows hold row t's part at t * stride (the strides below, in bytes).
 class Builder {
  public:
-  Builder(const ModelConfig& c, const DecodeTiling& t) : c_(c), t_(t), s_(c) {
+  Builder(const ModelConfig& c, const DecodeTiling& t, const DecodeRows& rows)
+      : c_(c),
+        t_(t),
+        s_(c),
+        T_(uint64_t(rows.count)),
+        sequences_(uint64_t(rows.sequences())),
+        new_rows_(rows.kind == DecodeRows::Kind::verify ? T_ : 1),
+        slots_(uint64_t(expert_slots(c, rows))),
+        proj_stride_(std::max(s_.attention_rows, s_.deltanet_rows) * 4),
+        mixer_stride_(std::max(s_.value_dim, s_.q_width) * 4),
+        partial_(s_.heads * (uint64_t(c.head_dim) + 2) * 4) {
     out_.list.blocks.resize(size_t(t.blocks));
+    out_.rows = rows;
     const uint64_t splits = uint64_t(t.attention_splits);
-    out_.buffer_bytes = {4,
-                         s_.H * 4,
-                         std::max(s_.attention_rows, s_.deltanet_rows) * 4,
-                         std::max(s_.value_dim, s_.q_width) * 4,
-                         s_.H * 4,
-                         (s_.E + 1) * 4,
-                         s_.k * 8,
-                         (s_.k + 1) * s_.I * 4,
-                         splits * s_.heads * (uint64_t(c.head_dim) + 2) * 4,
-                         s_.V * 4,
-                         4};
-    for (int l = 0; l < c.num_layers; ++l) out_.buffer_bytes.push_back(state_bytes(c.layer_types[size_t(l)]));
+    out_.buffer_bytes = {T_ * 4,
+                         T_ * s_.H * 4,
+                         T_ * proj_stride_,
+                         T_ * mixer_stride_,
+                         T_ * s_.H * 4,
+                         T_ * (s_.E + 1) * 4,
+                         slots_ * 4 + slots_ * T_ * 4,
+                         (slots_ + 1) * T_ * s_.I * 4,
+                         T_ * splits * partial_,
+                         T_ * s_.V * 4,
+                         sequences_ * 4};
+    for (int l = 0; l < c.num_layers; ++l)
+      out_.buffer_bytes.push_back(sequences_ * state_bytes(c.layer_types[size_t(l)]));
   }
 
   DecodeTasks build() {
     const int32_t embedded = counter();
-    add(DecodeOp::embed, 0, 0, 1, "embed", {}, embedded, {read(kToken, 0, 4), write(kHidden, 0, s_.H * 4)});
+    add(DecodeOp::embed, 0, 0, 1, "embed", {}, embedded, {read(kToken, 0, T_ * 4), write(kHidden, 0, T_ * s_.H * 4)});
     Wait h_ready{uint32_t(embedded), 1};
     for (int l = 0; l < c_.num_layers; ++l) h_ready = layer(l, h_ready);
     for (uint64_t r = 0; r < s_.V; r += uint64_t(t_.lm_head_rows)) {
       const uint64_t e = std::min(s_.V, r + uint64_t(t_.lm_head_rows));
-      add(DecodeOp::lm_head, 0, r, e - r, fmt::format("lm_head rows {}..{}", r, e), {h_ready}, -1,
-          {read(kHidden, 0, s_.H * 4), write(kLogits, r * 4, e * 4)});
+      std::vector<Access> use = {read(kHidden, 0, T_ * s_.H * 4)};
+      each_row(use, Access::Kind::write, kLogits, s_.V * 4, r * 4, e * 4);
+      add(DecodeOp::lm_head, 0, r, e - r, fmt::format("lm_head rows {}..{}", r, e), {h_ready}, -1, std::move(use));
     }
-    add(DecodeOp::advance, 0, 0, 1, "advance", {h_ready}, -1, {write(kPosition, 0, 4)});
+    add(DecodeOp::advance, 0, 0, 1, "advance", {h_ready}, -1, {write(kPosition, 0, sequences_ * 4)});
     return std::move(out_);
   }
 
  private:
+  // One sequence's state of a layer: the conv and recurrent state, or the KV cache with the rows
+  // this step appends.
   uint64_t state_bytes(LayerKind kind) const {
-    if (kind == LayerKind::full_attention) return (kCacheRows + 1) * 2 * s_.kv_width * 2;  // k and v, bf16
+    if (kind == LayerKind::full_attention) return (kCacheRows + new_rows_) * kv_row();  // k and v, bf16
     return s_.conv_dim * s_.conv_taps * 4 + s_.value_heads * s_.dk * s_.dv * 4;
   }
+  uint64_t kv_row() const { return 2 * s_.kv_width * 2; }
 
   int32_t counter() {
     producers_.push_back(0);
     return int32_t(out_.list.counters++);
   }
 
+  // A task on the step's rows [row, row + rows); by default all of them.
   Task& add(DecodeOp op, int layer, uint64_t first, uint64_t count, std::string name, std::vector<Wait> waits,
-            int32_t signal, std::vector<Access> accesses) {
+            int32_t signal, std::vector<Access> accesses, uint64_t row = 0, uint64_t rows = 0) {
     Task task;
     task.op = uint16_t(op), task.layer = uint16_t(layer), task.first = uint32_t(first), task.count = uint32_t(count);
+    task.row = uint16_t(row), task.rows = uint16_t(rows == 0 ? T_ : rows);
     task.waits = std::move(waits), task.signal = signal, task.accesses = std::move(accesses);
     task.name = std::move(name);
     auto& block = out_.list.blocks[cursor_++ % out_.list.blocks.size()];
@@ -101,6 +117,15 @@ class Builder {
     if (signal >= 0) ++producers_[signal];
     return block.back();
   }
+
+  // Bytes [begin, end) of every row's part of a buffer of `stride` bytes a row.
+  void each_row(std::vector<Access>& use, Access::Kind kind, uint32_t buffer, uint64_t stride, uint64_t begin,
+                uint64_t end) const {
+    for (uint64_t t = 0; t < T_; ++t) use.push_back({kind, buffer, t * stride + begin, t * stride + end});
+  }
+
+  // "row 2 " in the names of a parallel step's per-sequence tasks; nothing for one sequence.
+  std::string sequence_name(uint64_t t) const { return sequences_ > 1 ? fmt::format("row {} ", t) : ""; }
 
   // The wait for every task that signalled `counter` so far.
   Wait all_of(int32_t counter) { return {uint32_t(counter), producers_[counter]}; }
@@ -119,102 +144,143 @@ class Builder {
 
     const int32_t projected = counter();
     tiles(in_rows, t_.in_proj_rows, [&](uint64_t r, uint64_t e) {
+      std::vector<Access> use = {read(kHidden, 0, T_ * s_.H * 4)};
+      each_row(use, Access::Kind::write, kProj, proj_stride_, r * 4, e * 4);
       add(DecodeOp::in_proj, l, r, e - r, at + fmt::format("in_proj rows {}..{}", r, e), {h_ready}, projected,
-          {read(kHidden, 0, s_.H * 4), write(kProj, r * 4, e * 4)});
+          std::move(use));
     });
     const int32_t mixed = attention ? attention_core(l, all_of(projected)) : deltanet_core(l, all_of(projected));
 
     const int32_t out = counter();
     const uint64_t mixer_width = attention ? s_.q_width : s_.value_dim;
     tiles(s_.H, t_.out_proj_rows, [&](uint64_t r, uint64_t e) {
+      std::vector<Access> use;
+      each_row(use, Access::Kind::read, kMixer, mixer_stride_, 0, mixer_width * 4);
+      each_row(use, Access::Kind::accumulate, kHidden, s_.H * 4, r * 4, e * 4);
       add(DecodeOp::out_proj, l, r, e - r, at + fmt::format("out_proj rows {}..{}", r, e), {all_of(mixed)}, out,
-          {read(kMixer, 0, mixer_width * 4), accumulate(kHidden, r * 4, e * 4)});
+          std::move(use));
     });
     return moe(l, all_of(out));
   }
 
   // DeltaNet: tasks of value heads [v, v + n) read their key heads' q and k, their v, z, b and a,
-  // and update those channels' conv state and those heads' recurrent state.
+  // and update those channels' conv state and those heads' recurrent state. Verify: one task steps
+  // through all rows on the one state (program order inside the task orders the rows); parallel:
+  // a task a sequence, on that sequence's state.
   int32_t deltanet_core(int l, Wait projected) {
     const int32_t done = counter();
     const uint64_t per_key = s_.value_heads / s_.key_heads, state = kLayerState + uint32_t(l);
-    const uint64_t ssm_at = s_.conv_dim * s_.conv_taps * 4;
-    tiles(s_.value_heads, t_.deltanet_heads, [&](uint64_t v0, uint64_t v1) {
-      const uint64_t k0 = v0 / per_key, k1 = v1 / per_key;
-      const uint64_t q[2] = {k0 * s_.dk, k1 * s_.dk}, kk[2] = {s_.key_dim + q[0], s_.key_dim + q[1]};
-      const uint64_t vv[2] = {2 * s_.key_dim + v0 * s_.dv, 2 * s_.key_dim + v1 * s_.dv};
-      const uint64_t z0 = s_.conv_dim, b0 = z0 + s_.value_dim, a0 = b0 + s_.value_heads;
-      std::vector<Access> use = {
-          read(kProj, q[0] * 4, q[1] * 4),
-          read(kProj, kk[0] * 4, kk[1] * 4),
-          read(kProj, vv[0] * 4, vv[1] * 4),
-          read(kProj, (z0 + v0 * s_.dv) * 4, (z0 + v1 * s_.dv) * 4),
-          read(kProj, (b0 + v0) * 4, (b0 + v1) * 4),
-          read(kProj, (a0 + v0) * 4, (a0 + v1) * 4),
-          write(state, q[0] * s_.conv_taps * 4, q[1] * s_.conv_taps * 4),  // conv state: [channel][tap]
-          write(state, kk[0] * s_.conv_taps * 4, kk[1] * s_.conv_taps * 4),
-          write(state, vv[0] * s_.conv_taps * 4, vv[1] * s_.conv_taps * 4),
-          write(state, ssm_at + v0 * s_.dk * s_.dv * 4, ssm_at + v1 * s_.dk * s_.dv * 4),
-          write(kMixer, v0 * s_.dv * 4, v1 * s_.dv * 4)};
-      add(DecodeOp::deltanet_core, l, v0, v1 - v0, fmt::format("layer {} deltanet heads {}..{}", l, v0, v1),
-          {projected}, done, std::move(use));
-    });
+    const uint64_t ssm_at = s_.conv_dim * s_.conv_taps * 4, state_size = state_bytes(LayerKind::linear_attention);
+    for (uint64_t seq = 0; seq < sequences_; ++seq) {
+      // The rows this sequence's tasks step through: all (verify) or its own (parallel).
+      const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_, at = seq * state_size;
+      tiles(s_.value_heads, t_.deltanet_heads, [&](uint64_t v0, uint64_t v1) {
+        const uint64_t k0 = v0 / per_key, k1 = v1 / per_key;
+        const uint64_t q[2] = {k0 * s_.dk, k1 * s_.dk}, kk[2] = {s_.key_dim + q[0], s_.key_dim + q[1]};
+        const uint64_t vv[2] = {2 * s_.key_dim + v0 * s_.dv, 2 * s_.key_dim + v1 * s_.dv};
+        const uint64_t z0 = s_.conv_dim, b0 = z0 + s_.value_dim, a0 = b0 + s_.value_heads;
+        const uint64_t ranges[6][2] = {{q[0], q[1]},       {kk[0], kk[1]},
+                                       {vv[0], vv[1]},     {z0 + v0 * s_.dv, z0 + v1 * s_.dv},
+                                       {b0 + v0, b0 + v1}, {a0 + v0, a0 + v1}};
+        std::vector<Access> use;
+        for (const auto& [begin, end] : ranges)
+          for (uint64_t t = row; t < row + rows; ++t)
+            use.push_back(read(kProj, t * proj_stride_ + begin * 4, t * proj_stride_ + end * 4));
+        use.push_back(write(state, at + q[0] * s_.conv_taps * 4, at + q[1] * s_.conv_taps * 4));  // [channel][tap]
+        use.push_back(write(state, at + kk[0] * s_.conv_taps * 4, at + kk[1] * s_.conv_taps * 4));
+        use.push_back(write(state, at + vv[0] * s_.conv_taps * 4, at + vv[1] * s_.conv_taps * 4));
+        use.push_back(write(state, at + ssm_at + v0 * s_.dk * s_.dv * 4, at + ssm_at + v1 * s_.dk * s_.dv * 4));
+        for (uint64_t t = row; t < row + rows; ++t)
+          use.push_back(write(kMixer, t * mixer_stride_ + v0 * s_.dv * 4, t * mixer_stride_ + v1 * s_.dv * 4));
+        add(DecodeOp::deltanet_core, l, v0, v1 - v0,
+            fmt::format("layer {} deltanet {}heads {}..{}", l, sequence_name(seq), v0, v1), {projected}, done,
+            std::move(use), row, rows);
+      });
+    }
     return done;
   }
 
-  // Attention: each split reads its part of the cache (the first also appends this token's k and
-  // v), all of q, k, v, and writes its partial outputs; the combine writes the gated output.
+  // Attention: each split reads its part of the cache (the first also appends the step's k and v),
+  // the q, k, v of its rows, and writes its partial outputs; the combine writes the gated output.
+  // Verify: the splits of the one cache, each for all rows (split 0 masks the step's own rows
+  // causally), one combine; parallel: splits and a combine a sequence (its own counter, so that a
+  // combine waits only for its sequence's splits).
   int32_t attention_core(int l, Wait projected) {
-    const int32_t split_done = counter(), done = counter();
-    const uint64_t row = 2 * s_.kv_width * 2, state = kLayerState + uint32_t(l);
-    const uint64_t partial = s_.heads * (uint64_t(c_.head_dim) + 2) * 4;
-    for (int sp = 0; sp < t_.attention_splits; ++sp) {
-      std::vector<Access> use = {read(kProj, 0, s_.attention_rows * 4), read(state, 0, kCacheRows * row),
-                                 read(kPosition, 0, 4), write(kPartials, sp * partial, (sp + 1) * partial)};
-      if (sp == 0) use.push_back(write(state, kCacheRows * row, (kCacheRows + 1) * row));
-      add(DecodeOp::attention_split, l, uint64_t(sp), 1, fmt::format("layer {} attention split {}", l, sp), {projected},
-          split_done, std::move(use));
+    std::vector<int32_t> split_done;
+    for (uint64_t seq = 0; seq < sequences_; ++seq) split_done.push_back(counter());
+    const int32_t done = counter();
+    const uint64_t state = kLayerState + uint32_t(l), state_size = state_bytes(LayerKind::full_attention);
+    const uint64_t splits = uint64_t(t_.attention_splits), row_stride = splits * partial_;
+    for (uint64_t seq = 0; seq < sequences_; ++seq) {
+      const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_, at = seq * state_size;
+      for (uint64_t sp = 0; sp < splits; ++sp) {
+        std::vector<Access> use;
+        for (uint64_t t = row; t < row + rows; ++t)
+          use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + s_.attention_rows * 4));
+        use.push_back(read(state, at, at + kCacheRows * kv_row()));
+        use.push_back(read(kPosition, seq * 4, (seq + 1) * 4));
+        for (uint64_t t = row; t < row + rows; ++t)
+          use.push_back(write(kPartials, t * row_stride + sp * partial_, t * row_stride + (sp + 1) * partial_));
+        if (sp == 0) use.push_back(write(state, at + kCacheRows * kv_row(), at + (kCacheRows + new_rows_) * kv_row()));
+        add(DecodeOp::attention_split, l, sp, 1,
+            fmt::format("layer {} attention {}split {}", l, sequence_name(seq), sp), {projected}, split_done[seq],
+            std::move(use), row, rows);
+      }
     }
-    add(DecodeOp::attention_combine, l, 0, 1, fmt::format("layer {} attention combine", l), {all_of(split_done)}, done,
-        {read(kPartials, 0, uint64_t(t_.attention_splits) * partial), read(kProj, 0, 2 * s_.q_width * 4),
-         write(kMixer, 0, s_.q_width * 4)});
+    for (uint64_t seq = 0; seq < sequences_; ++seq) {
+      const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_;
+      std::vector<Access> use = {read(kPartials, row * row_stride, (row + rows) * row_stride)};
+      for (uint64_t t = row; t < row + rows; ++t)
+        use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + 2 * s_.q_width * 4));
+      for (uint64_t t = row; t < row + rows; ++t)
+        use.push_back(write(kMixer, t * mixer_stride_, t * mixer_stride_ + s_.q_width * 4));
+      add(DecodeOp::attention_combine, l, 0, 1, fmt::format("layer {} attention {}combine", l, sequence_name(seq)),
+          {all_of(split_done[seq])}, done, std::move(use), row, rows);
+    }
     return done;
   }
 
   // The MoE after out_proj; returns the wait for h with every slot's down added.
   Wait moe(int l, Wait h_ready) {
     const std::string at = fmt::format("layer {} ", l);
+    const uint64_t act_slot = T_ * s_.I * 4, top_k_bytes = slots_ * 4 + slots_ * T_ * 4;
     const int32_t normed = counter(), routed = counter(), chosen = counter(), down = counter();
     add(DecodeOp::moe_norm, l, 0, 1, at + "moe_norm", {h_ready}, normed,
-        {read(kHidden, 0, s_.H * 4), write(kMoeInput, 0, s_.H * 4)});
+        {read(kHidden, 0, T_ * s_.H * 4), write(kMoeInput, 0, T_ * s_.H * 4)});
     tiles(s_.E + 1, t_.router_rows, [&](uint64_t r, uint64_t e) {
+      std::vector<Access> use = {read(kMoeInput, 0, T_ * s_.H * 4)};
+      each_row(use, Access::Kind::write, kRouterLogits, (s_.E + 1) * 4, r * 4, e * 4);
       add(DecodeOp::router, l, r, e - r, at + fmt::format("router rows {}..{}", r, e), {all_of(normed)}, routed,
-          {read(kMoeInput, 0, s_.H * 4), write(kRouterLogits, r * 4, e * 4)});
+          std::move(use));
     });
-    add(DecodeOp::top_k, l, 0, 1, at + "top_k", {all_of(routed)}, chosen,
-        {read(kRouterLogits, 0, s_.E * 4), write(kTopK, 0, s_.k * 8)});
-    // Slots 0..k-1: the chosen experts; slot k: the shared expert (needs x, not the choice).
+    std::vector<Access> top_k_use;
+    each_row(top_k_use, Access::Kind::read, kRouterLogits, (s_.E + 1) * 4, 0, s_.E * 4);
+    top_k_use.push_back(write(kTopK, 0, top_k_bytes));
+    add(DecodeOp::top_k, l, 0, 1, at + "top_k", {all_of(routed)}, chosen, std::move(top_k_use));
+    // Slots 0..U-1: the union of the rows' experts; slot U: the shared expert (needs x, not the
+    // choice). A slot's gate/up writes act[slot][t] of every row (those that chose its expert).
     std::vector<int32_t> acted;
-    for (uint64_t slot = 0; slot <= s_.k; ++slot) {
-      const bool shared = slot == s_.k;
+    for (uint64_t slot = 0; slot <= slots_; ++slot) {
+      const bool shared = slot == slots_;
       const int32_t act = counter();
       acted.push_back(act);
       tiles(s_.I, t_.expert_rows, [&](uint64_t r, uint64_t e) {
-        std::vector<Access> use = {read(kMoeInput, 0, s_.H * 4),
-                                   write(kAct, (slot * s_.I + r) * 4, (slot * s_.I + e) * 4)};
-        if (!shared) use.push_back(read(kTopK, 0, s_.k * 8));
+        std::vector<Access> use = {read(kMoeInput, 0, T_ * s_.H * 4)};
+        each_row(use, Access::Kind::write, kAct, s_.I * 4, slot * act_slot + r * 4, slot * act_slot + e * 4);
+        if (!shared) use.push_back(read(kTopK, 0, top_k_bytes));
         add(DecodeOp::gate_up, l, r, e - r, at + fmt::format("gate_up slot {} rows {}..{}", slot, r, e),
             {shared ? all_of(normed) : all_of(chosen)}, act, std::move(use))
             .slot = uint16_t(slot);
       });
     }
-    for (uint64_t slot = 0; slot <= s_.k; ++slot) {
-      const bool shared = slot == s_.k;
+    for (uint64_t slot = 0; slot <= slots_; ++slot) {
+      const bool shared = slot == slots_;
       const Wait act = all_of(acted[slot]);
       tiles(s_.H, t_.down_rows, [&](uint64_t r, uint64_t e) {
-        std::vector<Access> use = {read(kAct, slot * s_.I * 4, (slot + 1) * s_.I * 4),
-                                   shared ? read(kRouterLogits, s_.E * 4, (s_.E + 1) * 4) : read(kTopK, 0, s_.k * 8),
-                                   accumulate(kHidden, r * 4, e * 4)};
+        std::vector<Access> use = {read(kAct, slot * act_slot, (slot + 1) * act_slot)};
+        if (shared) each_row(use, Access::Kind::read, kRouterLogits, (s_.E + 1) * 4, s_.E * 4, (s_.E + 1) * 4);
+        else use.push_back(read(kTopK, 0, top_k_bytes));
+        each_row(use, Access::Kind::accumulate, kHidden, s_.H * 4, r * 4, e * 4);
         std::vector<Wait> waits = {act};
         if (shared) waits.push_back(all_of(routed));  // its gate is the router's last row
         add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), std::move(waits),
@@ -228,6 +294,12 @@ class Builder {
   const ModelConfig& c_;
   const DecodeTiling t_;
   const Shape s_;
+  const uint64_t T_;          // rows of the step
+  const uint64_t sequences_;  // 1 (verify) or T (parallel)
+  const uint64_t new_rows_;   // KV rows a sequence's cache gains this step: T (verify) or 1
+  const uint64_t slots_;      // routed expert slots (expert_slots)
+  const uint64_t proj_stride_, mixer_stride_,
+      partial_;  // bytes: a row of kProj, of kMixer; a split's partials of a row
   DecodeTasks out_;
   size_t cursor_ = 0;
   std::vector<uint32_t> producers_;  // by counter: the tasks that signal it so far
@@ -254,12 +326,18 @@ const char* op_name(DecodeOp op) {
   return "?";
 }
 
-DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t) {
+int expert_slots(const ModelConfig& c, const DecodeRows& rows) {
+  return std::min(c.num_experts, rows.count * c.num_experts_per_tok);
+}
+
+DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t, const DecodeRows& rows) {
   LILY_CHECK(t.blocks > 0 && t.in_proj_rows > 0 && t.out_proj_rows > 0 && t.router_rows > 0 && t.expert_rows > 0 &&
                  t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_heads > 0 && t.attention_splits > 0,
              "decode tasks: every tile size and the block count must be positive");
+  LILY_CHECK(rows.count >= 1 && rows.count <= kMaxDecodeRows, "decode tasks: {} rows a step (1..{})", rows.count,
+             kMaxDecodeRows);
   LILY_CHECK(c.num_layers > 0 && size_t(c.num_layers) == c.layer_types.size() && c.hidden_size > 0 &&
-                 c.num_experts > 0 && c.num_experts_per_tok > 0 && c.vocab_size > 0,
+                 c.num_experts_per_tok > 0 && c.num_experts >= c.num_experts_per_tok && c.vocab_size > 0,
              "decode tasks: config with {} layers ({} layer types), hidden {}, {} experts (top {}), vocabulary {}",
              c.num_layers, c.layer_types.size(), c.hidden_size, c.num_experts, c.num_experts_per_tok, c.vocab_size);
   if (c.num_layers_of(LayerKind::linear_attention) > 0) {
@@ -272,7 +350,7 @@ DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t) {
                "a key head)",
                t.deltanet_heads, per_key);
   }
-  return Builder(c, t).build();
+  return Builder(c, t, rows).build();
 }
 
 }  // namespace lily::cuda::persistent

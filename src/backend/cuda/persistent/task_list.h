@@ -44,6 +44,8 @@ struct Task {
   uint16_t slot = 0;   // gate_up and down: the expert slot (0..k-1 routed, k the shared expert)
   uint32_t first = 0;  // the work range of the op, in its own units (rows, tiles, heads, ...)
   uint32_t count = 0;
+  uint16_t row = 0;  // the step's token rows it works on, [row, row + rows) (a step of several tokens)
+  uint16_t rows = 1;
   std::vector<Wait> waits;
   int32_t signal = -1;           // counter added to when done; -1: none
   std::vector<Access> accesses;  // checked only: what it reads and writes
