@@ -4,14 +4,22 @@
 // Every task's body is written here in plain C++ over the step's buffers, reading and writing only
 // what its Access list declares, and the tasks run in an order the kernel could take: at each turn
 // a random block whose next task has all its waits met. Before each step every scratch buffer is
-// poisoned with NaN (expert ids with -1), so a task that reads what no task before it wrote shows.
-// The logits of every step must match the CPU reference backend's decode step (fp32 both; only
-// the order of the sums differs) on tiny-a and lily-tiny, with the default tiling and with odd
-// tiles on few blocks (more attention splits than cached rows included). That proves the
+// poisoned with NaN (expert slots with kUnsetSlot), so a task that reads what no task before it
+// wrote shows. The logits of every step must match the CPU reference backend's decode step (fp32
+// both; only the order of the sums differs) on tiny-a and lily-tiny, with the default tiling and
+// with odd tiles on few blocks (more attention splits than cached rows included). That proves the
 // decomposition computes the model: the fused input projection's row order, DeltaNet head groups
 // with their key heads and conv channels, attention splits and their combine, the router's last
 // row as the shared expert's gate, and every expert slot's down added into h. A list with one
 // task's rows shifted must fail the comparison (the test can fail).
+//
+// Steps of several rows (DecodeRows) the same way. Verify: T = 1..8 drafts after a prefix, every
+// row against the reference decoding the drafts one at a time; parallel: T = 2..8 sequences at
+// different positions (0 included), every row against its own sequence's reference step. After
+// the step, every state (DeltaNet conv and recurrent state, KV rows, positions) must equal the
+// one-row list's over the same tokens, and one more token of every sequence must match the
+// reference again. Rows taken out of order (a DeltaNet row from the state before the step,
+// attention to later drafts) and tasks on the wrong rows must fail the comparison.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -32,16 +40,40 @@ namespace {
 
 using namespace cuda::persistent;
 
-// The step's buffers (DecodeBuffer), on the host in fp32.
-struct StepBuffers {
-  int32_t token = 0;
-  int64_t position = 0;                                              // rows in the KV caches
-  std::vector<float> hidden, proj, mixer, moe_input, router_logits;  // [H], [rows], [width], [H], [E + 1]
-  std::vector<int32_t> top_ids;                                      // [k]
-  std::vector<float> top_weights, act, partials, logits;             // [k], [k + 1, I], [splits, nq, d + 2], [V]
-  std::vector<std::vector<float>> conv, ssm;                         // DeltaNet layer: [C][K - 1], [Hv, dk, dv]
-  std::vector<std::vector<float>> k_cache, v_cache;                  // attention layer: [capacity, nkv * d]
+// One sequence's state: its position (rows in its KV caches) and per layer the DeltaNet conv and
+// recurrent state or the KV cache.
+struct SequenceBuffers {
+  int64_t position = 0;
+  std::vector<std::vector<float>> conv, ssm;         // DeltaNet layer: [C][K - 1], [Hv, dk, dv]
+  std::vector<std::vector<float>> k_cache, v_cache;  // attention layer: [capacity, nkv * d]
 };
+
+// The step's buffers (DecodeBuffer), on the host in fp32: T rows, S splits, U expert slots; P and M
+// the widths of a row of proj and mixer (TaskBodies::proj_stride, mixer_stride).
+struct StepBuffers {
+  DecodeRows rows;
+  std::vector<int32_t> tokens;                                       // [T]
+  std::vector<SequenceBuffers> seqs;                                 // verify: 1; parallel: T
+  std::vector<float> hidden, proj, mixer, moe_input, router_logits;  // [T, H], [T, P], [T, M], [T, H], [T, E + 1]
+  std::vector<int32_t> slot_ids;                                     // [U] (-1: an empty slot)
+  std::vector<float> slot_weights;                                   // [U, T] (0: the row did not choose it)
+  std::vector<float> act, partials, logits;                          // [U + 1, T, I], [T, S, nq, d + 2], [T, V]
+
+  int64_t T() const { return rows.count; }
+  bool parallel() const { return rows.kind == DecodeRows::Kind::parallel; }
+  // Row r's sequence and position: verify rows follow each other in the one sequence.
+  SequenceBuffers& sequence_of(int64_t r) { return seqs[size_t(parallel() ? r : 0)]; }
+  int64_t position_of(int64_t r) const { return parallel() ? seqs[size_t(r)].position : seqs[0].position + r; }
+};
+
+// What the task bodies get wrong on purpose, to show the comparison catches it.
+struct Faults {
+  bool deltanet_restarts_each_row = false;  // a verify row's DeltaNet step from the state before the step
+  bool attention_sees_later_rows = false;   // a verify row attends to the step's rows after it too
+};
+
+// Slot ids before top_k writes them: neither an expert nor the empty slot.
+constexpr int32_t kUnsetSlot = INT32_MIN;
 
 float dot(const Matrix& m, int64_t row, const float* x, std::vector<float>& scratch) {
   scratch.resize(size_t(m.cols));
@@ -51,63 +83,71 @@ float dot(const Matrix& m, int64_t row, const float* x, std::vector<float>& scra
   return float(s);
 }
 
-// The task bodies. Each reads and writes only what decode_tasks.cpp declares for it.
+// The task bodies. Each reads and writes only what decode_tasks.cpp declares for it, for the step's
+// rows [task.row, task.row + task.rows).
 class TaskBodies {
  public:
-  TaskBodies(const ModelWeights& w, const DecodeTiling& t) : w_(w), c_(w.config), t_(t) {}
+  TaskBodies(const ModelWeights& w, const DecodeTiling& t, Faults faults = {})
+      : w_(w), c_(w.config), t_(t), faults_(faults) {}
 
-  StepBuffers new_buffers(int64_t capacity) const {
-    StepBuffers b;
-    const int64_t H = c_.hidden_size, I = moe_rows();
-    const int64_t in_rows = std::max<int64_t>(2 * c_.attention_q_width() + 2 * c_.attention_kv_width(),
-                                              c_.linear_conv_dim() + c_.linear_value_dim() + 2 * value_heads());
-    b.hidden.resize(size_t(H));
-    b.proj.resize(size_t(in_rows));
-    b.mixer.resize(size_t(std::max(c_.linear_value_dim(), c_.attention_q_width())));
-    b.moe_input.resize(size_t(H));
-    b.router_logits.resize(size_t(c_.num_experts + 1));
-    b.top_ids.resize(size_t(c_.num_experts_per_tok));
-    b.top_weights.resize(size_t(c_.num_experts_per_tok));
-    b.act.resize(size_t((c_.num_experts_per_tok + 1) * I));
-    b.partials.resize(size_t(t_.attention_splits * c_.num_attention_heads * (c_.head_dim + 2)));
-    b.logits.resize(size_t(c_.vocab_size));
+  SequenceBuffers new_sequence(int64_t capacity) const {
+    SequenceBuffers s;
     for (int l = 0; l < c_.num_layers; ++l) {
       const bool attention = c_.layer_types[size_t(l)] == LayerKind::full_attention;
       const int64_t kv = attention ? capacity * c_.attention_kv_width() : 0;
-      b.k_cache.emplace_back(size_t(kv), NAN);
-      b.v_cache.emplace_back(size_t(kv), NAN);
-      b.conv.emplace_back(attention ? 0 : size_t(c_.linear_conv_dim() * taps()), 0.f);
-      b.ssm.emplace_back(attention ? 0 : size_t(value_heads() * c_.linear_key_head_dim * c_.linear_value_head_dim),
+      s.k_cache.emplace_back(size_t(kv), NAN);
+      s.v_cache.emplace_back(size_t(kv), NAN);
+      s.conv.emplace_back(attention ? 0 : size_t(c_.linear_conv_dim() * taps()), 0.f);
+      s.ssm.emplace_back(attention ? 0 : size_t(value_heads() * c_.linear_key_head_dim * c_.linear_value_head_dim),
                          0.f);
     }
-    return b;
+    return s;
   }
 
-  // The scratch buffers to NaN (and expert ids to -1) before a step.
-  static void poison(StepBuffers& b) {
-    for (auto* v : {&b.proj, &b.mixer, &b.moe_input, &b.router_logits, &b.top_weights, &b.act, &b.partials, &b.logits})
-      std::fill(v->begin(), v->end(), NAN);
-    std::fill(b.top_ids.begin(), b.top_ids.end(), -1);
+  // A step of `rows` over `seqs` (one sequence for verify, T for parallel), every scratch buffer
+  // poisoned: NaN, expert slots kUnsetSlot.
+  StepBuffers new_step(const DecodeRows& rows, std::vector<int32_t> tokens, std::vector<SequenceBuffers> seqs) const {
+    StepBuffers b;
+    b.rows = rows, b.tokens = std::move(tokens), b.seqs = std::move(seqs);
+    const size_t T = size_t(rows.count), U = size_t(expert_slots(c_, rows)), H = size_t(c_.hidden_size);
+    b.hidden.assign(T * H, NAN);
+    b.proj.assign(T * size_t(proj_stride()), NAN);
+    b.mixer.assign(T * size_t(mixer_stride()), NAN);
+    b.moe_input.assign(T * H, NAN);
+    b.router_logits.assign(T * size_t(c_.num_experts + 1), NAN);
+    b.slot_ids.assign(U, kUnsetSlot);
+    b.slot_weights.assign(U * T, NAN);
+    b.act.assign((U + 1) * T * size_t(moe_rows()), NAN);
+    b.partials.assign(T * size_t(t_.attention_splits * c_.num_attention_heads * (c_.head_dim + 2)), NAN);
+    b.logits.assign(T * size_t(c_.vocab_size), NAN);
+    return b;
   }
 
   void run(const Task& t, StepBuffers& b) {
     const LayerWeights& layer = w_.layers[t.layer];
     switch (DecodeOp(t.op)) {
-      case DecodeOp::embed: return w_.embed_tokens.dequantize_row(b.token, b.hidden.data());
+      case DecodeOp::embed:
+        for (int64_t r = t.row; r < t.row + t.rows; ++r)
+          w_.embed_tokens.dequantize_row(b.tokens[size_t(r)], b.hidden.data() + r * c_.hidden_size);
+        return;
       case DecodeOp::in_proj: return in_proj(layer, t, b);
       case DecodeOp::deltanet_core: return deltanet_core(layer.deltanet, t, b);
       case DecodeOp::attention_split: return attention_split(layer.attention, t, b);
-      case DecodeOp::attention_combine: return attention_combine(b);
+      case DecodeOp::attention_combine: return attention_combine(t, b);
       case DecodeOp::out_proj: return out_proj(layer, t, b);
       case DecodeOp::moe_norm:
-        return cpu::rms_norm(b.hidden.data(), layer.post_attention_layernorm.data(), 1, c_.hidden_size, c_.rms_norm_eps,
-                             b.moe_input.data());
+        return cpu::rms_norm(b.hidden.data() + t.row * c_.hidden_size, layer.post_attention_layernorm.data(), t.rows,
+                             c_.hidden_size, c_.rms_norm_eps, b.moe_input.data() + t.row * c_.hidden_size);
       case DecodeOp::router: return router(layer.moe, t, b);
-      case DecodeOp::top_k: return top_k(b);
+      case DecodeOp::top_k: return top_k(t, b);
       case DecodeOp::gate_up: return gate_up(layer.moe, t, b);
       case DecodeOp::down: return down(layer.moe, t, b);
       case DecodeOp::lm_head: return lm_head(t, b);
-      case DecodeOp::advance: ++b.position; return;
+      case DecodeOp::advance:
+        if (b.parallel())
+          for (SequenceBuffers& s : b.seqs) ++s.position;
+        else b.seqs[0].position += b.T();
+        return;
     }
     FAIL() << "unknown op " << t.op;
   }
@@ -116,7 +156,18 @@ class TaskBodies {
   int64_t value_heads() const { return c_.linear_num_value_heads; }
   int64_t taps() const { return std::max(1, c_.linear_conv_kernel_dim - 1); }
   int64_t moe_rows() const { return std::max(c_.moe_intermediate_size, c_.shared_expert_intermediate_size); }
-  bool is_shared(const Task& t) const { return t.slot == c_.num_experts_per_tok; }
+  // Floats a row of proj and of mixer (decode_tasks.h: kProj, kMixer).
+  int64_t proj_stride() const {
+    return std::max<int64_t>(2 * c_.attention_q_width() + 2 * c_.attention_kv_width(),
+                             c_.linear_conv_dim() + c_.linear_value_dim() + 2 * value_heads());
+  }
+  int64_t mixer_stride() const { return std::max(c_.linear_value_dim(), c_.attention_q_width()); }
+  float* proj(StepBuffers& b, int64_t r) const { return b.proj.data() + r * proj_stride(); }
+  float* mixer(StepBuffers& b, int64_t r) const { return b.mixer.data() + r * mixer_stride(); }
+  float* hidden(StepBuffers& b, int64_t r) const { return b.hidden.data() + r * c_.hidden_size; }
+  float* moe_input(StepBuffers& b, int64_t r) const { return b.moe_input.data() + r * c_.hidden_size; }
+  float* act(StepBuffers& b, int64_t slot, int64_t r) const { return b.act.data() + (slot * b.T() + r) * moe_rows(); }
+  bool is_shared(const Task& t, const StepBuffers& b) const { return t.slot == expert_slots(c_, b.rows); }
 
   // Row r of the layer's fused input projection: attention q (per head d query rows then d gate
   // rows) | k | v; DeltaNet qkv | z | b | a.
@@ -134,34 +185,48 @@ class TaskBodies {
     throw Error("in_proj row past the fused projection");
   }
 
-  // proj[r] = RMSNorm(h) . W_in[r]
+  // proj[t][i] = RMSNorm(h[t]) . W_in[i]
   void in_proj(const LayerWeights& layer, const Task& t, StepBuffers& b) {
     normed_.resize(size_t(c_.hidden_size));
-    cpu::rms_norm(b.hidden.data(), layer.input_layernorm.data(), 1, c_.hidden_size, c_.rms_norm_eps, normed_.data());
-    for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) {
-      int64_t local = r;
-      const Matrix& m = fused_row(layer, local);
-      b.proj[size_t(r)] = dot(m, local, normed_.data(), row_);
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      cpu::rms_norm(hidden(b, row), layer.input_layernorm.data(), 1, c_.hidden_size, c_.rms_norm_eps, normed_.data());
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) {
+        int64_t local = r;
+        const Matrix& m = fused_row(layer, local);
+        proj(b, row)[r] = dot(m, local, normed_.data(), row_);
+      }
     }
   }
 
-  // Value heads [first, first + count): their key heads' q and k channels and their v channels
-  // through the conv (state [channel][tap], oldest tap first) and SiLU, q and k l2-normalised,
-  // the delta rule step of each head, then the gated RMSNorm with its z.
+  // Value heads [first, first + count) of the task's rows, in order: verify rows one after
+  // another on the one state, parallel rows each on its own sequence's.
   void deltanet_core(const DeltaNetWeights& w, const Task& t, StepBuffers& b) {
+    std::vector<float> conv_before, ssm_before;  // Faults::deltanet_restarts_each_row
+    for (int64_t r = t.row; r < t.row + t.rows; ++r) {
+      SequenceBuffers& s = b.sequence_of(r);
+      if (faults_.deltanet_restarts_each_row && r == t.row) conv_before = s.conv[t.layer], ssm_before = s.ssm[t.layer];
+      else if (faults_.deltanet_restarts_each_row) s.conv[t.layer] = conv_before, s.ssm[t.layer] = ssm_before;
+      deltanet_row(w, t, proj(b, r), s.conv[t.layer], s.ssm[t.layer], mixer(b, r));
+    }
+  }
+
+  // One row: the heads' key heads' q and k channels and their v channels through the conv (state
+  // [channel][tap], oldest tap first) and SiLU, q and k l2-normalised, the delta rule step of each
+  // head, then the gated RMSNorm with its z.
+  void deltanet_row(const DeltaNetWeights& w, const Task& t, const float* proj, std::vector<float>& state,
+                    std::vector<float>& ssm, float* mixer) {
     const int64_t Hk = c_.linear_num_key_heads, Hv = value_heads(), dk = c_.linear_key_head_dim;
     const int64_t dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim, key_dim = Hk * dk;
     const int64_t C = c_.linear_conv_dim(), per_key = Hv / Hk, v0 = t.first, v1 = t.first + t.count;
     const int64_t k0 = v0 / per_key, k1 = v1 / per_key;
-    std::vector<float>& state = b.conv[t.layer];
     u_.assign(size_t(C), NAN);
     auto conv = [&](int64_t c0, int64_t c1) {
       for (int64_t ch = c0; ch < c1; ++ch) {
         float* taps_of = state.data() + ch * (K - 1);
-        float s = w.conv1d[size_t(ch * K + K - 1)] * b.proj[size_t(ch)];
+        float s = w.conv1d[size_t(ch * K + K - 1)] * proj[ch];
         for (int64_t i = 0; i < K - 1; ++i) s += w.conv1d[size_t(ch * K + i)] * taps_of[i];
         for (int64_t i = 0; i + 1 < K - 1; ++i) taps_of[i] = taps_of[i + 1];
-        if (K > 1) taps_of[K - 2] = b.proj[size_t(ch)];
+        if (K > 1) taps_of[K - 2] = proj[ch];
         u_[size_t(ch)] = cpu::silu(s);
       }
     };
@@ -175,8 +240,8 @@ class TaskBodies {
     const int64_t z0 = C, b0 = z0 + Hv * dv, a0 = b0 + Hv;
     for (int64_t h = v0; h < v1; ++h) {
       const int64_t kh = h / per_key;
-      const float beta = cpu::sigmoid(b.proj[size_t(b0 + h)]);
-      const float g = -std::exp(w.A_log[size_t(h)]) * cpu::softplus(b.proj[size_t(a0 + h)] + w.dt_bias[size_t(h)]);
+      const float beta = cpu::sigmoid(proj[b0 + h]);
+      const float g = -std::exp(w.A_log[size_t(h)]) * cpu::softplus(proj[a0 + h] + w.dt_bias[size_t(h)]);
       const cpu::DeltaRuleInputs in{u_.data() + kh * dk,
                                     u_.data() + key_dim + kh * dk,
                                     u_.data() + 2 * key_dim + h * dv,
@@ -190,147 +255,193 @@ class TaskBodies {
                                     dk,
                                     dv};
       std::vector<float> o(static_cast<size_t>(dv));
-      cpu::delta_rule_recurrent(in, b.ssm[t.layer].data() + h * dk * dv, o.data(), dv);
-      cpu::gated_rms_norm(o.data(), b.proj.data() + z0 + h * dv, w.norm.data(), 1, dv, c_.rms_norm_eps,
-                          b.mixer.data() + h * dv);
+      cpu::delta_rule_recurrent(in, ssm.data() + h * dk * dv, o.data(), dv);
+      cpu::gated_rms_norm(o.data(), proj + z0 + h * dv, w.norm.data(), 1, dv, c_.rms_norm_eps, mixer + h * dv);
     }
   }
 
-  // q of every head normalised and rotated at this position.
-  std::vector<float> rotated_q(const AttentionWeights& w, const StepBuffers& b) const {
+  // q of every head of row r normalised and rotated at its position.
+  std::vector<float> rotated_q(const AttentionWeights& w, StepBuffers& b, int64_t r) const {
     const int64_t nq = c_.num_attention_heads, d = c_.head_dim;
     std::vector<float> q(static_cast<size_t>(nq * d));
-    for (int64_t h = 0; h < nq; ++h) std::copy_n(b.proj.data() + h * 2 * d, d, q.data() + h * d);
+    for (int64_t h = 0; h < nq; ++h) std::copy_n(proj(b, r) + h * 2 * d, d, q.data() + h * d);
     cpu::rms_norm(q.data(), w.q_norm.data(), nq, d, c_.rms_norm_eps, q.data());
-    cpu::apply_rope(q.data(), 1, nq, d, c_.rotary_dim, c_.rope_theta, b.position);
+    cpu::apply_rope(q.data(), 1, nq, d, c_.rotary_dim, c_.rope_theta, b.position_of(r));
     return q;
   }
 
-  // Split s of the cache rows [0, n): rows [s n / S, (s + 1) n / S); split 0 first appends this
-  // token's k and v as row n and takes it too. Per head: max score m, sum l of exp(score - m),
-  // o = sum exp(score - m) v, at partials[s][head] = [o (d), m, l].
+  // Split s of the n rows the cache had before the step: rows [s n / S, (s + 1) n / S); split 0
+  // first appends the task's rows' k and v at their positions (n, n + 1, ...) and takes those rows
+  // too, each query row the ones at its position and before (causal). Per head: max score m, sum l
+  // of exp(score - m), o = sum exp(score - m) v, at partials[row][s][head] = [o (d), m, l].
   void attention_split(const AttentionWeights& w, const Task& t, StepBuffers& b) {
     const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, d = c_.head_dim;
-    const int64_t kv = nkv * d, n = b.position, S = t_.attention_splits, s = t.first;
-    std::vector<float>& K = b.k_cache[t.layer];
-    std::vector<float>& V = b.v_cache[t.layer];
-    if (s == 0) {
-      const float* k = b.proj.data() + 2 * c_.attention_q_width();
-      cpu::rms_norm(k, w.k_norm.data(), nkv, d, c_.rms_norm_eps, K.data() + n * kv);
-      cpu::apply_rope(K.data() + n * kv, 1, nkv, d, c_.rotary_dim, c_.rope_theta, n);
-      std::copy_n(k + kv, kv, V.data() + n * kv);
-    }
-    std::vector<int64_t> rows;
-    for (int64_t j = s * n / S; j < (s + 1) * n / S; ++j) rows.push_back(j);
-    if (s == 0) rows.push_back(n);
-    const std::vector<float> q = rotated_q(w, b);
+    const int64_t kv = nkv * d, S = t_.attention_splits, s = t.first;
+    SequenceBuffers& seq = b.sequence_of(t.row);
+    const int64_t n = seq.position;
+    std::vector<float>& K = seq.k_cache[t.layer];
+    std::vector<float>& V = seq.v_cache[t.layer];
+    if (s == 0)
+      for (int64_t r = t.row; r < t.row + t.rows; ++r) {
+        const int64_t at = b.position_of(r);
+        const float* k = proj(b, r) + 2 * c_.attention_q_width();
+        cpu::rms_norm(k, w.k_norm.data(), nkv, d, c_.rms_norm_eps, K.data() + at * kv);
+        cpu::apply_rope(K.data() + at * kv, 1, nkv, d, c_.rotary_dim, c_.rope_theta, at);
+        std::copy_n(k + kv, kv, V.data() + at * kv);
+      }
     const float scale = 1.f / std::sqrt(float(d));
-    for (int64_t h = 0; h < nq; ++h) {
-      const int64_t g = h / (nq / nkv);
-      float* out = b.partials.data() + (s * nq + h) * (d + 2);
-      float m = -INFINITY;
-      std::vector<float> scores;
-      for (int64_t j : rows) {
-        float sc = 0;
-        for (int64_t e = 0; e < d; ++e) sc += q[size_t(h * d + e)] * K[size_t(j * kv + g * d + e)];
-        scores.push_back(sc * scale);
-        m = std::max(m, scores.back());
+    for (int64_t r = t.row; r < t.row + t.rows; ++r) {
+      std::vector<int64_t> rows;
+      for (int64_t j = s * n / S; j < (s + 1) * n / S; ++j) rows.push_back(j);
+      const int64_t last = faults_.attention_sees_later_rows ? b.position_of(t.row + t.rows - 1) : b.position_of(r);
+      if (s == 0)
+        for (int64_t j = n; j <= last; ++j) rows.push_back(j);
+      const std::vector<float> q = rotated_q(w, b, r);
+      for (int64_t h = 0; h < nq; ++h) {
+        const int64_t g = h / (nq / nkv);
+        float* out = b.partials.data() + ((r * S + s) * nq + h) * (d + 2);
+        float m = -INFINITY;
+        std::vector<float> scores;
+        for (int64_t j : rows) {
+          float sc = 0;
+          for (int64_t e = 0; e < d; ++e) sc += q[size_t(h * d + e)] * K[size_t(j * kv + g * d + e)];
+          scores.push_back(sc * scale);
+          m = std::max(m, scores.back());
+        }
+        double l = 0;
+        std::fill(out, out + d, 0.f);
+        for (size_t i = 0; i < rows.size(); ++i) {
+          const float p = std::exp(scores[i] - m);
+          l += p;
+          for (int64_t e = 0; e < d; ++e) out[e] += p * V[size_t(rows[i] * kv + g * d + e)];
+        }
+        out[d] = m, out[d + 1] = float(l);
       }
-      double l = 0;
-      std::fill(out, out + d, 0.f);
-      for (size_t i = 0; i < rows.size(); ++i) {
-        const float p = std::exp(scores[i] - m);
-        l += p;
-        for (int64_t e = 0; e < d; ++e) out[e] += p * V[size_t(rows[i] * kv + g * d + e)];
-      }
-      out[d] = m, out[d + 1] = float(l);
     }
   }
 
-  // o = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), gated: mixer = o * sigmoid(gate).
-  void attention_combine(StepBuffers& b) {
+  // Per row: o = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), gated: mixer = o * sigmoid(gate).
+  void attention_combine(const Task& t, StepBuffers& b) {
     const int64_t nq = c_.num_attention_heads, d = c_.head_dim, S = t_.attention_splits;
-    for (int64_t h = 0; h < nq; ++h) {
-      float M = -INFINITY;
-      for (int64_t s = 0; s < S; ++s) {
-        const float* p = b.partials.data() + (s * nq + h) * (d + 2);
-        if (p[d + 1] > 0) M = std::max(M, p[d]);
+    for (int64_t r = t.row; r < t.row + t.rows; ++r)
+      for (int64_t h = 0; h < nq; ++h) {
+        auto partial = [&](int64_t s) { return b.partials.data() + ((r * S + s) * nq + h) * (d + 2); };
+        float M = -INFINITY;
+        for (int64_t s = 0; s < S; ++s)
+          if (partial(s)[d + 1] > 0) M = std::max(M, partial(s)[d]);
+        std::vector<double> o(size_t(d), 0.0);
+        double L = 0;
+        for (int64_t s = 0; s < S; ++s) {
+          const float* p = partial(s);
+          if (p[d + 1] == 0) continue;  // an empty split; NaN poison still propagates
+          const double f = std::exp(double(p[d]) - M);
+          L += p[d + 1] * f;
+          for (int64_t e = 0; e < d; ++e) o[size_t(e)] += p[e] * f;
+        }
+        for (int64_t e = 0; e < d; ++e)
+          mixer(b, r)[h * d + e] = float(o[size_t(e)] / L) * cpu::sigmoid(proj(b, r)[h * 2 * d + d + e]);
       }
-      std::vector<double> o(size_t(d), 0.0);
-      double L = 0;
-      for (int64_t s = 0; s < S; ++s) {
-        const float* p = b.partials.data() + (s * nq + h) * (d + 2);
-        if (p[d + 1] == 0) continue;  // an empty split; NaN poison still propagates
-        const double f = std::exp(double(p[d]) - M);
-        L += p[d + 1] * f;
-        for (int64_t e = 0; e < d; ++e) o[size_t(e)] += p[e] * f;
-      }
-      for (int64_t e = 0; e < d; ++e)
-        b.mixer[size_t(h * d + e)] = float(o[size_t(e)] / L) * cpu::sigmoid(b.proj[size_t(h * 2 * d + d + e)]);
-    }
   }
 
-  // h[r] += W_out[r] . mixer
+  // h[t][i] += W_out[i] . mixer[t]
   void out_proj(const LayerWeights& layer, const Task& t, StepBuffers& b) {
     const Matrix& W = layer.kind == LayerKind::full_attention ? layer.attention.o_proj : layer.deltanet.out_proj;
-    for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
-      b.hidden[size_t(r)] += dot(W, r, b.mixer.data(), row_);
+    for (int64_t row = t.row; row < t.row + t.rows; ++row)
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
+        hidden(b, row)[r] += dot(W, r, mixer(b, row), row_);
   }
 
-  // Rows of [router; shared_expert_gate] . x
+  // Rows of [router; shared_expert_gate] . x[t]
   void router(const MoeWeights& w, const Task& t, StepBuffers& b) {
-    for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) {
-      const bool gate = r == c_.num_experts;
-      b.router_logits[size_t(r)] = dot(gate ? w.shared_expert_gate : w.router, gate ? 0 : r, b.moe_input.data(), row_);
+    for (int64_t row = t.row; row < t.row + t.rows; ++row)
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) {
+        const bool gate = r == c_.num_experts;
+        b.router_logits[size_t(row * (c_.num_experts + 1) + r)] = dot(gate ? w.shared_expert_gate : w.router,
+                                                                      gate ? 0 : r, moe_input(b, row), row_);
+      }
+  }
+
+  // Each row's k experts (softmax over its logits, the k largest, ties to the lower id,
+  // renormalised), gathered into the union: slots in order of first choice (rows in order, each
+  // row's choices by weight), every row's weight for each slot's expert (0: not chosen).
+  void top_k(const Task& t, StepBuffers& b) {
+    const int64_t E = c_.num_experts, k = c_.num_experts_per_tok, T = b.T();
+    std::fill(b.slot_ids.begin(), b.slot_ids.end(), -1);
+    std::fill(b.slot_weights.begin(), b.slot_weights.end(), 0.f);
+    std::vector<int> ids(static_cast<size_t>(k));
+    std::vector<float> weights(static_cast<size_t>(k));
+    size_t used = 0;
+    for (int64_t r = t.row; r < t.row + t.rows; ++r) {
+      cpu::route_top_k(b.router_logits.data() + r * (E + 1), E, k, ids.data(), weights.data());
+      for (int64_t j = 0; j < k; ++j) {
+        const size_t u = size_t(std::find(b.slot_ids.begin(), b.slot_ids.begin() + long(used), ids[size_t(j)]) -
+                                b.slot_ids.begin());
+        ASSERT_LT(u, b.slot_ids.size()) << "more distinct experts than slots";
+        if (u == used) b.slot_ids[used++] = ids[size_t(j)];
+        b.slot_weights[u * size_t(T) + size_t(r)] = weights[size_t(j)];
+      }
     }
   }
 
-  // softmax over the experts' logits, the k largest (ties to the lower id), renormalised.
-  void top_k(StepBuffers& b) {
-    cpu::route_top_k(b.router_logits.data(), c_.num_experts, c_.num_experts_per_tok, b.top_ids.data(),
-                     b.top_weights.data());
-  }
-
+  // The slot's expert: -1 for an empty slot; throws for a slot top_k has not written.
   int expert_of(const StepBuffers& b, int s) const {
-    const int id = b.top_ids[size_t(s)];
-    if (id < 0 || id >= c_.num_experts) throw Error("slot " + std::to_string(s) + " read before top_k chose it");
+    const int id = b.slot_ids[size_t(s)];
+    if (id == kUnsetSlot || id < -1 || id >= c_.num_experts)
+      throw Error("slot " + std::to_string(s) + " read before top_k chose it");
     return id;
   }
 
-  // act[slot][r] = silu(G[r] . x) * (U[r] . x), for the rows the slot's expert has.
+  // The rows the slot works on: all for the shared expert, else those that chose its expert.
+  bool slot_has_row(const Task& t, const StepBuffers& b, int64_t r) const {
+    return is_shared(t, b) || b.slot_weights[size_t(t.slot * b.T() + r)] != 0.f;
+  }
+
+  // act[slot][t][i] = silu(G[i] . x[t]) * (U[i] . x[t]), for the rows the slot's expert has.
   void gate_up(const MoeWeights& w, const Task& t, StepBuffers& b) {
     const int s = t.slot;
-    const bool shared = is_shared(t);
-    const Matrix& G = shared ? w.shared_gate_proj : w.experts.gate_proj[size_t(expert_of(b, s))];
-    const Matrix& U = shared ? w.shared_up_proj : w.experts.up_proj[size_t(expert_of(b, s))];
-    for (int64_t r = t.first; r < std::min<int64_t>(t.first + t.count, G.rows); ++r) {
-      b.act[size_t(s * moe_rows() + r)] = cpu::silu(dot(G, r, b.moe_input.data(), row_)) *
-                                          dot(U, r, b.moe_input.data(), row_);
+    const bool shared = is_shared(t, b);
+    const int id = shared ? 0 : expert_of(b, s);
+    if (id < 0) return;  // an empty slot
+    const Matrix& G = shared ? w.shared_gate_proj : w.experts.gate_proj[size_t(id)];
+    const Matrix& U = shared ? w.shared_up_proj : w.experts.up_proj[size_t(id)];
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      if (!slot_has_row(t, b, row)) continue;
+      for (int64_t r = t.first; r < std::min<int64_t>(t.first + t.count, G.rows); ++r)
+        act(b, s, row)[r] = cpu::silu(dot(G, r, moe_input(b, row), row_)) * dot(U, r, moe_input(b, row), row_);
     }
   }
 
-  // h[r] += weight * D[r] . act[slot]; weight: the slot's routing weight, or sigmoid of the
-  // shared expert's gate (the router's last row).
+  // h[t][i] += weight * D[i] . act[slot][t]; weight: the row's routing weight of the slot's
+  // expert, or sigmoid of the shared expert's gate (the router's last row).
   void down(const MoeWeights& w, const Task& t, StepBuffers& b) {
     const int s = t.slot;
-    const bool shared = is_shared(t);
-    const Matrix& D = shared ? w.shared_down_proj : w.experts.down_proj[size_t(expert_of(b, s))];
-    const float weight = shared ? cpu::sigmoid(b.router_logits[size_t(c_.num_experts)]) : b.top_weights[size_t(s)];
-    for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
-      b.hidden[size_t(r)] += weight * dot(D, r, b.act.data() + s * moe_rows(), row_);
+    const bool shared = is_shared(t, b);
+    const int id = shared ? 0 : expert_of(b, s);
+    if (id < 0) return;  // an empty slot
+    const Matrix& D = shared ? w.shared_down_proj : w.experts.down_proj[size_t(id)];
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      if (!slot_has_row(t, b, row)) continue;
+      const float weight = shared ? cpu::sigmoid(b.router_logits[size_t(row * (c_.num_experts + 1) + c_.num_experts)])
+                                  : b.slot_weights[size_t(s * b.T() + row)];
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
+        hidden(b, row)[r] += weight * dot(D, r, act(b, s, row), row_);
+    }
   }
 
-  // logits[r] = RMSNorm(h; final norm) . lm_head[r]
+  // logits[t][i] = RMSNorm(h[t]; final norm) . lm_head[i]
   void lm_head(const Task& t, StepBuffers& b) {
     normed_.resize(size_t(c_.hidden_size));
-    cpu::rms_norm(b.hidden.data(), w_.final_norm.data(), 1, c_.hidden_size, c_.rms_norm_eps, normed_.data());
-    for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
-      b.logits[size_t(r)] = dot(w_.lm_head, r, normed_.data(), row_);
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      cpu::rms_norm(hidden(b, row), w_.final_norm.data(), 1, c_.hidden_size, c_.rms_norm_eps, normed_.data());
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
+        b.logits[size_t(row * c_.vocab_size + r)] = dot(w_.lm_head, r, normed_.data(), row_);
+    }
   }
 
   const ModelWeights& w_;
   const ModelConfig& c_;
   const DecodeTiling t_;
+  const Faults faults_;
   std::vector<float> normed_, row_, u_;
 };
 
@@ -359,36 +470,164 @@ void run_step(const TaskList& list, TaskBodies& bodies, StepBuffers& b, std::mt1
 struct Mismatch {
   double max_abs_diff = 0, max_abs_ref = 0;
   int argmax_differs = 0;
+
+  // One row of V logits against the reference's.
+  void add(const float* got, const std::vector<float>& want) {
+    for (size_t i = 0; i < want.size(); ++i) {
+      const double diff = std::fabs(double(got[i]) - want[i]);
+      max_abs_diff = std::max(max_abs_diff, std::isfinite(diff) ? diff : INFINITY);
+      max_abs_ref = std::max(max_abs_ref, double(std::fabs(want[i])));
+    }
+    argmax_differs += std::max_element(got, got + want.size()) - got !=
+                      std::max_element(want.begin(), want.end()) - want.begin();
+  }
+  bool equal() const { return max_abs_diff <= 1e-4 * max_abs_ref && argmax_differs == 0; }
 };
+
+// Sequence states against each other: every float of the DeltaNet states and the KV caches (rows
+// neither wrote are NaN in both), and the positions.
+struct StateMismatch {
+  double max_abs_diff = 0, max_abs_ref = 0;
+  int positions_differ = 0;
+
+  void add(const SequenceBuffers& got, const SequenceBuffers& want) {
+    positions_differ += got.position != want.position;
+    auto each = [&](const std::vector<std::vector<float>>& g, const std::vector<std::vector<float>>& w) {
+      ASSERT_EQ(g.size(), w.size());
+      for (size_t l = 0; l < g.size(); ++l) {
+        ASSERT_EQ(g[l].size(), w[l].size());
+        for (size_t i = 0; i < g[l].size(); ++i) {
+          if (std::isnan(g[l][i]) && std::isnan(w[l][i])) continue;
+          const double diff = std::fabs(double(g[l][i]) - w[l][i]);
+          max_abs_diff = std::max(max_abs_diff, std::isfinite(diff) ? diff : INFINITY);
+          max_abs_ref = std::max(max_abs_ref, double(std::fabs(w[l][i])));
+        }
+      }
+    };
+    each(got.conv, want.conv), each(got.ssm, want.ssm), each(got.k_cache, want.k_cache);
+    each(got.v_cache, want.v_cache);
+  }
+};
+
+// Steps of a model's task lists on the CPU, in a random ready order; the one-row list of the
+// tiling at hand for single tokens.
+class CpuSteps {
+ public:
+  CpuSteps(const ModelWeights& w, const DecodeTiling& tiling, uint32_t seed, Faults faults = {})
+      : bodies_(w, tiling, faults), one_row_(build_decode_tasks(w.config, tiling).list), rng_(seed) {}
+
+  SequenceBuffers new_sequence(int64_t capacity) const { return bodies_.new_sequence(capacity); }
+
+  // One step of `list` (built for `rows`) over `seqs`; returns the logits [T, V].
+  std::vector<float> step(const TaskList& list, const DecodeRows& rows, std::vector<int32_t> tokens,
+                          std::vector<SequenceBuffers>& seqs) {
+    StepBuffers b = bodies_.new_step(rows, std::move(tokens), std::move(seqs));
+    run_step(list, bodies_, b, rng_);
+    seqs = std::move(b.seqs);
+    return std::move(b.logits);
+  }
+
+  // One token of one sequence (the one-row list unless given another).
+  std::vector<float> decode(SequenceBuffers& s, int32_t token, const TaskList* list = nullptr) {
+    std::vector<SequenceBuffers> seqs;
+    seqs.push_back(std::move(s));
+    std::vector<float> logits = step(list ? *list : one_row_, DecodeRows{}, {token}, seqs);
+    s = std::move(seqs[0]);
+    return logits;
+  }
+
+ private:
+  TaskBodies bodies_;
+  const TaskList one_row_;
+  std::mt19937 rng_;
+};
+
+// The reference backend's logits of one more token of `seq`.
+std::vector<float> reference_decode(Backend& reference, SequenceState& seq, int32_t id) {
+  std::vector<float> logits;
+  reference.forward(seq, std::span<const int32_t>(&id, 1), LogitsWanted::last, logits);
+  return logits;
+}
 
 // Every token of `ids` as a decode step through the task list and through the CPU backend.
 Mismatch decode_both_ways(const std::shared_ptr<const ModelWeights>& weights, const DecodeTiling& tiling,
                           const std::vector<int32_t>& ids, const TaskList* list_override = nullptr) {
-  const ModelConfig& c = weights->config;
-  const DecodeTasks tasks = build_decode_tasks(c, tiling);
-  const TaskList& list = list_override ? *list_override : tasks.list;
-  TaskBodies bodies(*weights, tiling);
-  StepBuffers b = bodies.new_buffers(int64_t(ids.size()));
+  CpuSteps steps(*weights, tiling, uint32_t(ids.size() * 7919 + size_t(tiling.blocks)));
+  SequenceBuffers s = steps.new_sequence(int64_t(ids.size()));
   auto reference = make_cpu_backend(weights);
   auto seq = reference->new_sequence(int64_t(ids.size()));
-  std::mt19937 rng(uint32_t(ids.size() * 7919 + size_t(tiling.blocks)));
   Mismatch m;
-  std::vector<float> want;
-  for (int32_t id : ids) {
-    TaskBodies::poison(b);
-    b.token = id;
-    run_step(list, bodies, b, rng);
-    reference->forward(*seq, std::span<const int32_t>(&id, 1), LogitsWanted::last, want);
-    for (size_t i = 0; i < want.size(); ++i) {
-      const double diff = std::fabs(double(b.logits[i]) - want[i]);
-      m.max_abs_diff = std::max(m.max_abs_diff, std::isfinite(diff) ? diff : INFINITY);
-      m.max_abs_ref = std::max(m.max_abs_ref, double(std::fabs(want[i])));
-    }
-    m.argmax_differs += std::max_element(b.logits.begin(), b.logits.end()) - b.logits.begin() !=
-                        std::max_element(want.begin(), want.end()) - want.begin();
-  }
-  EXPECT_EQ(b.position, int64_t(ids.size()));
+  for (int32_t id : ids) m.add(steps.decode(s, id, list_override).data(), reference_decode(*reference, *seq, id));
+  EXPECT_EQ(s.position, int64_t(ids.size()));
   return m;
+}
+
+// A step of several rows and what it left, each against the reference.
+struct RowsComparison {
+  Mismatch logits;      // every row of the step, then one more token of every sequence after it
+  StateMismatch state;  // the states after the step against the one-row list's over the same tokens
+};
+
+// A verify step of the `drafts` after `prefix` (both decoded a token at a time by the one-row list
+// and by the reference): each row's logits against the reference decoding the drafts one at a
+// time, the state after the step against the one-row list's after the same drafts, and `next` on
+// both sides after the step.
+RowsComparison verify_both_ways(const std::shared_ptr<const ModelWeights>& weights, const DecodeTiling& tiling,
+                                const std::vector<int32_t>& prefix, const std::vector<int32_t>& drafts, int32_t next,
+                                const TaskList* list_override = nullptr, Faults faults = {}) {
+  const ModelConfig& c = weights->config;
+  const DecodeRows rows{int(drafts.size()), DecodeRows::Kind::verify};
+  const DecodeTasks tasks = build_decode_tasks(c, tiling, rows);
+  const int64_t capacity = int64_t(prefix.size() + drafts.size()) + 1;
+  CpuSteps steps(*weights, tiling, uint32_t(capacity * 31 + rows.count * 7 + tiling.blocks), faults);
+  auto reference = make_cpu_backend(weights);
+  auto seq = reference->new_sequence(capacity);
+  std::vector<SequenceBuffers> one = {steps.new_sequence(capacity)};
+  RowsComparison cmp;
+  for (int32_t id : prefix) cmp.logits.add(steps.decode(one[0], id).data(), reference_decode(*reference, *seq, id));
+  SequenceBuffers alone = one[0];  // the same drafts a token at a time
+  const std::vector<float> got = steps.step(list_override ? *list_override : tasks.list, rows, drafts, one);
+  for (size_t r = 0; r < drafts.size(); ++r) {
+    cmp.logits.add(got.data() + r * size_t(c.vocab_size), reference_decode(*reference, *seq, drafts[r]));
+    steps.decode(alone, drafts[r]);
+  }
+  cmp.state.add(one[0], alone);
+  cmp.logits.add(steps.decode(one[0], next).data(), reference_decode(*reference, *seq, next));
+  return cmp;
+}
+
+// A parallel step of one token a sequence, sequence i after prefixes[i]: each row's logits against
+// the reference's step of that sequence, each state after the step against the one-row list's
+// step of that sequence alone, then next[i] on both sides after the step.
+RowsComparison parallel_both_ways(const std::shared_ptr<const ModelWeights>& weights, const DecodeTiling& tiling,
+                                  const std::vector<std::vector<int32_t>>& prefixes, const std::vector<int32_t>& tokens,
+                                  const std::vector<int32_t>& next, const TaskList* list_override = nullptr) {
+  const ModelConfig& c = weights->config;
+  const DecodeRows rows{int(tokens.size()), DecodeRows::Kind::parallel};
+  const DecodeTasks tasks = build_decode_tasks(c, tiling, rows);
+  size_t longest = 0;
+  for (const auto& p : prefixes) longest = std::max(longest, p.size());
+  const int64_t capacity = int64_t(longest) + 2;
+  CpuSteps steps(*weights, tiling, uint32_t(capacity * 31 + rows.count * 7 + tiling.blocks));
+  auto reference = make_cpu_backend(weights);
+  std::vector<std::unique_ptr<SequenceState>> refs;
+  std::vector<SequenceBuffers> seqs, alone;
+  RowsComparison cmp;
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    refs.push_back(reference->new_sequence(capacity));
+    seqs.push_back(steps.new_sequence(capacity));
+    for (int32_t id : prefixes[i])
+      cmp.logits.add(steps.decode(seqs[i], id).data(), reference_decode(*reference, *refs[i], id));
+    alone.push_back(seqs[i]);
+  }
+  const std::vector<float> got = steps.step(list_override ? *list_override : tasks.list, rows, tokens, seqs);
+  for (size_t i = 0; i < tokens.size(); ++i) {
+    cmp.logits.add(got.data() + i * size_t(c.vocab_size), reference_decode(*reference, *refs[i], tokens[i]));
+    steps.decode(alone[i], tokens[i]);
+    cmp.state.add(seqs[i], alone[i]);
+    cmp.logits.add(steps.decode(seqs[i], next[i]).data(), reference_decode(*reference, *refs[i], next[i]));
+  }
+  return cmp;
 }
 
 DecodeTiling odd_tiling(int blocks, int splits) {
@@ -407,6 +646,14 @@ void expect_equal_logits(const Mismatch& m, const std::string& what) {
               m.max_abs_ref, m.argmax_differs);
   EXPECT_LE(m.max_abs_diff, 1e-4 * m.max_abs_ref) << what;
   EXPECT_EQ(m.argmax_differs, 0) << what;
+}
+
+void expect_equal(const RowsComparison& cmp, const std::string& what) {
+  expect_equal_logits(cmp.logits, what);
+  std::printf("[%s] state: max |diff| %.3g of max |ref| %.3g, positions differ %d\n", what.c_str(),
+              cmp.state.max_abs_diff, cmp.state.max_abs_ref, cmp.state.positions_differ);
+  EXPECT_LE(cmp.state.max_abs_diff, 1e-4 * cmp.state.max_abs_ref) << what;
+  EXPECT_EQ(cmp.state.positions_differ, 0) << what;
 }
 
 TEST(DecodeTasksOnCpu, TinyAMatchesTheReferenceBackend) {
@@ -455,6 +702,155 @@ TEST(DecodeTasksOnCpu, AShiftedTaskFailsTheComparison) {
     const Mismatch m = decode_both_ways(weights, odd, ids, &list);
     EXPECT_FALSE(m.max_abs_diff <= 1e-4 * m.max_abs_ref && m.argmax_differs == 0)
         << op_name(op) << ": a shifted task went unnoticed";
+  }
+}
+
+// ---- Steps of several rows ----------------------------------------------------------------
+
+std::vector<int32_t> slice(const std::vector<int32_t>& ids, size_t at, size_t n) {
+  return {ids.begin() + long(at), ids.begin() + long(at + n)};
+}
+
+std::shared_ptr<const ModelWeights> tiny_a() { return load_model(fixture_dir("tiny-a") + "/mlx-q4"); }
+
+// Sequence i of a parallel step: a prefix of its own length (0 included) from its own part of
+// `ids`, its token and the one after the step.
+struct ParallelCase {
+  std::vector<std::vector<int32_t>> prefixes;
+  std::vector<int32_t> tokens, next;
+};
+ParallelCase parallel_case(const std::vector<int32_t>& ids, int T) {
+  ParallelCase p;
+  for (size_t i = 0; i < size_t(T); ++i) {
+    p.prefixes.push_back(slice(ids, 10 * i, (i * 5) % 9));  // lengths 0, 5, 1, 6, 2, 7, 3, 8
+    p.tokens.push_back(ids[100 + i]);
+    p.next.push_back(ids[120 + i]);
+  }
+  return p;
+}
+
+// Verify rows: T drafts after a prefix, every row against the reference decoding them one at a
+// time, the state after the step, and a token after it.
+TEST(DecodeTasksOnCpu, VerifyRowsMatchTheReferenceBackend) {
+  auto weights = tiny_a();
+  const std::vector<int32_t> ids = fixture_ids();
+  for (int T = 1; T <= kMaxDecodeRows; ++T)
+    expect_equal(verify_both_ways(weights, DecodeTiling{}, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[20]),
+                 "tiny-a verify, T " + std::to_string(T) + ", default tiles");
+  DecodeTiling one_block = odd_tiling(1, 1);
+  one_block.deltanet_heads = 4;
+  for (int T : {1, 2, 3, 8}) {
+    const std::string rows = "tiny-a verify, T " + std::to_string(T);
+    expect_equal(verify_both_ways(weights, odd_tiling(3, 5), slice(ids, 30, 7), slice(ids, 37, size_t(T)), ids[50]),
+                 rows + ", odd tiles, 3 blocks, 5 splits");
+    expect_equal(verify_both_ways(weights, odd_tiling(7, 64), slice(ids, 60, 4), slice(ids, 64, size_t(T)), ids[80]),
+                 rows + ", 7 blocks, 64 splits");
+    expect_equal(verify_both_ways(weights, one_block, slice(ids, 90, 3), slice(ids, 93, size_t(T)), ids[110]),
+                 rows + ", one block, one split");
+  }
+  expect_equal(verify_both_ways(weights, odd_tiling(3, 2), {}, slice(ids, 0, 3), ids[3]),
+               "tiny-a verify, T 3 from position 0");
+}
+
+TEST(DecodeTasksOnCpu, LilyTinyVerifyRowsMatchTheReferenceBackend) {
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  std::vector<int32_t> ids;
+  std::mt19937 rng(7);
+  for (int i = 0; i < 16; ++i) ids.push_back(int32_t(rng() % uint32_t(weights->config.vocab_size)));
+  DecodeTiling odd = odd_tiling(5, 3);
+  odd.deltanet_heads = weights->config.linear_num_value_heads / weights->config.linear_num_key_heads;
+  for (int T : {2, 8}) {
+    const std::string rows = "lily-tiny verify, T " + std::to_string(T);
+    expect_equal(verify_both_ways(weights, DecodeTiling{}, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[15]),
+                 rows + ", default tiles");
+    expect_equal(verify_both_ways(weights, odd, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[15]),
+                 rows + ", odd tiles, 5 blocks, 3 splits");
+  }
+}
+
+// Parallel rows: T sequences at different positions, each row against its sequence's reference
+// step, each state after the step, and a token after it.
+TEST(DecodeTasksOnCpu, ParallelRowsMatchTheReferenceBackend) {
+  auto weights = tiny_a();
+  const std::vector<int32_t> ids = fixture_ids();
+  for (int T = 2; T <= kMaxDecodeRows; ++T) {
+    const ParallelCase p = parallel_case(ids, T);
+    expect_equal(parallel_both_ways(weights, DecodeTiling{}, p.prefixes, p.tokens, p.next),
+                 "tiny-a parallel, T " + std::to_string(T) + ", default tiles");
+  }
+  for (int T : {2, 3, 8}) {
+    const ParallelCase p = parallel_case(ids, T);
+    const std::string rows = "tiny-a parallel, T " + std::to_string(T);
+    expect_equal(parallel_both_ways(weights, odd_tiling(3, 5), p.prefixes, p.tokens, p.next),
+                 rows + ", odd tiles, 3 blocks, 5 splits");
+    expect_equal(parallel_both_ways(weights, odd_tiling(7, 64), p.prefixes, p.tokens, p.next),
+                 rows + ", 7 blocks, 64 splits");
+  }
+}
+
+TEST(DecodeTasksOnCpu, LilyTinyParallelRowsMatchTheReferenceBackend) {
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  std::vector<int32_t> ids;
+  std::mt19937 rng(9);
+  for (int i = 0; i < 130; ++i) ids.push_back(int32_t(rng() % uint32_t(weights->config.vocab_size)));
+  DecodeTiling odd = odd_tiling(5, 3);
+  odd.deltanet_heads = weights->config.linear_num_value_heads / weights->config.linear_num_key_heads;
+  for (int T : {3, 8}) {
+    const ParallelCase p = parallel_case(ids, T);
+    const std::string rows = "lily-tiny parallel, T " + std::to_string(T);
+    expect_equal(parallel_both_ways(weights, DecodeTiling{}, p.prefixes, p.tokens, p.next), rows + ", default tiles");
+    expect_equal(parallel_both_ways(weights, odd, p.prefixes, p.tokens, p.next), rows + ", odd tiles, 5 blocks");
+  }
+}
+
+// The comparison catches a verify step that gets the order of its rows wrong: a DeltaNet row that
+// starts from the state before the step instead of the previous row's, or attention that lets a
+// row see the drafts after it.
+TEST(DecodeTasksOnCpu, VerifyRowsOutOfOrderFailTheComparison) {
+  auto weights = tiny_a();
+  const std::vector<int32_t> ids = fixture_ids();
+  Faults restart, later;
+  restart.deltanet_restarts_each_row = true;
+  later.attention_sees_later_rows = true;
+  for (const auto& [faults, what] : {std::pair{restart, "DeltaNet rows from the state before the step"},
+                                     std::pair{later, "attention to later rows"}}) {
+    const RowsComparison cmp = verify_both_ways(weights, odd_tiling(3, 2), slice(ids, 0, 5), slice(ids, 5, 3), ids[8],
+                                                nullptr, faults);
+    EXPECT_FALSE(cmp.logits.equal()) << what << " went unnoticed";
+  }
+}
+
+// The comparison catches a list whose tasks take the wrong rows: in a parallel step, one task of
+// each per-sequence op moved to the next sequence; in a verify step, one task of each op leaving
+// out the last row.
+TEST(DecodeTasksOnCpu, TasksOnTheWrongRowsFailTheComparison) {
+  auto weights = tiny_a();
+  const std::vector<int32_t> ids = fixture_ids();
+  const DecodeTiling odd = odd_tiling(3, 2);
+  const ParallelCase p = parallel_case(ids, 3);
+  for (DecodeOp op : {DecodeOp::deltanet_core, DecodeOp::attention_split, DecodeOp::attention_combine}) {
+    TaskList list = build_decode_tasks(weights->config, odd, {3, DecodeRows::Kind::parallel}).list;
+    bool moved = false;
+    for (auto& block : list.blocks)
+      for (Task& t : block)
+        if (!moved && DecodeOp(t.op) == op && t.row == 1) t.row = 2, moved = true;
+    ASSERT_TRUE(moved) << op_name(op);
+    const RowsComparison cmp = parallel_both_ways(weights, odd, p.prefixes, p.tokens, p.next, &list);
+    EXPECT_FALSE(cmp.logits.equal()) << op_name(op) << ": a task on the wrong sequence went unnoticed";
+  }
+  for (DecodeOp op : {DecodeOp::embed, DecodeOp::in_proj, DecodeOp::deltanet_core, DecodeOp::attention_split,
+                      DecodeOp::attention_combine, DecodeOp::out_proj, DecodeOp::router, DecodeOp::gate_up,
+                      DecodeOp::down, DecodeOp::lm_head}) {
+    TaskList list = build_decode_tasks(weights->config, odd, {3, DecodeRows::Kind::verify}).list;
+    bool cut = false;
+    for (auto& block : list.blocks)
+      for (Task& t : block)
+        // An expert task of the shared slot: every row uses it (a routed slot only the rows that chose it).
+        if (!cut && DecodeOp(t.op) == op && (t.slot == expert_slots(weights->config, {3}) || op != DecodeOp::gate_up))
+          --t.rows, cut = true;
+    ASSERT_TRUE(cut) << op_name(op);
+    const RowsComparison cmp = verify_both_ways(weights, odd, slice(ids, 0, 5), slice(ids, 5, 3), ids[8], &list);
+    EXPECT_FALSE(cmp.logits.equal()) << op_name(op) << ": a task leaving out a row went unnoticed";
   }
 }
 
