@@ -37,8 +37,8 @@
 //               store S (the chunk's start state) to H;  V' = U - W S (16 x 16 a warp);
 //               V' -> global (over U), V' exp(gamma_63 - gamma_j) -> shared;
 //               S = exp(gamma_63) S + K^T (decayed V')   (the k rows past n are zero-filled)
-//   deltanet_chunk_output_kernel  grid (4 column slices, NC, Hv); every (chunk, slice) at once:
-//             O = exp(gamma) (Q H) + Aqk V' for 64 rows x 32 columns, 16 x 16 a warp; the Aqk V'
+//   deltanet_chunk_output_kernel  grid (2 column slices, NC, Hv); every (chunk, slice) at once:
+//             O = exp(gamma) (Q H) + Aqk V' for 64 rows x 64 columns, 16 x 32 a warp; the Aqk V'
 //             sum stops at the tile's last row (Aqk is zero above its diagonal).
 // Cost:     per v-head and 64 tokens about 5.0 M multiply-adds (prep 1.6 M, state 2.1 M, output
 //           1.3 M), all but the forward substitution's 0.5 M on the tensor cores; only the state
@@ -67,16 +67,18 @@ using ptx::cp_async_wait;
 constexpr int kD = 128;  // dk = dv
 constexpr int kC = 64;   // tokens per chunk (spec §3.2)
 constexpr int kThreads = 256;
-constexpr int kCols = 32;  // dv columns per block of the state pass and the output
+constexpr int kCols = 32;  // dv columns per block of the state pass
 constexpr int kSlices = kD / kCols;
 constexpr int kTileLoads = kC * kD / 4 / kThreads;  // float4 per thread for a [64][128] tile (8)
 // Floats per shared row, chosen so that the tf32 fragment loads below hit 32 different banks:
 // a tile read along its rows (an A operand, or B = tile^T) wants a row length = 4 (mod 32), one
 // read down its columns (B = tile, or A = tile^T) a row length = 8 (mod 32).
-constexpr int kLd = kD + 4;      // [64][128] tiles read along rows: q, k (prep), W, Q
-constexpr int kLdT = kD + 8;     // the state pass's k rows, read as K^T
-constexpr int kLdA = kC + 4;     // Aqk in the output kernel
-constexpr int kLdS = kCols + 8;  // [rows][32] slices read down columns: S, H, U, V'
+constexpr int kLd = kD + 4;         // [64][128] tiles read along rows: q, k (prep), W, Q
+constexpr int kLdT = kD + 8;        // the state pass's k rows, read as K^T
+constexpr int kLdA = kC + 4;        // Aqk in the output kernel
+constexpr int kLdS = kCols + 8;     // [rows][32] slices read down columns: S, U, V' (state pass)
+constexpr int kOutCols = 64;        // dv columns per block of the output kernel
+constexpr int kLdO = kOutCols + 8;  // its [rows][64] slices read down columns: H, V'
 
 // Floats of scratch per (v-head, chunk): W, U, Aqk, H, gamma.
 constexpr size_t kScratchFloats = size_t(kC) * kD * 2 + size_t(kC) * kC + size_t(kD) * kD + kC;
@@ -85,10 +87,10 @@ constexpr size_t kScratchFloats = size_t(kC) * kD * 2 + size_t(kC) * kC + size_t
 constexpr int kPrepFloats = 2 * kC * kLd + kC * kC + 3 * kC;            // K, Q|V, A, gamma, beta, beta exp(gamma)
 constexpr int kStageFloats = kC * kLd + kC * kLdT + kC * kLdS + kC;     // W, K, U slice, gamma
 constexpr int kStateFloats = 2 * kStageFloats + kD * kLdS + kC * kLdS;  // 2 stages, S slice, decayed V'
-constexpr int kOutFloats = kC * kLd + kD * kLdS + kC * kLdA + kC * kLdS + kC;  // Q, H, Aqk, V', gamma
+constexpr int kOutFloats = kC * kLd + kD * kLdO + kC * kLdA + kC * kLdO + kC;  // Q, H, Aqk, V', gamma
 constexpr size_t kPrepSmem = kPrepFloats * sizeof(float);                      // 84,736 bytes: 2 blocks per SM
 constexpr size_t kStateSmem = kStateFloats * sizeof(float);                    // 188,928 bytes
-constexpr size_t kOutSmem = kOutFloats * sizeof(float);                        // 82,176 bytes: 2 blocks per SM
+constexpr size_t kOutSmem = kOutFloats * sizeof(float);                        // 106,752 bytes: 2 blocks per SM
 
 struct ChunkArgs {
   int n, Hk, Hv, C, NC;          // tokens, key heads, value heads, conv_dim, chunks
@@ -400,7 +402,7 @@ __global__ void __launch_bounds__(kThreads, 1) deltanet_chunk_state_kernel(Chunk
   store_tile(S_g, kD);
 }
 
-// ---- 3. Per (32 columns, chunk, v-head): the outputs ------------------------------------------
+// ---- 3. Per (64 columns, chunk, v-head): the outputs ------------------------------------------
 
 __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(ChunkArgs p) {
   pdl_wait();
@@ -408,12 +410,12 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
   extern __shared__ float4 smem4[];
   float* Q_s = reinterpret_cast<float*>(smem4);  // [64][kLd] q rows (rows past n unset: they only reach
                                                  // output rows that are never stored)
-  float* H_s = Q_s + kC * kLd;                   // [128][kLdS] start state, this slice
-  float* A_s = H_s + kD * kLdS;                  // [64][kLdA] Aqk
-  float* V_s = A_s + kC * kLdA;                  // [64][kLdS] V', this slice
-  float* g_s = V_s + kC * kLdS;                  // [64] gamma
+  float* H_s = Q_s + kC * kLd;                   // [128][kLdO] start state, this slice
+  float* A_s = H_s + kD * kLdO;                  // [64][kLdA] Aqk
+  float* V_s = A_s + kC * kLdA;                  // [64][kLdO] V', this slice
+  float* g_s = V_s + kC * kLdO;                  // [64] gamma
 
-  const int col0 = blockIdx.x * kCols, c = blockIdx.y, h = blockIdx.z, t = threadIdx.x;
+  const int col0 = blockIdx.x * kOutCols, c = blockIdx.y, h = blockIdx.z, t = threadIdx.x;
   const int kh = h / (p.Hv / p.Hk);
   const int i0 = c * kC, nc = min(kC, p.n - i0);
   const size_t hc = size_t(h) * p.NC + c;
@@ -423,9 +425,9 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
     if (row < nc) cp_async16(Q_s + row * kLd + col, p.u + size_t(i0 + row) * p.C + kh * kD + col);
   }
 #pragma unroll
-  for (int it = 0; it < kD * kCols / 4 / kThreads; ++it) {
-    const int idx = t + it * kThreads, row = idx / (kCols / 4), col = idx % (kCols / 4) * 4;
-    cp_async16(H_s + row * kLdS + col, p.H + hc * kD * kD + row * kD + col0 + col);
+  for (int it = 0; it < kD * kOutCols / 4 / kThreads; ++it) {
+    const int idx = t + it * kThreads, row = idx / (kOutCols / 4), col = idx % (kOutCols / 4) * 4;
+    cp_async16(H_s + row * kLdO + col, p.H + hc * kD * kD + row * kD + col0 + col);
   }
 #pragma unroll
   for (int it = 0; it < kC * kC / 4 / kThreads; ++it) {
@@ -433,26 +435,26 @@ __global__ void __launch_bounds__(kThreads, 2) deltanet_chunk_output_kernel(Chun
     cp_async16(A_s + row * kLdA + col, p.Aqk + hc * kC * kC + row * kC + col);
   }
 #pragma unroll
-  for (int it = 0; it < kC * kCols / 4 / kThreads; ++it) {
-    const int idx = t + it * kThreads, row = idx / (kCols / 4), col = idx % (kCols / 4) * 4;
-    cp_async16(V_s + row * kLdS + col, p.U + hc * kC * kD + row * kD + col0 + col);
+  for (int it = 0; it < kC * kOutCols / 4 / kThreads; ++it) {
+    const int idx = t + it * kThreads, row = idx / (kOutCols / 4), col = idx % (kOutCols / 4) * 4;
+    cp_async16(V_s + row * kLdO + col, p.U + hc * kC * kD + row * kD + col0 + col);
   }
   if (t < kC / 4) cp_async16(g_s + 4 * t, p.gam + hc * kC + 4 * t);
   cp_async_commit();
   cp_async_wait<0>();
   __syncthreads();
 
-  // O = diag(exp(gamma)) Q S + Aqk V'  (spec §3.2); warp tiles of 16 x 16 (rows r0, columns c0).
-  const int warp = t / 32, r0 = 16 * (warp / 2), c0 = 16 * (warp % 2);
-  float acc[2][4] = {};
-  mma_rows<2>(acc, Q_s, kLd, r0, H_s, kLdS, c0, kD);
+  // O = diag(exp(gamma)) Q S + Aqk V'  (spec §3.2); warp tiles of 16 x 32 (rows r0, columns c0).
+  const int warp = t / 32, r0 = 16 * (warp / 2), c0 = 32 * (warp % 2);
+  float acc[4][4] = {};
+  mma_rows<4>(acc, Q_s, kLd, r0, H_s, kLdO, c0, kD);
   const float d_lo = expf(g_s[acc_row(r0, 0)]), d_hi = expf(g_s[acc_row(r0, 2)]);
 #pragma unroll
-  for (int n = 0; n < 2; ++n) acc[n][0] *= d_lo, acc[n][1] *= d_lo, acc[n][2] *= d_hi, acc[n][3] *= d_hi;
+  for (int n = 0; n < 4; ++n) acc[n][0] *= d_lo, acc[n][1] *= d_lo, acc[n][2] *= d_hi, acc[n][3] *= d_hi;
   // Aqk[i, j > i] = 0: the sum over j stops after the tile's last row.
-  mma_rows<2>(acc, A_s, kLdA, r0, V_s, kLdS, c0, r0 + 16);
+  mma_rows<4>(acc, A_s, kLdA, r0, V_s, kLdO, c0, r0 + 16);
 #pragma unroll
-  for (int n = 0; n < 2; ++n)
+  for (int n = 0; n < 4; ++n)
 #pragma unroll
     for (int e = 0; e < 4; e += 2) {
       const int row = acc_row(r0, e);
@@ -504,8 +506,8 @@ void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
               scratch + blocks * (kC * kD * 2 + kC * kC + kD * kD)};
   launch_after_wait(deltanet_chunk_prep_kernel, dim3(unsigned(NC), unsigned(Hv)), dim3(kThreads), kPrepSmem, stream, p);
   launch_after_wait(deltanet_chunk_state_kernel, dim3(unsigned(Hv * kSlices)), dim3(kThreads), kStateSmem, stream, p);
-  launch_after_wait(deltanet_chunk_output_kernel, dim3(unsigned(kSlices), unsigned(NC), unsigned(Hv)), dim3(kThreads),
-                    kOutSmem, stream, p);
+  launch_after_wait(deltanet_chunk_output_kernel, dim3(unsigned(kD / kOutCols), unsigned(NC), unsigned(Hv)),
+                    dim3(kThreads), kOutSmem, stream, p);
 }
 
 }  // namespace lily::cuda
