@@ -66,6 +66,26 @@ TEST(TaskList, AReadWithoutItsWaitIsARace) {
   EXPECT_NE(why.find("'consume'"), std::string::npos) << why;
 }
 
+// Order through a chain: A (block 0) writes, B (block 1) waits for A, C (block 2) waits for B and
+// reads A's bytes: ordered by transitivity, and by program order on block 2 for D after C. With
+// C's wait gone (the counter then waited for by D alone), C's read is the race.
+TEST(TaskList, OrderThroughAChainOfBlocksIsKnown) {
+  auto chain = [](bool c_waits) {
+    TaskList l;
+    l.counters = 2;
+    l.blocks.resize(3);
+    l.blocks[0].push_back(task("A", {}, 0, {write(0, 0, 64)}));
+    l.blocks[1].push_back(task("B", {{0, 1}}, 1, {}));
+    l.blocks[2].push_back(task("C", c_waits ? std::vector<Wait>{{1, 1}} : std::vector<Wait>{}, -1, {read(0, 0, 64)}));
+    l.blocks[2].push_back(task("D", c_waits ? std::vector<Wait>{} : std::vector<Wait>{{1, 1}}, -1, {write(0, 32, 96)}));
+    return l;
+  };
+  EXPECT_EQ(refusal(chain(true)), "");
+  const std::string why = refusal(chain(false));
+  EXPECT_NE(why.find("'A' (block 0, task 0) writes"), std::string::npos) << why;
+  EXPECT_NE(why.find("'C' (block 2, task 0) reads"), std::string::npos) << why;
+}
+
 TEST(TaskList, AWaitIsForEveryProducer) {
   TaskList l = pipeline();
   l.blocks[4][0].waits[0].count = 3;
