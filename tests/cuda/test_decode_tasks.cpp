@@ -247,6 +247,17 @@ TEST(DecodeTasks, StepsOfSeveralRowsPass) {
         }
 }
 
+// The whole model at 8 rows, as a persistent kernel's loader would check it (tens of thousands of
+// tasks on 132 blocks): the check's happens-before is a clock a task (tasks x blocks counts) and
+// its race scan goes by cells of bytes, not by pairs of accesses, so it is a matter of seconds.
+TEST(DecodeTasks, TheFullSizeStepOfEightRowsPasses) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  for (DecodeRows::Kind kind : kBothKinds) {
+    const DecodeTasks d = build_decode_tasks(c, DecodeTiling{}, {kMaxDecodeRows, kind});
+    EXPECT_EQ(refusal(d.list), "") << kind_name(kind);
+  }
+}
+
 // Tasks a layer for T rows, counted from tiny-a's config: the dense ops and the verify step's
 // DeltaNet and attention once for all rows, the parallel step's once a sequence, the MoE's slots
 // the union of the rows' experts (min(E, T k)) and the shared expert.
