@@ -133,6 +133,22 @@ TEST(DecodeTasks, EveryOutputIsCoveredOnceALayer) {
   covered(0, DecodeOp::lm_head, kLogits, 0, uint64_t(c.vocab_size) * 4, 1);
 }
 
+// Drops every wait of every task of `good`, one at a time, and expects each such list refused;
+// returns how many were dropped.
+size_t expect_every_wait_needed(const TaskList& good, const std::string& what) {
+  size_t dropped = 0;
+  for (size_t b = 0; b < good.blocks.size(); ++b)
+    for (size_t i = 0; i < good.blocks[b].size(); ++i)
+      for (size_t w = 0; w < good.blocks[b][i].waits.size(); ++w) {
+        TaskList bad = good;
+        auto& waits = bad.blocks[b][i].waits;
+        waits.erase(waits.begin() + long(w));
+        EXPECT_NE(refusal(bad), "") << what << good.blocks[b][i].name << " without wait " << w;
+        ++dropped;
+      }
+  return dropped;
+}
+
 // With a block for every task, program order orders nothing: every wait is needed, and a list
 // without any one of them must be refused.
 TEST(DecodeTasks, DroppingAnyWaitIsRefused) {
@@ -142,18 +158,7 @@ TEST(DecodeTasks, DroppingAnyWaitIsRefused) {
   const TaskList good = build_decode_tasks(short_full_size(2), t).list;
   ASSERT_EQ(refusal(good), "");
   ASSERT_LE(good.tasks(), good.blocks.size());
-  // Every wait of every task, dropped one at a time.
-  size_t dropped = 0;
-  for (size_t b = 0; b < good.blocks.size(); ++b)
-    for (size_t i = 0; i < good.blocks[b].size(); ++i)
-      for (size_t w = 0; w < good.blocks[b][i].waits.size(); ++w) {
-        TaskList bad = good;
-        auto& waits = bad.blocks[b][i].waits;
-        waits.erase(waits.begin() + long(w));
-        EXPECT_NE(refusal(bad), "") << good.blocks[b][i].name << " without wait " << w;
-        ++dropped;
-      }
-  EXPECT_GT(dropped, 100u);
+  EXPECT_GT(expect_every_wait_needed(good, ""), 100u);
 }
 
 TEST(DecodeTasks, TilingsThatCannotWorkAreRefused) {
@@ -373,17 +378,7 @@ TEST(DecodeTasks, DroppingAnyWaitOfSeveralRowsIsRefused) {
     const TaskList good = build_decode_tasks(c, t, {3, kind}).list;
     ASSERT_EQ(refusal(good), "") << kind_name(kind);
     ASSERT_LE(good.tasks(), good.blocks.size()) << kind_name(kind);
-    size_t dropped = 0;
-    for (size_t b = 0; b < good.blocks.size(); ++b)
-      for (size_t i = 0; i < good.blocks[b].size(); ++i)
-        for (size_t w = 0; w < good.blocks[b][i].waits.size(); ++w) {
-          TaskList bad = good;
-          auto& waits = bad.blocks[b][i].waits;
-          waits.erase(waits.begin() + long(w));
-          EXPECT_NE(refusal(bad), "") << kind_name(kind) << ": " << good.blocks[b][i].name << " without wait " << w;
-          ++dropped;
-        }
-    EXPECT_GT(dropped, 50u) << kind_name(kind);
+    EXPECT_GT(expect_every_wait_needed(good, std::string(kind_name(kind)) + ": "), 50u) << kind_name(kind);
   }
 }
 

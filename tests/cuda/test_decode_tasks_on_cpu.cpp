@@ -656,8 +656,27 @@ void expect_equal(const RowsComparison& cmp, const std::string& what) {
   EXPECT_EQ(cmp.state.positions_differ, 0) << what;
 }
 
+std::shared_ptr<const ModelWeights> tiny_a() { return load_model(fixture_dir("tiny-a") + "/mlx-q4"); }
+std::shared_ptr<const ModelWeights> lily_tiny() {
+  return load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+}
+
+// n token ids drawn from the vocabulary, seeded.
+std::vector<int32_t> random_ids(const ModelConfig& c, int n, uint32_t seed) {
+  std::vector<int32_t> ids;
+  std::mt19937 rng(seed);
+  for (int i = 0; i < n; ++i) ids.push_back(int32_t(rng() % uint32_t(c.vocab_size)));
+  return ids;
+}
+
+// t with a DeltaNet task a key head (its value heads together), as lily-tiny's heads need.
+DecodeTiling key_head_tasks(DecodeTiling t, const ModelConfig& c) {
+  t.deltanet_heads = c.linear_num_value_heads / c.linear_num_key_heads;
+  return t;
+}
+
 TEST(DecodeTasksOnCpu, TinyAMatchesTheReferenceBackend) {
-  auto weights = load_model(fixture_dir("tiny-a") + "/mlx-q4");
+  auto weights = tiny_a();
   const std::vector<int32_t> ids = fixture_ids();
   ASSERT_GE(ids.size(), 8u);
   DecodeTiling t;
@@ -673,22 +692,17 @@ TEST(DecodeTasksOnCpu, TinyAMatchesTheReferenceBackend) {
 }
 
 TEST(DecodeTasksOnCpu, LilyTinyMatchesTheReferenceBackend) {
-  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
-  std::vector<int32_t> ids;
-  std::mt19937 rng(5);
-  for (int i = 0; i < 12; ++i) ids.push_back(int32_t(rng() % uint32_t(weights->config.vocab_size)));
-  DecodeTiling t;
-  t.deltanet_heads = weights->config.linear_num_value_heads / weights->config.linear_num_key_heads;
-  expect_equal_logits(decode_both_ways(weights, t, ids), "lily-tiny, default tiles");
-  DecodeTiling odd = odd_tiling(5, 3);
-  odd.deltanet_heads = t.deltanet_heads;
+  auto weights = lily_tiny();
+  const std::vector<int32_t> ids = random_ids(weights->config, 12, 5);
+  expect_equal_logits(decode_both_ways(weights, key_head_tasks({}, weights->config), ids), "lily-tiny, default tiles");
+  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
   expect_equal_logits(decode_both_ways(weights, odd, ids), "lily-tiny, odd tiles, 5 blocks, 3 splits");
 }
 
 // The comparison catches a wrong list: the rows of one task of each kind moved by one (the list
 // stays well-formed; only what the task computes is wrong).
 TEST(DecodeTasksOnCpu, AShiftedTaskFailsTheComparison) {
-  auto weights = load_model(fixture_dir("tiny-a") + "/mlx-q4");
+  auto weights = tiny_a();
   const std::vector<int32_t> ids = fixture_ids();
   const DecodeTiling odd = odd_tiling(3, 2);
   for (DecodeOp op : {DecodeOp::in_proj, DecodeOp::out_proj, DecodeOp::router, DecodeOp::gate_up, DecodeOp::down,
@@ -710,8 +724,6 @@ TEST(DecodeTasksOnCpu, AShiftedTaskFailsTheComparison) {
 std::vector<int32_t> slice(const std::vector<int32_t>& ids, size_t at, size_t n) {
   return {ids.begin() + long(at), ids.begin() + long(at + n)};
 }
-
-std::shared_ptr<const ModelWeights> tiny_a() { return load_model(fixture_dir("tiny-a") + "/mlx-q4"); }
 
 // Sequence i of a parallel step: a prefix of its own length (0 included) from its own part of
 // `ids`, its token and the one after the step.
@@ -753,12 +765,9 @@ TEST(DecodeTasksOnCpu, VerifyRowsMatchTheReferenceBackend) {
 }
 
 TEST(DecodeTasksOnCpu, LilyTinyVerifyRowsMatchTheReferenceBackend) {
-  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
-  std::vector<int32_t> ids;
-  std::mt19937 rng(7);
-  for (int i = 0; i < 16; ++i) ids.push_back(int32_t(rng() % uint32_t(weights->config.vocab_size)));
-  DecodeTiling odd = odd_tiling(5, 3);
-  odd.deltanet_heads = weights->config.linear_num_value_heads / weights->config.linear_num_key_heads;
+  auto weights = lily_tiny();
+  const std::vector<int32_t> ids = random_ids(weights->config, 16, 7);
+  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
   for (int T : {2, 8}) {
     const std::string rows = "lily-tiny verify, T " + std::to_string(T);
     expect_equal(verify_both_ways(weights, DecodeTiling{}, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[15]),
@@ -789,12 +798,9 @@ TEST(DecodeTasksOnCpu, ParallelRowsMatchTheReferenceBackend) {
 }
 
 TEST(DecodeTasksOnCpu, LilyTinyParallelRowsMatchTheReferenceBackend) {
-  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
-  std::vector<int32_t> ids;
-  std::mt19937 rng(9);
-  for (int i = 0; i < 130; ++i) ids.push_back(int32_t(rng() % uint32_t(weights->config.vocab_size)));
-  DecodeTiling odd = odd_tiling(5, 3);
-  odd.deltanet_heads = weights->config.linear_num_value_heads / weights->config.linear_num_key_heads;
+  auto weights = lily_tiny();
+  const std::vector<int32_t> ids = random_ids(weights->config, 130, 9);
+  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
   for (int T : {3, 8}) {
     const ParallelCase p = parallel_case(ids, T);
     const std::string rows = "lily-tiny parallel, T " + std::to_string(T);
