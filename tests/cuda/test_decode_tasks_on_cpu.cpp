@@ -320,11 +320,12 @@ class TaskBodies {
     }
   }
 
-  // Per row: o = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), gated: mixer = o * sigmoid(gate).
+  // Per row and query head of the task: o = sum_s o_s e^(m_s - M) / sum_s l_s e^(m_s - M), gated: mixer = o *
+  // sigmoid(gate).
   void attention_combine(const Task& t, StepBuffers& b) {
     const int64_t nq = c_.num_attention_heads, d = c_.head_dim, S = t_.attention_splits;
     for (int64_t r = t.row; r < t.row + t.rows; ++r)
-      for (int64_t h = 0; h < nq; ++h) {
+      for (int64_t h = t.first; h < int64_t(t.first + t.count); ++h) {
         auto partial = [&](int64_t s) { return b.partials.data() + ((r * S + s) * nq + h) * (d + 2); };
         float M = -INFINITY;
         for (int64_t s = 0; s < S; ++s)
@@ -633,7 +634,7 @@ RowsComparison parallel_both_ways(const std::shared_ptr<const ModelWeights>& wei
 DecodeTiling odd_tiling(int blocks, int splits) {
   DecodeTiling t;
   t.blocks = blocks, t.in_proj_rows = 7, t.out_proj_rows = 5, t.router_rows = 3, t.expert_rows = 5;
-  t.down_rows = 9, t.lm_head_rows = 50, t.attention_splits = splits;
+  t.down_rows = 9, t.lm_head_rows = 50, t.attention_splits = splits, t.combine_heads = 1;
   return t;
 }
 

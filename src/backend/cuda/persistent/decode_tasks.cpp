@@ -227,15 +227,19 @@ class Builder {
             std::move(use), row, rows);
       }
     }
+    const uint64_t d = uint64_t(c_.head_dim);
     for (uint64_t seq = 0; seq < sequences_; ++seq) {
       const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_;
-      std::vector<Access> use = {read(kPartials, row * row_stride, (row + rows) * row_stride)};
-      for (uint64_t t = row; t < row + rows; ++t)
-        use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + 2 * s_.q_width * 4));
-      for (uint64_t t = row; t < row + rows; ++t)
-        use.push_back(write(kMixer, t * mixer_stride_, t * mixer_stride_ + s_.q_width * 4));
-      add(DecodeOp::attention_combine, l, 0, 1, fmt::format("layer {} attention {}combine", l, sequence_name(seq)),
-          {all_of(split_done[seq])}, done, std::move(use), row, rows);
+      tiles(s_.heads, t_.combine_heads, [&](uint64_t h0, uint64_t h1) {
+        std::vector<Access> use = {read(kPartials, row * row_stride, (row + rows) * row_stride)};
+        for (uint64_t t = row; t < row + rows; ++t)
+          use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + 2 * s_.q_width * 4));
+        for (uint64_t t = row; t < row + rows; ++t)
+          use.push_back(write(kMixer, t * mixer_stride_ + h0 * d * 4, t * mixer_stride_ + h1 * d * 4));
+        add(DecodeOp::attention_combine, l, h0, h1 - h0,
+            fmt::format("layer {} attention {}combine heads {}..{}", l, sequence_name(seq), h0, h1),
+            {all_of(split_done[seq])}, done, std::move(use), row, rows);
+      });
     }
     return done;
   }
@@ -332,7 +336,8 @@ int expert_slots(const ModelConfig& c, const DecodeRows& rows) {
 
 DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t, const DecodeRows& rows) {
   LILY_CHECK(t.blocks > 0 && t.in_proj_rows > 0 && t.out_proj_rows > 0 && t.router_rows > 0 && t.expert_rows > 0 &&
-                 t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_heads > 0 && t.attention_splits > 0,
+                 t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_heads > 0 && t.attention_splits > 0 &&
+                 t.combine_heads > 0,
              "decode tasks: every tile size and the block count must be positive");
   LILY_CHECK(rows.count >= 1 && rows.count <= kMaxDecodeRows, "decode tasks: {} rows a step (1..{})", rows.count,
              kMaxDecodeRows);

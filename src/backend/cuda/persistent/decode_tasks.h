@@ -19,7 +19,8 @@
 //                verify: a task a head group, stepping through rows 0..T-1 in order on one state
 //                (which stays in the block: read and written once a step); parallel: a task a
 //                (sequence, head group)
-//   attention    partials of one split of the KV cache, then a combine into the gated output;
+//   attention    partials of one split of the KV cache, then combines (a task a range of query
+//                heads) into the gated output;
 //                verify: every split takes all T rows' queries (each cache row read once), split 0
 //                also appends the T rows' k and v and attends to them causally (row r to 0..r);
 //                parallel: splits and a combine a sequence, over its own cache
@@ -78,7 +79,8 @@ struct DecodeTiling {
   int down_rows = 128;        // rows of h a down task of one slot
   int lm_head_rows = 2048;    // vocabulary rows an lm_head task
   int deltanet_heads = 2;     // value heads a DeltaNet task (a multiple of value heads per key head)
-  int attention_splits = 16;  // splits of a KV cache a layer (and sequence; one combine task after them)
+  int attention_splits = 16;  // splits of a KV cache a layer (and sequence)
+  int combine_heads = 16;     // query heads a combine task (of one sequence, after all its splits)
 };
 
 // The rows of one step: T tokens of one sequence (verify) or of T sequences (parallel).
