@@ -1,14 +1,20 @@
 // decode_step.h: the model for one token on the GPU (T = 1), launch by launch, with the kernels
 // the plan picked (kernel_plan.h). It reads like backend/cpu/forward.cpp; the decode graph
-// (decode_graph.h) captures it once per sequence and replays it.
+// (decode_graph.h) captures it once per sequence and replays it. Where the plan says so the whole
+// step is one persistent kernel instead (persistent/persistent_decode.h), with the same buffers.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/sequence_state.h"
+
+namespace lily::cuda::persistent {
+class PersistentDecode;
+}
 
 namespace lily::cuda {
 
@@ -32,6 +38,7 @@ class DecodeStepObserver {
 class DecodeStep {
  public:
   DecodeStep(const GpuWeights& w, const DecodePlan& plan);
+  ~DecodeStep();
 
   // The launches of one step of sequence s: the token in token(), the next token's logits into
   // logits(), s's device position advanced by one.
@@ -71,6 +78,7 @@ class DecodeStep {
   DeviceBuffer act_;                // [k + 1, I]
   DeviceBuffer logits_;             // [V]
   DeviceBuffer attention_scratch_;  // split-KV partials (zeroed once; the kernels reset them)
+  std::unique_ptr<persistent::PersistentDecode> persistent_;  // the step as one kernel (plan.persistent)
 };
 
 }  // namespace lily::cuda

@@ -1,0 +1,215 @@
+// decode_kernel.cu: the decode step as persistent work (issue 16): one block of kThreads threads
+// per SM, all resident at once (a cooperative launch), each walking its own list of tasks
+// (decode_tasks.h builds them, check_task_list proves they cannot deadlock or race). A task:
+//
+//   thread 0:  prefetch the task's weights into L2 (bulk prefetches) unless done already (an
+//              expert slot's once the top-k it depends on is done); then, until counter[w] >= count
+//              for each of its waits (acquire, GPU scope), prefetch the next tasks' weights, up to
+//              kLookaheadBytes ahead and up to an expert slot not chosen yet
+//   all:       run the op (ops_dense.cuh, ops_deltanet.cuh, ops_attention.cuh)
+//   thread 0:  after the block's barrier, counter[signal] += 1 (release, GPU scope)
+//
+// No grid barrier: a task waits only for the tasks whose outputs it reads, and the weights of
+// every task whose matrix is known stream into L2 while the block waits, so the memory system is
+// not idle at an operator boundary. The counters are zeroed before every step (a memset node of
+// the step's graph). Data written in the launch is read through L2 (__ldcg), never through the
+// non-coherent read-only path.
+// Tested: tests/cuda/test_persistent_decode.cpp (the whole step against the decode step of kernels
+// and the CPU backend), test_persistent_deltanet.cu, test_persistent_attention.cu (the cores).
+#include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/persistent/decode_kernel.h"
+#include "backend/cuda/persistent/decode_tasks.h"
+#include "backend/cuda/persistent/ops_attention.cuh"
+#include "backend/cuda/persistent/ops_deltanet.cuh"
+#include "backend/cuda/persistent/ops_dense.cuh"
+
+namespace lily::cuda::persistent {
+
+namespace {
+
+constexpr uint32_t kLookaheadBytes = 192 * 1024;  // weights a block keeps in flight into L2
+constexpr uint32_t kPrefetchPiece = 32 * 1024;    // bytes a bulk prefetch instruction
+
+__device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+__device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
+  asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
+}
+
+// Waits until counters[counter] >= count (thread 0; no counter: at once).
+__device__ __forceinline__ void wait_for(const uint32_t* counters, uint32_t counter, uint32_t count) {
+  if (counter == kNoCounter) return;
+  while (load_acquire(counters + counter) < count) {
+  }
+}
+
+// [p, p + bytes) into L2, the range shrunk to 16-byte boundaries (never past the allocation).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes) {
+  uint64_t b = (reinterpret_cast<uint64_t>(p) + 15) & ~uint64_t(15);
+  const uint64_t e = (reinterpret_cast<uint64_t>(p) + bytes) & ~uint64_t(15);
+  for (; b + 16 <= e; b += kPrefetchPiece) {
+    const uint32_t n = uint32_t(e - b < kPrefetchPiece ? e - b : kPrefetchPiece);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(n) : "memory");
+  }
+}
+
+// Rows [r0, r0 + n) of entry e of m into L2; returns the bytes.
+__device__ __forceinline__ uint32_t prefetch_rows(const DeviceMatrix& m, int e, int64_t r0, int64_t n) {
+  const int64_t words = int64_t(m.cols) * m.bits / 32, groups = m.cols / 64, row = int64_t(e) * m.rows + r0;
+  prefetch_l2(m.codes + row * words, uint64_t(n * words * 4));
+  prefetch_l2(m.scales + row * groups, uint64_t(n * groups * 2));
+  prefetch_l2(m.biases + row * groups, uint64_t(n * groups * 2));
+  return uint32_t(n * (words * 4 + groups * 4));
+}
+
+// The weights (and recurrent state) task t will read, into L2; returns the bytes. Expert slots:
+// only when their top-k is done (the caller checks).
+__device__ uint32_t prefetch_task(const StepArgs& a, const DeviceTask& t) {
+  const DeviceLayer& L = a.layers[t.layer];
+  switch (DecodeOp(t.op)) {
+    case DecodeOp::in_proj: return prefetch_rows(L.in_proj, 0, t.first, t.count);
+    case DecodeOp::out_proj: return prefetch_rows(L.out_proj, 0, t.first, t.count);
+    case DecodeOp::lm_head: return prefetch_rows(a.lm_head, 0, t.first, t.count);
+    case DecodeOp::router: {
+      const int64_t E = a.dims.E, end = min(int64_t(t.first + t.count), E);
+      return end > t.first ? prefetch_rows(L.router, 0, t.first, end - t.first) : 0;
+    }
+    case DecodeOp::deltanet_core: {
+      const uint64_t head = 128 * 128 * 4;
+      prefetch_l2(a.seq.ssm[t.layer] + uint64_t(t.first) * 128 * 128, t.count * head);
+      return uint32_t(t.count * head);
+    }
+    case DecodeOp::gate_up:
+    case DecodeOp::down: {
+      const bool shared = t.slot == a.dims.slots, up = DecodeOp(t.op) == DecodeOp::gate_up;
+      const int e = shared ? 0 : __ldcg(a.buf.slot_ids + t.slot);
+      if (e < 0) return 0;
+      if (!up) return prefetch_rows(shared ? L.shared_down : L.down, e, t.first, t.count);
+      return prefetch_rows(shared ? L.shared_gate : L.gate, e, t.first, t.count) +
+             prefetch_rows(shared ? L.shared_up : L.up, e, t.first, t.count);
+    }
+    default: return 0;
+  }
+}
+
+__device__ __forceinline__ bool known(const StepArgs& a, const DeviceTask& t) {
+  return t.known == kNoCounter || load_acquire(a.buf.counters + t.known) >= t.known_count;
+}
+
+// Each op its own function (not inlined): its registers are allocated for it alone, so the ops
+// that need many (the DeltaNet state, the attention's fragments) do not make the others spill.
+#define LILY_OP(name, body) \
+  __device__ __noinline__ void name(const StepArgs& a, const DeviceTask& t, unsigned char* smem) { body; }
+LILY_OP(run_embed, embed_task(a, t))
+LILY_OP(run_in_proj, in_proj_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_deltanet, deltanet_core_task(a, t, smem))
+LILY_OP(run_attention_split, attention_split_task(a, t, smem))
+LILY_OP(run_attention_combine, attention_combine_task(a, t, smem))
+LILY_OP(run_out_proj, out_proj_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_moe_norm, moe_norm_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_router, router_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_top_k, top_k_task(a, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_gate_up, gate_up_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_down, down_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+LILY_OP(run_lm_head, lm_head_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
+#undef LILY_OP
+
+__device__ __forceinline__ void run(const StepArgs& a, const DeviceTask& t, unsigned char* smem) {
+  switch (DecodeOp(t.op)) {
+    case DecodeOp::embed: return run_embed(a, t, smem);
+    case DecodeOp::in_proj: return run_in_proj(a, t, smem);
+    case DecodeOp::deltanet_core: return run_deltanet(a, t, smem);
+    case DecodeOp::attention_split: return run_attention_split(a, t, smem);
+    case DecodeOp::attention_combine: return run_attention_combine(a, t, smem);
+    case DecodeOp::out_proj: return run_out_proj(a, t, smem);
+    case DecodeOp::moe_norm: return run_moe_norm(a, t, smem);
+    case DecodeOp::router: return run_router(a, t, smem);
+    case DecodeOp::top_k: return run_top_k(a, t, smem);
+    case DecodeOp::gate_up: return run_gate_up(a, t, smem);
+    case DecodeOp::down: return run_down(a, t, smem);
+    case DecodeOp::lm_head: return run_lm_head(a, t, smem);
+    case DecodeOp::advance:
+      if (threadIdx.x == 0) *a.seq.position += a.dims.parallel ? 1 : a.dims.T;
+      return;
+  }
+}
+
+// Whether the task's waits are met (thread 0).
+__device__ __forceinline__ bool ready(const uint32_t* counters, const DeviceTask& t) {
+  for (int j = 0; j < 2; ++j)
+    if (t.wait[j] != kNoCounter && load_acquire(counters + t.wait[j]) < t.wait_count[j]) return false;
+  return true;
+}
+
+__global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __grid_constant__ StepArgs a) {
+  extern __shared__ __align__(16) unsigned char smem[];
+  __shared__ DeviceTask list[kMaxBlockTasks];   // this block's tasks
+  __shared__ uint32_t fetched[kMaxBlockTasks];  // bytes prefetched for each (thread 0)
+  const uint32_t first = a.block_begin[blockIdx.x], n = a.block_begin[blockIdx.x + 1] - first;
+  for (uint32_t i = threadIdx.x; i < n; i += kThreads) list[i] = a.tasks[first + i];
+  __syncthreads();
+  uint32_t ahead = 0, in_flight = 0;  // thread 0: tasks [0, ahead) prefetched; bytes of those after the current
+  for (uint32_t i = 0; i < n; ++i) {
+    if (threadIdx.x == 0) {
+      const DeviceTask& t = list[i];
+      if (ahead == i) {  // the task's own weights, once they are known
+        wait_for(a.buf.counters, t.known, t.known_count);
+        fetched[i] = prefetch_task(a, t);
+        ++ahead;
+      } else {
+        in_flight -= fetched[i];
+      }
+      // While the inputs are not ready: the next tasks' weights, while the budget lasts and up to
+      // an expert slot whose experts are not chosen yet.
+      while (!ready(a.buf.counters, t)) {
+        if (ahead < n && in_flight < kLookaheadBytes && known(a, list[ahead])) {
+          fetched[ahead] = prefetch_task(a, list[ahead]);
+          in_flight += fetched[ahead++];
+        }
+      }
+    }
+    __syncthreads();
+    const DeviceTask t = list[i];
+    run(a, t, smem);
+    __syncthreads();
+    if (threadIdx.x == 0 && t.signal >= 0) add_release(a.buf.counters + t.signal, 1);
+  }
+}
+
+}  // namespace
+
+void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cudaStream_t stream) {
+  static const bool configured = [] {
+    CUDA_CHECK(
+        cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
+    return true;
+  }();
+  (void)configured;
+  CUDA_CHECK(cudaMemsetAsync(args.buf.counters, 0, size_t(counters) * 4, stream));
+  cudaLaunchConfig_t config = {};
+  config.gridDim = dim3(unsigned(blocks));
+  config.blockDim = dim3(kThreads);
+  config.dynamicSmemBytes = kScratchBytes;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeCooperative;  // every block resident at once, or an error
+  attribute[0].val.cooperative = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  CUDA_CHECK(cudaLaunchKernelEx(&config, persistent_decode_kernel, args));
+}
+
+int persistent_decode_max_blocks() {
+  int per_sm = 0;
+  CUDA_CHECK(
+      cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kScratchBytes));
+  return per_sm * multiprocessor_count();
+}
+
+}  // namespace lily::cuda::persistent

@@ -1,0 +1,267 @@
+// ops_dense.cuh: the persistent decode kernel's tasks that are products with the model's matrices,
+// and the small ones around them (decode_tasks.h names them; step_args.h has the buffers). Every
+// function is called by all kThreads threads of a block and ends with its writes issued (the kernel
+// syncs after each task). T = 1 row (the kernel's host side refuses more, for now).
+//
+//   embed      h = embed[token]                                    (4-bit row, dequantized)
+//   in_proj    proj[r] = RMSNorm(h) . W_in[r]        r in the task's rows of the fused matrix
+//   out_proj   h[r] += mixer . W_out[r]
+//   moe_norm   x = RMSNorm(h)                         (post_attention_layernorm)
+//   router     logits[r] = x . Wr[r] (8-bit, fp32)    row E: the shared expert's gate row
+//   top_k      ids, weights of the k experts          (route_topk.cuh: as every decode kernel)
+//   gate_up    act[s][r] = silu(G_e[r] . x) * (U_e[r] . x)    e: slot s's expert (or the shared one)
+//   down       h[r] += w_s D_e[r] . act[s]            w_s: the routing weight, sigmoid(gate) shared
+//   lm_head    logits[r] = RMSNorm(h) . lm_head[r]    (final norm)
+//   advance    position += T
+// The 4-bit products run on the tensor cores as the decode GEMVs do (quant_mma.cuh: the input row
+// staged once per task as bf16 hi + lo fragments, fp32-level accuracy): a block's rows in tiles of
+// 16, each tile's columns split over up to 16 warps so that every warp has work, the parts summed
+// in shared memory in a fixed order. Activations written by other blocks of this launch are read
+// through L2 (__ldcg); the expert slots' routed weights and ids too. down adds into h with atomics
+// (the slots of a row tile run on different blocks): the order of those adds varies, so h varies
+// in its last bits from run to run.
+// Tested: tests/cuda/test_persistent_decode.cpp (the step's logits against the decode step's and
+// the CPU backend's).
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/common/quant_dot.cuh"
+#include "backend/cuda/common/quant_mma.cuh"
+#include "backend/cuda/common/route_topk.cuh"
+#include "backend/cuda/persistent/step_args.h"
+
+namespace lily::cuda::persistent {
+
+constexpr int kWarps = kThreads / 32;
+constexpr int kMaxCols = 4096;  // the widest input row of a product
+
+// The scratch of a product's task (in the dynamic shared memory).
+struct ProductScratch {
+  float xs[kMaxCols];                                // the input row, fp32
+  uint4 frag[quant_mma::fragment_uint4s(kMaxCols)];  // and its bf16 hi + lo fragments
+  float group_sum[kMaxCols / 64];
+  uint4 zero[quant_mma::kFragU4PerChunk];
+  float red[kWarps];
+  float parts[kWarps * 256];  // k-split partial sums: [part][row], at most 256 rows when split
+  float out[2][256];          // gate_up: the G and U rows of the task
+  int32_t ids[8];             // top_k
+  float weights[8];
+};
+static_assert(sizeof(ProductScratch) <= size_t(kScratchBytes), "ProductScratch fits the scratch");
+
+// One 4-bit matrix's rows as the tile loads take them.
+struct Rows {
+  const uint4* codes;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int cpr;  // 16-byte chunks a row
+};
+
+__device__ __forceinline__ Rows rows_of(const DeviceMatrix& m, int entry = 0) {
+  const int64_t words = int64_t(m.cols) * m.bits / 32, groups = m.cols / 64;
+  Rows r;
+  r.codes = reinterpret_cast<const uint4*>(m.codes + int64_t(entry) * m.rows * words);
+  r.scales = m.scales + int64_t(entry) * m.rows * groups;
+  r.biases = m.biases + int64_t(entry) * m.rows * groups;
+  r.cpr = int(words / 4);
+  return r;
+}
+
+// out(i, y) for i in [0, n): y = row r0 + i of A (i < nA) or row r0 + i - nA of B, times the staged
+// input row (stage_input_row's fragments). Tiles of 16 rows never mix A and B (nA a multiple of 16,
+// or B empty). Each tile's pairs of 256 columns are split over `ksplit` warps when there are fewer
+// tiles than warps; their parts are summed in warp order.
+template <class Out>
+__device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows& B, int n, int r0, ProductScratch& s,
+                                               Out out) {
+  using namespace quant_mma;
+  constexpr int kStep = 2;  // pairs loaded together
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
+  const int tiles = (n + 15) / 16, pairs = (A.cpr + 7) / 8;
+  int ksplit = kWarps / tiles;
+  ksplit = ksplit < 1 ? 1 : (ksplit > (pairs + kStep - 1) / kStep ? (pairs + kStep - 1) / kStep : ksplit);
+  const int per = pairs_per_warp(pairs, ksplit, kStep);
+  for (int u = warp; u < tiles * ksplit; u += kWarps) {
+    const int tile = u / ksplit, part = u % ksplit;
+    const int i_g = min(16 * tile + g, n - 1), i_g8 = min(16 * tile + g + 8, n - 1);
+    const bool in_a = 16 * tile < nA;
+    const Rows& M = in_a ? A : B;
+    const int64_t row_g = r0 + (in_a ? i_g : i_g - nA), row_g8 = r0 + (in_a ? i_g8 : i_g8 - nA);
+    float y_g = 0.f, y_g8 = 0.f;
+    for (int p = part * per; p < (part + 1) * per && p < pairs; p += kStep) {
+      TileLoad<kStep> t;
+      load_tile<kStep>(t, M.codes, M.scales, M.biases, row_g, row_g8, M.cpr, p);
+      dot_tile<kStep>(t, s.frag, s.group_sum, s.zero, M.cpr, p, y_g, y_g8);
+    }
+    y_g = quad_sum(y_g), y_g8 = quad_sum(y_g8);
+    if (t4 == 0) {
+      const int a = 16 * tile + g, b = a + 8;
+      if (ksplit == 1) {
+        if (a < n) out(a, y_g);
+        if (b < n) out(b, y_g8);
+      } else {
+        if (a < n) s.parts[part * 256 + a] = y_g;
+        if (b < n) s.parts[part * 256 + b] = y_g8;
+      }
+    }
+  }
+  if (ksplit > 1) {
+    __syncthreads();
+    for (int i = threadIdx.x; i < n; i += kThreads) {
+      float y = 0.f;
+      for (int part = 0; part < ksplit; ++part) y += s.parts[part * 256 + i];
+      out(i, y);
+    }
+  }
+}
+
+template <class Out>
+__device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, ProductScratch& s, Out out) {
+  block_rows_dot(A, n, A, n, r0, s, out);
+}
+
+// The input row x [cols] (NORM: RMSNorm with gain) staged for block_rows_dot; x read through L2.
+template <bool NORM>
+__device__ __forceinline__ void stage(const float* x, const float* gain, float eps, int cols, ProductScratch& s) {
+  quant_mma::stage_input_row<NORM, kThreads, kMaxCols>(x, gain, eps, cols, s.xs, s.frag, s.group_sum, s.zero, s.red);
+  __syncthreads();
+}
+
+__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
+__device__ __forceinline__ float sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
+
+// h = embed[token]: thread i dequantizes word i of the row (8 columns of one group).
+__device__ inline void embed_task(const StepArgs& a, const DeviceTask& t) {
+  const DeviceMatrix& m = a.embed;
+  const int H = a.dims.H, words = H / 8;
+  for (int r = t.row; r < t.row + t.rows; ++r) {
+    const int64_t token = __ldcg(a.buf.token + r);
+    for (int w = threadIdx.x; w < words; w += kThreads) {
+      const uint32_t q = __ldg(m.codes + token * words + w);
+      const int grp = w / 8;
+      const float scale = quant::load_bf16(m.scales + token * (H / 64) + grp);
+      const float bias = quant::load_bf16(m.biases + token * (H / 64) + grp);
+#pragma unroll
+      for (int j = 0; j < 8; ++j) a.buf.hidden[int64_t(r) * H + 8 * w + j] = scale * float((q >> (4 * j)) & 15u) + bias;
+    }
+  }
+}
+
+// proj[r] = RMSNorm(h) . W_in[r] for the task's rows of the fused input projection.
+__device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  stage<true>(a.buf.hidden, L.input_norm, a.dims.eps, a.dims.H, s);
+  float* out = a.buf.proj + t.first;
+  block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = y; });
+}
+
+// h[r] += mixer . W_out[r]: the task owns its rows of h (no other task writes them meanwhile).
+__device__ inline void out_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  stage<false>(a.buf.mixer, nullptr, 0.f, L.out_proj.cols, s);
+  float* h = a.buf.hidden + t.first;
+  block_rows_dot(rows_of(L.out_proj), int(t.count), int(t.first), s, [&](int i, float y) { h[i] = __ldcg(h + i) + y; });
+}
+
+// logits[r] = RMSNorm(h) . lm_head[r]
+__device__ inline void lm_head_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  stage<true>(a.buf.hidden, a.final_norm, a.dims.eps, a.dims.H, s);
+  float* out = a.buf.logits + t.first;
+  block_rows_dot(rows_of(a.lm_head), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = y; });
+}
+
+// x = RMSNorm(h) with the post-attention gain.
+__device__ inline void moe_norm_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  const int H = a.dims.H;
+  float ss = 0.f;
+  for (int i = threadIdx.x; i < H; i += kThreads) {
+    const float v = __ldcg(a.buf.hidden + i);
+    s.xs[i] = v;
+    ss = fmaf(v, v, ss);
+  }
+  ss = quant::group_sum<32>(ss);
+  if (threadIdx.x % 32 == 0) s.red[threadIdx.x / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+  for (int w = 0; w < kWarps; ++w) total += s.red[w];
+  const float inv = 1.f / sqrtf(total / float(H) + a.dims.eps);
+  for (int i = threadIdx.x; i < H; i += kThreads) a.buf.moe_input[i] = s.xs[i] * inv * __ldg(L.post_norm + i);
+}
+
+// logits[r] = x . Wr[r] for the task's rows of [Wr; w_sg] (8-bit, fp32): a warp a row, lane j the
+// row's 16-byte chunks j, j + 32, ...; x staged in shared memory.
+__device__ inline void router_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  const int H = a.dims.H, E = a.dims.E;
+  for (int i = threadIdx.x; i < H; i += kThreads) s.xs[i] = __ldcg(a.buf.moe_input + i);
+  __syncthreads();
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cpr = H / 16, gpr = H / 64;
+  for (int r = int(t.first) + warp; r < int(t.first + t.count); r += kWarps) {
+    const DeviceMatrix& m = r < E ? L.router : L.shared_expert_gate;
+    const int64_t row = r < E ? r : 0;
+    const uint4* codes = reinterpret_cast<const uint4*>(m.codes) + row * cpr;
+    float acc = 0.f;
+    for (int c = lane; c < cpr; c += 32) {
+      const uint4 q = quant::load_codes(codes + c);
+      float x[16];
+      const float xsum = quant::load_x<16, false>(s.xs + 16 * c, x);
+      const int grp = c / 4;
+      acc += quant::load_bf16(m.scales + row * gpr + grp) * quant::chunk_dot<8>(q, x) +
+             quant::load_bf16(m.biases + row * gpr + grp) * xsum;
+    }
+    acc = quant::group_sum<32>(acc);
+    if (lane == 0) a.buf.router_logits[r] = acc;
+  }
+}
+
+// The k experts of the row and their weights, into slots 0..k-1 (T = 1).
+__device__ inline void top_k_task(const StepArgs& a, ProductScratch& s) {
+  const int E = a.dims.E, k = a.dims.k;
+  if (threadIdx.x < 32) {
+    warp_load_logits(a.buf.router_logits, E, s.xs);
+    warp_route_topk(s.xs, E, k, s.ids, s.weights);
+    __syncwarp();
+    if (threadIdx.x < k) {
+      a.buf.slot_ids[threadIdx.x] = s.ids[threadIdx.x];
+      a.buf.slot_weights[threadIdx.x] = s.weights[threadIdx.x];
+    }
+  }
+}
+
+// Slot t.slot's expert (-1: an empty slot; the shared expert is slot U).
+__device__ __forceinline__ int slot_expert(const StepArgs& a, const DeviceTask& t) {
+  return t.slot == a.dims.slots ? -2 : __ldcg(a.buf.slot_ids + t.slot);
+}
+
+// act[s][r] = silu(G[r] . x) * (U[r] . x) for the task's rows of slot s's expert.
+__device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  const int e = slot_expert(a, t);
+  if (e == -1) return;
+  stage<false>(a.buf.moe_input, nullptr, 0.f, a.dims.H, s);
+  const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
+  const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
+  const int n = int(t.count);
+  block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
+  __syncthreads();
+  float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
+  for (int i = threadIdx.x; i < n; i += kThreads) act[i] = silu(s.out[0][i]) * s.out[1][i];
+}
+
+// h[r] += w D[r] . act[s] for the task's rows of h.
+__device__ inline void down_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  const int e = slot_expert(a, t);
+  if (e == -1) return;
+  const float w = e < 0 ? sigmoid(__ldcg(a.buf.router_logits + a.dims.E)) : __ldcg(a.buf.slot_weights + t.slot);
+  stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, 0.f, a.dims.I, s);
+  const Rows D = e < 0 ? rows_of(L.shared_down) : rows_of(L.down, e);
+  float* h = a.buf.hidden + t.first;
+  block_rows_dot(D, int(t.count), int(t.first), s, [&](int i, float y) { atomicAdd(h + i, w * y); });
+}
+
+}  // namespace lily::cuda::persistent

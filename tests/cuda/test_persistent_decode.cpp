@@ -1,0 +1,170 @@
+// test_persistent_decode.cpp: the decode step as one persistent kernel (issue 16,
+// persistent/persistent_decode.h) against the chain of decode kernels that test_cuda_forward holds
+// to the CPU backend and transformers. Every step's logits within 2e-3 of max |logit| and the same
+// arg max, from an empty state and from a filled KV cache (the attention splits then all hold
+// rows), on lily-tiny and on the full-size geometry (4 layers, random weights); after the steps both
+// paths' DeltaNet states and KV caches agree; lily-tiny's greedy tokens equal the CPU backend's.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <random>
+
+#include "backend/backend.h"
+#include "backend/cuda/bench/cuda_bench.h"
+#include "backend/cuda/common/device_info.h"
+#include "backend/cuda/decode_step.h"
+#include "backend/cuda/gpu_weights.h"
+#include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/persistent/persistent_decode.h"
+#include "backend/cuda/sequence_state.h"
+#include "cuda_test_util.h"
+#include "model/checkpoint/load.h"
+
+namespace lily {
+namespace {
+
+using namespace cuda;
+
+// The chain of kernels and the persistent kernel over the same weights.
+struct TwoSteps {
+  std::unique_ptr<GpuWeights> w;
+  KernelPlan plan;
+  DecodePlan persistent_plan;
+  std::unique_ptr<DecodeStep> chain, persistent;
+
+  explicit TwoSteps(std::unique_ptr<GpuWeights> weights) : w(std::move(weights)) {
+    plan = plan_kernels(*w, current_device_limits(), 1024);
+    EXPECT_EQ(persistent::persistent_decode_refusal(*w), "");
+    persistent_plan = plan.decode;
+    persistent_plan.persistent = true;
+    chain = std::make_unique<DecodeStep>(*w, plan.decode);
+    persistent = std::make_unique<DecodeStep>(*w, persistent_plan);
+  }
+};
+
+std::vector<float> step(DecodeStep& d, CudaSequenceState& s, int32_t token, int vocab) {
+  CUDA_CHECK(cudaMemcpy(d.token(), &token, 4, cudaMemcpyHostToDevice));
+  d.record(s, nullptr);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  std::vector<float> logits(static_cast<size_t>(vocab));
+  CUDA_CHECK(cudaMemcpy(logits.data(), d.logits(), logits.size() * 4, cudaMemcpyDeviceToHost));
+  s.advance_host(1);
+  return logits;
+}
+
+template <class T>
+std::vector<T> download(const T* p, size_t n) {
+  std::vector<T> v(n);
+  CUDA_CHECK(cudaMemcpy(v.data(), p, n * sizeof(T), cudaMemcpyDeviceToHost));
+  return v;
+}
+
+double max_abs(const std::vector<float>& v) {
+  double m = 0;
+  for (float x : v) m = std::max(m, double(std::fabs(x)));
+  return m;
+}
+
+double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  double m = 0;
+  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
+  return m;
+}
+
+// max |a - b| / max |a| over two devices arrays of floats (bf16 caches: as raw bits compared equal).
+double relative_state_diff(const float* a, const float* b, size_t n) {
+  const std::vector<float> x = download(a, n), y = download(b, n);
+  return max_diff(x, y) / std::max(1e-30, max_abs(x));
+}
+
+// `steps` tokens through both paths from `filled` cached rows; every step's logits compared, then
+// the states.
+void expect_same_steps(TwoSteps& two, int64_t filled, int steps, uint32_t seed) {
+  const ModelConfig& c = two.w->config();
+  CudaSequenceState a(c, filled + steps + 8);
+  if (filled > 0) bench::fake_fill(a, filled);
+  auto b_owner = a.clone();
+  CudaSequenceState& b = as_cuda(*b_owner);
+  std::mt19937 rng(seed);
+  double worst = 0;
+  for (int i = 0; i < steps; ++i) {
+    const int32_t token = int32_t(rng() % uint32_t(c.vocab_size));
+    const std::vector<float> want = step(*two.chain, a, token, c.vocab_size);
+    const std::vector<float> got = step(*two.persistent, b, token, c.vocab_size);
+    const double bound = 2e-3 * max_abs(want), d = max_diff(want, got);
+    worst = std::max(worst, d / max_abs(want));
+    ASSERT_LE(d, bound) << "step " << i << " after " << filled << " rows";
+    EXPECT_EQ(std::max_element(want.begin(), want.end()) - want.begin(),
+              std::max_element(got.begin(), got.end()) - got.begin())
+        << "step " << i;
+  }
+  std::printf("%lld cached rows, %d steps: worst max |diff| %.3g of max |logit|\n", (long long)filled, steps, worst);
+  EXPECT_EQ(download(a.position(), 1), download(b.position(), 1));
+  size_t attention = 0, deltanet = 0;
+  const size_t conv = size_t(c.linear_conv_dim()) * size_t(c.linear_conv_kernel_dim - 1);
+  const size_t ssm = size_t(c.linear_num_value_heads) * 128 * 128;
+  for (LayerKind kind : c.layer_types) {
+    if (kind == LayerKind::full_attention) {
+      const size_t n = size_t(filled + steps) * size_t(c.attention_kv_width());
+      const auto ka = download(reinterpret_cast<const uint16_t*>(a.k_cache(attention)), n);
+      const auto kb = download(reinterpret_cast<const uint16_t*>(b.k_cache(attention)), n);
+      const auto va = download(reinterpret_cast<const uint16_t*>(a.v_cache(attention)), n);
+      const auto vb = download(reinterpret_cast<const uint16_t*>(b.v_cache(attention++)), n);
+      size_t k_off = 0, v_off = 0;  // bf16 rounding of values that differ in their last fp32 bits
+      for (size_t i = 0; i < n; ++i) k_off += ka[i] != kb[i], v_off += va[i] != vb[i];
+      EXPECT_LE(k_off, n / 50) << "k cache of attention layer " << attention - 1;
+      EXPECT_LE(v_off, n / 50) << "v cache of attention layer " << attention - 1;
+    } else {
+      EXPECT_LE(relative_state_diff(a.conv(deltanet), b.conv(deltanet), conv), 2e-3) << "conv state " << deltanet;
+      EXPECT_LE(relative_state_diff(a.ssm(deltanet), b.ssm(deltanet), ssm), 2e-3) << "ssm state " << deltanet;
+      ++deltanet;
+    }
+  }
+}
+
+ModelConfig short_full_size(int layers) {
+  ModelConfig c = qwen36_35b_a3b_config();
+  c.layer_types.resize(size_t(layers));
+  c.num_layers = layers;
+  c.layer_types.back() = LayerKind::full_attention;
+  return c;
+}
+
+TEST(PersistentDecode, LilyTinyStepsMatchTheChain) {
+  REQUIRE_GPU();
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  TwoSteps two(GpuWeights::upload(*weights));
+  expect_same_steps(two, 0, 40, 1);
+  expect_same_steps(two, 1000, 8, 2);
+}
+
+TEST(PersistentDecode, FullSizeGeometryStepsMatchTheChain) {
+  REQUIRE_GPU();
+  TwoSteps two(bench::synthetic_weights(short_full_size(4), 7));
+  expect_same_steps(two, 0, 6, 3);
+  expect_same_steps(two, 63, 3, 4);
+  expect_same_steps(two, 4096, 4, 5);
+}
+
+// Greedy tokens of the persistent step (arg max on the host) against the CPU backend.
+TEST(PersistentDecode, LilyTinyGreedyMatchesCpu) {
+  REQUIRE_GPU();
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  TwoSteps two(GpuWeights::upload(*weights));
+  auto cpu = make_cpu_backend(weights);
+  auto cs = cpu->new_sequence(128);
+  CudaSequenceState gs(weights->config, 128);
+  int32_t cpu_token = 17, gpu_token = 17;
+  std::vector<float> row;
+  for (int i = 0; i < 48; ++i) {
+    cpu->forward(*cs, std::span<const int32_t>(&cpu_token, 1), LogitsWanted::last, row);
+    cpu_token = int32_t(std::max_element(row.begin(), row.end()) - row.begin());
+    const std::vector<float> g = step(*two.persistent, gs, gpu_token, weights->config.vocab_size);
+    gpu_token = int32_t(std::max_element(g.begin(), g.end()) - g.begin());
+    ASSERT_EQ(cpu_token, gpu_token) << "token " << i;
+  }
+}
+
+}  // namespace
+}  // namespace lily
