@@ -57,10 +57,10 @@ TEST(DecodeTasks, TheFullSizeStepPasses) {
   const DecodeTiling t;
   const DecodeTasks d = build_decode_tasks(c, t);
   EXPECT_EQ(refusal(d.list), "");
-  // Counted from the config: per DeltaNet layer 12352/96 in_proj + 32/2 cores, per attention
+  // Counted from the config: per DeltaNet layer 12352/96 in_proj + 4096/32 cores, per attention
   // layer 9216/96 + 16 splits + 1 combine; per layer 2048/32 out_proj, 1 norm, 257/32 router
   // tiles, 1 top_k, 9 slots x (512/32 gate_up + 2048/128 down); 248320/2048 lm_head, embed, advance.
-  const size_t deltanet = 129 + 16, attention = 96 + 16 + 1, moe = 64 + 1 + 9 + 1 + 9 * (16 + 16);
+  const size_t deltanet = 129 + 128, attention = 96 + 16 + 1, moe = 64 + 1 + 9 + 1 + 9 * (16 + 16);
   EXPECT_EQ(d.list.tasks(), 30 * deltanet + 10 * attention + 40 * moe + 122 + 2);
   // Round-robin: no block has more than one task above another.
   size_t most = 0, least = SIZE_MAX;
@@ -71,7 +71,7 @@ TEST(DecodeTasks, TheFullSizeStepPasses) {
 TEST(DecodeTasks, OddTilesOnFewBlocksPass) {
   DecodeTiling t;
   t.blocks = 5, t.in_proj_rows = 77, t.out_proj_rows = 100, t.router_rows = 7, t.expert_rows = 33;
-  t.down_rows = 300, t.lm_head_rows = 10007, t.deltanet_heads = 6, t.attention_splits = 3;
+  t.down_rows = 300, t.lm_head_rows = 10007, t.deltanet_columns = 768, t.attention_splits = 3;
   EXPECT_EQ(refusal(build_decode_tasks(short_full_size(4), t).list), "");
   t.blocks = 1;  // one block runs everything in order
   EXPECT_EQ(refusal(build_decode_tasks(short_full_size(4), t).list), "");
@@ -154,7 +154,7 @@ size_t expect_every_wait_needed(const TaskList& good, const std::string& what) {
 TEST(DecodeTasks, DroppingAnyWaitIsRefused) {
   DecodeTiling t;
   t.blocks = 256, t.in_proj_rows = 1024, t.out_proj_rows = 512, t.router_rows = 64, t.expert_rows = 256;
-  t.down_rows = 1024, t.lm_head_rows = 65536, t.deltanet_heads = 8, t.attention_splits = 2;
+  t.down_rows = 1024, t.lm_head_rows = 65536, t.deltanet_columns = 1024, t.attention_splits = 2;
   const TaskList good = build_decode_tasks(short_full_size(2), t).list;
   ASSERT_EQ(refusal(good), "");
   ASSERT_LE(good.tasks(), good.blocks.size());
@@ -163,7 +163,7 @@ TEST(DecodeTasks, DroppingAnyWaitIsRefused) {
 
 TEST(DecodeTasks, TilingsThatCannotWorkAreRefused) {
   DecodeTiling t;
-  t.deltanet_heads = 3;  // 2 value heads a key head: 3 would split one's q and k channels
+  t.deltanet_columns = 48;  // heads of 128 columns: tasks of 48 would straddle two heads
   EXPECT_THROW(build_decode_tasks(qwen36_35b_a3b_config(), t), Error);
   t = DecodeTiling{};
   t.blocks = 0;
@@ -213,7 +213,7 @@ std::string first_difference(const TaskList& a, const TaskList& b) {
 DecodeTiling odd_tiles(int blocks) {
   DecodeTiling t;
   t.blocks = blocks, t.in_proj_rows = 77, t.out_proj_rows = 100, t.router_rows = 7, t.expert_rows = 33;
-  t.down_rows = 300, t.lm_head_rows = 1009, t.deltanet_heads = 4, t.attention_splits = 3, t.combine_heads = 3;
+  t.down_rows = 300, t.lm_head_rows = 1009, t.deltanet_columns = 384, t.attention_splits = 3, t.combine_heads = 3;
   return t;
 }
 
@@ -238,7 +238,7 @@ TEST(DecodeTasks, StepsOfSeveralRowsPass) {
       {"tiny-a", tiny_a()}, {"lily-tiny", tiny()}, {"full size, 4 layers", short_full_size(4)}};
   DecodeTiling small = odd_tiles(7);
   small.in_proj_rows = 16, small.out_proj_rows = 16, small.expert_rows = 16, small.down_rows = 16;
-  small.lm_head_rows = 64, small.deltanet_heads = 2, small.attention_splits = 5;
+  small.lm_head_rows = 64, small.deltanet_columns = 64, small.attention_splits = 5;
   for (const auto& [config_name, c] : configs)
     for (const DecodeTiling& t : {DecodeTiling{}, odd_tiles(5), odd_tiles(1), small})
       for (DecodeRows::Kind kind : kBothKinds)
@@ -271,7 +271,7 @@ TEST(DecodeTasks, TaskCountsFollowFromTheRows) {
   ASSERT_EQ(c.num_layers_of(LayerKind::linear_attention), 3);
   DecodeTiling t;
   t.in_proj_rows = 64, t.out_proj_rows = 32, t.router_rows = 4, t.expert_rows = 16, t.down_rows = 64;
-  t.lm_head_rows = 100, t.deltanet_heads = 2, t.attention_splits = 3;
+  t.lm_head_rows = 100, t.deltanet_columns = 256, t.attention_splits = 3;
   const size_t in_deltanet = (c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads + 63) / 64;
   const size_t in_attention = (2 * c.attention_q_width() + 2 * c.attention_kv_width() + 63) / 64;
   for (DecodeRows::Kind kind : kBothKinds)
@@ -352,8 +352,11 @@ TEST(DecodeTasks, EveryRowsOutputIsCoveredOnceALayer) {
           expect(l, DecodeOp::attention_split, state, sequences, attention_state, kCacheRows * kv_row, attention_state);
           expect(l, DecodeOp::attention_combine, kMixer, rows, mixer, 0, q);
         } else {
+          // The conv state by the input projection (its conv channels), the recurrent state by the cores.
+          const uint64_t conv_state = uint64_t(c.linear_conv_dim()) * uint64_t(c.linear_conv_kernel_dim - 1) * 4;
+          expect(l, DecodeOp::in_proj, state, sequences, deltanet_state, 0, conv_state);
           expect(l, DecodeOp::deltanet_core, kMixer, rows, mixer, 0, value_dim);
-          expect(l, DecodeOp::deltanet_core, state, sequences, deltanet_state, 0, deltanet_state);
+          expect(l, DecodeOp::deltanet_core, state, sequences, deltanet_state, conv_state, deltanet_state);
         }
         expect(l, DecodeOp::out_proj, kHidden, rows, H, 0, H);
         expect(l, DecodeOp::moe_norm, kMoeInput, 1, 0, 0, rows * H);
@@ -371,7 +374,7 @@ TEST(DecodeTasks, EveryRowsOutputIsCoveredOnceALayer) {
 TEST(DecodeTasks, DroppingAnyWaitOfSeveralRowsIsRefused) {
   DecodeTiling t;
   t.blocks = 512, t.in_proj_rows = 1024, t.out_proj_rows = 1024, t.router_rows = 128, t.expert_rows = 512;
-  t.down_rows = 2048, t.lm_head_rows = 65536, t.deltanet_heads = 16, t.attention_splits = 2;
+  t.down_rows = 2048, t.lm_head_rows = 65536, t.deltanet_columns = 2048, t.attention_splits = 2;
   ModelConfig c = short_full_size(2);
   c.num_experts_per_tok = 2;  // fewer slots, so that a block a task fits
   for (DecodeRows::Kind kind : kBothKinds) {

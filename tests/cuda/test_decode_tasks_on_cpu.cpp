@@ -185,7 +185,8 @@ class TaskBodies {
     throw Error("in_proj row past the fused projection");
   }
 
-  // proj[t][i] = RMSNorm(h[t]) . W_in[i]
+  // proj[t][i] = RMSNorm(h[t]) . W_in[i]; a DeltaNet layer's conv channels then through the conv
+  // and SiLU, row after row, updating their taps in row t's sequence's conv state.
   void in_proj(const LayerWeights& layer, const Task& t, StepBuffers& b) {
     normed_.resize(size_t(c_.hidden_size));
     for (int64_t row = t.row; row < t.row + t.rows; ++row) {
@@ -195,68 +196,63 @@ class TaskBodies {
         const Matrix& m = fused_row(layer, local);
         proj(b, row)[r] = dot(m, local, normed_.data(), row_);
       }
+      if (layer.kind == LayerKind::full_attention) continue;
+      const int64_t C = c_.linear_conv_dim(), end = std::min<int64_t>(C, t.first + t.count);
+      for (int64_t ch = t.first; ch < end; ++ch)
+        proj(b, row)[ch] = conv_channel(layer.deltanet, ch, proj(b, row)[ch], b.sequence_of(row).conv[t.layer]);
     }
   }
 
-  // Value heads [first, first + count) of the task's rows, in order: verify rows one after
-  // another on the one state, parallel rows each on its own sequence's.
+  // u = silu(conv over the channel's taps (state [channel][tap], oldest first) and x); the taps
+  // shift by one.
+  float conv_channel(const DeltaNetWeights& w, int64_t ch, float x, std::vector<float>& state) const {
+    const int64_t K = c_.linear_conv_kernel_dim;
+    float* taps_of = state.data() + ch * (K - 1);
+    float s = w.conv1d[size_t(ch * K + K - 1)] * x;
+    for (int64_t i = 0; i < K - 1; ++i) s += w.conv1d[size_t(ch * K + i)] * taps_of[i];
+    for (int64_t i = 0; i + 1 < K - 1; ++i) taps_of[i] = taps_of[i + 1];
+    if (K > 1) taps_of[K - 2] = x;
+    return cpu::silu(s);
+  }
+
+  // Value columns [first, first + count) (of [Hv, dv]) of the task's rows, in order: verify rows
+  // one after another on the one state, parallel rows each on its own sequence's.
   void deltanet_core(const DeltaNetWeights& w, const Task& t, StepBuffers& b) {
-    std::vector<float> conv_before, ssm_before;  // Faults::deltanet_restarts_each_row
+    std::vector<float> ssm_before;  // Faults::deltanet_restarts_each_row
     for (int64_t r = t.row; r < t.row + t.rows; ++r) {
       SequenceBuffers& s = b.sequence_of(r);
-      if (faults_.deltanet_restarts_each_row && r == t.row) conv_before = s.conv[t.layer], ssm_before = s.ssm[t.layer];
-      else if (faults_.deltanet_restarts_each_row) s.conv[t.layer] = conv_before, s.ssm[t.layer] = ssm_before;
-      deltanet_row(w, t, proj(b, r), s.conv[t.layer], s.ssm[t.layer], mixer(b, r));
+      if (faults_.deltanet_restarts_each_row && r == t.row) ssm_before = s.ssm[t.layer];
+      else if (faults_.deltanet_restarts_each_row) s.ssm[t.layer] = ssm_before;
+      deltanet_row(w, t, proj(b, r), s.ssm[t.layer], mixer(b, r));
     }
   }
 
-  // One row: the heads' key heads' q and k channels and their v channels through the conv (state
-  // [channel][tap], oldest tap first) and SiLU, q and k l2-normalised, the delta rule step of each
-  // head, then the gated RMSNorm with its z.
-  void deltanet_row(const DeltaNetWeights& w, const Task& t, const float* proj, std::vector<float>& state,
-                    std::vector<float>& ssm, float* mixer) {
+  // One row: q and k (u, after the conv) of each column's key head l2-normalised, then per column
+  // j of head h the delta rule (spec §2.6): S <- alpha S; delta = beta (v_j - S[:, j] . k);
+  // S[:, j] += k delta; o_j = S[:, j] . q. The gated norm is out_proj's.
+  void deltanet_row(const DeltaNetWeights& w, const Task& t, const float* proj, std::vector<float>& ssm, float* mixer) {
     const int64_t Hk = c_.linear_num_key_heads, Hv = value_heads(), dk = c_.linear_key_head_dim;
-    const int64_t dv = c_.linear_value_head_dim, K = c_.linear_conv_kernel_dim, key_dim = Hk * dk;
-    const int64_t C = c_.linear_conv_dim(), per_key = Hv / Hk, v0 = t.first, v1 = t.first + t.count;
-    const int64_t k0 = v0 / per_key, k1 = v1 / per_key;
-    u_.assign(size_t(C), NAN);
-    auto conv = [&](int64_t c0, int64_t c1) {
-      for (int64_t ch = c0; ch < c1; ++ch) {
-        float* taps_of = state.data() + ch * (K - 1);
-        float s = w.conv1d[size_t(ch * K + K - 1)] * proj[ch];
-        for (int64_t i = 0; i < K - 1; ++i) s += w.conv1d[size_t(ch * K + i)] * taps_of[i];
-        for (int64_t i = 0; i + 1 < K - 1; ++i) taps_of[i] = taps_of[i + 1];
-        if (K > 1) taps_of[K - 2] = proj[ch];
-        u_[size_t(ch)] = cpu::silu(s);
-      }
-    };
-    conv(k0 * dk, k1 * dk);
-    conv(key_dim + k0 * dk, key_dim + k1 * dk);
-    conv(2 * key_dim + v0 * dv, 2 * key_dim + v1 * dv);
-    for (int64_t h = k0; h < k1; ++h) {
-      cpu::l2_normalize(u_.data() + h * dk, dk, 1.f / std::sqrt(float(dk)));
-      cpu::l2_normalize(u_.data() + key_dim + h * dk, dk, 1.f);
-    }
-    const int64_t z0 = C, b0 = z0 + Hv * dv, a0 = b0 + Hv;
-    for (int64_t h = v0; h < v1; ++h) {
-      const int64_t kh = h / per_key;
+    const int64_t dv = c_.linear_value_head_dim, key_dim = Hk * dk, C = c_.linear_conv_dim();
+    const int64_t per_key = Hv / Hk, b0 = C + Hv * dv, a0 = b0 + Hv;
+    std::vector<float> q(static_cast<size_t>(dk)), k(static_cast<size_t>(dk));
+    for (int64_t col = t.first; col < int64_t(t.first + t.count); ++col) {
+      const int64_t h = col / dv, j = col % dv, kh = h / per_key;
+      std::copy_n(proj + kh * dk, dk, q.data());
+      std::copy_n(proj + key_dim + kh * dk, dk, k.data());
+      cpu::l2_normalize(q.data(), dk, 1.f / std::sqrt(float(dk)));
+      cpu::l2_normalize(k.data(), dk, 1.f);
       const float beta = cpu::sigmoid(proj[b0 + h]);
-      const float g = -std::exp(w.A_log[size_t(h)]) * cpu::softplus(proj[a0 + h] + w.dt_bias[size_t(h)]);
-      const cpu::DeltaRuleInputs in{u_.data() + kh * dk,
-                                    u_.data() + key_dim + kh * dk,
-                                    u_.data() + 2 * key_dim + h * dv,
-                                    &g,
-                                    &beta,
-                                    C,
-                                    C,
-                                    C,
-                                    1,
-                                    1,
-                                    dk,
-                                    dv};
-      std::vector<float> o(static_cast<size_t>(dv));
-      cpu::delta_rule_recurrent(in, ssm.data() + h * dk * dv, o.data(), dv);
-      cpu::gated_rms_norm(o.data(), proj + z0 + h * dv, w.norm.data(), 1, dv, c_.rms_norm_eps, mixer + h * dv);
+      const float alpha = std::exp(-std::exp(w.A_log[size_t(h)]) * cpu::softplus(proj[a0 + h] + w.dt_bias[size_t(h)]));
+      float* S = ssm.data() + h * dk * dv;  // [dk][dv]
+      double kv = 0;
+      for (int64_t i = 0; i < dk; ++i) kv += double(alpha * S[i * dv + j]) * k[size_t(i)];
+      const float delta = beta * (proj[2 * key_dim + col] - float(kv));
+      double o = 0;
+      for (int64_t i = 0; i < dk; ++i) {
+        S[i * dv + j] = alpha * S[i * dv + j] + k[size_t(i)] * delta;
+        o += double(S[i * dv + j]) * q[size_t(i)];
+      }
+      mixer[col] = float(o);
     }
   }
 
@@ -344,12 +340,24 @@ class TaskBodies {
       }
   }
 
-  // h[t][i] += W_out[i] . mixer[t]
+  // h[t][i] += W_out[i] . y[t], y = mixer (attention) or, for DeltaNet, per value head
+  // gated_rms_norm(o, z) (spec §2.2.2).
   void out_proj(const LayerWeights& layer, const Task& t, StepBuffers& b) {
-    const Matrix& W = layer.kind == LayerKind::full_attention ? layer.attention.o_proj : layer.deltanet.out_proj;
-    for (int64_t row = t.row; row < t.row + t.rows; ++row)
-      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r)
-        hidden(b, row)[r] += dot(W, r, mixer(b, row), row_);
+    const bool attention = layer.kind == LayerKind::full_attention;
+    const Matrix& W = attention ? layer.attention.o_proj : layer.deltanet.out_proj;
+    std::vector<float> y;
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      const float* in = mixer(b, row);
+      if (!attention) {
+        const int64_t dv = c_.linear_value_head_dim, Hv = value_heads();
+        y.resize(size_t(Hv * dv));
+        for (int64_t h = 0; h < Hv; ++h)
+          cpu::gated_rms_norm(in + h * dv, proj(b, row) + c_.linear_conv_dim() + h * dv, layer.deltanet.norm.data(), 1,
+                              dv, c_.rms_norm_eps, y.data() + h * dv);
+        in = y.data();
+      }
+      for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) hidden(b, row)[r] += dot(W, r, in, row_);
+    }
   }
 
   // Rows of [router; shared_expert_gate] . x[t]
@@ -670,9 +678,9 @@ std::vector<int32_t> random_ids(const ModelConfig& c, int n, uint32_t seed) {
   return ids;
 }
 
-// t with a DeltaNet task a key head (its value heads together), as lily-tiny's heads need.
-DecodeTiling key_head_tasks(DecodeTiling t, const ModelConfig& c) {
-  t.deltanet_heads = c.linear_num_value_heads / c.linear_num_key_heads;
+// t with DeltaNet tasks of three whole heads (a task across key heads; lily-tiny's last task one head).
+DecodeTiling three_head_tasks(DecodeTiling t, const ModelConfig& c) {
+  t.deltanet_columns = 3 * c.linear_value_head_dim;
   return t;
 }
 
@@ -680,13 +688,11 @@ TEST(DecodeTasksOnCpu, TinyAMatchesTheReferenceBackend) {
   auto weights = tiny_a();
   const std::vector<int32_t> ids = fixture_ids();
   ASSERT_GE(ids.size(), 8u);
-  DecodeTiling t;
-  t.deltanet_heads = 2;
-  expect_equal_logits(decode_both_ways(weights, t, ids), "tiny-a, default tiles, 132 blocks");
+  expect_equal_logits(decode_both_ways(weights, DecodeTiling{}, ids), "tiny-a, default tiles, 132 blocks");
   DecodeTiling odd = odd_tiling(3, 5);
   expect_equal_logits(decode_both_ways(weights, odd, ids), "tiny-a, odd tiles, 3 blocks, 5 splits");
   odd = odd_tiling(1, 1);
-  odd.deltanet_heads = 4;
+  odd.deltanet_columns = 512;  // every head in one task
   expect_equal_logits(decode_both_ways(weights, odd, ids), "tiny-a, one block, one split");
   odd = odd_tiling(7, 64);  // more splits than cached rows: most splits are empty
   expect_equal_logits(decode_both_ways(weights, odd, ids), "tiny-a, 7 blocks, 64 splits");
@@ -695,8 +701,9 @@ TEST(DecodeTasksOnCpu, TinyAMatchesTheReferenceBackend) {
 TEST(DecodeTasksOnCpu, LilyTinyMatchesTheReferenceBackend) {
   auto weights = lily_tiny();
   const std::vector<int32_t> ids = random_ids(weights->config, 12, 5);
-  expect_equal_logits(decode_both_ways(weights, key_head_tasks({}, weights->config), ids), "lily-tiny, default tiles");
-  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
+  expect_equal_logits(decode_both_ways(weights, three_head_tasks({}, weights->config), ids),
+                      "lily-tiny, default tiles");
+  const DecodeTiling odd = three_head_tasks(odd_tiling(5, 3), weights->config);
   expect_equal_logits(decode_both_ways(weights, odd, ids), "lily-tiny, odd tiles, 5 blocks, 3 splits");
 }
 
@@ -751,7 +758,7 @@ TEST(DecodeTasksOnCpu, VerifyRowsMatchTheReferenceBackend) {
     expect_equal(verify_both_ways(weights, DecodeTiling{}, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[20]),
                  "tiny-a verify, T " + std::to_string(T) + ", default tiles");
   DecodeTiling one_block = odd_tiling(1, 1);
-  one_block.deltanet_heads = 4;
+  one_block.deltanet_columns = 16;
   for (int T : {1, 2, 3, 8}) {
     const std::string rows = "tiny-a verify, T " + std::to_string(T);
     expect_equal(verify_both_ways(weights, odd_tiling(3, 5), slice(ids, 30, 7), slice(ids, 37, size_t(T)), ids[50]),
@@ -768,7 +775,7 @@ TEST(DecodeTasksOnCpu, VerifyRowsMatchTheReferenceBackend) {
 TEST(DecodeTasksOnCpu, LilyTinyVerifyRowsMatchTheReferenceBackend) {
   auto weights = lily_tiny();
   const std::vector<int32_t> ids = random_ids(weights->config, 16, 7);
-  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
+  const DecodeTiling odd = three_head_tasks(odd_tiling(5, 3), weights->config);
   for (int T : {2, 8}) {
     const std::string rows = "lily-tiny verify, T " + std::to_string(T);
     expect_equal(verify_both_ways(weights, DecodeTiling{}, slice(ids, 0, 5), slice(ids, 5, size_t(T)), ids[15]),
@@ -801,7 +808,7 @@ TEST(DecodeTasksOnCpu, ParallelRowsMatchTheReferenceBackend) {
 TEST(DecodeTasksOnCpu, LilyTinyParallelRowsMatchTheReferenceBackend) {
   auto weights = lily_tiny();
   const std::vector<int32_t> ids = random_ids(weights->config, 130, 9);
-  const DecodeTiling odd = key_head_tasks(odd_tiling(5, 3), weights->config);
+  const DecodeTiling odd = three_head_tasks(odd_tiling(5, 3), weights->config);
   for (int T : {3, 8}) {
     const ParallelCase p = parallel_case(ids, T);
     const std::string rows = "lily-tiny parallel, T " + std::to_string(T);

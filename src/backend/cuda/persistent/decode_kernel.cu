@@ -79,10 +79,10 @@ __device__ uint32_t prefetch_task(const StepArgs& a, const DeviceTask& t) {
       const int64_t E = a.dims.E, end = min(int64_t(t.first + t.count), E);
       return end > t.first ? prefetch_rows(L.router, 0, t.first, end - t.first) : 0;
     }
-    case DecodeOp::deltanet_core: {
-      const uint64_t head = 128 * 128 * 4;
-      prefetch_l2(a.seq.ssm[t.layer] + uint64_t(t.first) * 128 * 128, t.count * head);
-      return uint32_t(t.count * head);
+    case DecodeOp::deltanet_core: {  // the whole heads its columns are in ([Hv, dk, dv]: a column is strided)
+      const uint64_t h0 = t.first / 128, h1 = (t.first + t.count + 127) / 128, head = 128 * 128 * 4;
+      prefetch_l2(a.seq.ssm[t.layer] + h0 * 128 * 128, (h1 - h0) * head);
+      return uint32_t(t.count * 128 * 4);
     }
     case DecodeOp::gate_up:
     case DecodeOp::down: {

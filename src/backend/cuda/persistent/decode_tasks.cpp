@@ -146,6 +146,12 @@ class Builder {
     tiles(in_rows, t_.in_proj_rows, [&](uint64_t r, uint64_t e) {
       std::vector<Access> use = {read(kHidden, 0, T_ * s_.H * 4)};
       each_row(use, Access::Kind::write, kProj, proj_stride_, r * 4, e * 4);
+      if (!attention && r < s_.conv_dim) {  // the conv state of its conv channels, every sequence's
+        const uint64_t c1 = std::min(e, s_.conv_dim), size = state_bytes(LayerKind::linear_attention);
+        for (uint64_t seq = 0; seq < sequences_; ++seq)
+          use.push_back(
+              write(kLayerState + uint32_t(l), seq * size + r * s_.conv_taps * 4, seq * size + c1 * s_.conv_taps * 4));
+      }
       add(DecodeOp::in_proj, l, r, e - r, at + fmt::format("in_proj rows {}..{}", r, e), {h_ready}, projected,
           std::move(use));
     });
@@ -156,6 +162,8 @@ class Builder {
     tiles(s_.H, t_.out_proj_rows, [&](uint64_t r, uint64_t e) {
       std::vector<Access> use;
       each_row(use, Access::Kind::read, kMixer, mixer_stride_, 0, mixer_width * 4);
+      if (!attention)  // z, for the gated norm
+        each_row(use, Access::Kind::read, kProj, proj_stride_, s_.conv_dim * 4, (s_.conv_dim + s_.value_dim) * 4);
       each_row(use, Access::Kind::accumulate, kHidden, s_.H * 4, r * 4, e * 4);
       add(DecodeOp::out_proj, l, r, e - r, at + fmt::format("out_proj rows {}..{}", r, e), {all_of(mixed)}, out,
           std::move(use));
@@ -163,10 +171,12 @@ class Builder {
     return moe(l, all_of(out));
   }
 
-  // DeltaNet: tasks of value heads [v, v + n) read their key heads' q and k, their v, z, b and a,
-  // and update those channels' conv state and those heads' recurrent state. Verify: one task steps
-  // through all rows on the one state (program order inside the task orders the rows); parallel:
-  // a task a sequence, on that sequence's state.
+  // DeltaNet: a task a range of columns of the value heads (flattened [Hv, dv]; within one head or
+  // whole heads) reads the u (after the conv) of their key heads' q and k, their v columns, b and a,
+  // and updates those columns of the recurrent state (symbolically [Hv, dv, dk] here: a column's
+  // dk rows together); it writes o before the gated norm. Verify: one task steps through all rows
+  // on the one state (program order inside the task orders the rows); parallel: a task a
+  // sequence, on that sequence's state.
   int32_t deltanet_core(int l, Wait projected) {
     const int32_t done = counter();
     const uint64_t per_key = s_.value_heads / s_.key_heads, state = kLayerState + uint32_t(l);
@@ -174,26 +184,24 @@ class Builder {
     for (uint64_t seq = 0; seq < sequences_; ++seq) {
       // The rows this sequence's tasks step through: all (verify) or its own (parallel).
       const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_, at = seq * state_size;
-      tiles(s_.value_heads, t_.deltanet_heads, [&](uint64_t v0, uint64_t v1) {
-        const uint64_t k0 = v0 / per_key, k1 = v1 / per_key;
-        const uint64_t q[2] = {k0 * s_.dk, k1 * s_.dk}, kk[2] = {s_.key_dim + q[0], s_.key_dim + q[1]};
-        const uint64_t vv[2] = {2 * s_.key_dim + v0 * s_.dv, 2 * s_.key_dim + v1 * s_.dv};
-        const uint64_t z0 = s_.conv_dim, b0 = z0 + s_.value_dim, a0 = b0 + s_.value_heads;
-        const uint64_t ranges[6][2] = {{q[0], q[1]},       {kk[0], kk[1]},
-                                       {vv[0], vv[1]},     {z0 + v0 * s_.dv, z0 + v1 * s_.dv},
-                                       {b0 + v0, b0 + v1}, {a0 + v0, a0 + v1}};
+      tiles(s_.value_dim, t_.deltanet_columns, [&](uint64_t c0, uint64_t c1) {
+        const uint64_t v0 = c0 / s_.dv, v1 = (c1 + s_.dv - 1) / s_.dv;  // value heads touched
+        const uint64_t k0 = v0 / per_key, k1 = (v1 + per_key - 1) / per_key;
+        const uint64_t b0 = s_.conv_dim + s_.value_dim, a0 = b0 + s_.value_heads;
+        const uint64_t ranges[5][2] = {{k0 * s_.dk, k1 * s_.dk},
+                                       {s_.key_dim + k0 * s_.dk, s_.key_dim + k1 * s_.dk},
+                                       {2 * s_.key_dim + c0, 2 * s_.key_dim + c1},
+                                       {b0 + v0, b0 + v1},
+                                       {a0 + v0, a0 + v1}};
         std::vector<Access> use;
         for (const auto& [begin, end] : ranges)
           for (uint64_t t = row; t < row + rows; ++t)
             use.push_back(read(kProj, t * proj_stride_ + begin * 4, t * proj_stride_ + end * 4));
-        use.push_back(write(state, at + q[0] * s_.conv_taps * 4, at + q[1] * s_.conv_taps * 4));  // [channel][tap]
-        use.push_back(write(state, at + kk[0] * s_.conv_taps * 4, at + kk[1] * s_.conv_taps * 4));
-        use.push_back(write(state, at + vv[0] * s_.conv_taps * 4, at + vv[1] * s_.conv_taps * 4));
-        use.push_back(write(state, at + ssm_at + v0 * s_.dk * s_.dv * 4, at + ssm_at + v1 * s_.dk * s_.dv * 4));
+        use.push_back(write(state, at + ssm_at + c0 * s_.dk * 4, at + ssm_at + c1 * s_.dk * 4));
         for (uint64_t t = row; t < row + rows; ++t)
-          use.push_back(write(kMixer, t * mixer_stride_ + v0 * s_.dv * 4, t * mixer_stride_ + v1 * s_.dv * 4));
-        add(DecodeOp::deltanet_core, l, v0, v1 - v0,
-            fmt::format("layer {} deltanet {}heads {}..{}", l, sequence_name(seq), v0, v1), {projected}, done,
+          use.push_back(write(kMixer, t * mixer_stride_ + c0 * 4, t * mixer_stride_ + c1 * 4));
+        add(DecodeOp::deltanet_core, l, c0, c1 - c0,
+            fmt::format("layer {} deltanet {}columns {}..{}", l, sequence_name(seq), c0, c1), {projected}, done,
             std::move(use), row, rows);
       });
     }
@@ -336,7 +344,7 @@ int expert_slots(const ModelConfig& c, const DecodeRows& rows) {
 
 DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t, const DecodeRows& rows) {
   LILY_CHECK(t.blocks > 0 && t.in_proj_rows > 0 && t.out_proj_rows > 0 && t.router_rows > 0 && t.expert_rows > 0 &&
-                 t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_heads > 0 && t.attention_splits > 0 &&
+                 t.down_rows > 0 && t.lm_head_rows > 0 && t.deltanet_columns > 0 && t.attention_splits > 0 &&
                  t.combine_heads > 0,
              "decode tasks: every tile size and the block count must be positive");
   LILY_CHECK(rows.count >= 1 && rows.count <= kMaxDecodeRows, "decode tasks: {} rows a step (1..{})", rows.count,
@@ -349,11 +357,10 @@ DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t, cons
     LILY_CHECK(c.linear_num_key_heads > 0 && c.linear_num_value_heads % c.linear_num_key_heads == 0,
                "decode tasks: {} DeltaNet value heads over {} key heads", c.linear_num_value_heads,
                c.linear_num_key_heads);
-    const int per_key = c.linear_num_value_heads / c.linear_num_key_heads;
-    LILY_CHECK(t.deltanet_heads % per_key == 0,
-               "decode tasks: DeltaNet tasks of {} value heads would split a key head's channels ({} value heads "
-               "a key head)",
-               t.deltanet_heads, per_key);
+    const int dv = c.linear_value_head_dim;
+    LILY_CHECK(dv % t.deltanet_columns == 0 || t.deltanet_columns % dv == 0,
+               "decode tasks: DeltaNet tasks of {} columns would cut a head of {} columns unevenly", t.deltanet_columns,
+               dv);
   }
   return Builder(c, t, rows).build();
 }

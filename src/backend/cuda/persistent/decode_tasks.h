@@ -14,17 +14,21 @@
 // Every op below works on all T rows at once (its weights read once for all of them) unless it says
 // otherwise; T = 1 is the step DecodeStep runs today (decode_step.cpp). One layer after another:
 //   embed        h[t] = embed[token[t]]
-//   in_proj      proj[t] = RMSNorm(h[t]) @ W_in^T      tiles of rows of the fused input projection
-//   deltanet     y = the DeltaNet step of value heads  (conv and recurrent state of those heads);
-//                verify: a task a head group, stepping through rows 0..T-1 in order on one state
-//                (which stays in the block: read and written once a step); parallel: a task a
-//                (sequence, head group)
+//   in_proj      proj[t] = RMSNorm(h[t]) @ W_in^T      tiles of rows of the fused input projection;
+//                a DeltaNet layer's conv channels (q, k, v) leave it as u = silu(conv(taps, proj)),
+//                the task updating their conv state (the conv is per channel: the task that
+//                computes a channel owns it; verify rows in order)
+//   deltanet     o = the delta rule step of a range of value columns (l2 norms of q and k, gates,
+//                the recurrent state of those columns), before the gated norm; verify: a task
+//                steps through rows 0..T-1 in order on one state (which stays in the block: read
+//                and written once a step); parallel: a task a (sequence, range of columns)
 //   attention    partials of one split of the KV cache, then combines (a task a range of query
 //                heads) into the gated output;
 //                verify: every split takes all T rows' queries (each cache row read once), split 0
 //                also appends the T rows' k and v and attends to them causally (row r to 0..r);
 //                parallel: splits and a combine a sequence, over its own cache
-//   out_proj     h[t] += mixer[t] @ W_out^T            tiles of rows of h
+//   out_proj     h[t] += mixer[t] @ W_out^T            tiles of rows of h; a DeltaNet layer's mixer
+//                through the gated norm first (per head: w * rmsnorm(o) * silu(z))
 //   moe_norm     x[t] = RMSNorm(h[t])
 //   router       logits of the experts and the shared expert's gate, tiles of rows
 //   top_k        each row's k experts and weights, gathered into the union of the rows' experts:
@@ -78,7 +82,7 @@ struct DecodeTiling {
   int expert_rows = 32;       // rows of one slot's intermediate a gate/up task
   int down_rows = 128;        // rows of h a down task of one slot
   int lm_head_rows = 2048;    // vocabulary rows an lm_head task
-  int deltanet_heads = 2;     // value heads a DeltaNet task (a multiple of value heads per key head)
+  int deltanet_columns = 32;  // value columns a DeltaNet task (of [Hv, dv]: dividing dv, or whole heads)
   int attention_splits = 16;  // splits of a KV cache a layer (and sequence)
   int combine_heads = 16;     // query heads a combine task (of one sequence, after all its splits)
 };
@@ -126,7 +130,7 @@ struct DecodeTasks {
 };
 
 // Throws lily::Error for a config, tiling or rows it cannot cut (sizes that are not positive,
-// DeltaNet tasks that would split a key head's channels, more than kMaxDecodeRows rows).
+// DeltaNet tasks that would cut a head unevenly, more than kMaxDecodeRows rows).
 DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& tiling, const DecodeRows& rows = {});
 
 }  // namespace lily::cuda::persistent

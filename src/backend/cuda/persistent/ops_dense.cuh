@@ -4,8 +4,10 @@
 // syncs after each task). T = 1 row (the kernel's host side refuses more, for now).
 //
 //   embed      h = embed[token]                                    (4-bit row, dequantized)
-//   in_proj    proj[r] = RMSNorm(h) . W_in[r]        r in the task's rows of the fused matrix
-//   out_proj   h[r] += mixer . W_out[r]
+//   in_proj    proj[r] = RMSNorm(h) . W_in[r]        r in the task's rows of the fused matrix;
+//              a DeltaNet conv channel r: u = silu(conv(its 3 taps, proj[r])), the taps shifted
+//   out_proj   h[r] += y . W_out[r]                  y = mixer, or (DeltaNet) per value head
+//                                                    w * rmsnorm(o) * silu(z) (the gated norm)
 //   moe_norm   x = RMSNorm(h)                         (post_attention_layernorm)
 //   router     logits[r] = x . Wr[r] (8-bit, fp32)    row E: the shared expert's gate row
 //   top_k      ids, weights of the k experts          (route_topk.cuh: as every decode kernel)
@@ -150,18 +152,61 @@ __device__ inline void embed_task(const StepArgs& a, const DeviceTask& t) {
   }
 }
 
-// proj[r] = RMSNorm(h) . W_in[r] for the task's rows of the fused input projection.
+// u = silu(conv over the channel's 3 older taps and x) with the conv state [3, C] (oldest first)
+// shifted by one; the task that computes channel c owns its taps (T = 1).
+__device__ __forceinline__ float conv_channel(const StepArgs& a, const DeviceLayer& L, float* state, int C, int c,
+                                              float x) {
+  const float4 w = __ldg(reinterpret_cast<const float4*>(L.conv1d) + c);
+  const float t0 = __ldcg(state + c), t1 = __ldcg(state + C + c), t2 = __ldcg(state + 2 * C + c);
+  state[c] = t1, state[C + c] = t2, state[2 * C + c] = x;
+  return silu(fmaf(w.x, t0, fmaf(w.y, t1, fmaf(w.z, t2, w.w * x))));
+}
+
+// proj[r] = RMSNorm(h) . W_in[r] for the task's rows of the fused input projection; a DeltaNet
+// layer's conv channels (r < conv_dim) leave as u = silu(conv(taps, proj[r])).
 __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
   stage<true>(a.buf.hidden, L.input_norm, a.dims.eps, a.dims.H, s);
   float* out = a.buf.proj + t.first;
-  block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = y; });
+  const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128;
+  float* state = a.seq.conv[t.layer];
+  block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) {
+    const int c = int(t.first) + i;
+    out[i] = c < C ? conv_channel(a, L, state, C, c, y) : y;
+  });
 }
 
-// h[r] += mixer . W_out[r]: the task owns its rows of h (no other task writes them meanwhile).
+// The input row of a DeltaNet layer's out_proj, staged for block_rows_dot: per value head the gated
+// norm y = w * o * rsqrt(mean(o^2) + eps) * silu(z) (spec §2.2.2), o from mixer, z from proj. A
+// thread takes 8 columns, 16 threads a head of 128.
+__device__ inline void stage_gated_norm(const StepArgs& a, const DeviceLayer& L, int cols, ProductScratch& s) {
+  const int c0 = 8 * threadIdx.x, C = (2 * a.dims.Hk + a.dims.Hv) * 128;
+  const bool mine = c0 < cols;
+  float o[8], z[8], ss = 0.f;
+#pragma unroll
+  for (int j = 0; j < 8; ++j) {
+    o[j] = mine ? __ldcg(a.buf.mixer + c0 + j) : 0.f;
+    z[j] = mine ? __ldcg(a.buf.proj + C + c0 + j) : 0.f;
+    ss = fmaf(o[j], o[j], ss);
+  }
+#pragma unroll
+  for (int m = 1; m < 16; m *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+  const float inv = 1.f / sqrtf(ss / 128.f + a.dims.eps);
+  if (mine)
+#pragma unroll
+    for (int j = 0; j < 8; ++j) s.xs[c0 + j] = __ldg(L.gated_norm + (c0 + j) % 128) * (o[j] * inv) * silu(z[j]);
+  if (threadIdx.x < quant_mma::kFragU4PerChunk) s.zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
+  __syncthreads();
+  quant_mma::stage_x_fragments<1>(s.xs, cols, s.frag, s.group_sum);
+  __syncthreads();
+}
+
+// h[r] += y . W_out[r], y = mixer (attention) or its gated norm (DeltaNet): the task owns its rows
+// of h (no other task writes them meanwhile).
 __device__ inline void out_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
-  stage<false>(a.buf.mixer, nullptr, 0.f, L.out_proj.cols, s);
+  if (L.attention) stage<false>(a.buf.mixer, nullptr, 0.f, L.out_proj.cols, s);
+  else stage_gated_norm(a, L, L.out_proj.cols, s);
   float* h = a.buf.hidden + t.first;
   block_rows_dot(rows_of(L.out_proj), int(t.count), int(t.first), s, [&](int i, float y) { h[i] = __ldcg(h + i) + y; });
 }

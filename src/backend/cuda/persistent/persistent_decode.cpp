@@ -163,7 +163,7 @@ DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks) {
   t.expert_rows = 32;
   t.down_rows = 128;
   t.lm_head_rows = std::max(16, round16((int64_t(c.vocab_size) + blocks - 1) / blocks));
-  t.deltanet_heads = std::max(1, c.linear_num_value_heads / std::max(1, c.linear_num_key_heads));
+  t.deltanet_columns = 32;
   t.attention_splits = 64;
   t.combine_heads = 1;
   return t;
