@@ -131,6 +131,28 @@ ModelConfig short_full_size(int layers) {
   return c;
 }
 
+// On the host: the tiling the kernel uses gives lists that pass the checker and fit the kernel (a
+// block's list in shared memory, at most two waits a task) for the model and lily-tiny, on the
+// H200's 132 SMs and on fewer.
+TEST(PersistentDecode, TheTilingFitsTheKernel) {
+  const ModelConfig tiny = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny")->config;
+  for (const ModelConfig& c : {qwen36_35b_a3b_config(), tiny})
+    for (int blocks : {132, 114}) {
+      SCOPED_TRACE(testing::Message() << c.num_layers << " layers, " << blocks << " blocks");
+      const persistent::DecodeTasks d = persistent::build_decode_tasks(c,
+                                                                       persistent::persistent_decode_tiling(c, blocks));
+      EXPECT_NO_THROW(persistent::check_task_list(d.list));
+      size_t most = 0;
+      for (const auto& block : d.list.blocks) {
+        most = std::max(most, block.size());
+        for (const persistent::Task& t : block) EXPECT_LE(t.waits.size(), 2u) << t.name;
+      }
+      EXPECT_LE(most, size_t(persistent::kMaxBlockTasks));
+      std::printf("%d layers on %d blocks: %zu tasks, at most %zu a block\n", c.num_layers, blocks, d.list.tasks(),
+                  most);
+    }
+}
+
 TEST(PersistentDecode, LilyTinyStepsMatchTheChain) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");

@@ -122,8 +122,8 @@ std::string persistent_decode_refusal(const GpuWeights& w) {
   if (c.hidden_size % 256 != 0 || c.hidden_size > 4096) return fmt::format("hidden size {}", c.hidden_size);
   if (c.num_experts > 256 || c.num_experts_per_tok > 8)
     return fmt::format("{} experts, top {}", c.num_experts, c.num_experts_per_tok);
-  if (c.moe_intermediate_size != c.shared_expert_intermediate_size || c.moe_intermediate_size % 16 != 0 ||
-      c.moe_intermediate_size > 256 * 16)
+  if (c.moe_intermediate_size != c.shared_expert_intermediate_size || c.moe_intermediate_size % 64 != 0 ||
+      c.moe_intermediate_size > 4096)
     return fmt::format("expert widths {} and {}", c.moe_intermediate_size, c.shared_expert_intermediate_size);
   if (w.embed_tokens.bits != 4 || w.embed_tokens.group_size != 64) return "embed_tokens is not 4-bit group 64";
   for (std::string why : {matrix_refusal(w.lm_head, 4, "lm_head")})
