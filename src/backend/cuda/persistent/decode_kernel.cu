@@ -11,7 +11,8 @@
 //
 // No grid barrier: a task waits only for the tasks whose outputs it reads, and the weights of
 // every task whose matrix is known stream into L2 while the block waits, so the memory system is
-// not idle at an operator boundary. The counters are zeroed before every step (a memset node of
+// not idle at an operator boundary. A wait of more than 2 s (a bug) stops the launch with an error
+// that names the task. The counters are zeroed before every step (a memset node of
 // the step's graph). Data written in the launch is read through L2 (__ldcg), never through the
 // non-coherent read-only path.
 // Tested: tests/cuda/test_persistent_decode.cpp (the whole step against the decode step of kernels
@@ -41,11 +42,33 @@ __device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
+__device__ __forceinline__ uint64_t global_ns() {
+  uint64_t t;
+  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
+  return t;
+}
+
+// A wait that outlasts any step by far (a list or kernel bug: a counter that never fills) stops the
+// launch with an error naming the task, instead of hanging the device.
+constexpr uint64_t kStuckNs = 2'000'000'000;
+
+__device__ __noinline__ void stuck(const DeviceTask& t, uint32_t index, const uint32_t* counters) {
+  printf("persistent decode: block %d task %u (op %d, layer %d, first %u) waited 2 s: counters %u: %u of %u, "
+         "%u: %u of %u, %u: %u of %u\n",
+         int(blockIdx.x), index, int(t.op), int(t.layer), t.first, t.wait[0],
+         t.wait[0] == kNoCounter ? 0 : counters[t.wait[0]], t.wait_count[0], t.wait[1],
+         t.wait[1] == kNoCounter ? 0 : counters[t.wait[1]], t.wait_count[1], t.known,
+         t.known == kNoCounter ? 0 : counters[t.known], t.known_count);
+  __trap();
+}
+
 // Waits until counters[counter] >= count (thread 0; no counter: at once).
-__device__ __forceinline__ void wait_for(const uint32_t* counters, uint32_t counter, uint32_t count) {
+__device__ __forceinline__ void wait_for(const uint32_t* counters, uint32_t counter, uint32_t count,
+                                         const DeviceTask& t, uint32_t index) {
   if (counter == kNoCounter) return;
-  while (load_acquire(counters + counter) < count) {
-  }
+  const uint64_t start = global_ns();
+  while (load_acquire(counters + counter) < count)
+    if (global_ns() - start > kStuckNs) stuck(t, index, counters);
 }
 
 // [p, p + bytes) into L2, the range shrunk to 16-byte boundaries (never past the allocation).
@@ -158,7 +181,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
     if (threadIdx.x == 0) {
       const DeviceTask& t = list[i];
       if (ahead == i) {  // the task's own weights, once they are known
-        wait_for(a.buf.counters, t.known, t.known_count);
+        wait_for(a.buf.counters, t.known, t.known_count, t, i);
         fetched[i] = prefetch_task(a, t);
         ++ahead;
       } else {
@@ -166,10 +189,13 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
       }
       // While the inputs are not ready: the next tasks' weights, while the budget lasts and up to
       // an expert slot whose experts are not chosen yet.
+      const uint64_t start = global_ns();
       while (!ready(a.buf.counters, t)) {
         if (ahead < n && in_flight < kLookaheadBytes && known(a, list[ahead])) {
           fetched[ahead] = prefetch_task(a, list[ahead]);
           in_flight += fetched[ahead++];
+        } else if (global_ns() - start > kStuckNs) {
+          stuck(t, i, a.buf.counters);
         }
       }
     }
