@@ -58,9 +58,9 @@ TEST(DecodeTasks, TheFullSizeStepPasses) {
   const DecodeTasks d = build_decode_tasks(c, t);
   EXPECT_EQ(refusal(d.list), "");
   // Counted from the config: per DeltaNet layer 12352/96 in_proj + 4096/32 cores, per attention
-  // layer 9216/96 + 16 splits + 1 combine; per layer 2048/32 out_proj, 1 norm, 257/32 router
+  // layer 9216/96 + 16 splits + 1 combine; per layer 2048/32 out_proj, 257/32 router
   // tiles, 1 top_k, 9 slots x (512/32 gate_up + 2048/128 down); 248320/2048 lm_head, embed, advance.
-  const size_t deltanet = 129 + 128, attention = 96 + 16 + 1, moe = 64 + 1 + 9 + 1 + 9 * (16 + 16);
+  const size_t deltanet = 129 + 128, attention = 96 + 16 + 1, moe = 64 + 9 + 1 + 9 * (16 + 16);
   EXPECT_EQ(d.list.tasks(), 30 * deltanet + 10 * attention + 40 * moe + 122 + 2);
   // Round-robin: no block has more than one task above another.
   size_t most = 0, least = SIZE_MAX;
@@ -124,7 +124,7 @@ TEST(DecodeTasks, EveryOutputIsCoveredOnceALayer) {
     if (attention) covered(l, DecodeOp::attention_combine, kMixer, 0, uint64_t(c.attention_q_width()) * 4, 1);
     else covered(l, DecodeOp::deltanet_core, kMixer, 0, uint64_t(c.linear_value_dim()) * 4, 1);
     covered(l, DecodeOp::out_proj, kHidden, 0, H, 1);
-    covered(l, DecodeOp::moe_norm, kMoeInput, 0, H, 1);
+    covered(l, DecodeOp::router, kMoeInput, 0, H, 1);
     covered(l, DecodeOp::router, kRouterLogits, 0, (uint64_t(c.num_experts) + 1) * 4, 1);
     covered(l, DecodeOp::top_k, kTopK, 0, k * 8, 1);
     covered(l, DecodeOp::gate_up, kAct, 0, (k + 1) * I, 1);
@@ -278,7 +278,7 @@ TEST(DecodeTasks, TaskCountsFollowFromTheRows) {
     for (int T = 1; T <= kMaxDecodeRows; ++T) {
       const size_t sequences = kind == DecodeRows::Kind::parallel ? size_t(T) : 1;
       const size_t slots = size_t(std::min(8, 2 * T));
-      const size_t moe = 4 + 1 + 3 + 1 + (slots + 1) * (4 + 2);
+      const size_t moe = 4 + 3 + 1 + (slots + 1) * (4 + 2);
       const size_t deltanet = in_deltanet + sequences * 2, attention = in_attention + sequences * (3 + 1);
       const DecodeTasks d = build_decode_tasks(c, t, {T, kind});
       EXPECT_EQ(expert_slots(c, {T, kind}), int(slots));
@@ -359,7 +359,7 @@ TEST(DecodeTasks, EveryRowsOutputIsCoveredOnceALayer) {
           expect(l, DecodeOp::deltanet_core, state, sequences, deltanet_state, conv_state, deltanet_state);
         }
         expect(l, DecodeOp::out_proj, kHidden, rows, H, 0, H);
-        expect(l, DecodeOp::moe_norm, kMoeInput, 1, 0, 0, rows * H);
+        expect(l, DecodeOp::router, kMoeInput, 1, 0, 0, rows * H);
         expect(l, DecodeOp::router, kRouterLogits, rows, (E + 1) * 4, 0, (E + 1) * 4);
         expect(l, DecodeOp::top_k, kTopK, 1, 0, 0, U * 4 + U * rows * 4);
         expect(l, DecodeOp::gate_up, kAct, 1, 0, 0, (U + 1) * rows * I * 4);

@@ -135,10 +135,7 @@ class TaskBodies {
       case DecodeOp::attention_split: return attention_split(layer.attention, t, b);
       case DecodeOp::attention_combine: return attention_combine(t, b);
       case DecodeOp::out_proj: return out_proj(layer, t, b);
-      case DecodeOp::moe_norm:
-        return cpu::rms_norm(b.hidden.data() + t.row * c_.hidden_size, layer.post_attention_layernorm.data(), t.rows,
-                             c_.hidden_size, c_.rms_norm_eps, b.moe_input.data() + t.row * c_.hidden_size);
-      case DecodeOp::router: return router(layer.moe, t, b);
+      case DecodeOp::router: return router(layer, t, b);
       case DecodeOp::top_k: return top_k(t, b);
       case DecodeOp::gate_up: return gate_up(layer.moe, t, b);
       case DecodeOp::down: return down(layer.moe, t, b);
@@ -360,14 +357,20 @@ class TaskBodies {
     }
   }
 
-  // Rows of [router; shared_expert_gate] . x[t]
-  void router(const MoeWeights& w, const Task& t, StepBuffers& b) {
-    for (int64_t row = t.row; row < t.row + t.rows; ++row)
+  // Rows of [router; shared_expert_gate] . x[t], x[t] = RMSNorm(h[t]) (the first task also keeps x)
+  void router(const LayerWeights& layer, const Task& t, StepBuffers& b) {
+    const MoeWeights& w = layer.moe;
+    normed_.resize(size_t(c_.hidden_size));
+    for (int64_t row = t.row; row < t.row + t.rows; ++row) {
+      cpu::rms_norm(hidden(b, row), layer.post_attention_layernorm.data(), 1, c_.hidden_size, c_.rms_norm_eps,
+                    normed_.data());
+      if (t.first == 0) std::copy(normed_.begin(), normed_.end(), moe_input(b, row));
       for (int64_t r = t.first; r < int64_t(t.first + t.count); ++r) {
         const bool gate = r == c_.num_experts;
         b.router_logits[size_t(row * (c_.num_experts + 1) + r)] = dot(gate ? w.shared_expert_gate : w.router,
-                                                                      gate ? 0 : r, moe_input(b, row), row_);
+                                                                      gate ? 0 : r, normed_.data(), row_);
       }
+    }
   }
 
   // Each row's k experts (softmax over its logits, the k largest, ties to the lower id,

@@ -134,7 +134,6 @@ LILY_OP(run_deltanet, deltanet_core_task(a, t, smem))
 LILY_OP(run_attention_split, attention_split_task(a, t, smem))
 LILY_OP(run_attention_combine, attention_combine_task(a, t, smem))
 LILY_OP(run_out_proj, out_proj_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
-LILY_OP(run_moe_norm, moe_norm_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
 LILY_OP(run_router, router_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
 LILY_OP(run_top_k, top_k_task(a, *reinterpret_cast<ProductScratch*>(smem)))
 LILY_OP(run_gate_up, gate_up_task(a, t, *reinterpret_cast<ProductScratch*>(smem)))
@@ -150,7 +149,6 @@ __device__ __forceinline__ void run(const StepArgs& a, const DeviceTask& t, unsi
     case DecodeOp::attention_split: return run_attention_split(a, t, smem);
     case DecodeOp::attention_combine: return run_attention_combine(a, t, smem);
     case DecodeOp::out_proj: return run_out_proj(a, t, smem);
-    case DecodeOp::moe_norm: return run_moe_norm(a, t, smem);
     case DecodeOp::router: return run_router(a, t, smem);
     case DecodeOp::top_k: return run_top_k(a, t, smem);
     case DecodeOp::gate_up: return run_gate_up(a, t, smem);

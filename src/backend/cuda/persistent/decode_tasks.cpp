@@ -256,21 +256,21 @@ class Builder {
   Wait moe(int l, Wait h_ready) {
     const std::string at = fmt::format("layer {} ", l);
     const uint64_t act_slot = T_ * s_.I * 4, top_k_bytes = slots_ * 4 + slots_ * T_ * 4;
-    const int32_t normed = counter(), routed = counter(), chosen = counter(), down = counter();
-    add(DecodeOp::moe_norm, l, 0, 1, at + "moe_norm", {h_ready}, normed,
-        {read(kHidden, 0, T_ * s_.H * 4), write(kMoeInput, 0, T_ * s_.H * 4)});
+    const int32_t routed = counter(), chosen = counter(), down = counter();
+    // Every router task normalizes h itself (no hop for a norm task); the first also writes x.
     tiles(s_.E + 1, t_.router_rows, [&](uint64_t r, uint64_t e) {
-      std::vector<Access> use = {read(kMoeInput, 0, T_ * s_.H * 4)};
+      std::vector<Access> use = {read(kHidden, 0, T_ * s_.H * 4)};
+      if (r == 0) use.push_back(write(kMoeInput, 0, T_ * s_.H * 4));
       each_row(use, Access::Kind::write, kRouterLogits, (s_.E + 1) * 4, r * 4, e * 4);
-      add(DecodeOp::router, l, r, e - r, at + fmt::format("router rows {}..{}", r, e), {all_of(normed)}, routed,
+      add(DecodeOp::router, l, r, e - r, at + fmt::format("router rows {}..{}", r, e), {h_ready}, routed,
           std::move(use));
     });
     std::vector<Access> top_k_use;
     each_row(top_k_use, Access::Kind::read, kRouterLogits, (s_.E + 1) * 4, 0, s_.E * 4);
     top_k_use.push_back(write(kTopK, 0, top_k_bytes));
     add(DecodeOp::top_k, l, 0, 1, at + "top_k", {all_of(routed)}, chosen, std::move(top_k_use));
-    // Slots 0..U-1: the union of the rows' experts; slot U: the shared expert (needs x, not the
-    // choice). A slot's gate/up writes act[slot][t] of every row (those that chose its expert).
+    // Slots 0..U-1: the union of the rows' experts; slot U: the shared expert (needs x, from the
+    // routers, not the choice). A slot's gate/up writes act[slot][t] of every row (those that chose its expert).
     std::vector<int32_t> acted;
     for (uint64_t slot = 0; slot <= slots_; ++slot) {
       const bool shared = slot == slots_;
@@ -281,7 +281,7 @@ class Builder {
         each_row(use, Access::Kind::write, kAct, s_.I * 4, slot * act_slot + r * 4, slot * act_slot + e * 4);
         if (!shared) use.push_back(read(kTopK, 0, top_k_bytes));
         add(DecodeOp::gate_up, l, r, e - r, at + fmt::format("gate_up slot {} rows {}..{}", slot, r, e),
-            {shared ? all_of(normed) : all_of(chosen)}, act, std::move(use))
+            {shared ? all_of(routed) : all_of(chosen)}, act, std::move(use))
             .slot = uint16_t(slot);
       });
     }
@@ -293,10 +293,9 @@ class Builder {
         if (shared) each_row(use, Access::Kind::read, kRouterLogits, (s_.E + 1) * 4, s_.E * 4, (s_.E + 1) * 4);
         else use.push_back(read(kTopK, 0, top_k_bytes));
         each_row(use, Access::Kind::accumulate, kHidden, s_.H * 4, r * 4, e * 4);
-        std::vector<Wait> waits = {act};
-        if (shared) waits.push_back(all_of(routed));  // its gate is the router's last row
-        add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), std::move(waits),
-            down, std::move(use))
+        // (The shared expert's gate, the router's last row, is ordered before through its gate/up.)
+        add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), {act}, down,
+            std::move(use))
             .slot = uint16_t(slot);
       });
     }
@@ -327,7 +326,6 @@ const char* op_name(DecodeOp op) {
     case DecodeOp::attention_split: return "attention_split";
     case DecodeOp::attention_combine: return "attention_combine";
     case DecodeOp::out_proj: return "out_proj";
-    case DecodeOp::moe_norm: return "moe_norm";
     case DecodeOp::router: return "router";
     case DecodeOp::top_k: return "top_k";
     case DecodeOp::gate_up: return "gate_up";

@@ -29,8 +29,8 @@
 //                parallel: splits and a combine a sequence, over its own cache
 //   out_proj     h[t] += mixer[t] @ W_out^T            tiles of rows of h; a DeltaNet layer's mixer
 //                through the gated norm first (per head: w * rmsnorm(o) * silu(z))
-//   moe_norm     x[t] = RMSNorm(h[t])
-//   router       logits of the experts and the shared expert's gate, tiles of rows
+//   router       logits of the experts and the shared expert's gate of x[t] = RMSNorm(h[t]), tiles
+//                of rows; each task normalizes h itself, the first also writes x
 //   top_k        each row's k experts and weights, gathered into the union of the rows' experts:
 //                slot u (of min(E, T k)) holds the u-th distinct expert (rows in order, each row's
 //                choices by weight; -1 past the last) and each row's weight for it (0: not chosen)
@@ -42,7 +42,7 @@
 // An expert is a slot of the union, not of a row, so a GPU task reads its weights once for every
 // row that chose it; an empty slot (fewer distinct experts than slots) is a task that only
 // signals. Dependencies are a stage's whole output, except the MoE: a slot's down tiles wait only
-// for that slot's gate/up tiles, and the shared expert's gate/up only for x (not for the router),
+// for that slot's gate/up tiles, and the shared expert's gate/up only for the routers (not top-k),
 // so expert work starts as soon as its own inputs exist. Tasks go to blocks round-robin in step
 // order, so every block's list is in step order (what makes the list deadlock-free with all blocks
 // resident).
@@ -63,7 +63,6 @@ enum class DecodeOp : uint16_t {
   attention_split,
   attention_combine,
   out_proj,
-  moe_norm,
   router,
   top_k,
   gate_up,

@@ -8,8 +8,8 @@
 //              a DeltaNet conv channel r: u = silu(conv(its 3 taps, proj[r])), the taps shifted
 //   out_proj   h[r] += y . W_out[r]                  y = mixer, or (DeltaNet) per value head
 //                                                    w * rmsnorm(o) * silu(z) (the gated norm)
-//   moe_norm   x = RMSNorm(h)                         (post_attention_layernorm)
-//   router     logits[r] = x . Wr[r] (8-bit, fp32)    row E: the shared expert's gate row
+//   router     logits[r] = x . Wr[r] (8-bit, fp32)    row E: the shared expert's gate row;
+//              x = RMSNorm(h) (post_attention_layernorm) by every router task, kept by the first
 //   top_k      ids, weights of the k experts          (route_topk.cuh: as every decode kernel)
 //   gate_up    act[s][r] = silu(G_e[r] . x) * (U_e[r] . x)    e: slot s's expert (or the shared one)
 //   down       h[r] += w_s D_e[r] . act[s]            w_s: the routing weight, sigmoid(gate) shared
@@ -218,8 +218,8 @@ __device__ inline void lm_head_task(const StepArgs& a, const DeviceTask& t, Prod
   block_rows_dot(rows_of(a.lm_head), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = y; });
 }
 
-// x = RMSNorm(h) with the post-attention gain.
-__device__ inline void moe_norm_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+// x = RMSNorm(h) with the post-attention gain into s.xs; the first router task also into moe_input.
+__device__ inline void moe_norm(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
   const int H = a.dims.H;
   float ss = 0.f;
@@ -234,16 +234,20 @@ __device__ inline void moe_norm_task(const StepArgs& a, const DeviceTask& t, Pro
   float total = 0.f;
   for (int w = 0; w < kWarps; ++w) total += s.red[w];
   const float inv = 1.f / sqrtf(total / float(H) + a.dims.eps);
-  for (int i = threadIdx.x; i < H; i += kThreads) a.buf.moe_input[i] = s.xs[i] * inv * __ldg(L.post_norm + i);
+  for (int i = threadIdx.x; i < H; i += kThreads) {
+    const float x = s.xs[i] * inv * __ldg(L.post_norm + i);
+    s.xs[i] = x;
+    if (t.first == 0) a.buf.moe_input[i] = x;
+  }
+  __syncthreads();
 }
 
-// logits[r] = x . Wr[r] for the task's rows of [Wr; w_sg] (8-bit, fp32): a warp a row, lane j the
-// row's 16-byte chunks j, j + 32, ...; x staged in shared memory.
+// logits[r] = x . Wr[r] for the task's rows of [Wr; w_sg] (8-bit, fp32), x = RMSNorm(h) (moe_norm):
+// a warp a row, lane j the row's 16-byte chunks j, j + 32, ...; x in shared memory.
 __device__ inline void router_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
   const int H = a.dims.H, E = a.dims.E;
-  for (int i = threadIdx.x; i < H; i += kThreads) s.xs[i] = __ldcg(a.buf.moe_input + i);
-  __syncthreads();
+  moe_norm(a, t, s);
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cpr = H / 16, gpr = H / 64;
   for (int r = int(t.first) + warp; r < int(t.first + t.count); r += kWarps) {
     const DeviceMatrix& m = r < E ? L.router : L.shared_expert_gate;
