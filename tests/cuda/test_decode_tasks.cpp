@@ -249,6 +249,9 @@ TEST(DecodeTasks, StepsOfSeveralRowsPass) {
           EXPECT_EQ(refusal(d.list), "") << config_name << ", " << kind_name(kind) << ", T " << T << ", " << t.blocks
                                          << " blocks";
           EXPECT_EQ(d.rows.count, T);
+          if (kind == DecodeRows::Kind::parallel) continue;
+          const DecodeTasks kept = build_decode_tasks(c, t, {T, kind, true});  // with the states after each row
+          EXPECT_EQ(refusal(kept.list), "") << config_name << ", kept states, T " << T << ", " << t.blocks << " blocks";
         }
 }
 
@@ -357,6 +360,22 @@ TEST(DecodeTasks, EveryRowsOutputIsCoveredOnceALayer) {
           expect(l, DecodeOp::in_proj, state, sequences, deltanet_state, 0, conv_state);
           expect(l, DecodeOp::deltanet_core, kMixer, rows, mixer, 0, value_dim);
           expect(l, DecodeOp::deltanet_core, state, sequences, deltanet_state, conv_state, deltanet_state);
+          if (kind == DecodeRows::Kind::verify) {  // the states after rows 0..T-2 after the sequence's, kept
+            const DecodeTasks k = build_decode_tasks(c, t, {T, kind, true});
+            std::map<uint32_t, std::vector<std::pair<uint64_t, uint64_t>>> in_proj, core;  // by buffer
+            for (const Task* task : all_tasks(k.list))
+              for (const Access& a : task->accesses)
+                if (a.kind == Access::Kind::write && a.buffer == state && task->layer == l)
+                  (task->op == uint16_t(DecodeOp::in_proj) ? in_proj : core)[a.buffer].push_back({a.begin, a.end});
+            std::vector<std::pair<uint64_t, uint64_t>> want_conv, want_core;
+            for (uint64_t i = 0; i < rows; ++i) {
+              want_conv.push_back({i * deltanet_state, i * deltanet_state + conv_state});
+              want_core.push_back({i * deltanet_state + conv_state, (i + 1) * deltanet_state});
+            }
+            EXPECT_EQ(coverage(in_proj[state]), coverage(want_conv)) << "layer " << l << " kept conv states";
+            EXPECT_EQ(coverage(core[state]), coverage(want_core)) << "layer " << l << " kept recurrent states";
+            EXPECT_EQ(k.buffer_bytes[state], rows * deltanet_state);
+          }
         }
         expect(l, DecodeOp::out_proj, kHidden, rows, H, 0, H);
         expect(l, DecodeOp::router, kMoeInput, 1, 0, 0, rows * H);

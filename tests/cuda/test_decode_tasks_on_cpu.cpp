@@ -58,6 +58,8 @@ struct StepBuffers {
   std::vector<int32_t> slot_ids;                                     // [U] (-1: an empty slot)
   std::vector<float> slot_weights;                                   // [U, T] (0: the row did not choose it)
   std::vector<float> act, partials, logits;                          // [U + 1, T, I], [T, S, nq, d + 2], [T, V]
+  // keep_states: per layer the DeltaNet state after rows 0..T-2 (as SequenceBuffers' conv, ssm)
+  std::vector<std::vector<std::vector<float>>> conv_after, ssm_after;  // [layer][row]
 
   int64_t T() const { return rows.count; }
   bool parallel() const { return rows.kind == DecodeRows::Kind::parallel; }
@@ -120,6 +122,12 @@ class TaskBodies {
     b.act.assign((U + 1) * T * size_t(moe_rows()), NAN);
     b.partials.assign(T * size_t(t_.attention_splits * c_.num_attention_heads * (c_.head_dim + 2)), NAN);
     b.logits.assign(T * size_t(c_.vocab_size), NAN);
+    b.conv_after.resize(size_t(c_.num_layers)), b.ssm_after.resize(size_t(c_.num_layers));
+    for (int l = 0; l < c_.num_layers; ++l)
+      for (int r = 0; r < rows.snapshots(); ++r) {
+        b.conv_after[size_t(l)].emplace_back(b.seqs[0].conv[size_t(l)].size(), NAN);
+        b.ssm_after[size_t(l)].emplace_back(b.seqs[0].ssm[size_t(l)].size(), NAN);
+      }
     return b;
   }
 
@@ -195,8 +203,14 @@ class TaskBodies {
       }
       if (layer.kind == LayerKind::full_attention) continue;
       const int64_t C = c_.linear_conv_dim(), end = std::min<int64_t>(C, t.first + t.count);
+      std::vector<float>& state = b.sequence_of(row).conv[t.layer];
       for (int64_t ch = t.first; ch < end; ++ch)
-        proj(b, row)[ch] = conv_channel(layer.deltanet, ch, proj(b, row)[ch], b.sequence_of(row).conv[t.layer]);
+        proj(b, row)[ch] = conv_channel(layer.deltanet, ch, proj(b, row)[ch], state);
+      if (row < b.rows.snapshots()) {  // these channels' taps after this row
+        const int64_t taps = c_.linear_conv_kernel_dim - 1;
+        std::copy(state.begin() + t.first * taps, state.begin() + std::max<int64_t>(t.first, end) * taps,
+                  b.conv_after[t.layer][size_t(row)].begin() + t.first * taps);
+      }
     }
   }
 
@@ -221,6 +235,14 @@ class TaskBodies {
       if (faults_.deltanet_restarts_each_row && r == t.row) ssm_before = s.ssm[t.layer];
       else if (faults_.deltanet_restarts_each_row) s.ssm[t.layer] = ssm_before;
       deltanet_row(w, t, proj(b, r), s.ssm[t.layer], mixer(b, r));
+      if (r < b.rows.snapshots()) {  // these columns' state after this row
+        const int64_t dk = c_.linear_key_head_dim, dv = c_.linear_value_head_dim;
+        for (int64_t col = t.first; col < int64_t(t.first + t.count); ++col)
+          for (int64_t i = 0; i < dk; ++i) {
+            const size_t at = size_t((col / dv) * dk * dv + i * dv + col % dv);
+            b.ssm_after[t.layer][size_t(r)][at] = s.ssm[t.layer][at];
+          }
+      }
     }
   }
 
@@ -531,10 +553,20 @@ class CpuSteps {
   SequenceBuffers new_sequence(int64_t capacity) const { return bodies_.new_sequence(capacity); }
 
   // One step of `list` (built for `rows`) over `seqs`; returns the logits [T, V].
+  // kept: the DeltaNet states the step kept after its rows 0..T-2 (keep_states), as sequences
+  // holding only those (conv, ssm; the attention layers' entries empty).
   std::vector<float> step(const TaskList& list, const DecodeRows& rows, std::vector<int32_t> tokens,
-                          std::vector<SequenceBuffers>& seqs) {
+                          std::vector<SequenceBuffers>& seqs, std::vector<SequenceBuffers>* kept = nullptr) {
     StepBuffers b = bodies_.new_step(rows, std::move(tokens), std::move(seqs));
     run_step(list, bodies_, b, rng_);
+    for (int r = 0; kept && r < rows.snapshots(); ++r) {
+      SequenceBuffers x;
+      for (size_t l = 0; l < b.conv_after.size(); ++l) {
+        x.conv.push_back(b.conv_after[l][size_t(r)]);
+        x.ssm.push_back(b.ssm_after[l][size_t(r)]);
+      }
+      kept->push_back(std::move(x));
+    }
     seqs = std::move(b.seqs);
     return std::move(b.logits);
   }
@@ -606,6 +638,33 @@ RowsComparison verify_both_ways(const std::shared_ptr<const ModelWeights>& weigh
   cmp.state.add(one[0], alone);
   cmp.logits.add(steps.decode(one[0], next).data(), reference_decode(*reference, *seq, next));
   return cmp;
+}
+
+// A verify step of `drafts` after `prefix` keeping its states (DecodeRows::keep_states): the
+// state kept after row r against the one-row list's after prefix + drafts[0..r], for r < T - 1
+// (the DeltaNet conv taps and recurrent state of every layer).
+StateMismatch kept_states_both_ways(const std::shared_ptr<const ModelWeights>& weights, const DecodeTiling& tiling,
+                                    const std::vector<int32_t>& prefix, const std::vector<int32_t>& drafts,
+                                    Faults faults = {}) {
+  const DecodeRows rows{int(drafts.size()), DecodeRows::Kind::verify, true};
+  const DecodeTasks tasks = build_decode_tasks(weights->config, tiling, rows);
+  const int64_t capacity = int64_t(prefix.size() + drafts.size()) + 1;
+  CpuSteps steps(*weights, tiling, uint32_t(capacity * 37 + rows.count), faults);
+  std::vector<SequenceBuffers> one = {steps.new_sequence(capacity)};
+  for (int32_t id : prefix) steps.decode(one[0], id);
+  SequenceBuffers alone = one[0];
+  std::vector<SequenceBuffers> kept;
+  steps.step(tasks.list, rows, drafts, one, &kept);
+  EXPECT_EQ(kept.size(), drafts.size() - 1);
+  StateMismatch m;
+  for (size_t r = 0; r + 1 < drafts.size() && r < kept.size(); ++r) {
+    steps.decode(alone, drafts[r]);
+    SequenceBuffers want;
+    want.conv = alone.conv, want.ssm = alone.ssm;
+    kept[r].position = want.position = 0;
+    m.add(kept[r], want);
+  }
+  return m;
 }
 
 // A parallel step of one token a sequence, sequence i after prefixes[i]: each row's logits against
@@ -773,6 +832,27 @@ TEST(DecodeTasksOnCpu, VerifyRowsMatchTheReferenceBackend) {
   }
   expect_equal(verify_both_ways(weights, odd_tiling(3, 2), {}, slice(ids, 0, 3), ids[3]),
                "tiny-a verify, T 3 from position 0");
+}
+
+// The states a verify step keeps after each row (for taking drafts back) are the states of the
+// drafts decoded one at a time; a DeltaNet that restarts each row from the step's first state
+// keeps wrong ones.
+TEST(DecodeTasksOnCpu, KeptStatesAreTheStatesAfterEachRow) {
+  for (const auto& weights : {tiny_a(), lily_tiny()}) {
+    const std::vector<int32_t> ids = random_ids(weights->config, 16, 11);
+    for (int T : {2, 5, 8})
+      for (const DecodeTiling& t : {DecodeTiling{}, odd_tiling(3, 2)}) {
+        const StateMismatch m = kept_states_both_ways(weights, t, slice(ids, 0, 4), slice(ids, 4, size_t(T)));
+        EXPECT_LE(m.max_abs_diff, 1e-6 * m.max_abs_ref) << weights->config.num_layers << " layers, T " << T;
+        EXPECT_GT(m.max_abs_ref, 0.0);
+      }
+    Faults restart;
+    restart.deltanet_restarts_each_row = true;
+    const StateMismatch bad = kept_states_both_ways(weights, odd_tiling(3, 2), slice(ids, 0, 4), slice(ids, 4, 3),
+                                                    restart);
+    EXPECT_GT(bad.max_abs_diff, 1e-3 * bad.max_abs_ref);
+  }
+  EXPECT_THROW(build_decode_tasks(tiny_a()->config, DecodeTiling{}, {3, DecodeRows::Kind::parallel, true}), Error);
 }
 
 TEST(DecodeTasksOnCpu, LilyTinyVerifyRowsMatchTheReferenceBackend) {

@@ -53,6 +53,7 @@ class Builder {
         T_(uint64_t(rows.count)),
         sequences_(uint64_t(rows.sequences())),
         new_rows_(rows.kind == DecodeRows::Kind::verify ? T_ : 1),
+        snapshots_(uint64_t(rows.snapshots())),
         slots_(uint64_t(expert_slots(c, rows))),
         proj_stride_(std::max(s_.attention_rows, s_.deltanet_rows) * 4),
         mixer_stride_(std::max(s_.value_dim, s_.q_width) * 4),
@@ -71,8 +72,11 @@ class Builder {
                          T_ * splits * partial_,
                          T_ * s_.V * 4,
                          sequences_ * 4};
-    for (int l = 0; l < c.num_layers; ++l)
-      out_.buffer_bytes.push_back(sequences_ * state_bytes(c.layer_types[size_t(l)]));
+    for (int l = 0; l < c.num_layers; ++l) {
+      const LayerKind kind = c.layer_types[size_t(l)];
+      const uint64_t snapshots = kind == LayerKind::linear_attention ? snapshots_ : 0;
+      out_.buffer_bytes.push_back((sequences_ + snapshots) * state_bytes(kind));
+    }
   }
 
   DecodeTasks build() {
@@ -146,11 +150,11 @@ class Builder {
     tiles(in_rows, t_.in_proj_rows, [&](uint64_t r, uint64_t e) {
       std::vector<Access> use = {read(kHidden, 0, T_ * s_.H * 4)};
       each_row(use, Access::Kind::write, kProj, proj_stride_, r * 4, e * 4);
-      if (!attention && r < s_.conv_dim) {  // the conv state of its conv channels, every sequence's
+      if (!attention && r < s_.conv_dim) {  // the conv state of its conv channels: every sequence's, snapshots
         const uint64_t c1 = std::min(e, s_.conv_dim), size = state_bytes(LayerKind::linear_attention);
-        for (uint64_t seq = 0; seq < sequences_; ++seq)
+        for (uint64_t i = 0; i < sequences_ + snapshots_; ++i)
           use.push_back(
-              write(kLayerState + uint32_t(l), seq * size + r * s_.conv_taps * 4, seq * size + c1 * s_.conv_taps * 4));
+              write(kLayerState + uint32_t(l), i * size + r * s_.conv_taps * 4, i * size + c1 * s_.conv_taps * 4));
       }
       add(DecodeOp::in_proj, l, r, e - r, at + fmt::format("in_proj rows {}..{}", r, e), {h_ready}, projected,
           std::move(use));
@@ -198,6 +202,9 @@ class Builder {
           for (uint64_t t = row; t < row + rows; ++t)
             use.push_back(read(kProj, t * proj_stride_ + begin * 4, t * proj_stride_ + end * 4));
         use.push_back(write(state, at + ssm_at + c0 * s_.dk * 4, at + ssm_at + c1 * s_.dk * 4));
+        for (uint64_t i = 1; i <= snapshots_; ++i)  // (verify: after the one sequence's state)
+          use.push_back(
+              write(state, i * state_size + ssm_at + c0 * s_.dk * 4, i * state_size + ssm_at + c1 * s_.dk * 4));
         for (uint64_t t = row; t < row + rows; ++t)
           use.push_back(write(kMixer, t * mixer_stride_ + c0 * 4, t * mixer_stride_ + c1 * 4));
         add(DecodeOp::deltanet_core, l, c0, c1 - c0,
@@ -308,6 +315,7 @@ class Builder {
   const uint64_t T_;          // rows of the step
   const uint64_t sequences_;  // 1 (verify) or T (parallel)
   const uint64_t new_rows_;   // KV rows a sequence's cache gains this step: T (verify) or 1
+  const uint64_t snapshots_;  // DeltaNet states kept after rows 0..T-2 (verify, keep_states), after the sequence's
   const uint64_t slots_;      // routed expert slots (expert_slots)
   const uint64_t proj_stride_, mixer_stride_,
       partial_;  // bytes: a row of kProj, of kMixer; a split's partials of a row
@@ -347,6 +355,8 @@ DecodeTasks build_decode_tasks(const ModelConfig& c, const DecodeTiling& t, cons
              "decode tasks: every tile size and the block count must be positive");
   LILY_CHECK(rows.count >= 1 && rows.count <= kMaxDecodeRows, "decode tasks: {} rows a step (1..{})", rows.count,
              kMaxDecodeRows);
+  LILY_CHECK(!rows.keep_states || rows.kind == DecodeRows::Kind::verify,
+             "decode tasks: states kept after each row of a parallel step (one row a sequence: nothing to take back)");
   LILY_CHECK(c.num_layers > 0 && size_t(c.num_layers) == c.layer_types.size() && c.hidden_size > 0 &&
                  c.num_experts_per_tok > 0 && c.num_experts >= c.num_experts_per_tok && c.vocab_size > 0,
              "decode tasks: config with {} layers ({} layer types), hidden {}, {} experts (top {}), vocabulary {}",

@@ -8,9 +8,9 @@
 //             position p + r, the DeltaNet recurrence steps through the rows in order, attention of
 //             row r sees the cache and rows 0..r of the step (causal among the step's own rows)
 //   parallel  one token each of T sequences, each with its own DeltaNet state, KV cache and position
-// A verify step leaves the DeltaNet state after its last row only: taking back rejected drafts
-// needs the state after an earlier row (spec §4: a snapshot per draft position, or recompute),
-// which this list does not keep yet.
+// A verify step leaves the DeltaNet state after its last row; with DecodeRows::keep_states it also
+// keeps the state after every earlier row (spec §4: a snapshot per draft position), for taking
+// rejected drafts back.
 // Every op below works on all T rows at once (its weights read once for all of them) unless it says
 // otherwise; T = 1 is the step DecodeStep runs today (decode_step.cpp). One layer after another:
 //   embed        h[t] = embed[token[t]]
@@ -91,7 +91,12 @@ struct DecodeRows {
   enum class Kind : uint8_t { verify, parallel };
   int count = 1;  // T, 1..kMaxDecodeRows
   Kind kind = Kind::verify;
+  // Verify only: the DeltaNet state (conv taps and recurrent state) after each row but the last, as
+  // snapshots 0..T-2 after the sequence's state in its layer buffer, so that rejected drafts can be
+  // taken back (restore snapshot j - 1 after accepting j < T rows; the KV cache is cut to n + j).
+  bool keep_states = false;
   int sequences() const { return kind == Kind::parallel ? count : 1; }
+  int snapshots() const { return keep_states ? count - 1 : 0; }
 };
 inline constexpr int kMaxDecodeRows = 8;
 
@@ -101,7 +106,8 @@ int expert_slots(const ModelConfig& c, const DecodeRows& rows);
 
 // The step's buffers (Access::buffer), T = DecodeRows::count rows, S the attention splits, U the
 // expert slots (expert_slots); the state of layer l (DeltaNet conv + recurrent state, or the KV
-// cache), of every sequence one after another, is buffer kLayerState + l.
+// cache), of every sequence one after another (then a DeltaNet layer's snapshots), is buffer
+// kLayerState + l.
 enum DecodeBuffer : uint32_t {
   kToken,         // [T] int32
   kHidden,        // h [T, H] fp32
