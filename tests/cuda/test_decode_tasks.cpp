@@ -213,7 +213,8 @@ std::string first_difference(const TaskList& a, const TaskList& b) {
 DecodeTiling odd_tiles(int blocks) {
   DecodeTiling t;
   t.blocks = blocks, t.in_proj_rows = 77, t.out_proj_rows = 100, t.router_rows = 7, t.expert_rows = 33;
-  t.down_rows = 300, t.lm_head_rows = 1009, t.deltanet_columns = 384, t.attention_splits = 3, t.combine_heads = 3;
+  t.down_rows = 300, t.lm_head_rows = 1009, t.deltanet_columns = 384, t.attention_splits = 3, t.attention_kv_heads = 1,
+  t.combine_heads = 3;
   return t;
 }
 

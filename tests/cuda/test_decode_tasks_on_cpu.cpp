@@ -285,9 +285,10 @@ class TaskBodies {
     return q;
   }
 
-  // Split s of the n rows the cache had before the step: rows [s n / S, (s + 1) n / S); split 0
-  // first appends the task's rows' k and v at their positions (n, n + 1, ...) and takes those rows
-  // too, each query row the ones at its position and before (causal). Per head: max score m, sum l
+  // Split s of the n rows the cache had before the step, for the task's KV heads [slot, slot +
+  // count) and their query heads: rows [s n / S, (s + 1) n / S); split 0 first appends the task's
+  // rows' k and v of those heads at their positions (n, n + 1, ...) and takes those rows too, each
+  // query row the ones at its position and before (causal). Per head: max score m, sum l
   // of exp(score - m), o = sum exp(score - m) v, at partials[row][s][head] = [o (d), m, l].
   void attention_split(const AttentionWeights& w, const Task& t, StepBuffers& b) {
     const int64_t nq = c_.num_attention_heads, nkv = c_.num_key_value_heads, d = c_.head_dim;
@@ -296,13 +297,17 @@ class TaskBodies {
     const int64_t n = seq.position;
     std::vector<float>& K = seq.k_cache[t.layer];
     std::vector<float>& V = seq.v_cache[t.layer];
+    const int64_t g0 = t.slot, g1 = t.slot + t.count;  // the task's KV heads
     if (s == 0)
       for (int64_t r = t.row; r < t.row + t.rows; ++r) {
         const int64_t at = b.position_of(r);
         const float* k = proj(b, r) + 2 * c_.attention_q_width();
-        cpu::rms_norm(k, w.k_norm.data(), nkv, d, c_.rms_norm_eps, K.data() + at * kv);
-        cpu::apply_rope(K.data() + at * kv, 1, nkv, d, c_.rotary_dim, c_.rope_theta, at);
-        std::copy_n(k + kv, kv, V.data() + at * kv);
+        for (int64_t g = g0; g < g1; ++g) {
+          float* k_row = K.data() + at * kv + g * d;
+          cpu::rms_norm(k + g * d, w.k_norm.data(), 1, d, c_.rms_norm_eps, k_row);
+          cpu::apply_rope(k_row, 1, 1, d, c_.rotary_dim, c_.rope_theta, at);
+          std::copy_n(k + kv + g * d, d, V.data() + at * kv + g * d);
+        }
       }
     const float scale = 1.f / std::sqrt(float(d));
     for (int64_t r = t.row; r < t.row + t.rows; ++r) {
@@ -312,7 +317,7 @@ class TaskBodies {
       if (s == 0)
         for (int64_t j = n; j <= last; ++j) rows.push_back(j);
       const std::vector<float> q = rotated_q(w, b, r);
-      for (int64_t h = 0; h < nq; ++h) {
+      for (int64_t h = g0 * (nq / nkv); h < g1 * (nq / nkv); ++h) {
         const int64_t g = h / (nq / nkv);
         float* out = b.partials.data() + ((r * S + s) * nq + h) * (d + 2);
         float m = -INFINITY;
@@ -704,7 +709,7 @@ RowsComparison parallel_both_ways(const std::shared_ptr<const ModelWeights>& wei
 DecodeTiling odd_tiling(int blocks, int splits) {
   DecodeTiling t;
   t.blocks = blocks, t.in_proj_rows = 7, t.out_proj_rows = 5, t.router_rows = 3, t.expert_rows = 5;
-  t.down_rows = 9, t.lm_head_rows = 50, t.attention_splits = splits, t.combine_heads = 1;
+  t.down_rows = 9, t.lm_head_rows = 50, t.attention_splits = splits, t.attention_kv_heads = 1, t.combine_heads = 1;
   return t;
 }
 

@@ -1,8 +1,9 @@
 // test_persistent_attention.cu: the persistent kernel's attention tasks (persistent/ops_attention.cuh)
 // against an fp32 reference written here (the oracle's attention_split + attention_combine of
 // test_decode_tasks_on_cpu.cpp, with the caches in bf16 as the GPU keeps them). Test kernels run
-// the tasks on a StepArgs holding only what they read: S blocks of 512 threads, block s split s,
-// then a launch of combine tasks (heads [first, first + count) each). Random bf16 cache rows
+// the tasks on a StepArgs holding only what they read: a block of 512 threads a split task (split
+// s of all KV heads, or of one KV head each), then a launch of combine tasks (heads [first, first +
+// count) each). Random bf16 cache rows
 // [0, n), random proj rows (odd strides), the cache rows past n, partials and mixer poisoned with
 // NaN; an empty split must write l = 0 or the combine reads NaN. Checked: the mixer within 2e-4 of
 // the largest reference value, the appended K rows within a bf16 step, V rows exact, every other
@@ -45,14 +46,15 @@ __global__ void __launch_bounds__(ps::kThreads, 1)
 
 struct Case {
   int nq, nkv, S, n, T;
-  int combine_heads = 1;  // heads a combine task
+  int combine_heads = 1;   // heads a combine task
+  int split_kv_heads = 0;  // KV heads a split task (0: all)
 };
 
 float bf16_float(uint16_t b) { return to_float(bf16{b}); }
 
 void check(const Case& c, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << "nq " << c.nq << " nkv " << c.nkv << " S " << c.S << " n " << c.n << " T " << c.T
-                                  << " combine heads " << c.combine_heads);
+                                  << " combine heads " << c.combine_heads << " split KV heads " << c.split_kv_heads);
   const int nq = c.nq, nkv = c.nkv, G = nq / nkv, n = c.n, T = c.T, capacity = n + T + 3;
   const int proj_stride = 2 * nq * kD + 2 * nkv * kD + 5, mixer_stride = nq * kD + 3;  // odd padding
   const size_t kv = size_t(nkv) * kD;
@@ -85,11 +87,15 @@ void check(const Case& c, uint32_t seed) {
   a.seq.position = d_position.get(), a.seq.capacity = capacity;
   a.seq.k_cache[kLayer] = d_kc.get(), a.seq.v_cache[kLayer] = d_vc.get();
 
-  std::vector<ps::DeviceTask> splits(size_t(c.S)), combines;
-  for (int s = 0; s < c.S; ++s) {
-    ps::DeviceTask& t = splits[size_t(s)];
-    t.layer = kLayer, t.row = 0, t.rows = uint16_t(T), t.first = uint32_t(s), t.count = 1;
-  }
+  std::vector<ps::DeviceTask> splits, combines;
+  const int per_split = c.split_kv_heads > 0 ? c.split_kv_heads : nkv;
+  for (int s = 0; s < c.S; ++s)
+    for (int g = 0; g < nkv; g += per_split) {
+      ps::DeviceTask t;
+      t.layer = kLayer, t.row = 0, t.rows = uint16_t(T), t.first = uint32_t(s), t.slot = uint16_t(g);
+      t.count = uint32_t(std::min(per_split, nkv - g));
+      splits.push_back(t);
+    }
   for (int h = 0; h < nq; h += c.combine_heads) {
     ps::DeviceTask t;
     t.layer = kLayer, t.row = 0, t.rows = uint16_t(T), t.first = uint32_t(h);
@@ -99,7 +105,7 @@ void check(const Case& c, uint32_t seed) {
   DeviceArray<ps::DeviceTask> d_splits(splits), d_combines(combines);
   CUDA_OK(cudaFuncSetAttribute(split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ps::kScratchBytes));
   CUDA_OK(cudaFuncSetAttribute(combine_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, ps::kScratchBytes));
-  split_kernel<<<c.S, ps::kThreads, ps::kScratchBytes>>>(a, d_splits.get());
+  split_kernel<<<unsigned(splits.size()), ps::kThreads, ps::kScratchBytes>>>(a, d_splits.get());
   CUDA_OK(cudaGetLastError());
   combine_kernel<<<unsigned(combines.size()), ps::kThreads, ps::kScratchBytes>>>(a, d_combines.get());
   CUDA_OK(cudaGetLastError());
@@ -186,6 +192,16 @@ TEST(PersistentAttention, VerifyRows) {
     }
   check({16, 2, 64, 300, 8}, seed += 10);  // 16 units: two passes
   check({2, 1, 5, 63, 8}, seed += 10);
+}
+
+// Split tasks of one KV head each (the persistent kernel's tiling): each appends and attends for
+// its own KV head and query heads only.
+TEST(PersistentAttention, SplitTasksOfOneKvHead) {
+  REQUIRE_GPU();
+  uint32_t seed = 500;
+  for (int n : {0, 65, 4096}) check({16, 2, 64, n, 1, 1, 1}, seed += 10);
+  check({16, 2, 5, 300, 3, 1, 1}, seed += 10);
+  check({16, 2, 64, 300, 8, 2, 1}, seed += 10);
 }
 
 TEST(PersistentAttention, CombineTasksOfSeveralHeads) {

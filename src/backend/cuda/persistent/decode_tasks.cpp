@@ -226,21 +226,31 @@ class Builder {
     const int32_t done = counter();
     const uint64_t state = kLayerState + uint32_t(l), state_size = state_bytes(LayerKind::full_attention);
     const uint64_t splits = uint64_t(t_.attention_splits), row_stride = splits * partial_;
+    const uint64_t nkv = uint64_t(c_.num_key_value_heads), group = s_.heads / nkv, head_bytes = partial_ / s_.heads;
+    const uint64_t kv_head = kv_row() / nkv;  // a KV head's k and v of a cache row (symbolic)
     for (uint64_t seq = 0; seq < sequences_; ++seq) {
       const uint64_t row = sequences_ > 1 ? seq : 0, rows = sequences_ > 1 ? 1 : T_, at = seq * state_size;
-      for (uint64_t sp = 0; sp < splits; ++sp) {
-        std::vector<Access> use;
-        for (uint64_t t = row; t < row + rows; ++t)
-          use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + s_.attention_rows * 4));
-        use.push_back(read(state, at, at + kCacheRows * kv_row()));
-        use.push_back(read(kPosition, seq * 4, (seq + 1) * 4));
-        for (uint64_t t = row; t < row + rows; ++t)
-          use.push_back(write(kPartials, t * row_stride + sp * partial_, t * row_stride + (sp + 1) * partial_));
-        if (sp == 0) use.push_back(write(state, at + kCacheRows * kv_row(), at + (kCacheRows + new_rows_) * kv_row()));
-        add(DecodeOp::attention_split, l, sp, 1,
-            fmt::format("layer {} attention {}split {}", l, sequence_name(seq), sp), {projected}, split_done[seq],
-            std::move(use), row, rows);
-      }
+      for (uint64_t sp = 0; sp < splits; ++sp)
+        tiles(nkv, t_.attention_kv_heads, [&](uint64_t g0, uint64_t g1) {
+          std::vector<Access> use;
+          for (uint64_t t = row; t < row + rows; ++t)
+            use.push_back(read(kProj, t * proj_stride_, t * proj_stride_ + s_.attention_rows * 4));
+          use.push_back(read(state, at, at + kCacheRows * kv_row()));
+          use.push_back(read(kPosition, seq * 4, (seq + 1) * 4));
+          for (uint64_t t = row; t < row + rows; ++t) {
+            const uint64_t part = t * row_stride + sp * partial_;
+            use.push_back(write(kPartials, part + g0 * group * head_bytes, part + g1 * group * head_bytes));
+          }
+          if (sp == 0)
+            for (uint64_t r = 0; r < new_rows_; ++r) {
+              const uint64_t cache_row = at + (kCacheRows + r) * kv_row();
+              use.push_back(write(state, cache_row + g0 * kv_head, cache_row + g1 * kv_head));
+            }
+          add(DecodeOp::attention_split, l, sp, g1 - g0,
+              fmt::format("layer {} attention {}split {} kv heads {}..{}", l, sequence_name(seq), sp, g0, g1),
+              {projected}, split_done[seq], std::move(use), row, rows)
+              .slot = uint16_t(g0);
+        });
     }
     const uint64_t d = uint64_t(c_.head_dim);
     for (uint64_t seq = 0; seq < sequences_; ++seq) {

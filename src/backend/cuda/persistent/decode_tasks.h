@@ -22,8 +22,8 @@
 //                the recurrent state of those columns), before the gated norm; verify: a task
 //                steps through rows 0..T-1 in order on one state (which stays in the block: read
 //                and written once a step); parallel: a task a (sequence, range of columns)
-//   attention    partials of one split of the KV cache, then combines (a task a range of query
-//                heads) into the gated output;
+//   attention    partials of one split of the KV cache (a task a range of KV heads and their query
+//                heads), then combines (a task a range of query heads) into the gated output;
 //                verify: every split takes all T rows' queries (each cache row read once), split 0
 //                also appends the T rows' k and v and attends to them causally (row r to 0..r);
 //                parallel: splits and a combine a sequence, over its own cache
@@ -74,16 +74,17 @@ const char* op_name(DecodeOp op);
 
 // How the step is cut into tasks (each in units of the op's output).
 struct DecodeTiling {
-  int blocks = 132;           // resident blocks (one per SM)
-  int in_proj_rows = 96;      // rows of the fused input projection a task
-  int out_proj_rows = 32;     // rows of h an out_proj task
-  int router_rows = 32;       // router rows a task (the experts' and the shared gate's)
-  int expert_rows = 32;       // rows of one slot's intermediate a gate/up task
-  int down_rows = 128;        // rows of h a down task of one slot
-  int lm_head_rows = 2048;    // vocabulary rows an lm_head task
-  int deltanet_columns = 32;  // value columns a DeltaNet task (of [Hv, dv]: dividing dv, or whole heads)
-  int attention_splits = 16;  // splits of a KV cache a layer (and sequence)
-  int combine_heads = 16;     // query heads a combine task (of one sequence, after all its splits)
+  int blocks = 132;             // resident blocks (one per SM)
+  int in_proj_rows = 96;        // rows of the fused input projection a task
+  int out_proj_rows = 32;       // rows of h an out_proj task
+  int router_rows = 32;         // router rows a task (the experts' and the shared gate's)
+  int expert_rows = 32;         // rows of one slot's intermediate a gate/up task
+  int down_rows = 128;          // rows of h a down task of one slot
+  int lm_head_rows = 2048;      // vocabulary rows an lm_head task
+  int deltanet_columns = 32;    // value columns a DeltaNet task (of [Hv, dv]: dividing dv, or whole heads)
+  int attention_splits = 16;    // splits of a KV cache a layer (and sequence)
+  int attention_kv_heads = 64;  // KV heads a split task (Task::slot the first, count how many)
+  int combine_heads = 16;       // query heads a combine task (of one sequence, after all its splits)
 };
 
 // The rows of one step: T tokens of one sequence (verify) or of T sequences (parallel).

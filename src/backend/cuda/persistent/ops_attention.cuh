@@ -2,8 +2,9 @@
 // a split of the KV cache (flash decoding) and the combine of the splits into the gated output. The
 // math of decode/attention_decode.cu (spec §2.4, §2.5), as test_decode_tasks_on_cpu.cpp's oracle:
 //
-//   split s of S, n = *position rows cached before the step, rows [s n / S, (s + 1) n / S); split 0
-//   first appends the step's rows r (at n + r) and takes them too, row r those at n .. n + r:
+//   split s of S (t.first) for KV heads [t.slot, t.slot + t.count) and their query heads, n =
+//   *position rows cached before the step, rows [s n / S, (s + 1) n / S); split 0 first appends the
+//   step's rows r (at n + r) of its KV heads and takes them too, row r those at n .. n + r:
 //     k_new = RoPE(RMSNorm(k; k_norm)) -> bf16 K cache,  v -> bf16 V cache
 //     q_h = RoPE(RMSNorm(q_h; q_norm)) at n + r,  score_j = q_h . k_j / 16  (k_j, v_j: bf16 cache)
 //     m = max_j score_j,  l = sum_j e^(score_j - m),  o = sum_j e^(score_j - m) v_j
@@ -129,9 +130,11 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
   using namespace ::lily::cuda::ptx;
   const Dims& dm = a.dims;
   const int L = t.layer, S = dm.splits, s = int(t.first), nq = dm.nq, nkv = dm.nkv, G = nq / nkv;
-  const int row0 = t.row, rows = t.rows;
+  const int row0 = t.row, rows = t.rows, g0 = t.slot, nkv_task = int(t.count);  // KV heads [g0, g0 + nkv_task)
   const int n = __ldcg(a.seq.position);
-  if (dm.head_dim != kD || nq % nkv != 0 || rows < 1 || rows > kMaxRows || n + row0 + rows > a.seq.capacity) __trap();
+  if (dm.head_dim != kD || nq % nkv != 0 || rows < 1 || rows > kMaxRows || n + row0 + rows > a.seq.capacity ||
+      nkv_task < 1 || g0 + nkv_task > nkv)
+    __trap();
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g8 = lane / 4, t4 = lane % 4;
   const int r0 = int(int64_t(s) * n / S), r1 = int(int64_t(s + 1) * n / S);
   const int nc = r1 - r0, nk = nc + (s == 0 ? row0 + rows : 0);  // cached keys, then the new rows
@@ -146,8 +149,8 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
   // Split 0: the rows' k (normed, rotated) and v into the caches, a warp a (row, kv head).
   if (s == 0) {
     float* st = reinterpret_cast<float*>(smem + kAppend) + warp * 2 * kD;
-    for (int i = warp; i < rows * nkv; i += kWarps) {
-      const int r = row0 + i / nkv, g = i % nkv;
+    for (int i = warp; i < rows * nkv_task; i += kWarps) {
+      const int r = row0 + i / nkv_task, g = g0 + i % nkv_task;
       const float* k = a.buf.proj + size_t(r) * dm.proj_stride + 2 * nq * kD + g * kD;
       load_head(k, st);
       load_head(k + nkv * kD, st + kD);
@@ -159,8 +162,8 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
   }
   __syncthreads();
 
-  const int C = (rows * G + kSlots - 1) / kSlots, U = nkv * C;    // chunks a kv head, units
-  const int Up = U < kMaxUnits ? U : kMaxUnits, P = kPairs / Up;  // units a pass, pairs a unit
+  const int C = (rows * G + kSlots - 1) / kSlots, U = nkv_task * C;  // chunks a kv head, units
+  const int Up = U < kMaxUnits ? U : kMaxUnits, P = kPairs / Up;     // units a pass, pairs a unit
   const int ng = (nk + kGroupKeys - 1) / kGroupKeys;
   uint4* qf = reinterpret_cast<uint4*>(smem + kQf);
   float2* ml = reinterpret_cast<float2*>(smem + kMl);
@@ -170,7 +173,7 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
     // The units' q, a warp a query vector: normed, rotated, times log2(e) / 16, as fragments.
     float* st = reinterpret_cast<float*>(smem + kStage) + warp * kD;
     for (int v = warp; v < nu * kSlots; v += kWarps) {
-      const int uu = v / kSlots, slot = v % kSlots, u = u0 + uu, g = u / C, qi = (u % C) * kSlots + slot;
+      const int uu = v / kSlots, slot = v % kSlots, u = u0 + uu, g = g0 + u / C, qi = (u % C) * kSlots + slot;
       if (qi < rows * G) {
         const int r = row0 + qi / G, h = g * G + qi % G;
         load_head(a.buf.proj + size_t(r) * dm.proj_stride + size_t(h) * 2 * kD, st);
@@ -200,7 +203,8 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
     for (int mt = 0; mt < 8; ++mt) o[mt][0] = o[mt][1] = o[mt][2] = o[mt][3] = 0.f;
     float m_run = -INFINITY, l_run = 0.f;  // slot g8 (log2 units); l_run this lane's part
     if (uu < nu) {
-      const int u = u0 + uu, g = u / C, last_new = row0 + ((u % C) * kSlots + g8) / G;  // slot g8 sees new rows <= it
+      const int u = u0 + uu, g = g0 + u / C,
+                last_new = row0 + ((u % C) * kSlots + g8) / G;  // slot g8 sees new rows <= it
       const uint16_t* kc = a.seq.k_cache[L] + g * kD + 128 * half + 8 * t4;
       const uint16_t* vc = a.seq.v_cache[L] + g * kD + 128 * half + 16 * g8;
       const uint4* qp = qf + (uu * 2 + half) * 8 * 32 + lane;
@@ -297,7 +301,7 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
     // Merge the unit's pairs in order into the partials: thread = (slot, dims d0 + 64 j) of each unit.
     const int slot = tid % kSlots, d0 = tid / kSlots;
     for (int uu = 0; uu < nu; ++uu) {
-      const int u = u0 + uu, g = u / C, qi = (u % C) * kSlots + slot;
+      const int u = u0 + uu, g = g0 + u / C, qi = (u % C) * kSlots + slot;
       if (qi >= rows * G) continue;
       const float2* mlu = ml + uu * P * kSlots + slot;  // pair k: mlu[k * kSlots]
       float M = -INFINITY, l = 0.f, w[kPairs];

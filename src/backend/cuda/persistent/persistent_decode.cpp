@@ -165,6 +165,7 @@ DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks) {
   t.lm_head_rows = std::max(16, round16((int64_t(c.vocab_size) + blocks - 1) / blocks));
   t.deltanet_columns = 32;
   t.attention_splits = 64;
+  t.attention_kv_heads = 1;  // a split task a KV head: 128 tasks of half the bytes
   t.combine_heads = 1;
   return t;
 }

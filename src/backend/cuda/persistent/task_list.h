@@ -41,7 +41,8 @@ struct Wait {
 struct Task {
   uint16_t op = 0;  // what to run (the kernel's opcode)
   uint16_t layer = 0;
-  uint16_t slot = 0;   // gate_up and down: the expert slot (0..k-1 routed, k the shared expert)
+  uint16_t slot = 0;   // gate_up and down: the expert slot (0..k-1 routed, k the shared expert);
+                       // attention_split: the first KV head
   uint32_t first = 0;  // the work range of the op, in its own units (rows, tiles, heads, ...)
   uint32_t count = 0;
   uint16_t row = 0;  // the step's token rows it works on, [row, row + rows) (a step of several tokens)
