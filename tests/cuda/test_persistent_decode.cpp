@@ -153,6 +153,64 @@ TEST(PersistentDecode, TheTilingFitsTheKernel) {
     }
 }
 
+QMatrix shape(int rows, int cols, int bits = 4, int batch = 1) {
+  QMatrix m;
+  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits, m.group_size = 64;
+  return m;
+}
+
+// Weights of config c's shapes in mlx's formats (no memory: the refusal reads only shapes).
+std::unique_ptr<GpuWeights> shapes_of(const ModelConfig& c) {
+  auto w = std::make_unique<GpuWeights>(c);
+  const int H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  w->embed_tokens = shape(c.vocab_size, H), w->lm_head = shape(c.vocab_size, H);
+  for (LayerKind kind : c.layer_types) {
+    GpuLayer l;
+    l.kind = kind;
+    if (kind == LayerKind::full_attention) {
+      l.attention.qkv_proj = shape(2 * c.attention_q_width() + 2 * c.attention_kv_width(), H);
+      l.attention.o_proj = shape(H, c.attention_q_width());
+    } else {
+      l.deltanet.in_proj_all = shape(c.linear_conv_dim() + c.linear_value_dim() + 2 * c.linear_num_value_heads, H);
+      l.deltanet.out_proj = shape(H, c.linear_value_dim());
+    }
+    l.moe.router = shape(E, H, 8), l.moe.shared_expert_gate = shape(1, H, 8);
+    l.moe.experts_gate = shape(I, H, 4, E), l.moe.experts_up = shape(I, H, 4, E),
+    l.moe.experts_down = shape(H, I, 4, E);
+    l.moe.shared_gate = shape(Is, H), l.moe.shared_up = shape(Is, H), l.moe.shared_down = shape(H, Is);
+    w->layers.push_back(l);
+  }
+  return w;
+}
+
+// Weights the kernel does not take are refused with the part and its layer named (the plan then
+// keeps the chain of kernels); the model's own shapes are taken.
+TEST(PersistentDecode, WeightsItDoesNotTakeAreRefused) {
+  const ModelConfig c = short_full_size(4);
+  EXPECT_EQ(persistent::persistent_decode_refusal(*shapes_of(c)), "");
+  auto refusal = [&](auto edit) {
+    auto w = shapes_of(c);
+    edit(*w);
+    return persistent::persistent_decode_refusal(*w);
+  };
+  auto names = [](const std::string& why, const std::string& part) {
+    EXPECT_NE(why.find(part), std::string::npos) << "'" << why << "' does not name '" << part << "'";
+  };
+  names(refusal([](GpuWeights& w) { w.layers[1].deltanet.in_proj_all.rows = 0; }),
+        "layer 1: the fused input projection");
+  names(refusal([](GpuWeights& w) { w.layers[3].moe.router.bits = 4; }), "layer 3: the router");
+  names(refusal([](GpuWeights& w) { w.layers[0].moe.experts_down.bits = 8; }), "layer 0: experts' down");
+  names(refusal([](GpuWeights& w) { w.layers[3].attention.o_proj.group_size = 32; }), "layer 3: the output projection");
+  names(refusal([](GpuWeights& w) { w.lm_head.bits = 8; }), "lm_head");
+  names(refusal([](GpuWeights& w) { w.embed_tokens.bits = 8; }), "embed_tokens");
+  ModelConfig wide = c;
+  wide.hidden_size = 5120;
+  names(persistent::persistent_decode_refusal(*shapes_of(wide)), "hidden size");
+  ModelConfig heads = c;
+  heads.head_dim = 128;
+  names(persistent::persistent_decode_refusal(*shapes_of(heads)), "attention");
+}
+
 TEST(PersistentDecode, LilyTinyStepsMatchTheChain) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");

@@ -126,9 +126,9 @@ std::string persistent_decode_refusal(const GpuWeights& w) {
       c.moe_intermediate_size > 4096)
     return fmt::format("expert widths {} and {}", c.moe_intermediate_size, c.shared_expert_intermediate_size);
   if (w.embed_tokens.bits != 4 || w.embed_tokens.group_size != 64) return "embed_tokens is not 4-bit group 64";
-  for (std::string why : {matrix_refusal(w.lm_head, 4, "lm_head")})
-    if (!why.empty()) return why;
-  for (const GpuLayer& l : w.layers) {
+  if (std::string why = matrix_refusal(w.lm_head, 4, "lm_head"); !why.empty()) return why;
+  for (size_t i = 0; i < w.layers.size(); ++i) {
+    const GpuLayer& l = w.layers[i];
     const bool attention = l.kind == LayerKind::full_attention;
     const QMatrix& in = attention ? l.attention.qkv_proj : l.deltanet.in_proj_all;
     const QMatrix& out = attention ? l.attention.o_proj : l.deltanet.out_proj;
@@ -139,7 +139,7 @@ std::string persistent_decode_refusal(const GpuWeights& w) {
           matrix_refusal(m.experts_gate, 4, "experts' gate"), matrix_refusal(m.experts_up, 4, "experts' up"),
           matrix_refusal(m.experts_down, 4, "experts' down"), matrix_refusal(m.shared_gate, 4, "shared gate"),
           matrix_refusal(m.shared_up, 4, "shared up"), matrix_refusal(m.shared_down, 4, "shared down")})
-      if (!why.empty()) return why;
+      if (!why.empty()) return fmt::format("layer {}: {}", i, why);
   }
   if (c.num_layers_of(LayerKind::full_attention) > 0 &&
       (c.head_dim != 256 || c.num_attention_heads % c.num_key_value_heads != 0 ||
