@@ -18,6 +18,7 @@
 #include "../model/fixture.h"
 #include "backend/cuda/persistent/decode_tasks.h"
 #include "base/error.h"
+#include "short_full_size.h"
 
 namespace lily::test {
 namespace {
@@ -35,15 +36,6 @@ std::string refusal(const TaskList& list) {
 
 ModelConfig tiny() { return load_model_config(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny"); }
 ModelConfig tiny_a() { return load_model_config(fixture_dir("tiny-a") + "/mlx-q4"); }
-
-// A config of few layers of both kinds (the full size's widths), for the exhaustive tests.
-ModelConfig short_full_size(int layers) {
-  ModelConfig c = qwen36_35b_a3b_config();
-  c.layer_types.resize(size_t(layers));
-  c.num_layers = layers;
-  c.layer_types.back() = LayerKind::full_attention;
-  return c;
-}
 
 std::vector<const Task*> all_tasks(const TaskList& l) {
   std::vector<const Task*> tasks;

@@ -20,6 +20,7 @@
 #include "backend/cuda/sequence_state.h"
 #include "cuda_test_util.h"
 #include "model/checkpoint/load.h"
+#include "short_full_size.h"
 
 namespace lily {
 namespace {
@@ -60,24 +61,6 @@ std::vector<T> download(const T* p, size_t n) {
   return v;
 }
 
-double max_abs(const std::vector<float>& v) {
-  double m = 0;
-  for (float x : v) m = std::max(m, double(std::fabs(x)));
-  return m;
-}
-
-double max_diff(const std::vector<float>& a, const std::vector<float>& b) {
-  double m = 0;
-  for (size_t i = 0; i < a.size(); ++i) m = std::max(m, double(std::fabs(a[i] - b[i])));
-  return m;
-}
-
-// max |a - b| / max |a| over two devices arrays of floats (bf16 caches: as raw bits compared equal).
-double relative_state_diff(const float* a, const float* b, size_t n) {
-  const std::vector<float> x = download(a, n), y = download(b, n);
-  return max_diff(x, y) / std::max(1e-30, max_abs(x));
-}
-
 // `steps` tokens through both paths from `filled` cached rows; every step's logits compared, then
 // the states.
 void expect_same_steps(TwoSteps& two, int64_t filled, int steps, uint32_t seed) {
@@ -92,9 +75,9 @@ void expect_same_steps(TwoSteps& two, int64_t filled, int steps, uint32_t seed) 
     const int32_t token = int32_t(rng() % uint32_t(c.vocab_size));
     const std::vector<float> want = step(*two.chain, a, token, c.vocab_size);
     const std::vector<float> got = step(*two.persistent, b, token, c.vocab_size);
-    const double bound = 2e-3 * max_abs(want), d = max_diff(want, got);
-    worst = std::max(worst, d / max_abs(want));
-    ASSERT_LE(d, bound) << "step " << i << " after " << filled << " rows";
+    const double d = test::relative_error(got, want);  // max |got - want| / max |want|
+    worst = std::max(worst, d);
+    ASSERT_LE(d, 2e-3) << "step " << i << " after " << filled << " rows";
     EXPECT_EQ(std::max_element(want.begin(), want.end()) - want.begin(),
               std::max_element(got.begin(), got.end()) - got.begin())
         << "step " << i;
@@ -116,19 +99,13 @@ void expect_same_steps(TwoSteps& two, int64_t filled, int steps, uint32_t seed) 
       EXPECT_LE(k_off, n / 50) << "k cache of attention layer " << attention - 1;
       EXPECT_LE(v_off, n / 50) << "v cache of attention layer " << attention - 1;
     } else {
-      EXPECT_LE(relative_state_diff(a.conv(deltanet), b.conv(deltanet), conv), 2e-3) << "conv state " << deltanet;
-      EXPECT_LE(relative_state_diff(a.ssm(deltanet), b.ssm(deltanet), ssm), 2e-3) << "ssm state " << deltanet;
+      EXPECT_LE(test::relative_error(download(b.conv(deltanet), conv), download(a.conv(deltanet), conv)), 2e-3)
+          << "conv state " << deltanet;
+      EXPECT_LE(test::relative_error(download(b.ssm(deltanet), ssm), download(a.ssm(deltanet), ssm)), 2e-3)
+          << "ssm state " << deltanet;
       ++deltanet;
     }
   }
-}
-
-ModelConfig short_full_size(int layers) {
-  ModelConfig c = qwen36_35b_a3b_config();
-  c.layer_types.resize(size_t(layers));
-  c.num_layers = layers;
-  c.layer_types.back() = LayerKind::full_attention;
-  return c;
 }
 
 // On the host: the tiling the kernel uses gives lists that pass the checker and fit the kernel (a
@@ -186,7 +163,7 @@ std::unique_ptr<GpuWeights> shapes_of(const ModelConfig& c) {
 // Weights the kernel does not take are refused with the part and its layer named (the plan then
 // keeps the chain of kernels); the model's own shapes are taken.
 TEST(PersistentDecode, WeightsItDoesNotTakeAreRefused) {
-  const ModelConfig c = short_full_size(4);
+  const ModelConfig c = test::short_full_size(4);
   EXPECT_EQ(persistent::persistent_decode_refusal(*shapes_of(c)), "");
   auto refusal = [&](auto edit) {
     auto w = shapes_of(c);
@@ -221,7 +198,7 @@ TEST(PersistentDecode, LilyTinyStepsMatchTheChain) {
 
 TEST(PersistentDecode, FullSizeGeometryStepsMatchTheChain) {
   REQUIRE_GPU();
-  TwoSteps two(bench::synthetic_weights(short_full_size(4), 7));
+  TwoSteps two(bench::synthetic_weights(test::short_full_size(4), 7));
   expect_same_steps(two, 0, 6, 3);
   expect_same_steps(two, 63, 3, 4);
   expect_same_steps(two, 4096, 4, 5);

@@ -2,8 +2,8 @@
 // geometry) as the chain of kernels the backend runs (its graph with programmatic edges) against
 // the persistent kernel (persistent/persistent_decode.h), at context depths. Each step is one graph
 // of the step alone (no argmax), replayed; printed: the median ms a step over 15 timed replays of
-// 16 steps each (the depth grows by those steps), tokens/s, and the GB/s of the bytes a step must move (the weights it
-// reads once, the KV cache, the DeltaNet state read and written) against the device's copy bandwidth.
+// 16 steps each (the depth grows by those steps), tokens/s, and the GB/s of the bytes a step must
+// move (runtime/cost_model.h's decode_bytes_per_token, as lily bench) against the copy bandwidth.
 //   .carry/bench/bench_persistent_step [depth ...]     (default 4096 32768 131072)
 #include <cstdio>
 #include <cstdlib>
@@ -17,6 +17,7 @@
 #include "backend/cuda/decode_step.h"
 #include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/sequence_state.h"
+#include "runtime/cost_model.h"
 
 using namespace lily;
 using namespace lily::cuda;
@@ -24,28 +25,6 @@ using namespace lily::cuda;
 namespace {
 
 constexpr int kStepsPerGraph = 16;
-
-// Bytes a step must move at `depth` cached rows: every dense matrix and lm_head once, k + 1 of E
-// experts a layer, the KV rows, the DeltaNet state twice (read and written).
-double step_bytes(const GpuWeights& w, int64_t depth) {
-  const ModelConfig& c = w.config();
-  auto bytes = [](const QMatrix& m) {
-    return double(m.batch) * m.rows * (double(m.cols) * m.bits / 8 + double(m.cols) / m.group_size * 4);
-  };
-  double b = bytes(w.lm_head);
-  for (const GpuLayer& l : w.layers) {
-    const GpuMoe& m = l.moe;
-    const double expert = (bytes(m.experts_gate) + bytes(m.experts_up) + bytes(m.experts_down)) / m.experts_gate.batch;
-    b += expert * c.num_experts_per_tok + bytes(m.shared_gate) + bytes(m.shared_up) + bytes(m.shared_down) +
-         bytes(m.router) + bytes(m.shared_expert_gate);
-    if (l.kind == LayerKind::full_attention) {
-      b += bytes(l.attention.qkv_proj) + bytes(l.attention.o_proj) + double(depth) * c.attention_kv_width() * 2 * 2;
-    } else {
-      b += bytes(l.deltanet.in_proj_all) + bytes(l.deltanet.out_proj) + 2.0 * c.linear_num_value_heads * 128 * 128 * 4;
-    }
-  }
-  return b;
-}
 
 double ms_per_step(DecodeStep& step, CudaSequenceState& s, bool programmatic, cudaStream_t stream) {
   cudaGraph_t g;
@@ -86,7 +65,7 @@ int main(int argc, char** argv) {
   for (int64_t depth : depths) {
     CudaSequenceState s(c, depth + 40 * kStepsPerGraph);
     cuda::bench::fake_fill(s, depth);
-    const double bytes = step_bytes(*w, depth);
+    const double bytes = decode_bytes_per_token(c, depth);  // what lily bench measures against
     const double a = ms_per_step(chain, s, true, stream);
     const double b = ms_per_step(persistent, s, false, stream);
     auto gbs = [&](double ms) { return bytes / (ms * 1e-3) / 1e9; };
