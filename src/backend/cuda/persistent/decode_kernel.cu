@@ -207,13 +207,22 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
 
 }  // namespace
 
-void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cudaStream_t stream) {
+namespace {
+
+// The kernel's opt-in shared memory, set once (before the first launch or occupancy query).
+void configure_kernel() {
   static const bool configured = [] {
     CUDA_CHECK(
         cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
     return true;
   }();
   (void)configured;
+}
+
+}  // namespace
+
+void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cudaStream_t stream) {
+  configure_kernel();
   CUDA_CHECK(cudaMemsetAsync(args.buf.counters, 0, size_t(counters) * 4, stream));
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(blocks));
@@ -229,9 +238,8 @@ void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cu
 }
 
 int persistent_decode_max_blocks() {
+  configure_kernel();
   int per_sm = 0;
-  CUDA_CHECK(
-      cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
   CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kScratchBytes));
   return per_sm * multiprocessor_count();
 }

@@ -30,9 +30,12 @@
 
 #include <cstdint>
 
+#include "backend/cuda/common/block_rms.cuh"
+#include "backend/cuda/common/deltanet_common.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
 #include "backend/cuda/common/route_topk.cuh"
+#include "backend/cuda/decode/moe_common.cuh"
 #include "backend/cuda/persistent/step_args.h"
 
 namespace lily::cuda::persistent {
@@ -132,8 +135,8 @@ __device__ __forceinline__ void stage(const float* x, const float* gain, float e
   __syncthreads();
 }
 
-__device__ __forceinline__ float silu(float v) { return v / (1.f + expf(-v)); }
-__device__ __forceinline__ float sigmoid(float v) { return 1.f / (1.f + expf(-v)); }
+using deltanet_detail::sigmoid;  // 1 / (1 + e^-v)
+using moe_detail::silu;          // v / (1 + e^-v), as the decode MoE's
 
 // h = embed[token]: thread i dequantizes word i of the row (8 columns of one group).
 __device__ inline void embed_task(const StepArgs& a, const DeviceTask& t) {
@@ -220,24 +223,24 @@ __device__ inline void lm_head_task(const StepArgs& a, const DeviceTask& t, Prod
 
 // x = RMSNorm(h) with the post-attention gain into s.xs; the first router task also into moe_input.
 __device__ inline void moe_norm(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  constexpr int kPer = kMaxCols / 4 / kThreads;  // float4s of h a thread
   const DeviceLayer& L = a.layers[t.layer];
-  const int H = a.dims.H;
-  float ss = 0.f;
-  for (int i = threadIdx.x; i < H; i += kThreads) {
-    const float v = __ldcg(a.buf.hidden + i);
-    s.xs[i] = v;
-    ss = fmaf(v, v, ss);
+  const int H = a.dims.H, n4 = H / 4;
+  float4 v[kPer];
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = threadIdx.x + i * kThreads;
+    v[i] = j < n4 ? __ldcg(reinterpret_cast<const float4*>(a.buf.hidden) + j) : make_float4(0.f, 0.f, 0.f, 0.f);
   }
-  ss = quant::group_sum<32>(ss);
-  if (threadIdx.x % 32 == 0) s.red[threadIdx.x / 32] = ss;
-  __syncthreads();
-  float total = 0.f;
-  for (int w = 0; w < kWarps; ++w) total += s.red[w];
-  const float inv = 1.f / sqrtf(total / float(H) + a.dims.eps);
-  for (int i = threadIdx.x; i < H; i += kThreads) {
-    const float x = s.xs[i] * inv * __ldg(L.post_norm + i);
-    s.xs[i] = x;
-    if (t.first == 0) a.buf.moe_input[i] = x;
+  const float inv = block_inv_rms<kPer, kThreads>(v, H, a.dims.eps, s.red);
+#pragma unroll
+  for (int i = 0; i < kPer; ++i) {
+    const int j = threadIdx.x + i * kThreads;
+    if (j >= n4) continue;
+    const float4 g = __ldg(reinterpret_cast<const float4*>(L.post_norm) + j);
+    const float4 x = make_float4(v[i].x * inv * g.x, v[i].y * inv * g.y, v[i].z * inv * g.z, v[i].w * inv * g.w);
+    reinterpret_cast<float4*>(s.xs)[j] = x;
+    if (t.first == 0) reinterpret_cast<float4*>(a.buf.moe_input)[j] = x;
   }
   __syncthreads();
 }
