@@ -24,13 +24,14 @@
 #include "backend/cuda/persistent/ops_attention.cuh"
 #include "backend/cuda/persistent/ops_deltanet.cuh"
 #include "backend/cuda/persistent/ops_dense.cuh"
+#include "backend/cuda/persistent/trace.cuh"
+#include "backend/cuda/persistent/weights_stage.cuh"
 
 namespace lily::cuda::persistent {
 
 namespace {
 
-constexpr uint32_t kLookaheadBytes = 192 * 1024;  // weights a block keeps in flight into L2
-constexpr uint32_t kPrefetchPiece = 32 * 1024;    // bytes a bulk prefetch instruction
+constexpr uint32_t kPrefetchPiece = 32 * 1024;  // bytes a bulk prefetch instruction
 
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
@@ -40,12 +41,6 @@ __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
 
 __device__ __forceinline__ void add_release(uint32_t* p, uint32_t v) {
   asm volatile("red.release.gpu.global.add.u32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
-}
-
-__device__ __forceinline__ uint64_t global_ns() {
-  uint64_t t;
-  asm volatile("mov.u64 %0, %globaltimer;" : "=l"(t));
-  return t;
 }
 
 // A wait that outlasts any step by far (a list or kernel bug: a counter that never fills) stops the
@@ -120,6 +115,12 @@ __device__ uint32_t prefetch_task(const StepArgs& a, const DeviceTask& t) {
   }
 }
 
+// Whether the task's weights go to shared memory (weights_stage.cuh) rather than only into L2.
+__device__ __forceinline__ bool stages_weights(const DeviceTask& t) {
+  const DecodeOp op = DecodeOp(t.op);
+  return op == DecodeOp::in_proj || op == DecodeOp::out_proj || op == DecodeOp::gate_up || op == DecodeOp::down;
+}
+
 __device__ __forceinline__ bool known(const StepArgs& a, const DeviceTask& t) {
   return t.known == kNoCounter || load_acquire(a.buf.counters + t.known) >= t.known_count;
 }
@@ -173,35 +174,43 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
   __shared__ uint32_t fetched[kMaxBlockTasks];  // bytes prefetched for each (thread 0)
   const uint32_t first = a.block_begin[blockIdx.x], n = a.block_begin[blockIdx.x + 1] - first;
   for (uint32_t i = threadIdx.x; i < n; i += kThreads) list[i] = a.tasks[first + i];
+  stage_init();
   __syncthreads();
   uint32_t ahead = 0, in_flight = 0;  // thread 0: tasks [0, ahead) prefetched; bytes of those after the current
+  uint32_t phase = 0;                 // thread 0: the weight area's next mbarrier phase
+  uint64_t* trace = a.trace ? a.trace + kTraceMarks * uint64_t(first) : nullptr;
   for (uint32_t i = 0; i < n; ++i) {
     if (threadIdx.x == 0) {
       const DeviceTask& t = list[i];
+      trace_row = trace ? trace + kTraceMarks * i : nullptr;
+      trace_mark(0);
       if (ahead == i) {  // the task's own weights, once they are known
         wait_for(a.buf.counters, t.known, t.known_count, t, i);
-        fetched[i] = prefetch_task(a, t);
+        fetched[i] = a.prefetch_own && !stages_weights(t) ? prefetch_task(a, t) : 0;
         ++ahead;
       } else {
         in_flight -= fetched[i];
       }
+      if (stages_weights(t)) issue_stage(a, t, smem + kScratchBytes, phase);
       // While the inputs are not ready: the next tasks' weights, while the budget lasts and up to
       // an expert slot whose experts are not chosen yet.
       const uint64_t start = global_ns();
       while (!ready(a.buf.counters, t)) {
-        if (ahead < n && in_flight < kLookaheadBytes && known(a, list[ahead])) {
+        if (ahead < n && in_flight < a.lookahead_bytes && known(a, list[ahead])) {
           fetched[ahead] = prefetch_task(a, list[ahead]);
           in_flight += fetched[ahead++];
         } else if (global_ns() - start > kStuckNs) {
           stuck(t, i, a.buf.counters);
         }
       }
+      trace_mark(1);
     }
     __syncthreads();
     const DeviceTask t = list[i];
     run(a, t, smem);
     __syncthreads();
     if (threadIdx.x == 0 && t.signal >= 0) add_release(a.buf.counters + t.signal, 1);
+    trace_mark(4);
   }
 }
 
@@ -209,11 +218,13 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
 
 namespace {
 
+constexpr int kDynamicBytes = kScratchBytes + kWeightBytes;
+
 // The kernel's opt-in shared memory, set once (before the first launch or occupancy query).
 void configure_kernel() {
   static const bool configured = [] {
     CUDA_CHECK(
-        cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
+        cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicBytes));
     return true;
   }();
   (void)configured;
@@ -227,7 +238,7 @@ void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cu
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kScratchBytes;
+  config.dynamicSmemBytes = kDynamicBytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;  // every block resident at once, or an error
@@ -240,7 +251,7 @@ void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cu
 int persistent_decode_max_blocks() {
   configure_kernel();
   int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kScratchBytes));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kDynamicBytes));
   return per_sm * multiprocessor_count();
 }
 

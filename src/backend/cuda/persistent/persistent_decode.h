@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/gpu_weights.h"
@@ -20,6 +21,10 @@ namespace lily::cuda::persistent {
 // projections, H and the mixer widths at most 4096, the cores' shapes (dk = dv = 128, head dim 256).
 std::string persistent_decode_refusal(const GpuWeights& w);
 
+// The most bytes a task of the tiling stages in shared memory (weights_stage.cuh): at most
+// kWeightBytes, or the step is refused.
+uint32_t staged_weight_bytes(const ModelConfig& c, const DecodeTiling& t);
+
 // The tiling for a device of `blocks` resident blocks.
 DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks);
 
@@ -32,10 +37,22 @@ class PersistentDecode {
   void record(CudaSequenceState& s, cudaStream_t stream);
 
   const DecodeTasks& tasks() const { return tasks_; }
+  // The kernel's list: block b runs flat_tasks()[block_begin()[b] .. block_begin()[b + 1]).
+  const std::vector<DeviceTask>& flat_tasks() const { return flat_; }
+  const std::vector<uint32_t>& block_begin() const { return block_begin_host_; }
+  // Steps recorded from now on write each task's begin, ready and done times (ns) into `trace`
+  // (device, [flat_tasks().size(), kTraceMarks] uint64, zeroed); nullptr stops it.
+  void trace_into(uint64_t* trace) { args_.trace = trace; }
+  // How far ahead blocks bring weights into L2 (StepArgs::lookahead_bytes, prefetch_own).
+  void prefetch(uint32_t lookahead_bytes, int own) {
+    args_.lookahead_bytes = lookahead_bytes, args_.prefetch_own = own;
+  }
 
  private:
   const GpuWeights& w_;
   DecodeTasks tasks_;
+  std::vector<DeviceTask> flat_;
+  std::vector<uint32_t> block_begin_host_;
   int blocks_ = 0;
   StepArgs args_;
   DeviceBuffer device_tasks_, block_begin_, layers_;

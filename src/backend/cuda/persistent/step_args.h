@@ -16,7 +16,9 @@ constexpr int kThreads = 512;             // every block: 16 warps
 constexpr int kMaxLayers = 64;            // SequenceArgs' arrays
 constexpr uint32_t kNoCounter = ~0u;      // DeviceTask: no wait in this slot
 constexpr int kScratchBytes = 96 * 1024;  // dynamic shared memory every op may use
+constexpr int kWeightBytes = 108 * 1024;  // after it: a task's staged weights (weights_stage.cuh)
 constexpr int kMaxBlockTasks = 320;       // tasks a block's list may hold (kept in shared memory)
+constexpr int kTraceMarks = 5;            // StepArgs::trace: times a task
 
 // One task (task_list.h's Task without what only the checker needs). At most two waits.
 struct DeviceTask {
@@ -105,6 +107,11 @@ struct StepArgs {
   Dims dims;
   StepBuffers buf;
   SequenceArgs seq;
+  // Optional, [tasks, kTraceMarks] ns (thread 0): a task's begin, inputs ready, input row staged,
+  // products done (its warp's part), done; 0 where the op has no such point.
+  uint64_t* trace = nullptr;
+  uint32_t lookahead_bytes = 192 * 1024;  // next tasks' weights a block keeps in flight into L2
+  int prefetch_own = 1;                   // 1: a task's own weights into L2 when it starts waiting
 };
 
 }  // namespace lily::cuda::persistent
