@@ -25,7 +25,6 @@
 #include "backend/cuda/persistent/ops_deltanet.cuh"
 #include "backend/cuda/persistent/ops_dense.cuh"
 #include "backend/cuda/persistent/trace.cuh"
-#include "backend/cuda/persistent/weights_stage.cuh"
 
 namespace lily::cuda::persistent {
 
@@ -115,12 +114,6 @@ __device__ uint32_t prefetch_task(const StepArgs& a, const DeviceTask& t) {
   }
 }
 
-// Whether the task's weights go to shared memory (weights_stage.cuh) rather than only into L2.
-__device__ __forceinline__ bool stages_weights(const DeviceTask& t) {
-  const DecodeOp op = DecodeOp(t.op);
-  return op == DecodeOp::in_proj || op == DecodeOp::out_proj || op == DecodeOp::gate_up || op == DecodeOp::down;
-}
-
 __device__ __forceinline__ bool known(const StepArgs& a, const DeviceTask& t) {
   return t.known == kNoCounter || load_acquire(a.buf.counters + t.known) >= t.known_count;
 }
@@ -174,10 +167,8 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
   __shared__ uint32_t fetched[kMaxBlockTasks];  // bytes prefetched for each (thread 0)
   const uint32_t first = a.block_begin[blockIdx.x], n = a.block_begin[blockIdx.x + 1] - first;
   for (uint32_t i = threadIdx.x; i < n; i += kThreads) list[i] = a.tasks[first + i];
-  stage_init();
   __syncthreads();
   uint32_t ahead = 0, in_flight = 0;  // thread 0: tasks [0, ahead) prefetched; bytes of those after the current
-  uint32_t phase = 0;                 // thread 0: the weight area's next mbarrier phase
   uint64_t* trace = a.trace ? a.trace + kTraceMarks * uint64_t(first) : nullptr;
   for (uint32_t i = 0; i < n; ++i) {
     if (threadIdx.x == 0) {
@@ -186,12 +177,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
       trace_mark(0);
       if (ahead == i) {  // the task's own weights, once they are known
         wait_for(a.buf.counters, t.known, t.known_count, t, i);
-        fetched[i] = a.prefetch_own && !stages_weights(t) ? prefetch_task(a, t) : 0;
+        fetched[i] = a.prefetch_own ? prefetch_task(a, t) : 0;
         ++ahead;
       } else {
         in_flight -= fetched[i];
       }
-      if (stages_weights(t)) issue_stage(a, t, smem + kScratchBytes, phase);
       // While the inputs are not ready: the next tasks' weights, while the budget lasts and up to
       // an expert slot whose experts are not chosen yet.
       const uint64_t start = global_ns();
@@ -218,13 +208,11 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
 
 namespace {
 
-constexpr int kDynamicBytes = kScratchBytes + kWeightBytes;
-
 // The kernel's opt-in shared memory, set once (before the first launch or occupancy query).
 void configure_kernel() {
   static const bool configured = [] {
     CUDA_CHECK(
-        cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kDynamicBytes));
+        cudaFuncSetAttribute(persistent_decode_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kScratchBytes));
     return true;
   }();
   (void)configured;
@@ -238,7 +226,7 @@ void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cu
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(blocks));
   config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = kDynamicBytes;
+  config.dynamicSmemBytes = kScratchBytes;
   config.stream = stream;
   cudaLaunchAttribute attribute[1];
   attribute[0].id = cudaLaunchAttributeCooperative;  // every block resident at once, or an error
@@ -251,7 +239,7 @@ void launch_persistent_decode(const StepArgs& args, int blocks, int counters, cu
 int persistent_decode_max_blocks() {
   configure_kernel();
   int per_sm = 0;
-  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kDynamicBytes));
+  CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, persistent_decode_kernel, kThreads, kScratchBytes));
   return per_sm * multiprocessor_count();
 }
 

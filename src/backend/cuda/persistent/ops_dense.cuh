@@ -38,7 +38,6 @@
 #include "backend/cuda/decode/moe_common.cuh"
 #include "backend/cuda/persistent/step_args.h"
 #include "backend/cuda/persistent/trace.cuh"
-#include "backend/cuda/persistent/weights_stage.cuh"
 
 namespace lily::cuda::persistent {
 
@@ -59,40 +58,29 @@ struct ProductScratch {
 };
 static_assert(sizeof(ProductScratch) <= size_t(kScratchBytes), "ProductScratch fits the scratch");
 
-__device__ __forceinline__ Rows rows_of(const DeviceMatrix& m, int entry = 0) {
-  return global_rows(WeightPart{&m, entry, 0, m.rows});
-}
+// One 4-bit matrix's rows as the tile loads take them.
+struct Rows {
+  const uint4* codes;
+  const uint16_t* scales;
+  const uint16_t* biases;
+  int cpr;  // 16-byte chunks a row
+};
 
-// load_tile's loads from rows staged in shared memory (weights_stage.cuh: the same layout as the
-// matrix's, row 0 the task's first).
-template <int NPAIR>
-__device__ __forceinline__ void load_tile_staged(quant_mma::TileLoad<NPAIR>& t, const Rows& M, int64_t row_g,
-                                                 int64_t row_g8, int pair0) {
-  const int t4 = threadIdx.x % 4, cpr = M.cpr, gpr = cpr / 2;
-  auto bf16 = [](uint16_t v) { return __uint_as_float(uint32_t(v) << 16); };
-#pragma unroll
-  for (int p = 0; p < NPAIR; ++p) {
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
-      const bool ok = chunk < cpr;
-      t.q[p][b][0] = ok ? M.codes[row_g * cpr + chunk] : make_uint4(0, 0, 0, 0);
-      t.q[p][b][1] = ok ? M.codes[row_g8 * cpr + chunk] : make_uint4(0, 0, 0, 0);
-    }
-    const int grp = 4 * (pair0 + p) + t4;
-    const bool ok = grp < gpr;
-    t.scale[p][0] = ok ? bf16(M.scales[row_g * gpr + grp]) : 0.f;
-    t.scale[p][1] = ok ? bf16(M.scales[row_g8 * gpr + grp]) : 0.f;
-    t.bias[p][0] = ok ? bf16(M.biases[row_g * gpr + grp]) : 0.f;
-    t.bias[p][1] = ok ? bf16(M.biases[row_g8 * gpr + grp]) : 0.f;
-  }
+__device__ __forceinline__ Rows rows_of(const DeviceMatrix& m, int entry = 0) {
+  const int64_t words = int64_t(m.cols) * m.bits / 32, groups = m.cols / 64;
+  Rows r;
+  r.codes = reinterpret_cast<const uint4*>(m.codes + int64_t(entry) * m.rows * words);
+  r.scales = m.scales + int64_t(entry) * m.rows * groups;
+  r.biases = m.biases + int64_t(entry) * m.rows * groups;
+  r.cpr = int(words / 4);
+  return r;
 }
 
 // out(i, y) for i in [0, n): y = row r0 + i of A (i < nA) or row r0 + i - nA of B, times the staged
 // input row (stage_input_row's fragments). Tiles of 16 rows never mix A and B (nA a multiple of 16,
 // or B empty). Each tile's pairs of 256 columns are split over `ksplit` warps when there are fewer
-// tiles than warps; their parts are summed in warp order. STAGED: A and B are in shared memory.
-template <bool STAGED = false, class Out>
+// tiles than warps; their parts are summed in warp order.
+template <class Out>
 __device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows& B, int n, int r0, ProductScratch& s,
                                                Out out) {
   using namespace quant_mma;
@@ -111,8 +99,7 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows
     float y_g = 0.f, y_g8 = 0.f;
     for (int p = part * per; p < (part + 1) * per && p < pairs; p += kStep) {
       TileLoad<kStep> t;
-      if constexpr (STAGED) load_tile_staged<kStep>(t, M, row_g, row_g8, p);
-      else load_tile<kStep>(t, M.codes, M.scales, M.biases, row_g, row_g8, M.cpr, p);
+      load_tile<kStep>(t, M.codes, M.scales, M.biases, row_g, row_g8, M.cpr, p);
       dot_tile<kStep>(t, s.frag, s.group_sum, s.zero, M.cpr, p, y_g, y_g8);
     }
     if (u == 0) trace_mark(3);
@@ -138,20 +125,9 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows
   }
 }
 
-template <bool STAGED = false, class Out>
+template <class Out>
 __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, ProductScratch& s, Out out) {
-  block_rows_dot<STAGED>(A, n, A, n, r0, s, out);
-}
-
-// The task's staged parts (weights_stage.cuh), once they are in shared memory (every thread).
-template <int N>
-__device__ __forceinline__ void staged_parts(const StepArgs& a, const DeviceTask& t, const unsigned char* scratch,
-                                             Rows (&r)[N]) {
-  WeightPart p[2];
-  weight_parts(a, t, p);
-  unsigned char* at = const_cast<unsigned char*>(scratch) + kScratchBytes;
-  wait_stage();
-  for (int j = 0; j < N; ++j) r[j] = staged_rows(p[j], at);
+  block_rows_dot(A, n, A, n, r0, s, out);
 }
 
 // The input row x [cols] (NORM: RMSNorm with gain) staged for block_rows_dot; x read through L2.
@@ -200,9 +176,7 @@ __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, Prod
   float* out = a.buf.proj + t.first;
   const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128;
   float* state = a.seq.conv[t.layer];
-  Rows W[1];
-  staged_parts(a, t, reinterpret_cast<const unsigned char*>(&s), W);
-  block_rows_dot<true>(W[0], int(t.count), 0, s, [&](int i, float y) {
+  block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) {
     const int c = int(t.first) + i;
     out[i] = c < C ? conv_channel(a, L, state, C, c, y) : y;
   });
@@ -241,9 +215,7 @@ __device__ inline void out_proj_task(const StepArgs& a, const DeviceTask& t, Pro
   if (L.attention) stage<false>(a.buf.mixer, nullptr, 0.f, L.out_proj.cols, s);
   else stage_gated_norm(a, L, L.out_proj.cols, s);
   float* h = a.buf.hidden + t.first;
-  Rows W[1];
-  staged_parts(a, t, reinterpret_cast<const unsigned char*>(&s), W);
-  block_rows_dot<true>(W[0], int(t.count), 0, s, [&](int i, float y) { h[i] = __ldcg(h + i) + y; });
+  block_rows_dot(rows_of(L.out_proj), int(t.count), int(t.first), s, [&](int i, float y) { h[i] = __ldcg(h + i) + y; });
 }
 
 // logits[r] = RMSNorm(h) . lm_head[r]
@@ -318,15 +290,21 @@ __device__ inline void top_k_task(const StepArgs& a, ProductScratch& s) {
   }
 }
 
+// Slot t.slot's expert (-1: an empty slot; the shared expert is slot U).
+__device__ __forceinline__ int slot_expert(const StepArgs& a, const DeviceTask& t) {
+  return t.slot == a.dims.slots ? -2 : __ldcg(a.buf.slot_ids + t.slot);
+}
+
 // act[s][r] = silu(G[r] . x) * (U[r] . x) for the task's rows of slot s's expert.
 __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
   const int e = slot_expert(a, t);
   if (e == -1) return;
   stage<false>(a.buf.moe_input, nullptr, 0.f, a.dims.H, s);
-  Rows GU[2];  // G's rows, then U's
-  staged_parts(a, t, reinterpret_cast<const unsigned char*>(&s), GU);
+  const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
+  const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
   const int n = int(t.count);
-  block_rows_dot<true>(GU[0], n, GU[1], 2 * n, 0, s, [&](int i, float y) { s.out[i / n][i % n] = y; });
+  block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
   __syncthreads();
   float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
   for (int i = threadIdx.x; i < n; i += kThreads) act[i] = silu(s.out[0][i]) * s.out[1][i];
@@ -334,14 +312,14 @@ __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, Prod
 
 // h[r] += w D[r] . act[s] for the task's rows of h.
 __device__ inline void down_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
   const int e = slot_expert(a, t);
   if (e == -1) return;
   const float w = e < 0 ? sigmoid(__ldcg(a.buf.router_logits + a.dims.E)) : __ldcg(a.buf.slot_weights + t.slot);
   stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, 0.f, a.dims.I, s);
-  Rows D[1];
-  staged_parts(a, t, reinterpret_cast<const unsigned char*>(&s), D);
+  const Rows D = e < 0 ? rows_of(L.shared_down) : rows_of(L.down, e);
   float* h = a.buf.hidden + t.first;
-  block_rows_dot<true>(D[0], int(t.count), 0, s, [&](int i, float y) { atomicAdd(h + i, w * y); });
+  block_rows_dot(D, int(t.count), int(t.first), s, [&](int i, float y) { atomicAdd(h + i, w * y); });
 }
 
 }  // namespace lily::cuda::persistent

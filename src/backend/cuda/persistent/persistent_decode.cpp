@@ -26,8 +26,7 @@ DeviceMatrix device_matrix(const QMatrix& m) {
 // "" when m is `bits`-bit group 64 with a multiple of 256 columns (whole pairs of the tile loads)
 // up to 4096, else what is wrong.
 std::string matrix_refusal(const QMatrix& m, int bits, const char* what) {
-  if (m.rows <= 0 || m.bits != bits || m.group_size != 64 || m.cols % 64 != 0 || m.cols > 4096 || !aligned16(m.codes) ||
-      !aligned16(m.scales) || !aligned16(m.biases))
+  if (m.rows <= 0 || m.bits != bits || m.group_size != 64 || m.cols % 64 != 0 || m.cols > 4096 || !aligned16(m.codes))
     return fmt::format("{} is [{}, {}] q{} group {} (wanted q{} group 64, at most 4096 columns)", what, m.rows, m.cols,
                        m.bits, m.group_size, bits);
   return "";
@@ -154,16 +153,6 @@ std::string persistent_decode_refusal(const GpuWeights& w) {
   return "";
 }
 
-uint32_t staged_weight_bytes(const ModelConfig& c, const DecodeTiling& t) {
-  // A 4-bit row of `cols` columns: its codes, scales and biases.
-  auto row = [](int64_t cols) { return cols / 2 + cols / 64 * 4; };
-  const int64_t H = c.hidden_size, I = c.moe_intermediate_size;
-  const int64_t mixer = std::max<int64_t>(int64_t(c.num_attention_heads) * c.head_dim,
-                                          int64_t(c.linear_num_value_heads) * c.linear_value_head_dim);
-  return uint32_t(std::max(
-      {t.in_proj_rows * row(H), t.out_proj_rows * row(mixer), 2 * t.expert_rows * row(H), t.down_rows * row(I)}));
-}
-
 DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks) {
   auto round16 = [](int64_t n) { return int((n + 15) / 16 * 16); };
   DecodeTiling t;
@@ -189,9 +178,6 @@ PersistentDecode::PersistentDecode(const GpuWeights& w, const DecodeTiling& tili
   LILY_CHECK(tiling.blocks <= persistent_decode_max_blocks(), "persistent decode: {} blocks, {} fit at once",
              tiling.blocks, persistent_decode_max_blocks());
   check_task_list(tasks_.list);
-  LILY_CHECK(staged_weight_bytes(c, tiling) <= uint32_t(kWeightBytes),
-             "persistent decode: a task's weights take {} bytes, the shared-memory area holds {}",
-             staged_weight_bytes(c, tiling), kWeightBytes);
   blocks_ = tiling.blocks;
 
   const Dims dims = dims_of(c, tasks_, tiling.attention_splits);

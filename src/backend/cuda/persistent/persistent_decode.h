@@ -21,10 +21,6 @@ namespace lily::cuda::persistent {
 // projections, H and the mixer widths at most 4096, the cores' shapes (dk = dv = 128, head dim 256).
 std::string persistent_decode_refusal(const GpuWeights& w);
 
-// The most bytes a task of the tiling stages in shared memory (weights_stage.cuh): at most
-// kWeightBytes, or the step is refused.
-uint32_t staged_weight_bytes(const ModelConfig& c, const DecodeTiling& t);
-
 // The tiling for a device of `blocks` resident blocks.
 DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks);
 

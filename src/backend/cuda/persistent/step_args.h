@@ -16,7 +16,6 @@ constexpr int kThreads = 512;             // every block: 16 warps
 constexpr int kMaxLayers = 64;            // SequenceArgs' arrays
 constexpr uint32_t kNoCounter = ~0u;      // DeviceTask: no wait in this slot
 constexpr int kScratchBytes = 96 * 1024;  // dynamic shared memory every op may use
-constexpr int kWeightBytes = 108 * 1024;  // after it: a task's staged weights (weights_stage.cuh)
 constexpr int kMaxBlockTasks = 320;       // tasks a block's list may hold (kept in shared memory)
 constexpr int kTraceMarks = 5;            // StepArgs::trace: times a task
 
