@@ -54,11 +54,14 @@ __host__ __device__ constexpr int pairs_per_warp(int pairs, int warps, int step)
 __host__ __device__ constexpr int fragment_uint4s(int cols) { return cols / 32 * 2 * kFragU4PerChunk; }
 
 // Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers.
+// (w >> 4j & 0x000F000F) | 128.0 is one lop3 with the mask as its immediate and the magic in a
+// register (written in C, the two constants made it two instructions, ncu 2026-12-03).
 __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
   constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves; 128 + q is exact
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
-    const uint32_t v = ((w >> (4 * j)) & 0x000F000Fu) | kMagic;
+    uint32_t v;
+    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * j)), "n"(0x000F000Fu), "r"(kMagic));
     asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
   }
 }
