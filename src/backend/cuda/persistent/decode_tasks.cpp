@@ -269,6 +269,13 @@ class Builder {
     return done;
   }
 
+  // The expert slots, the shared expert's (U) first.
+  std::vector<uint64_t> shared_first() const {
+    std::vector<uint64_t> order = {slots_};
+    for (uint64_t slot = 0; slot < slots_; ++slot) order.push_back(slot);
+    return order;
+  }
+
   // The MoE after out_proj; returns the wait for h with every slot's down added.
   Wait moe(int l, Wait h_ready) {
     const std::string at = fmt::format("layer {} ", l);
@@ -288,11 +295,13 @@ class Builder {
     add(DecodeOp::top_k, l, 0, 1, at + "top_k", {all_of(routed)}, chosen, std::move(top_k_use));
     // Slots 0..U-1: the union of the rows' experts; slot U: the shared expert (needs x, from the
     // routers, not the choice). A slot's gate/up writes act[slot][t] of every row (those that chose its expert).
-    std::vector<int32_t> acted;
-    for (uint64_t slot = 0; slot <= slots_; ++slot) {
+    // The shared expert's tasks are dealt first: they are ready a hop earlier (no top-k), so the
+    // blocks that hold them run them while the top-k runs, ahead of their routed tasks.
+    std::vector<int32_t> acted(slots_ + 1);
+    for (uint64_t slot : shared_first()) {
       const bool shared = slot == slots_;
       const int32_t act = counter();
-      acted.push_back(act);
+      acted[slot] = act;
       tiles(s_.I, t_.expert_rows, [&](uint64_t r, uint64_t e) {
         std::vector<Access> use = {read(kMoeInput, 0, T_ * s_.H * 4)};
         each_row(use, Access::Kind::write, kAct, s_.I * 4, slot * act_slot + r * 4, slot * act_slot + e * 4);
@@ -302,7 +311,7 @@ class Builder {
             .slot = uint16_t(slot);
       });
     }
-    for (uint64_t slot = 0; slot <= slots_; ++slot) {
+    for (uint64_t slot : shared_first()) {
       const bool shared = slot == slots_;
       const Wait act = all_of(acted[slot]);
       tiles(s_.H, t_.down_rows, [&](uint64_t r, uint64_t e) {

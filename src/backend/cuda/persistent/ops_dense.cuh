@@ -188,19 +188,29 @@ __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, Prod
 __device__ inline void stage_gated_norm(const StepArgs& a, const DeviceLayer& L, int cols, ProductScratch& s) {
   const int c0 = 8 * threadIdx.x, C = (2 * a.dims.Hk + a.dims.Hv) * 128;
   const bool mine = c0 < cols;
-  float o[8], z[8], ss = 0.f;
+  // Two float4 loads an array (a warp's loads cover its 1 KB of o and of z once; eight scalar
+  // loads through L2 fetched each line eight times).
+  float o[8], z[8], w[8], ss = 0.f;
+  auto load8 = [&](const float* p, float(&v)[8], bool l2) {
+    const float4 x0 = !mine ? make_float4(0.f, 0.f, 0.f, 0.f)
+                      : l2  ? __ldcg(reinterpret_cast<const float4*>(p))
+                            : __ldg(reinterpret_cast<const float4*>(p));
+    const float4 x1 = !mine ? make_float4(0.f, 0.f, 0.f, 0.f)
+                      : l2  ? __ldcg(reinterpret_cast<const float4*>(p) + 1)
+                            : __ldg(reinterpret_cast<const float4*>(p) + 1);
+    v[0] = x0.x, v[1] = x0.y, v[2] = x0.z, v[3] = x0.w, v[4] = x1.x, v[5] = x1.y, v[6] = x1.z, v[7] = x1.w;
+  };
+  load8(a.buf.mixer + c0, o, true);
+  load8(a.buf.proj + C + c0, z, true);
+  load8(L.gated_norm + c0 % 128, w, false);
 #pragma unroll
-  for (int j = 0; j < 8; ++j) {
-    o[j] = mine ? __ldcg(a.buf.mixer + c0 + j) : 0.f;
-    z[j] = mine ? __ldcg(a.buf.proj + C + c0 + j) : 0.f;
-    ss = fmaf(o[j], o[j], ss);
-  }
+  for (int j = 0; j < 8; ++j) ss = fmaf(o[j], o[j], ss);
 #pragma unroll
   for (int m = 1; m < 16; m *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
   const float inv = 1.f / sqrtf(ss / 128.f + a.dims.eps);
   if (mine)
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s.xs[c0 + j] = __ldg(L.gated_norm + (c0 + j) % 128) * (o[j] * inv) * silu(z[j]);
+    for (int j = 0; j < 8; ++j) s.xs[c0 + j] = w[j] * (o[j] * inv) * silu(z[j]);
   if (threadIdx.x < quant_mma::kFragU4PerChunk) s.zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   quant_mma::stage_x_fragments<1>(s.xs, cols, s.frag, s.group_sum);
