@@ -66,8 +66,17 @@ __device__ __forceinline__ int warp_route_next(float (&v)[kRouteMaxExperts / 32]
 
 // Every lane of the warp calls it: the router logits [E] into logits_s (shared memory), read
 // through L2 (an earlier kernel of the step wrote them; this SM's L1 may hold an older step's).
+// All of a lane's loads are issued before its stores: a store between them (logits_s may alias
+// logits, for all the compiler knows) made each load wait for the one before, eight L2 round
+// trips in a row (the persistent step's trace, 2026-12-03).
 __device__ __forceinline__ void warp_load_logits(const float* logits, int E, float* logits_s) {
-  for (int j = threadIdx.x % 32; j < E; j += 32) logits_s[j] = __ldcg(logits + j);
+  const int lane = threadIdx.x % 32;
+  float v[kRouteMaxExperts / 32];
+#pragma unroll
+  for (int j = 0; j < kRouteMaxExperts / 32; ++j) v[j] = lane + 32 * j < E ? __ldcg(logits + lane + 32 * j) : 0.f;
+#pragma unroll
+  for (int j = 0; j < kRouteMaxExperts / 32; ++j)
+    if (lane + 32 * j < E) logits_s[lane + 32 * j] = v[j];
   __syncwarp();
 }
 
