@@ -52,7 +52,7 @@ struct ProductScratch {
   uint4 zero[quant_mma::kFragU4PerChunk];
   float red[kWarps];
   float parts[kWarps * 256];  // k-split partial sums: [part][row], at most 256 rows when split
-  float y[kMaxDotRows];       // rows_dot's output
+  float out[2][256];          // gate_up: the G and U rows of the task
   int32_t ids[8];             // top_k
   float weights[8];
 };
@@ -76,14 +76,13 @@ __device__ __forceinline__ Rows rows_of(const DeviceMatrix& m, int entry = 0) {
   return r;
 }
 
-// s.y[i] for i in [0, n) (n <= kMaxDotRows): row r0 + i of A (i < nA) or row r0 + i - nA of B, times
-// the staged input row (stage_input_row's fragments); s.y is complete when it returns. Tiles of 16
-// rows never mix A and B (nA a multiple of 16, or B empty). Each tile's pairs of 256 columns are
-// split over `ksplit` warps when there are fewer tiles than warps; their parts are summed in warp
-// order. Not inlined: one copy of the product code serves every op, and it stays in the instruction
-// cache as the ops alternate (inlined into each op, five copies missed it: ncu's no-instruction
-// stalls were 14% of in_proj's samples).
-__device__ __noinline__ void rows_dot(const Rows A, int nA, const Rows B, int n, int r0, ProductScratch& s) {
+// out(i, y) for i in [0, n): y = row r0 + i of A (i < nA) or row r0 + i - nA of B, times the staged
+// input row (stage_input_row's fragments). Tiles of 16 rows never mix A and B (nA a multiple of 16,
+// or B empty). Each tile's pairs of 256 columns are split over `ksplit` warps when there are fewer
+// tiles than warps; their parts are summed in warp order.
+template <class Out>
+__device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows& B, int n, int r0, ProductScratch& s,
+                                               Out out) {
   using namespace quant_mma;
   constexpr int kStep = 2;  // pairs loaded together
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4;
@@ -107,31 +106,28 @@ __device__ __noinline__ void rows_dot(const Rows A, int nA, const Rows B, int n,
     y_g = quad_sum(y_g), y_g8 = quad_sum(y_g8);
     if (t4 == 0) {
       const int a = 16 * tile + g, b = a + 8;
-      float* dst = ksplit == 1 ? s.y : s.parts + part * 256;
-      if (a < n) dst[a] = y_g;
-      if (b < n) dst[b] = y_g8;
+      if (ksplit == 1) {
+        if (a < n) out(a, y_g);
+        if (b < n) out(b, y_g8);
+      } else {
+        if (a < n) s.parts[part * 256 + a] = y_g;
+        if (b < n) s.parts[part * 256 + b] = y_g8;
+      }
     }
   }
-  __syncthreads();
   if (ksplit > 1) {
+    __syncthreads();
     for (int i = threadIdx.x; i < n; i += kThreads) {
       float y = 0.f;
       for (int part = 0; part < ksplit; ++part) y += s.parts[part * 256 + i];
-      s.y[i] = y;
+      out(i, y);
     }
-    __syncthreads();
   }
 }
 
-// out(i, y) for the n rows of A from r0 (rows_dot, in calls of at most kMaxDotRows).
 template <class Out>
 __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, ProductScratch& s, Out out) {
-  for (int c0 = 0; c0 < n; c0 += kMaxDotRows) {
-    const int m = min(kMaxDotRows, n - c0);
-    rows_dot(A, m, A, m, r0 + c0, s);
-    for (int i = threadIdx.x; i < m; i += kThreads) out(c0 + i, s.y[i]);
-    if (c0 + kMaxDotRows < n) __syncthreads();  // the next call rewrites s.y
-  }
+  block_rows_dot(A, n, A, n, r0, s, out);
 }
 
 // The input row x [cols] (NORM: RMSNorm with gain) staged for block_rows_dot; x read through L2.
@@ -276,7 +272,6 @@ __device__ inline void router_task(const StepArgs& a, const DeviceTask& t, Produ
     const int64_t row = r < E ? r : 0;
     const uint4* codes = reinterpret_cast<const uint4*>(m.codes) + row * cpr;
     float acc = 0.f;
-#pragma unroll 4  // a row's chunks: H / 16 / 32 = 4 a lane for the model, their loads issued together
     for (int c = lane; c < cpr; c += 32) {
       const uint4 q = quant::load_codes(codes + c);
       float x[16];
@@ -319,9 +314,10 @@ __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, Prod
   const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
   const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
   const int n = int(t.count);
-  rows_dot(G, n, U, 2 * n, int(t.first), s);  // s.y: the G rows, then the U rows
+  block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
+  __syncthreads();
   float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
-  for (int i = threadIdx.x; i < n; i += kThreads) act[i] = silu(s.y[i]) * s.y[n + i];
+  for (int i = threadIdx.x; i < n; i += kThreads) act[i] = silu(s.out[0][i]) * s.out[1][i];
 }
 
 // h[r] += w D[r] . act[s] for the task's rows of h.

@@ -178,8 +178,6 @@ PersistentDecode::PersistentDecode(const GpuWeights& w, const DecodeTiling& tili
   LILY_CHECK(tiling.blocks <= persistent_decode_max_blocks(), "persistent decode: {} blocks, {} fit at once",
              tiling.blocks, persistent_decode_max_blocks());
   check_task_list(tasks_.list);
-  LILY_CHECK(2 * tiling.expert_rows <= kMaxDotRows, "persistent decode: gate/up tasks of {} rows (at most {})",
-             tiling.expert_rows, kMaxDotRows / 2);
   blocks_ = tiling.blocks;
 
   const Dims dims = dims_of(c, tasks_, tiling.attention_splits);

@@ -18,7 +18,6 @@ constexpr uint32_t kNoCounter = ~0u;      // DeviceTask: no wait in this slot
 constexpr int kScratchBytes = 96 * 1024;  // dynamic shared memory every op may use
 constexpr int kMaxBlockTasks = 320;       // tasks a block's list may hold (kept in shared memory)
 constexpr int kTraceMarks = 5;            // StepArgs::trace: times a task
-constexpr int kMaxDotRows = 256;          // rows of one product call (ops_dense.cuh: a gate/up task's G and U)
 
 // One task (task_list.h's Task without what only the checker needs). At most two waits.
 struct DeviceTask {
