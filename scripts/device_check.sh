@@ -108,7 +108,7 @@ run_persistent() {
 
 run_kernels() {
   timeout ${NCU_TIMEOUT:-150} ncu --profile-from-start off --clock-control none --graph-profiling node \
-    --metrics gpu__time_duration.sum --csv .carry/lily bench --synthetic --prefill-lengths "" \
+    --metrics gpu__time_duration.sum --csv .carry/lily bench --synthetic --prefill-lengths none \
     --decode-depths "${DEPTH:-4096}" --decode-tokens 2 --repeats 1 > "$OUT/ncu_decode.csv" 2>&1
   python3 tools/ncu_summary.py "$OUT/ncu_decode.csv" --steps 2 --templates | tee "$OUT/ncu_decode.txt" | head -20
 }
@@ -116,7 +116,7 @@ run_kernels() {
 run_timeline() {
   command -v nsys > /dev/null || { echo "timeline: nsys not found"; return; }
   timeout ${NSYS_TIMEOUT:-150} nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -f true \
-    -o "$OUT/step" .carry/lily bench --synthetic --prefill-lengths "" --decode-depths "${DEPTH:-4096}" \
+    -o "$OUT/step" .carry/lily bench --synthetic --prefill-lengths none --decode-depths "${DEPTH:-4096}" \
     --decode-tokens 8 --repeats 1 > "$OUT/nsys.log" 2>&1
   nsys stats --report cuda_gpu_trace --format csv --output "$OUT/step" "$OUT/step.nsys-rep" >> "$OUT/nsys.log" 2>&1
   python3 tools/nsys_timeline.py "$OUT/step_cuda_gpu_trace.csv" --steps 8 | tee "$OUT/timeline.txt" | head -24

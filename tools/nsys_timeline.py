@@ -5,7 +5,7 @@ shows what each costs inside the overlapped step and how much time sits between 
 
 Usage (GPU machine; scripts/device_check.sh PHASES=timeline does this):
   nsys profile --capture-range=cudaProfilerApi --cuda-graph-trace=node -o step \
-      lily bench --synthetic --prefill-lengths "" --decode-depths 4096 --decode-tokens 8 --repeats 1
+      lily bench --synthetic --prefill-lengths none --decode-depths 4096 --decode-tokens 8 --repeats 1
   nsys stats --report cuda_gpu_trace --format csv --output step step.nsys-rep
   python3 tools/nsys_timeline.py step_cuda_gpu_trace.csv --steps 8
 

@@ -108,6 +108,7 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
                                double peak_flops) {
   const ModelConfig& c = backend.config();
   std::vector<Row> rows;
+  if (lengths.empty()) return rows;
   std::vector<float> logits;
   {  // warm-up: module load, graph and scratch set-up (the page cache, on the CPU)
     auto s = backend.new_sequence(512);
@@ -302,7 +303,8 @@ int run_bench(BenchArgs a) {
   if (a.decode_depths.empty()) a.decode_depths = on_gpu ? kGpuLengths : kCpuLengths;
   if (a.decode_tokens == 0) a.decode_tokens = on_gpu ? kGpuDecodeTokens : kCpuDecodeTokens;
   std::vector<int32_t> prefill_lengths, decode_depths;
-  for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
+  if (a.prefill_lengths != "none")  // none: decode only (under a profiler, say)
+    for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
   const bool generate_loop = a.decode_loop == "generate";
@@ -411,8 +413,8 @@ CommandRegistration bench_command{
        sub.add_flag("--synthetic", a->synthetic,
                     "Full-size Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU");
        sub.add_option("--prefill-lengths", a->prefill_lengths,
-                      fmt::format("Prompt lengths, comma separated (default: {} on a GPU, {} on the CPU)", kGpuLengths,
-                                  kCpuLengths));
+                      fmt::format("Prompt lengths, comma separated, or none (default: {} on a GPU, {} on the CPU)",
+                                  kGpuLengths, kCpuLengths));
        sub.add_option("--decode-depths", a->decode_depths,
                       "Context depths for decode, comma separated (default: as --prefill-lengths)");
        sub.add_option("--decode-tokens", a->decode_tokens,

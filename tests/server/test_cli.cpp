@@ -73,6 +73,18 @@ TEST(Cli, BenchOnTheCpuStatesSpeedAgainstMeasuredCeilings) {
   }
 }
 
+// --prefill-lengths none: decode rows only (what a profiler of the decode step runs).
+TEST(Cli, BenchWithoutPrefillRunsDecodeOnly) {
+  const std::string cmd = std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR +
+                          "/models/lily-tiny --backend cpu --json --prefill-lengths none --decode-depths 8,16 "
+                          "--decode-tokens 2 --repeats 1 2>/dev/null";
+  auto [status, out] = run(cmd);
+  ASSERT_EQ(status, 0) << out;
+  const auto j = nlohmann::json::parse(out);
+  ASSERT_EQ(j["rows"].size(), 2u) << out;
+  for (const auto& row : j["rows"]) EXPECT_EQ(row["kind"], "decode") << out;
+}
+
 TEST(Cli, regression_serve_port_range_17) {
   auto [status, out] = run(std::string(LILY_BINARY) + " serve -m " + kModel + " --port 99999 2>&1");
   EXPECT_NE(status, 0);
