@@ -14,6 +14,7 @@ later of its block's previous task and the last producer of the counter it waite
 """
 import argparse
 import csv
+import signal
 from collections import defaultdict
 
 
@@ -124,6 +125,7 @@ def critical_path(rows, limit):
 
 
 def main():
+    signal.signal(signal.SIGPIPE, signal.SIG_DFL)  # quiet when piped into head
     ap = argparse.ArgumentParser()
     ap.add_argument("csv")
     ap.add_argument("--layers", type=int, default=6)
