@@ -8,7 +8,6 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstring>
 #include <random>
 
 #include "backend/backend.h"
@@ -19,6 +18,7 @@
 #include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/persistent/persistent_decode.h"
 #include "backend/cuda/sequence_state.h"
+#include "base/bf16.h"
 #include "cuda_test_util.h"
 #include "model/checkpoint/load.h"
 #include "short_full_size.h"
@@ -62,12 +62,11 @@ std::vector<T> download(const T* p, size_t n) {
   return v;
 }
 
-std::vector<float> bf16_floats(const std::vector<uint16_t>& bits) {
-  std::vector<float> f(bits.size());
-  for (size_t i = 0; i < bits.size(); ++i) {
-    const uint32_t u = uint32_t(bits[i]) << 16;
-    std::memcpy(&f[i], &u, 4);
-  }
+// n bf16 values of a cache on the device, as floats.
+std::vector<float> cache_floats(const bf16* p, size_t n) {
+  const std::vector<bf16> v = download(p, n);
+  std::vector<float> f(n);
+  for (size_t i = 0; i < n; ++i) f[i] = to_float(v[i]);
   return f;
 }
 
@@ -100,10 +99,10 @@ void expect_same_steps(TwoSteps& two, int64_t filled, int steps, uint32_t seed) 
   for (LayerKind kind : c.layer_types) {
     if (kind == LayerKind::full_attention) {
       const size_t n = size_t(filled + steps) * size_t(c.attention_kv_width());
-      const auto ka = bf16_floats(download(reinterpret_cast<const uint16_t*>(a.k_cache(attention)), n));
-      const auto kb = bf16_floats(download(reinterpret_cast<const uint16_t*>(b.k_cache(attention)), n));
-      const auto va = bf16_floats(download(reinterpret_cast<const uint16_t*>(a.v_cache(attention)), n));
-      const auto vb = bf16_floats(download(reinterpret_cast<const uint16_t*>(b.v_cache(attention++)), n));
+      const auto ka = cache_floats(a.k_cache(attention), n);
+      const auto kb = cache_floats(b.k_cache(attention), n);
+      const auto va = cache_floats(a.v_cache(attention), n);
+      const auto vb = cache_floats(b.v_cache(attention++), n);
       // Rows the two paths computed from fp32 values that differ in their last bits may round to
       // neighbouring bf16 values: at most one bf16 step (2^-7 of the largest magnitude) apart.
       EXPECT_LE(test::relative_error(kb, ka), 1.0 / 128) << "k cache of attention layer " << attention - 1;

@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -50,15 +51,19 @@ TEST(Cli, regression_chat_piped_ansi_17) {
   EXPECT_EQ(out.find('\x1b'), std::string::npos) << out;
 }
 
+// `lily bench --json` on lily-tiny on the CPU, one repeat, with `flags`: its output and the JSON
+// (a failed run fails the test).
+std::pair<std::string, nlohmann::json> bench_json(const std::string& flags) {
+  auto [status, out] = run(std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR +
+                           "/models/lily-tiny --backend cpu --json --repeats 1 " + flags + " 2>/dev/null");
+  EXPECT_EQ(status, 0) << out;
+  return {out, status == 0 ? nlohmann::json::parse(out) : nlohmann::json::object({{"rows", nlohmann::json::array()}})};
+}
+
 // `lily bench` on the CPU (issue 20): the threads' read bandwidth and FMA rate measured at the
 // start, and each row stated against them; lily-tiny, sizes small enough for the sanitizers.
 TEST(Cli, BenchOnTheCpuStatesSpeedAgainstMeasuredCeilings) {
-  const std::string cmd = std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR +
-                          "/models/lily-tiny --backend cpu --json --prefill-lengths 16 --decode-depths 8 "
-                          "--decode-tokens 4 --repeats 1 2>/dev/null";
-  auto [status, out] = run(cmd);
-  ASSERT_EQ(status, 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  const auto [out, j] = bench_json("--prefill-lengths 16 --decode-depths 8 --decode-tokens 4");
   const double bandwidth = j["copy_bandwidth_gbps"].get<double>(), tflops = j["peak_tflops"].get<double>();
   EXPECT_TRUE(bandwidth > 0.1 && bandwidth < 1e4) << out;  // GB/s: a memory, not an error
   EXPECT_TRUE(tflops > 1e-3 && tflops < 1e3) << out;       // a CPU, not the H200's 790
@@ -75,12 +80,7 @@ TEST(Cli, BenchOnTheCpuStatesSpeedAgainstMeasuredCeilings) {
 
 // --prefill-lengths none: decode rows only (what a profiler of the decode step runs).
 TEST(Cli, BenchWithoutPrefillRunsDecodeOnly) {
-  const std::string cmd = std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR +
-                          "/models/lily-tiny --backend cpu --json --prefill-lengths none --decode-depths 8,16 "
-                          "--decode-tokens 2 --repeats 1 2>/dev/null";
-  auto [status, out] = run(cmd);
-  ASSERT_EQ(status, 0) << out;
-  const auto j = nlohmann::json::parse(out);
+  const auto [out, j] = bench_json("--prefill-lengths none --decode-depths 8,16 --decode-tokens 2");
   ASSERT_EQ(j["rows"].size(), 2u) << out;
   for (const auto& row : j["rows"]) EXPECT_EQ(row["kind"], "decode") << out;
 }

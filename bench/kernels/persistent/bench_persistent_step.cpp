@@ -47,7 +47,8 @@ double ms_per_step(DecodeStep& step, CudaSequenceState& s, bool programmatic, cu
   return ms / kStepsPerGraph;
 }
 
-// One step at `depth` (after two untraced ones) with every task's times, as CSV into `path`.
+// One step at `depth` (after two untraced ones) with every task's times, as CSV into `path`; the
+// median step of the same settings.
 void trace_step(const GpuWeights& w, int64_t depth, const char* path, int lookahead_kb, int own) {
   const ModelConfig& c = w.config();
   DeviceBuffer token(4), logits(size_t(c.vocab_size) * 4);
@@ -62,21 +63,13 @@ void trace_step(const GpuWeights& w, int64_t depth, const char* path, int lookah
   CUDA_CHECK(cudaMemset(trace.get(), 0, tasks.size() * M * 8));
   CudaSequenceState s(c, depth + 80);
   cuda::bench::fake_fill(s, depth);
-  cudaEvent_t e0, e1;
-  CUDA_CHECK(cudaEventCreate(&e0));
-  CUDA_CHECK(cudaEventCreate(&e1));
-  std::vector<float> ms;
-  for (int i = 0; i < 24; ++i) {
-    p.trace_into(i == 2 ? trace.as<uint64_t>() : nullptr);
-    CUDA_CHECK(cudaEventRecord(e0));
-    p.record(s, nullptr);
-    CUDA_CHECK(cudaEventRecord(e1));
-    CUDA_CHECK(cudaEventSynchronize(e1));
-    float m = 0;
-    CUDA_CHECK(cudaEventElapsedTime(&m, e0, e1));
-    if (i >= 4) ms.push_back(m);
-  }
-  std::sort(ms.begin(), ms.end());
+  // Four untimed steps (the third traced), then the median of 20.
+  const double ms = lily::bench::median_ms(
+      [&](int i) {
+        p.trace_into(i == 2 ? trace.as<uint64_t>() : nullptr);
+        p.record(s, nullptr);
+      },
+      20, 4);
   std::vector<uint64_t> t(tasks.size() * M);
   CUDA_CHECK(cudaMemcpy(t.data(), trace.get(), t.size() * 8, cudaMemcpyDeviceToHost));
   uint64_t t0 = ~uint64_t(0);
@@ -97,7 +90,7 @@ void trace_step(const GpuWeights& w, int64_t depth, const char* path, int lookah
     }
   std::fclose(f);
   std::printf("depth %lld, lookahead %d KB, own prefetch %d: median step %.3f ms (20 steps); traced one into %s\n",
-              (long long)depth, lookahead_kb, own, ms[ms.size() / 2], path);
+              (long long)depth, lookahead_kb, own, ms, path);
 }
 
 }  // namespace

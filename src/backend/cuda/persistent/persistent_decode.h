@@ -36,7 +36,7 @@ class PersistentDecode {
   // The kernel's list: block b runs flat_tasks()[block_begin()[b] .. block_begin()[b + 1]).
   const std::vector<DeviceTask>& flat_tasks() const { return flat_; }
   const std::vector<uint32_t>& block_begin() const { return block_begin_host_; }
-  // Steps recorded from now on write each task's begin, ready and done times (ns) into `trace`
+  // Steps recorded from now on write each task's marks (step_args.h, StepArgs::trace) into `trace`
   // (device, [flat_tasks().size(), kTraceMarks] uint64, zeroed); nullptr stops it.
   void trace_into(uint64_t* trace) { args_.trace = trace; }
   // How far ahead blocks bring weights into L2 (StepArgs::lookahead_bytes, prefetch_own).
