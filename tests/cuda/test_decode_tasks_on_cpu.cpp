@@ -430,16 +430,29 @@ class TaskBodies {
     return id;
   }
 
-  // The rows the slot works on: all for the shared expert, else those that chose its expert.
+  // The expert at rank s of the one row's choice, from its logits (poisoned ones give a wrong
+  // choice, which the comparison catches).
+  int own_choice(const StepBuffers& b, int s) const {
+    const int64_t E = c_.num_experts, k = c_.num_experts_per_tok;
+    std::vector<int> ids(static_cast<size_t>(k));
+    std::vector<float> weights(static_cast<size_t>(k));
+    cpu::route_top_k(b.router_logits.data(), E, k, ids.data(), weights.data());
+    return ids[size_t(s)];
+  }
+
+  // The rows the slot works on: all for the shared expert, else those that chose its expert (one
+  // row: it chose every routed slot's).
   bool slot_has_row(const Task& t, const StepBuffers& b, int64_t r) const {
-    return is_shared(t, b) || b.slot_weights[size_t(t.slot * b.T() + r)] != 0.f;
+    return is_shared(t, b) || b.T() == 1 || b.slot_weights[size_t(t.slot * b.T() + r)] != 0.f;
   }
 
   // act[slot][t][i] = silu(G[i] . x[t]) * (U[i] . x[t]), for the rows the slot's expert has.
+  // One row: a routed slot's task chooses the expert itself from the row's logits (decode_tasks.h),
+  // the top-k rule's rank `slot`; several rows: the union top_k gathered.
   void gate_up(const MoeWeights& w, const Task& t, StepBuffers& b) {
     const int s = t.slot;
     const bool shared = is_shared(t, b);
-    const int id = shared ? 0 : expert_of(b, s);
+    const int id = shared ? 0 : b.T() == 1 ? own_choice(b, s) : expert_of(b, s);
     if (id < 0) return;  // an empty slot
     const Matrix& G = shared ? w.shared_gate_proj : w.experts.gate_proj[size_t(id)];
     const Matrix& U = shared ? w.shared_up_proj : w.experts.up_proj[size_t(id)];

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <map>
 #include <random>
 
 #include "backend/backend.h"
@@ -134,6 +135,12 @@ TEST(PersistentDecode, TheTilingFitsTheKernel) {
         for (const persistent::Task& t : block) EXPECT_LE(t.waits.size(), 2u) << t.name;
       }
       EXPECT_LE(most, size_t(persistent::kMaxBlockTasks));
+      // A layer's gate/up tasks, and its down tasks, fit on distinct blocks.
+      std::map<std::pair<int, uint16_t>, int> per_layer_op;
+      for (const auto& block : d.list.blocks)
+        for (const persistent::Task& t : block) ++per_layer_op[{t.layer, t.op}];
+      for (persistent::DecodeOp op : {persistent::DecodeOp::gate_up, persistent::DecodeOp::down})
+        EXPECT_LE(per_layer_op[std::make_pair(0, uint16_t(op))], blocks) << persistent::op_name(op);
       std::printf("%d layers on %d blocks: %zu tasks, at most %zu a block\n", c.num_layers, blocks, d.list.tasks(),
                   most);
     }

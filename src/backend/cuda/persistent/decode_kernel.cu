@@ -2,10 +2,11 @@
 // per SM, all resident at once (a cooperative launch), each walking its own list of tasks
 // (decode_tasks.h builds them, check_task_list proves they cannot deadlock or race). A task:
 //
-//   thread 0:  prefetch the task's weights into L2 (bulk prefetches) unless done already (an
-//              expert slot's once the top-k it depends on is done); then, until counter[w] >= count
-//              for each of its waits (acquire, GPU scope), prefetch the next tasks' weights, up to
-//              kLookaheadBytes ahead and up to an expert slot not chosen yet
+//   thread 0:  prefetch the task's weights into L2 (bulk prefetches) unless done already, once
+//              they are known (an expert slot's: once its layer's top-k is done; a task that is
+//              ready before that loads them itself); then, until counter[w] >= count for each of
+//              its waits (acquire, GPU scope), prefetch the next tasks' weights, up to
+//              StepArgs::lookahead_bytes ahead and up to an expert slot not chosen yet
 //   all:       run the op (ops_dense.cuh, ops_deltanet.cuh, ops_attention.cuh)
 //   thread 0:  after the block's barrier, counter[signal] += 1 (release, GPU scope)
 //
@@ -30,8 +31,6 @@ namespace lily::cuda::persistent {
 
 namespace {
 
-constexpr uint32_t kPrefetchPiece = 32 * 1024;  // bytes a bulk prefetch instruction
-
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
@@ -54,34 +53,6 @@ __device__ __noinline__ void stuck(const DeviceTask& t, uint32_t index, const ui
          t.wait[1] == kNoCounter ? 0 : counters[t.wait[1]], t.wait_count[1], t.known,
          t.known == kNoCounter ? 0 : counters[t.known], t.known_count);
   __trap();
-}
-
-// Waits until counters[counter] >= count (thread 0; no counter: at once).
-__device__ __forceinline__ void wait_for(const uint32_t* counters, uint32_t counter, uint32_t count,
-                                         const DeviceTask& t, uint32_t index) {
-  if (counter == kNoCounter) return;
-  const uint64_t start = global_ns();
-  while (load_acquire(counters + counter) < count)
-    if (global_ns() - start > kStuckNs) stuck(t, index, counters);
-}
-
-// [p, p + bytes) into L2, the range shrunk to 16-byte boundaries (never past the allocation).
-__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes) {
-  uint64_t b = (reinterpret_cast<uint64_t>(p) + 15) & ~uint64_t(15);
-  const uint64_t e = (reinterpret_cast<uint64_t>(p) + bytes) & ~uint64_t(15);
-  for (; b + 16 <= e; b += kPrefetchPiece) {
-    const uint32_t n = uint32_t(e - b < kPrefetchPiece ? e - b : kPrefetchPiece);
-    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(n) : "memory");
-  }
-}
-
-// Rows [r0, r0 + n) of entry e of m into L2; returns the bytes.
-__device__ __forceinline__ uint32_t prefetch_rows(const DeviceMatrix& m, int e, int64_t r0, int64_t n) {
-  const int64_t words = int64_t(m.cols) * m.bits / 32, groups = m.cols / 64, row = int64_t(e) * m.rows + r0;
-  prefetch_l2(m.codes + row * words, uint64_t(n * words * 4));
-  prefetch_l2(m.scales + row * groups, uint64_t(n * groups * 2));
-  prefetch_l2(m.biases + row * groups, uint64_t(n * groups * 2));
-  return uint32_t(n * (words * 4 + groups * 4));
 }
 
 // The weights (and recurrent state) task t will read, into L2; returns the bytes. Expert slots:
@@ -175,24 +146,22 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
       const DeviceTask& t = list[i];
       trace_row = trace ? trace + kTraceMarks * i : nullptr;
       trace_mark(0);
-      if (ahead == i) {  // the task's own weights, once they are known
-        wait_for(a.buf.counters, t.known, t.known_count, t, i);
-        fetched[i] = a.prefetch_own ? prefetch_task(a, t) : 0;
-        ++ahead;
-      } else {
-        in_flight -= fetched[i];
-      }
-      // While the inputs are not ready: the next tasks' weights, while the budget lasts and up to
-      // an expert slot whose experts are not chosen yet.
+      if (ahead != i) in_flight -= fetched[i];
+      else if (known(a, t)) fetched[ahead++] = a.prefetch_own ? prefetch_task(a, t) : 0;  // its own weights
+      // While the inputs are not ready: the task's own weights once they are known, then the next
+      // tasks', while the budget lasts and up to an expert slot whose experts are not chosen yet.
       const uint64_t start = global_ns();
       while (!ready(a.buf.counters, t)) {
-        if (ahead < n && in_flight < a.lookahead_bytes && known(a, list[ahead])) {
+        if (ahead == i && known(a, t)) {
+          fetched[ahead++] = a.prefetch_own ? prefetch_task(a, t) : 0;
+        } else if (ahead != i && ahead < n && in_flight < a.lookahead_bytes && known(a, list[ahead])) {
           fetched[ahead] = prefetch_task(a, list[ahead]);
           in_flight += fetched[ahead++];
         } else if (global_ns() - start > kStuckNs) {
           stuck(t, i, a.buf.counters);
         }
       }
+      if (ahead == i) fetched[ahead++] = 0;  // ready before its weights were known: it loads them itself
       trace_mark(1);
     }
     __syncthreads();

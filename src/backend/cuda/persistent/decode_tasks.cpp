@@ -297,6 +297,11 @@ class Builder {
     // routers, not the choice). A slot's gate/up writes act[slot][t] of every row (those that chose its expert).
     // The shared expert's tasks are dealt first: they are ready a hop earlier (no top-k), so the
     // blocks that hold them run them while the top-k runs, ahead of their routed tasks.
+    // One row: a routed slot's gate/up tasks choose its expert themselves from the row's logits
+    // (rank `slot` of the top-k rule), so they too wait only for the routers, a hop earlier; the
+    // top-k task still writes the ids and weights that the downs read. Several rows: the union
+    // is the top-k task's to gather.
+    const bool own_choice = T_ == 1;
     std::vector<int32_t> acted(slots_ + 1);
     for (uint64_t slot : shared_first()) {
       const bool shared = slot == slots_;
@@ -305,22 +310,23 @@ class Builder {
       tiles(s_.I, t_.expert_rows, [&](uint64_t r, uint64_t e) {
         std::vector<Access> use = {read(kMoeInput, 0, T_ * s_.H * 4)};
         each_row(use, Access::Kind::write, kAct, s_.I * 4, slot * act_slot + r * 4, slot * act_slot + e * 4);
-        if (!shared) use.push_back(read(kTopK, 0, top_k_bytes));
+        if (!shared) use.push_back(own_choice ? read(kRouterLogits, 0, s_.E * 4) : read(kTopK, 0, top_k_bytes));
         add(DecodeOp::gate_up, l, r, e - r, at + fmt::format("gate_up slot {} rows {}..{}", slot, r, e),
-            {shared ? all_of(routed) : all_of(chosen)}, act, std::move(use))
+            {shared || own_choice ? all_of(routed) : all_of(chosen)}, act, std::move(use))
             .slot = uint16_t(slot);
       });
     }
     for (uint64_t slot : shared_first()) {
       const bool shared = slot == slots_;
-      const Wait act = all_of(acted[slot]);
+      std::vector<Wait> waits = {all_of(acted[slot])};
+      if (!shared && own_choice) waits.push_back(all_of(chosen));  // the slot's weight
       tiles(s_.H, t_.down_rows, [&](uint64_t r, uint64_t e) {
         std::vector<Access> use = {read(kAct, slot * act_slot, (slot + 1) * act_slot)};
         if (shared) each_row(use, Access::Kind::read, kRouterLogits, (s_.E + 1) * 4, s_.E * 4, (s_.E + 1) * 4);
         else use.push_back(read(kTopK, 0, top_k_bytes));
         each_row(use, Access::Kind::accumulate, kHidden, s_.H * 4, r * 4, e * 4);
         // (The shared expert's gate, the router's last row, is ordered before through its gate/up.)
-        add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), {act}, down,
+        add(DecodeOp::down, l, r, e - r, at + fmt::format("down slot {} rows {}..{}", slot, r, e), waits, down,
             std::move(use))
             .slot = uint16_t(slot);
       });

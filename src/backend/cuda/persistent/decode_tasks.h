@@ -42,8 +42,10 @@
 // An expert is a slot of the union, not of a row, so a GPU task reads its weights once for every
 // row that chose it; an empty slot (fewer distinct experts than slots) is a task that only
 // signals. Dependencies are a stage's whole output, except the MoE: a slot's down tiles wait only
-// for that slot's gate/up tiles, and the shared expert's gate/up only for the routers (not top-k),
-// so expert work starts as soon as its own inputs exist. Tasks go to blocks round-robin in step
+// for that slot's gate/up tiles (and the top-k), and the shared expert's gate/up only for the
+// routers (not top-k), so expert work starts as soon as its own inputs exist; with one row, a
+// routed slot's gate/up tiles also wait only for the routers and choose the slot's expert
+// themselves (the top-k rule's rank `slot`: one warp's work, a hop saved). Tasks go to blocks round-robin in step
 // order, so every block's list is in step order (what makes the list deadlock-free with all blocks
 // resident).
 #pragma once

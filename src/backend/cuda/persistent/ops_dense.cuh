@@ -11,7 +11,8 @@
 //   router     logits[r] = x . Wr[r] (8-bit, fp32)    row E: the shared expert's gate row;
 //              x = RMSNorm(h) (post_attention_layernorm) by every router task, kept by the first
 //   top_k      ids, weights of the k experts          (route_topk.cuh: as every decode kernel)
-//   gate_up    act[s][r] = silu(G_e[r] . x) * (U_e[r] . x)    e: slot s's expert (or the shared one)
+//   gate_up    act[s][r] = silu(G_e[r] . x) * (U_e[r] . x)    e: slot s's expert (or the shared one),
+//              chosen by the task itself from the logits (rank s of the top-k rule)
 //   down       h[r] += w_s D_e[r] . act[s]            w_s: the routing weight, sigmoid(gate) shared
 //   lm_head    logits[r] = RMSNorm(h) . lm_head[r]    (final norm)
 //   advance    position += T
@@ -138,6 +139,27 @@ __device__ __forceinline__ void stage(const float* x, const float* gain, float e
   trace_mark(2);
 }
 
+constexpr uint32_t kPrefetchPiece = 32 * 1024;  // bytes a bulk prefetch instruction
+
+// [p, p + bytes) into L2, the range shrunk to 16-byte boundaries (never past the allocation).
+__device__ __forceinline__ void prefetch_l2(const void* p, uint64_t bytes) {
+  uint64_t b = (reinterpret_cast<uint64_t>(p) + 15) & ~uint64_t(15);
+  const uint64_t e = (reinterpret_cast<uint64_t>(p) + bytes) & ~uint64_t(15);
+  for (; b + 16 <= e; b += kPrefetchPiece) {
+    const uint32_t n = uint32_t(e - b < kPrefetchPiece ? e - b : kPrefetchPiece);
+    asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(b), "r"(n) : "memory");
+  }
+}
+
+// Rows [r0, r0 + n) of entry e of m into L2; returns the bytes.
+__device__ __forceinline__ uint32_t prefetch_rows(const DeviceMatrix& m, int e, int64_t r0, int64_t n) {
+  const int64_t words = int64_t(m.cols) * m.bits / 32, groups = m.cols / 64, row = int64_t(e) * m.rows + r0;
+  prefetch_l2(m.codes + row * words, uint64_t(n * words * 4));
+  prefetch_l2(m.scales + row * groups, uint64_t(n * groups * 2));
+  prefetch_l2(m.biases + row * groups, uint64_t(n * groups * 2));
+  return uint32_t(n * (words * 4 + groups * 4));
+}
+
 using deltanet_detail::sigmoid;  // 1 / (1 + e^-v)
 using moe_detail::silu;          // v / (1 + e^-v), as the decode MoE's
 
@@ -172,10 +194,10 @@ __device__ __forceinline__ float conv_channel(const StepArgs& a, const DeviceLay
 // layer's conv channels (r < conv_dim) leave as u = silu(conv(taps, proj[r])).
 __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
-  stage<true>(a.buf.hidden, L.input_norm, a.dims.eps, a.dims.H, s);
   float* out = a.buf.proj + t.first;
   const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128;
   float* state = a.seq.conv[t.layer];
+  stage<true>(a.buf.hidden, L.input_norm, a.dims.eps, a.dims.H, s);
   block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) {
     const int c = int(t.first) + i;
     out[i] = c < C ? conv_channel(a, L, state, C, c, y) : y;
@@ -260,25 +282,43 @@ __device__ inline void moe_norm(const StepArgs& a, const DeviceTask& t, ProductS
 }
 
 // logits[r] = x . Wr[r] for the task's rows of [Wr; w_sg] (8-bit, fp32), x = RMSNorm(h) (moe_norm):
-// a warp a row, lane j the row's 16-byte chunks j, j + 32, ...; x in shared memory.
+// a warp a row, lane j the row's 16-byte chunks j, j + 32, ..., taken kChunks at a time with all
+// their loads issued first (one memory latency per 2048 columns). x in shared memory.
 __device__ inline void router_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  constexpr int kChunks = 4;  // 16-byte chunks a lane loads together
   const DeviceLayer& L = a.layers[t.layer];
   const int H = a.dims.H, E = a.dims.E;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cpr = H / 16, gpr = H / 64;
+  auto row_of = [&](int r, const DeviceMatrix*& m) {
+    m = r < E ? &L.router : &L.shared_expert_gate;
+    return int64_t(r < E ? r : 0);
+  };
+  const int first = int(t.first) + warp, end = int(t.first + t.count);
   moe_norm(a, t, s);
   trace_mark(2);
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, cpr = H / 16, gpr = H / 64;
-  for (int r = int(t.first) + warp; r < int(t.first + t.count); r += kWarps) {
-    const DeviceMatrix& m = r < E ? L.router : L.shared_expert_gate;
-    const int64_t row = r < E ? r : 0;
-    const uint4* codes = reinterpret_cast<const uint4*>(m.codes) + row * cpr;
+  for (int r = first; r < end; r += kWarps) {
+    const DeviceMatrix* m;
+    const int64_t row = row_of(r, m);
+    const uint4* codes = reinterpret_cast<const uint4*>(m->codes) + row * cpr;
     float acc = 0.f;
-    for (int c = lane; c < cpr; c += 32) {
-      const uint4 q = quant::load_codes(codes + c);
-      float x[16];
-      const float xsum = quant::load_x<16, false>(s.xs + 16 * c, x);
-      const int grp = c / 4;
-      acc += quant::load_bf16(m.scales + row * gpr + grp) * quant::chunk_dot<8>(q, x) +
-             quant::load_bf16(m.biases + row * gpr + grp) * xsum;
+    for (int c0 = lane; c0 < cpr; c0 += 32 * kChunks) {
+      uint4 q[kChunks];
+      float scale[kChunks], bias[kChunks];
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = c0 + 32 * j;
+        q[j] = c < cpr ? quant::load_codes(codes + c) : make_uint4(0, 0, 0, 0);
+        scale[j] = c < cpr ? quant::load_bf16(m->scales + row * gpr + c / 4) : 0.f;
+        bias[j] = c < cpr ? quant::load_bf16(m->biases + row * gpr + c / 4) : 0.f;
+      }
+#pragma unroll
+      for (int j = 0; j < kChunks; ++j) {
+        const int c = c0 + 32 * j;
+        if (c >= cpr) continue;
+        float x[16];
+        const float xsum = quant::load_x<16, false>(s.xs + 16 * c, x);
+        acc += scale[j] * quant::chunk_dot<8>(q[j], x) + bias[j] * xsum;
+      }
     }
     acc = quant::group_sum<32>(acc);
     if (lane == 0) a.buf.router_logits[r] = acc;
@@ -305,15 +345,37 @@ __device__ __forceinline__ int slot_expert(const StepArgs& a, const DeviceTask& 
   return t.slot == a.dims.slots ? -2 : __ldcg(a.buf.slot_ids + t.slot);
 }
 
+// A gate/up task's expert (slot_expert's values). One row: a routed slot's is chosen here from the
+// router's logits by warp 0, rank t.slot of the top-k rule (route_topk.cuh's warp_route_rank: the
+// expert the top-k task's warp_route_topk puts there for the downs, by the same instructions on
+// the same logits), and its rows of G and U are brought into L2 at once (the top-k task, not
+// waited for, may not have made them known). (The rank by the whole block in one pass, 256
+// threads counting the experts ahead of theirs, measured 2.3 us slower a task: 2026-12-04.)
+__device__ inline int gate_up_expert(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  if (t.slot == a.dims.slots || a.dims.T > 1) return slot_expert(a, t);
+  if (threadIdx.x < 32) {
+    warp_load_logits(a.buf.router_logits, a.dims.E, s.xs);
+    const int e = warp_route_rank(s.xs, a.dims.E, t.slot);
+    if (threadIdx.x == 0) {
+      s.ids[0] = e;
+      const DeviceLayer& L = a.layers[t.layer];
+      prefetch_rows(L.gate, e, t.first, t.count);
+      prefetch_rows(L.up, e, t.first, t.count);
+    }
+  }
+  __syncthreads();
+  return s.ids[0];
+}
+
 // act[s][r] = silu(G[r] . x) * (U[r] . x) for the task's rows of slot s's expert.
 __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
-  const int e = slot_expert(a, t);
+  const int e = gate_up_expert(a, t, s);
   if (e == -1) return;
-  stage<false>(a.buf.moe_input, nullptr, 0.f, a.dims.H, s);
   const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
   const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
   const int n = int(t.count);
+  stage<false>(a.buf.moe_input, nullptr, 0.f, a.dims.H, s);
   block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
   __syncthreads();
   float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
@@ -326,9 +388,9 @@ __device__ inline void down_task(const StepArgs& a, const DeviceTask& t, Product
   const int e = slot_expert(a, t);
   if (e == -1) return;
   const float w = e < 0 ? sigmoid(__ldcg(a.buf.router_logits + a.dims.E)) : __ldcg(a.buf.slot_weights + t.slot);
-  stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, 0.f, a.dims.I, s);
   const Rows D = e < 0 ? rows_of(L.shared_down) : rows_of(L.down, e);
   float* h = a.buf.hidden + t.first;
+  stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, 0.f, a.dims.I, s);
   block_rows_dot(D, int(t.count), int(t.first), s, [&](int i, float y) { atomicAdd(h + i, w * y); });
 }
 

@@ -159,9 +159,14 @@ DecodeTiling persistent_decode_tiling(const ModelConfig& c, int blocks) {
   t.blocks = blocks;
   t.in_proj_rows = 96;
   t.out_proj_rows = 16;
-  t.router_rows = 32;
-  t.expert_rows = 32;
-  t.down_rows = 128;
+  t.router_rows = 16;  // a row a warp: 17 tasks of one memory latency each (32: 9 tasks of two)
+  // The MoE's gate/up and down tasks of a layer on distinct blocks: each of the k + 1 slots' rows
+  // cut into at most blocks / (k + 1) tasks (with 132 blocks: 11 of 48 rows and 13 of 160, where
+  // 32 and 128 made 144 tasks each and 12 blocks ran two, one after the other).
+  const int64_t per_slot = std::max(1, blocks / (c.num_experts_per_tok + 1));
+  const int64_t I = std::max(c.moe_intermediate_size, c.shared_expert_intermediate_size);
+  t.expert_rows = std::max(16, round16((I + per_slot - 1) / per_slot));
+  t.down_rows = std::max(16, round16((int64_t(c.hidden_size) + per_slot - 1) / per_slot));
   t.lm_head_rows = std::max(16, round16((int64_t(c.vocab_size) + blocks - 1) / blocks));
   t.deltanet_columns = 32;
   t.attention_splits = 64;
