@@ -47,7 +47,7 @@ constexpr int kMaxCols = 4096;  // the widest input row of a product
 
 // The scratch of a product's task (in the dynamic shared memory).
 struct ProductScratch {
-  float xs[kMaxCols];                                // the input row, fp32
+  float xs[kMaxCols];                                // the router's x (fp32); the top-k's logits
   uint4 frag[quant_mma::fragment_uint4s(kMaxCols)];  // and its bf16 hi + lo fragments
   float group_sum[kMaxCols / 64];
   uint4 zero[quant_mma::kFragU4PerChunk];
@@ -131,12 +131,70 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, Pro
   block_rows_dot(A, n, A, n, r0, s, out);
 }
 
-// The input row x [cols] (NORM: RMSNorm with gain) staged for block_rows_dot; x read through L2.
-template <bool NORM>
-__device__ __forceinline__ void stage(const float* x, const float* gain, float eps, int cols, ProductScratch& s) {
-  quant_mma::stage_input_row<NORM, kThreads, kMaxCols>(x, gain, eps, cols, s.xs, s.frag, s.group_sum, s.zero, s.red);
+// Columns 8i .. 8i + 7 of an input row, y[0..8), into block_rows_dot's fragments (quant_mma.cuh's
+// layout: they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16
+// hi + lo parts, and the sum of their group of 64 columns (8 consecutive i) into group_sum. Every
+// lane of the warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
+__device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], ProductScratch& s) {
+  uint32_t* f = reinterpret_cast<uint32_t*>(s.frag);
+  const int chunk = i / 4, k0 = 4 * (i % 4);
+  float sum = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t hi, lo;
+    ptx::split_bf16(y[j], y[j + 4], hi, lo);
+    if (mine) f[(chunk * 2 + 0) * 16 + k0 + j] = hi, f[(chunk * 2 + 1) * 16 + k0 + j] = lo;
+    sum += y[j] + y[j + 4];
+  }
+  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
+  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
+  if (mine && i % 8 == 0) s.group_sum[i / 8] = sum;
+}
+
+// The input row x [cols] (read through L2; GAIN: times gain) staged for block_rows_dot in one pass
+// and one barrier: thread i takes columns 8i .. 8i + 7 (two float4 loads) straight into the
+// fragments (store_fragments8). s.red[warp] gets the warp's share of sum(x^2): an RMSNorm is
+// applied after the products, RMSNorm(x) . w = inv ((gain * x) . w) (row_inv_rms), so that no
+// block-wide sum stands between the loads and the fragments (three barriers and a pass through
+// shared memory before: 2.5 us a task, 2026-12-04).
+template <bool GAIN>
+__device__ __forceinline__ void stage(const float* x, const float* gain, int cols, ProductScratch& s) {
+  const int lane = threadIdx.x % 32, n8 = cols / 8;
+  float ss = 0.f;
+  for (int base = 0; base < n8; base += kThreads) {  // whole warps each turn (the shuffles)
+    const int i = base + threadIdx.x;
+    const bool mine = i < n8;
+    const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
+    const float4 v0 = mine ? __ldcg(reinterpret_cast<const float4*>(x) + 2 * i) : zero4;
+    const float4 v1 = mine ? __ldcg(reinterpret_cast<const float4*>(x) + 2 * i + 1) : zero4;
+    float y[8] = {v0.x, v0.y, v0.z, v0.w, v1.x, v1.y, v1.z, v1.w};
+#pragma unroll
+    for (int j = 0; j < 8; ++j) ss = fmaf(y[j], y[j], ss);
+    if (GAIN && mine) {
+      const float4 g0 = __ldg(reinterpret_cast<const float4*>(gain) + 2 * i);
+      const float4 g1 = __ldg(reinterpret_cast<const float4*>(gain) + 2 * i + 1);
+      const float g[8] = {g0.x, g0.y, g0.z, g0.w, g1.x, g1.y, g1.z, g1.w};
+#pragma unroll
+      for (int j = 0; j < 8; ++j) y[j] *= g[j];
+    }
+    store_fragments8(i, mine, y, s);
+  }
+#pragma unroll
+  for (int m = 16; m > 0; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
+  if (lane == 0) s.red[threadIdx.x / 32] = ss;
+  if (threadIdx.x < quant_mma::kFragU4PerChunk) s.zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   trace_mark(2);
+}
+
+// 1 / sqrt(mean(x^2) + eps) of the row stage() staged (after its barrier), the warps' shares summed
+// in warp order.
+__device__ __forceinline__ float row_inv_rms(const ProductScratch& s, int cols, float eps) {
+  float ss = 0.f;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) ss += s.red[w];
+  return 1.f / sqrtf(ss / float(cols) + eps);
 }
 
 constexpr uint32_t kPrefetchPiece = 32 * 1024;  // bytes a bulk prefetch instruction
@@ -197,10 +255,11 @@ __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, Prod
   float* out = a.buf.proj + t.first;
   const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128;
   float* state = a.seq.conv[t.layer];
-  stage<true>(a.buf.hidden, L.input_norm, a.dims.eps, a.dims.H, s);
+  stage<true>(a.buf.hidden, L.input_norm, a.dims.H, s);
+  const float inv = row_inv_rms(s, a.dims.H, a.dims.eps);
   block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) {
     const int c = int(t.first) + i;
-    out[i] = c < C ? conv_channel(a, L, state, C, c, y) : y;
+    out[i] = c < C ? conv_channel(a, L, state, C, c, inv * y) : inv * y;
   });
 }
 
@@ -230,12 +289,11 @@ __device__ inline void stage_gated_norm(const StepArgs& a, const DeviceLayer& L,
 #pragma unroll
   for (int m = 1; m < 16; m *= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
   const float inv = 1.f / sqrtf(ss / 128.f + a.dims.eps);
-  if (mine)
+  float y[8];
 #pragma unroll
-    for (int j = 0; j < 8; ++j) s.xs[c0 + j] = w[j] * (o[j] * inv) * silu(z[j]);
+  for (int j = 0; j < 8; ++j) y[j] = w[j] * (o[j] * inv) * silu(z[j]);
+  store_fragments8(threadIdx.x, mine, y, s);
   if (threadIdx.x < quant_mma::kFragU4PerChunk) s.zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  __syncthreads();
-  quant_mma::stage_x_fragments<1>(s.xs, cols, s.frag, s.group_sum);
   __syncthreads();
   trace_mark(2);
 }
@@ -244,7 +302,7 @@ __device__ inline void stage_gated_norm(const StepArgs& a, const DeviceLayer& L,
 // of h (no other task writes them meanwhile).
 __device__ inline void out_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
-  if (L.attention) stage<false>(a.buf.mixer, nullptr, 0.f, L.out_proj.cols, s);
+  if (L.attention) stage<false>(a.buf.mixer, nullptr, L.out_proj.cols, s);
   else stage_gated_norm(a, L, L.out_proj.cols, s);
   float* h = a.buf.hidden + t.first;
   block_rows_dot(rows_of(L.out_proj), int(t.count), int(t.first), s, [&](int i, float y) { h[i] = __ldcg(h + i) + y; });
@@ -252,9 +310,10 @@ __device__ inline void out_proj_task(const StepArgs& a, const DeviceTask& t, Pro
 
 // logits[r] = RMSNorm(h) . lm_head[r]
 __device__ inline void lm_head_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
-  stage<true>(a.buf.hidden, a.final_norm, a.dims.eps, a.dims.H, s);
+  stage<true>(a.buf.hidden, a.final_norm, a.dims.H, s);
+  const float inv = row_inv_rms(s, a.dims.H, a.dims.eps);
   float* out = a.buf.logits + t.first;
-  block_rows_dot(rows_of(a.lm_head), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = y; });
+  block_rows_dot(rows_of(a.lm_head), int(t.count), int(t.first), s, [&](int i, float y) { out[i] = inv * y; });
 }
 
 // x = RMSNorm(h) with the post-attention gain into s.xs; the first router task also into moe_input.
@@ -375,7 +434,7 @@ __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, Prod
   const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
   const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
   const int n = int(t.count);
-  stage<false>(a.buf.moe_input, nullptr, 0.f, a.dims.H, s);
+  stage<false>(a.buf.moe_input, nullptr, a.dims.H, s);
   block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
   __syncthreads();
   float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
@@ -390,7 +449,7 @@ __device__ inline void down_task(const StepArgs& a, const DeviceTask& t, Product
   const float w = e < 0 ? sigmoid(__ldcg(a.buf.router_logits + a.dims.E)) : __ldcg(a.buf.slot_weights + t.slot);
   const Rows D = e < 0 ? rows_of(L.shared_down) : rows_of(L.down, e);
   float* h = a.buf.hidden + t.first;
-  stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, 0.f, a.dims.I, s);
+  stage<false>(a.buf.act + int64_t(t.slot) * a.dims.I, nullptr, a.dims.I, s);
   block_rows_dot(D, int(t.count), int(t.first), s, [&](int i, float y) { atomicAdd(h + i, w * y); });
 }
 
