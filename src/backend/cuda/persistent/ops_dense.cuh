@@ -49,7 +49,8 @@ constexpr int kMaxCols = 4096;  // the widest input row of a product
 struct ProductScratch {
   float xs[kMaxCols];                                // the router's x (fp32); the top-k's logits
   uint4 frag[quant_mma::fragment_uint4s(kMaxCols)];  // and its bf16 hi + lo fragments
-  float group_sum[kMaxCols / 64];
+  float group_sum[kMaxCols / 64];                    // of x in fp32
+  float group_sum_hl[kMaxCols / 64];                 // of x as the fragments hold it (hi + lo)
   uint4 zero[quant_mma::kFragU4PerChunk];
   float red[kWarps];
   float parts[kWarps * 256];  // k-split partial sums: [part][row], at most 256 rows when split
@@ -101,7 +102,7 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int nA, const Rows
     for (int p = part * per; p < (part + 1) * per && p < pairs; p += kStep) {
       TileLoad<kStep> t;
       load_tile<kStep>(t, M.codes, M.scales, M.biases, row_g, row_g8, M.cpr, p);
-      dot_tile<kStep>(t, s.frag, s.group_sum, s.zero, M.cpr, p, y_g, y_g8);
+      dot_tile_biased<kStep>(t, s.frag, s.group_sum, s.group_sum_hl, s.zero, M.cpr, p, y_g, y_g8);
     }
     if (u == 0) trace_mark(3);
     y_g = quad_sum(y_g), y_g8 = quad_sum(y_g8);
@@ -133,23 +134,27 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, Pro
 
 // Columns 8i .. 8i + 7 of an input row, y[0..8), into block_rows_dot's fragments (quant_mma.cuh's
 // layout: they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16
-// hi + lo parts, and the sum of their group of 64 columns (8 consecutive i) into group_sum. Every
+// hi + lo parts, and the sums of their group of 64 columns (8 consecutive i) into group_sum (of y)
+// and group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). Every
 // lane of the warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
 __device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], ProductScratch& s) {
   uint32_t* f = reinterpret_cast<uint32_t*>(s.frag);
   const int chunk = i / 4, k0 = 4 * (i % 4);
-  float sum = 0.f;
+  float sum = 0.f, sum_hl = 0.f;
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t hi, lo;
     ptx::split_bf16(y[j], y[j + 4], hi, lo);
     if (mine) f[(chunk * 2 + 0) * 16 + k0 + j] = hi, f[(chunk * 2 + 1) * 16 + k0 + j] = lo;
     sum += y[j] + y[j + 4];
+    sum_hl += (ptx::bf16_lo(hi) + ptx::bf16_lo(lo)) + (ptx::bf16_hi(hi) + ptx::bf16_hi(lo));
   }
-  sum += __shfl_xor_sync(0xffffffffu, sum, 1);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 2);
-  sum += __shfl_xor_sync(0xffffffffu, sum, 4);
-  if (mine && i % 8 == 0) s.group_sum[i / 8] = sum;
+#pragma unroll
+  for (int m = 1; m < 8; m *= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    sum_hl += __shfl_xor_sync(0xffffffffu, sum_hl, m);
+  }
+  if (mine && i % 8 == 0) s.group_sum[i / 8] = sum, s.group_sum_hl[i / 8] = sum_hl;
 }
 
 // The input row x [cols] (read through L2; GAIN: times gain) staged for block_rows_dot in one pass
