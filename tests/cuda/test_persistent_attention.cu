@@ -35,6 +35,8 @@ constexpr uint16_t kPoison = 0xFFFF;  // a bf16 NaN
 __global__ void __launch_bounds__(ps::kThreads, 1)
     split_kernel(const __grid_constant__ ps::StepArgs a, const ps::DeviceTask* tasks) {
   extern __shared__ __align__(16) unsigned char smem[];
+  if (threadIdx.x == 0) ps::trace_row = nullptr;  // no trace marks (the kernel's per-task row)
+  __syncthreads();
   ps::attention_split_task(a, tasks[blockIdx.x], smem);
 }
 

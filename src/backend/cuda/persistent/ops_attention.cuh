@@ -56,6 +56,7 @@
 #include "backend/cuda/common/attention_common.cuh"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/persistent/step_args.h"
+#include "backend/cuda/persistent/trace.cuh"
 
 namespace lily::cuda::persistent {
 
@@ -195,6 +196,7 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
       __syncwarp();
     }
     __syncthreads();
+    if (u0 == 0) trace_mark(2);
 
     // The key loop: pair `pair` of unit uu takes groups pk, pk + P, ...
     const int pair = warp / 2, half = warp % 2, uu = pair / P, pk = pair % P;
@@ -285,6 +287,7 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
       l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
     }
     __syncthreads();  // q fragments and the exchange are dead: the merge buffer replaces them
+    if (u0 == 0) trace_mark(3);
 
     float* mo = reinterpret_cast<float*>(smem + kMerge);  // [pair][dim + dim / 16][slot]
     if (uu < nu) {

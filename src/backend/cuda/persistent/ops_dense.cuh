@@ -54,7 +54,9 @@ struct ProductScratch {
   uint4 zero[quant_mma::kFragU4PerChunk];
   float red[kWarps];
   float parts[kWarps * 256];  // k-split partial sums: [part][row], at most 256 rows when split
-  float out[2][256];          // gate_up: the G and U rows of the task
+  float out[2][256];          // gate_up: the G and U rows of the task; in_proj: its rows
+  float4 conv_w[256];         // in_proj: its conv channels' weights (conv_loads)
+  float4 conv_taps[256];      // and older taps (x, y, z: oldest first)
   int32_t ids[8];             // top_k
   float weights[8];
 };
@@ -243,29 +245,43 @@ __device__ inline void embed_task(const StepArgs& a, const DeviceTask& t) {
   }
 }
 
-// u = silu(conv over the channel's 3 older taps and x) with the conv state [3, C] (oldest first)
-// shifted by one; the task that computes channel c owns its taps (T = 1).
-__device__ __forceinline__ float conv_channel(const StepArgs& a, const DeviceLayer& L, float* state, int C, int c,
+// u = silu(conv over the channel's 3 older taps and x), the taps (oldest first) and the weights as
+// conv_loads left them; the channel's state [3, C] shifted by one (the task that computes channel
+// c owns its taps; T = 1).
+__device__ __forceinline__ float conv_channel(const float4& w, const float4& taps, float* state, int C, int c,
                                               float x) {
-  const float4 w = __ldg(reinterpret_cast<const float4*>(L.conv1d) + c);
-  const float t0 = __ldcg(state + c), t1 = __ldcg(state + C + c), t2 = __ldcg(state + 2 * C + c);
-  state[c] = t1, state[C + c] = t2, state[2 * C + c] = x;
-  return silu(fmaf(w.x, t0, fmaf(w.y, t1, fmaf(w.z, t2, w.w * x))));
+  state[c] = taps.y, state[C + c] = taps.z, state[2 * C + c] = x;
+  return silu(fmaf(w.x, taps.x, fmaf(w.y, taps.y, fmaf(w.z, taps.z, w.w * x))));
+}
+
+// The weights and older taps of the task's conv channels (rows first + i < C) into s.conv_w and
+// s.conv_taps, by the block's last threads: with a task's rows in fewer warps' products than the
+// block has (96 rows: 12 of 16), these threads have no products to hold up while their loads are
+// in flight.
+__device__ __forceinline__ void conv_loads(const DeviceLayer& L, const float* state, int C, int first, int n,
+                                           ProductScratch& s) {
+  for (int i = kThreads - 1 - int(threadIdx.x); i >= 0 && i < n && first + i < C; i += kThreads) {
+    const int c = first + i;
+    s.conv_w[i] = __ldg(reinterpret_cast<const float4*>(L.conv1d) + c);
+    s.conv_taps[i] = make_float4(__ldcg(state + c), __ldcg(state + C + c), __ldcg(state + 2 * C + c), 0.f);
+  }
 }
 
 // proj[r] = RMSNorm(h) . W_in[r] for the task's rows of the fused input projection; a DeltaNet
-// layer's conv channels (r < conv_dim) leave as u = silu(conv(taps, proj[r])).
+// layer's conv channels (r < conv_dim) leave as u = silu(conv(taps, proj[r])). The products go
+// through s.out (the conv needs its loads done: a barrier), then each row out by thread i.
 __device__ inline void in_proj_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
-  float* out = a.buf.proj + t.first;
-  const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128;
+  const int C = L.attention ? 0 : (2 * a.dims.Hk + a.dims.Hv) * 128, n = int(t.count), first = int(t.first);
   float* state = a.seq.conv[t.layer];
   stage<true>(a.buf.hidden, L.input_norm, a.dims.H, s);
   const float inv = row_inv_rms(s, a.dims.H, a.dims.eps);
-  block_rows_dot(rows_of(L.in_proj), int(t.count), int(t.first), s, [&](int i, float y) {
-    const int c = int(t.first) + i;
-    out[i] = c < C ? conv_channel(a, L, state, C, c, inv * y) : inv * y;
-  });
+  conv_loads(L, state, C, first, n, s);
+  block_rows_dot(rows_of(L.in_proj), n, first, s, [&](int i, float y) { s.out[0][i] = inv * y; });
+  __syncthreads();
+  float* out = a.buf.proj + first;
+  for (int i = threadIdx.x; i < n; i += kThreads)
+    out[i] = first + i < C ? conv_channel(s.conv_w[i], s.conv_taps[i], state, C, first + i, s.out[0][i]) : s.out[0][i];
 }
 
 // The input row of a DeltaNet layer's out_proj, staged for block_rows_dot: per value head the gated

@@ -182,6 +182,10 @@ PersistentDecode::PersistentDecode(const GpuWeights& w, const DecodeTiling& tili
   LILY_CHECK(why.empty(), "persistent decode: {}", why);
   LILY_CHECK(tiling.blocks <= persistent_decode_max_blocks(), "persistent decode: {} blocks, {} fit at once",
              tiling.blocks, persistent_decode_max_blocks());
+  LILY_CHECK(tiling.in_proj_rows <= 256 && tiling.expert_rows <= 256,
+             "persistent decode: input projection tasks of {} rows, gate/up tasks of {} (at most 256: the ops' "
+             "shared-memory rows)",
+             tiling.in_proj_rows, tiling.expert_rows);
   check_task_list(tasks_.list);
   blocks_ = tiling.blocks;
 
