@@ -165,13 +165,14 @@ __device__ __forceinline__ void store_fragments8(int i, bool mine, const float (
 // applied after the products, RMSNorm(x) . w = inv ((gain * x) . w) (row_inv_rms), so that no
 // block-wide sum stands between the loads and the fragments (three barriers and a pass through
 // shared memory before: 2.5 us a task, 2026-12-04).
+// The first `skip` threads (whole warps) take no columns: they may do other work before the barrier.
 template <bool GAIN>
-__device__ __forceinline__ void stage(const float* x, const float* gain, int cols, ProductScratch& s) {
+__device__ __forceinline__ void stage(const float* x, const float* gain, int cols, ProductScratch& s, int skip = 0) {
   const int lane = threadIdx.x % 32, n8 = cols / 8;
   float ss = 0.f;
-  for (int base = 0; base < n8; base += kThreads) {  // whole warps each turn (the shuffles)
-    const int i = base + threadIdx.x;
-    const bool mine = i < n8;
+  for (int base = 0; base < n8; base += kThreads - skip) {  // whole warps each turn (the shuffles)
+    const int i = base + int(threadIdx.x) - skip;
+    const bool mine = i >= 0 && i < n8;
     const float4 zero4 = make_float4(0.f, 0.f, 0.f, 0.f);
     const float4 v0 = mine ? __ldcg(reinterpret_cast<const float4*>(x) + 2 * i) : zero4;
     const float4 v1 = mine ? __ldcg(reinterpret_cast<const float4*>(x) + 2 * i + 1) : zero4;
@@ -425,37 +426,32 @@ __device__ __forceinline__ int slot_expert(const StepArgs& a, const DeviceTask& 
   return t.slot == a.dims.slots ? -2 : __ldcg(a.buf.slot_ids + t.slot);
 }
 
-// A gate/up task's expert (slot_expert's values). One row: a routed slot's is chosen here from the
-// router's logits by warp 0, rank t.slot of the top-k rule (route_topk.cuh's warp_route_rank: the
-// expert the top-k task's warp_route_topk puts there for the downs, by the same instructions on
-// the same logits), and its rows of G and U are brought into L2 at once (the top-k task, not
-// waited for, may not have made them known). (The rank by the whole block in one pass, 256
-// threads counting the experts ahead of theirs, measured 2.3 us slower a task: 2026-12-04.)
-__device__ inline int gate_up_expert(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
-  if (t.slot == a.dims.slots || a.dims.T > 1) return slot_expert(a, t);
-  if (threadIdx.x < 32) {
+// act[s][r] = silu(G[r] . x) * (U[r] . x) for the task's rows of slot s's expert. One row: a routed
+// slot's expert is chosen here from the router's logits by warp 0, rank t.slot of the top-k rule
+// (route_topk.cuh's warp_route_rank: the expert the top-k task's warp_route_topk puts there for the
+// downs, by the same instructions on the same logits), while the other warps stage x (the choice
+// and the staging meet at its barrier); the expert's rows of G and U go into L2 as soon as it is
+// chosen (the top-k task, not waited for, may not have made them known). (The rank by the whole
+// block in one pass, 256 threads counting the experts ahead of theirs, measured 2.3 us slower a
+// task than the warp's rounds, 2026-12-04.)
+__device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
+  const DeviceLayer& L = a.layers[t.layer];
+  const bool choose = t.slot != a.dims.slots && a.dims.T == 1;
+  if (choose && threadIdx.x < 32) {
     warp_load_logits(a.buf.router_logits, a.dims.E, s.xs);
     const int e = warp_route_rank(s.xs, a.dims.E, t.slot);
     if (threadIdx.x == 0) {
       s.ids[0] = e;
-      const DeviceLayer& L = a.layers[t.layer];
       prefetch_rows(L.gate, e, t.first, t.count);
       prefetch_rows(L.up, e, t.first, t.count);
     }
   }
-  __syncthreads();
-  return s.ids[0];
-}
-
-// act[s][r] = silu(G[r] . x) * (U[r] . x) for the task's rows of slot s's expert.
-__device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
-  const DeviceLayer& L = a.layers[t.layer];
-  const int e = gate_up_expert(a, t, s);
-  if (e == -1) return;
+  stage<false>(a.buf.moe_input, nullptr, a.dims.H, s, choose ? 32 : 0);
+  const int e = choose ? s.ids[0] : slot_expert(a, t);
+  if (e == -1) return;  // an empty slot (the block's barriers are uniform: e is the same in every thread)
   const Rows G = e < 0 ? rows_of(L.shared_gate) : rows_of(L.gate, e);
   const Rows U = e < 0 ? rows_of(L.shared_up) : rows_of(L.up, e);
   const int n = int(t.count);
-  stage<false>(a.buf.moe_input, nullptr, a.dims.H, s);
   block_rows_dot(G, n, U, 2 * n, int(t.first), s, [&](int i, float y) { s.out[i / n][i % n] = y; });
   __syncthreads();
   float* act = a.buf.act + int64_t(t.slot) * a.dims.I + t.first;
