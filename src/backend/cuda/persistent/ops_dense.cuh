@@ -17,9 +17,10 @@
 //   lm_head    logits[r] = RMSNorm(h) . lm_head[r]    (final norm)
 //   advance    position += T
 // The 4-bit products run on the tensor cores as the decode GEMVs do (quant_mma.cuh: the input row
-// staged once per task as bf16 hi + lo fragments, fp32-level accuracy): a block's rows in tiles of
-// 16, each tile's columns split over up to 16 warps so that every warp has work, the parts summed
-// in shared memory in a fixed order. Activations written by other blocks of this launch are read
+// staged once per task as bf16 hi + lo fragments, fp32-level accuracy; the codes as 128 + q,
+// dot_tile_biased): a block's rows in tiles of 16, each tile's columns split over up to 16 warps
+// so that every warp has work, the parts summed in shared memory in a fixed order. An RMSNorm
+// before a product is applied to its results (stage). Activations written by other blocks of this launch are read
 // through L2 (__ldcg); the expert slots' routed weights and ids too. down adds into h with atomics
 // (the slots of a row tile run on different blocks): the order of those adds varies, so h varies
 // in its last bits from run to run.
