@@ -91,9 +91,9 @@ __device__ __forceinline__ bool known(const StepArgs& a, const DeviceTask& t) {
 
 // The cores and lm_head are functions of their own (not inlined): their registers are allocated
 // for them alone, so the ones that need many (the DeltaNet state, the attention's fragments) do
-// not make the others spill. The products with the model's matrices are inlined into the loop:
-// a call's entry and exit cost each task ~0.3-0.5 us of saved registers through local memory
-// (4K step 2.63 -> 2.60 ms inlined; inlining the attention too made 128K 2.5% slower, 2026-12-04).
+// not make the others spill. The products with the model's matrices are inlined into the loop: a
+// call's entry and exit pass its saved registers through local memory at every task (measured in
+// docs/perf.md, session 18: inlining the cores too made long contexts slower).
 #define LILY_OP(name, body) \
   __device__ __noinline__ void name(const StepArgs& a, const DeviceTask& t, unsigned char* smem) { body; }
 #define LILY_INLINE_OP(name, body) \
