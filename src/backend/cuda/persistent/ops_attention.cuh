@@ -30,8 +30,8 @@
 //     halves and run the same online softmax; each accumulates o for its 128 dims. K and V go from
 //     global straight into mma fragments (no shared staging): the dims are permuted, the same way
 //     in q and k (a dot product does not care), so a lane's K loads are 4 x 16 contiguous bytes of
-//     its key (64 bytes a quad) and its V loads 2 x 16 bytes of each of two keys; 2 groups in
-//     flight a warp (registers double-buffered): 16 warps x 8 KB, the split's 128 KB at 4K context.
+//     its key (64 bytes a quad) and its V loads 2 x 16 bytes of each of two keys; one group in
+//     flight a warp (a second one in registers made the task spill).
 //       S^T = Q K^T: M = the 8 query slots (rows 8..15 zero), N = 8 keys, K = the warp's 128 dims
 //       O^T += V^T P^T: M = 16 dims (8 tiles), N = the slots, K = 8 keys (keys 8..15 zero)
 //   Shared memory (82.5 KB): the gains; q fragments [unit][half][ks 8][lane 32] uint4 (hi a0,
@@ -227,11 +227,10 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
         }
       };
       auto visible = [&](int i) { return i < nk && (i < nc || i - nc <= last_new); };
-      // Group gi from x; the next group's K loads go out before the scores, its V loads after them
-      // (x's K registers are dead by then), so two groups are in flight.
-      auto process = [&](const KeyGroup& x, int gi, KeyGroup& next) {
-        const bool more = gi + P < ng;
-        if (more) load_k(next, gi + P);
+      // Group gi from x, its K and V loaded together before (one group in flight a warp: the next
+      // group's loads in a second KeyGroup made the split spill 452 bytes a thread, and the whole
+      // step 10-12% slower at every depth: docs/perf.md, session 18).
+      auto process = [&](const KeyGroup& x, int gi) {
         // S^T = Q K^T over this warp's 128 dims; hi and lo products in separate chains.
         float sh[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};
 #pragma unroll
@@ -242,7 +241,6 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
           mma_bf16(sh, ah, b0, b1);
           mma_bf16(sl, al, b0, b1);
         }
-        if (more) load_v(next, gi + P);
         float2* xb = xs + buf * 2 * 32;
         xb[half * 32 + lane] = make_float2(sh[0] + sl[0], sh[1] + sl[1]);
         pair_sync(pair);
@@ -273,15 +271,10 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
           mma_bf16(o[mt], va, pl, 0u);
         }
       };
-      KeyGroup A, B;
-      int gi = pk;
-      if (gi < ng) load_k(A, gi), load_v(A, gi);
-      while (gi < ng) {
-        process(A, gi, B);
-        gi += P;
-        if (gi >= ng) break;
-        process(B, gi, A);
-        gi += P;
+      for (int gi = pk; gi < ng; gi += P) {
+        KeyGroup x;
+        load_k(x, gi), load_v(x, gi);
+        process(x, gi);
       }
       l_run += __shfl_xor_sync(0xffffffffu, l_run, 1);
       l_run += __shfl_xor_sync(0xffffffffu, l_run, 2);
