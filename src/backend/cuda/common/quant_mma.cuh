@@ -53,26 +53,21 @@ __host__ __device__ constexpr int pairs_per_warp(int pairs, int warps, int step)
 // Shared-memory size of the x fragments for `cols` columns: [chunk][part][4 uint4].
 __host__ __device__ constexpr int fragment_uint4s(int cols) { return cols / 32 * 2 * kFragU4PerChunk; }
 
-// Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers.
+// Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers;
+// BIASED: bf16x2(128 + q[8w + j], 128 + q[8w + j + 4]), the subtraction left out (dot_tile_biased
+// takes the 128 back out per group).
 // (w >> 4j & 0x000F000F) | 128.0 is one lop3 with the mask as its immediate and the magic in a
 // register (written in C, the two constants made it two instructions, ncu 2026-12-03).
+template <bool BIASED = false>
 __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
   constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves; 128 + q is exact
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t v;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * j)), "n"(0x000F000Fu), "r"(kMagic));
-    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
+    if constexpr (BIASED) a[j] = v;
+    else asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
   }
-}
-
-// As dequant_word without the subtraction: a[j] = bf16x2(128 + q[8w + j], 128 + q[8w + j + 4]),
-// exact integers, for dot_tile_biased (which takes the 128 back out per group).
-__device__ __forceinline__ void dequant_word_biased(uint32_t w, uint32_t (&a)[4]) {
-  constexpr uint32_t kMagic = 0x43004300u;
-#pragma unroll
-  for (int j = 0; j < 4; ++j)
-    asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(a[j]) : "r"(w >> (4 * j)), "n"(0x000F000Fu), "r"(kMagic));
 }
 
 // Block-wide (every thread calls it; the caller syncs before and after): x [cols] fp32 in
@@ -207,11 +202,14 @@ __device__ __forceinline__ void prefetch_tile_l2(const uint4* codes, const uint1
   }
 }
 
-// y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
-// sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
-template <int NPAIR>
+namespace detail {
+
+// dot_tile and dot_tile_biased: BIASED dequantizes the codes as 128 + q and takes 128 times the
+// group's sum_hl off its dot.
+template <int NPAIR, bool BIASED>
 __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
-                                         const uint4* zero, int cpr, int pair0, float& y_g, float& y_g8) {
+                                         const float* group_sum_hl, const uint4* zero, int cpr, int pair0, float& y_g,
+                                         float& y_g8) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, gpr = cpr / 2;
   const bool feeds = (t4 >> 1) == ((g >> 1) & 1);  // chunk t is in column g's group
 #pragma unroll
@@ -232,8 +230,8 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         uint32_t ag[4], ag8[4];
-        dequant_word(wg[w], ag);
-        dequant_word(wg8[w], ag8);
+        dequant_word<BIASED>(wg[w], ag);
+        dequant_word<BIASED>(wg8[w], ag8);
         const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
         const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
         ptx::mma_bf16(d[b], a0, bw[4 * w], bw[4 * w + 1]);
@@ -243,12 +241,28 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
     const int grp = 4 * (pair0 + p) + t4;
     const float xs = grp < gpr ? group_sum[grp] : 0.f;
     const float dg = (d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), dg8 = (d[0][2] + d[0][3]) + (d[1][2] + d[1][3]);
-    y_g = fmaf(t.scale[p][0], dg, fmaf(t.bias[p][0], xs, y_g));
-    y_g8 = fmaf(t.scale[p][1], dg8, fmaf(t.bias[p][1], xs, y_g8));
+    if constexpr (BIASED) {
+      const float hl = grp < gpr ? 128.f * group_sum_hl[grp] : 0.f;
+      y_g = fmaf(t.scale[p][0], dg - hl, fmaf(t.bias[p][0], xs, y_g));
+      y_g8 = fmaf(t.scale[p][1], dg8 - hl, fmaf(t.bias[p][1], xs, y_g8));
+    } else {
+      y_g = fmaf(t.scale[p][0], dg, fmaf(t.bias[p][0], xs, y_g));
+      y_g8 = fmaf(t.scale[p][1], dg8, fmaf(t.bias[p][1], xs, y_g8));
+    }
   }
 }
 
-// dot_tile with the codes as 128 + q (dequant_word_biased: a third fewer instructions a weight).
+}  // namespace detail
+
+// y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
+// sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
+template <int NPAIR>
+__device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
+                                         const uint4* zero, int cpr, int pair0, float& y_g, float& y_g8) {
+  detail::dot_tile<NPAIR, false>(t, frag, group_sum, nullptr, zero, cpr, pair0, y_g, y_g8);
+}
+
+// dot_tile with the codes as 128 + q (dequant_word<true>: a third fewer instructions a weight).
 // The tensor cores then sum 128 (hi + lo) over each group besides q (hi + lo); the caller's
 // group_sum_hl [cols / 64] holds the sum of hi + lo of each group (as the fragments represent x),
 // and 128 scale of it comes off:  y += scale (dg - 128 sum_hl) + bias sum_x. The products stay
@@ -258,40 +272,7 @@ template <int NPAIR>
 __device__ __forceinline__ void dot_tile_biased(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
                                                 const float* group_sum_hl, const uint4* zero, int cpr, int pair0,
                                                 float& y_g, float& y_g8) {
-  const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, gpr = cpr / 2;
-  const bool feeds = (t4 >> 1) == ((g >> 1) & 1);  // chunk t is in column g's group
-#pragma unroll
-  for (int p = 0; p < NPAIR; ++p) {
-    float d[2][4] = {};  // one accumulator per block: two independent mma chains of 8
-#pragma unroll
-    for (int b = 0; b < 2; ++b) {
-      const int chunk = 4 * (2 * (pair0 + p) + b) + t4;
-      const uint4* src = feeds && (g >> 2) == b && chunk < cpr ? frag + (chunk * 2 + (g & 1)) * kFragU4PerChunk : zero;
-      uint32_t bw[16];
-#pragma unroll
-      for (int i = 0; i < 4; ++i) {
-        const uint4 v = src[i];
-        bw[4 * i] = v.x, bw[4 * i + 1] = v.y, bw[4 * i + 2] = v.z, bw[4 * i + 3] = v.w;
-      }
-      const uint32_t wg[4] = {t.q[p][b][0].x, t.q[p][b][0].y, t.q[p][b][0].z, t.q[p][b][0].w};
-      const uint32_t wg8[4] = {t.q[p][b][1].x, t.q[p][b][1].y, t.q[p][b][1].z, t.q[p][b][1].w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        uint32_t ag[4], ag8[4];
-        dequant_word_biased(wg[w], ag);
-        dequant_word_biased(wg8[w], ag8);
-        const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
-        const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
-        ptx::mma_bf16(d[b], a0, bw[4 * w], bw[4 * w + 1]);
-        ptx::mma_bf16(d[b], a1, bw[4 * w + 2], bw[4 * w + 3]);
-      }
-    }
-    const int grp = 4 * (pair0 + p) + t4;
-    const float xs = grp < gpr ? group_sum[grp] : 0.f, hl = grp < gpr ? 128.f * group_sum_hl[grp] : 0.f;
-    const float dg = (d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), dg8 = (d[0][2] + d[0][3]) + (d[1][2] + d[1][3]);
-    y_g = fmaf(t.scale[p][0], dg - hl, fmaf(t.bias[p][0], xs, y_g));
-    y_g8 = fmaf(t.scale[p][1], dg8 - hl, fmaf(t.bias[p][1], xs, y_g8));
-  }
+  detail::dot_tile<NPAIR, true>(t, frag, group_sum, group_sum_hl, zero, cpr, pair0, y_g, y_g8);
 }
 
 // Sum over the quad (lanes 4 g .. 4 g + 3); every lane of the warp calls it.

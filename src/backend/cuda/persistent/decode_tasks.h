@@ -45,9 +45,9 @@
 // for that slot's gate/up tiles (and the top-k), and the shared expert's gate/up only for the
 // routers (not top-k), so expert work starts as soon as its own inputs exist; with one row, a
 // routed slot's gate/up tiles also wait only for the routers and choose the slot's expert
-// themselves (the top-k rule's rank `slot`: one warp's work, a hop saved). Tasks go to blocks round-robin in step
-// order, so every block's list is in step order (what makes the list deadlock-free with all blocks
-// resident).
+// themselves (the top-k rule's rank `slot`: one warp's work, a hop saved). Tasks go to blocks
+// round-robin in step order, so every block's list is in step order (what makes the list
+// deadlock-free with all blocks resident).
 #pragma once
 
 #include <cstdint>

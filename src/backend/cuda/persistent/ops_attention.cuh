@@ -228,8 +228,7 @@ __device__ __forceinline__ void attention_split_task(const StepArgs& a, const De
       };
       auto visible = [&](int i) { return i < nk && (i < nc || i - nc <= last_new); };
       // Group gi from x, its K and V loaded together before (one group in flight a warp: the next
-      // group's loads in a second KeyGroup made the split spill 452 bytes a thread, and the whole
-      // step 10-12% slower at every depth: docs/perf.md, session 18).
+      // group's loads in a second KeyGroup made the split spill, docs/perf.md, session 18).
       auto process = [&](const KeyGroup& x, int gi) {
         // S^T = Q K^T over this warp's 128 dims; hi and lo products in separate chains.
         float sh[4] = {0.f, 0.f, 0.f, 0.f}, sl[4] = {0.f, 0.f, 0.f, 0.f};

@@ -20,8 +20,8 @@
 // staged once per task as bf16 hi + lo fragments, fp32-level accuracy; the codes as 128 + q,
 // dot_tile_biased): a block's rows in tiles of 16, each tile's columns split over up to 16 warps
 // so that every warp has work, the parts summed in shared memory in a fixed order. An RMSNorm
-// before a product is applied to its results (stage). Activations written by other blocks of this launch are read
-// through L2 (__ldcg); the expert slots' routed weights and ids too. down adds into h with atomics
+// before a product is applied to its results (stage). Activations written by other blocks of
+// this launch are read through L2 (__ldcg); the expert slots' routed weights and ids too. down adds into h with atomics
 // (the slots of a row tile run on different blocks): the order of those adds varies, so h varies
 // in its last bits from run to run.
 // Tested: tests/cuda/test_persistent_decode.cpp (the step's logits against the decode step's and
@@ -138,8 +138,8 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, Pro
 // Columns 8i .. 8i + 7 of an input row, y[0..8), into block_rows_dot's fragments (quant_mma.cuh's
 // layout: they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16
 // hi + lo parts, and the sums of their group of 64 columns (8 consecutive i) into group_sum (of y)
-// and group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). Every
-// lane of the warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
+// and group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). Every lane of the
+// warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
 __device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], ProductScratch& s) {
   uint32_t* f = reinterpret_cast<uint32_t*>(s.frag);
   const int chunk = i / 4, k0 = 4 * (i % 4);
@@ -164,8 +164,7 @@ __device__ __forceinline__ void store_fragments8(int i, bool mine, const float (
 // and one barrier: thread i takes columns 8i .. 8i + 7 (two float4 loads) straight into the
 // fragments (store_fragments8). s.red[warp] gets the warp's share of sum(x^2): an RMSNorm is
 // applied after the products, RMSNorm(x) . w = inv ((gain * x) . w) (row_inv_rms), so that no
-// block-wide sum stands between the loads and the fragments (three barriers and a pass through
-// shared memory before: 2.5 us a task, 2026-12-04).
+// block-wide sum stands between the loads and the fragments (docs/perf.md, session 18).
 // The first `skip` threads (whole warps) take no columns: they may do other work before the barrier.
 template <bool GAIN>
 __device__ __forceinline__ void stage(const float* x, const float* gain, int cols, ProductScratch& s, int skip = 0) {
@@ -433,8 +432,7 @@ __device__ __forceinline__ int slot_expert(const StepArgs& a, const DeviceTask& 
 // downs, by the same instructions on the same logits), while the other warps stage x (the choice
 // and the staging meet at its barrier); the expert's rows of G and U go into L2 as soon as it is
 // chosen (the top-k task, not waited for, may not have made them known). (The rank by the whole
-// block in one pass, 256 threads counting the experts ahead of theirs, measured 2.3 us slower a
-// task than the warp's rounds, 2026-12-04.)
+// block in one pass measured slower than the warp's rounds: docs/perf.md, session 18.)
 __device__ inline void gate_up_task(const StepArgs& a, const DeviceTask& t, ProductScratch& s) {
   const DeviceLayer& L = a.layers[t.layer];
   const bool choose = t.slot != a.dims.slots && a.dims.T == 1;
