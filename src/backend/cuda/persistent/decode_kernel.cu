@@ -5,8 +5,9 @@
 //   thread 0:  prefetch the task's weights into L2 (bulk prefetches) unless done already, once
 //              they are known (an expert slot's: once its layer's top-k is done; a task that is
 //              ready before that loads them itself); then, until counter[w] >= count for each of
-//              its waits (acquire, GPU scope), prefetch the next tasks' weights, up to
-//              StepArgs::lookahead_bytes ahead and up to an expert slot not chosen yet
+//              its waits (relaxed polls, then one acquire load of each, GPU scope), prefetch the
+//              next tasks' weights, up to StepArgs::lookahead_bytes ahead and up to an expert slot
+//              not chosen yet
 //   all:       run the op (ops_dense.cuh, ops_deltanet.cuh, ops_attention.cuh)
 //   thread 0:  after the block's barrier, counter[signal] += 1 (release, GPU scope)
 //
@@ -34,6 +35,15 @@ namespace {
 __device__ __forceinline__ uint32_t load_acquire(const uint32_t* p) {
   uint32_t v;
   asm volatile("ld.acquire.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
+  return v;
+}
+
+// The polls themselves are relaxed: an acquire load compiles to an invalidation of the whole L1
+// (CCTL.IVALL) besides the load, and a block polls hundreds of times a step; once a wait is met, one
+// acquire load of each counter it waited on orders the task's reads after its producers' writes.
+__device__ __forceinline__ uint32_t load_relaxed(const uint32_t* p) {
+  uint32_t v;
+  asm volatile("ld.relaxed.gpu.global.u32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
   return v;
 }
 
@@ -86,7 +96,7 @@ __device__ uint32_t prefetch_task(const StepArgs& a, const DeviceTask& t) {
 }
 
 __device__ __forceinline__ bool known(const StepArgs& a, const DeviceTask& t) {
-  return t.known == kNoCounter || load_acquire(a.buf.counters + t.known) >= t.known_count;
+  return t.known == kNoCounter || load_relaxed(a.buf.counters + t.known) >= t.known_count;
 }
 
 // The cores and lm_head are functions of their own (not inlined): their registers are allocated
@@ -131,11 +141,18 @@ __device__ __forceinline__ void run(const StepArgs& a, const DeviceTask& t, unsi
   }
 }
 
-// Whether the task's waits are met (thread 0).
+// Whether the task's waits are met (thread 0; relaxed loads: acquire() follows).
 __device__ __forceinline__ bool ready(const uint32_t* counters, const DeviceTask& t) {
   for (int j = 0; j < 2; ++j)
-    if (t.wait[j] != kNoCounter && load_acquire(counters + t.wait[j]) < t.wait_count[j]) return false;
+    if (t.wait[j] != kNoCounter && load_relaxed(counters + t.wait[j]) < t.wait_count[j]) return false;
   return true;
+}
+
+// After ready(): the acquire loads that order the task's reads after its producers' writes (the
+// counters only grow, so these see the counts ready() saw).
+__device__ __forceinline__ void acquire(const uint32_t* counters, const DeviceTask& t) {
+  for (int j = 0; j < 2; ++j)
+    if (t.wait[j] != kNoCounter) (void)load_acquire(counters + t.wait[j]);
 }
 
 __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __grid_constant__ StepArgs a) {
@@ -167,6 +184,7 @@ __global__ void __launch_bounds__(kThreads, 1) persistent_decode_kernel(const __
           stuck(t, i, a.buf.counters);
         }
       }
+      acquire(a.buf.counters, t);
       if (ahead == i) fetched[ahead++] = 0;  // ready before its weights were known: it loads them itself
       trace_mark(1);
     }
