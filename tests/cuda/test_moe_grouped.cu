@@ -87,6 +87,31 @@ TEST(CudaMoeGrouped, TopkMatchesHostRule) {
     }
 }
 
+// moe_topk_gate: the top-k bit for bit as moe_topk's, the gate logit as cpu::linear's (fp32).
+TEST(CudaMoeGrouped, TopkGateIsTopkAndTheGateLogit) {
+  REQUIRE_GPU();
+  for (int bits : {8, 4})
+    for (int H : {64, 192, 2048})
+      for (int T : {1, 3, 37}) {
+        SCOPED_TRACE(testing::Message() << "bits " << bits << " H " << H << " T " << T);
+        const int E = 256, k = 8;
+        const TestQMatrix egate(1, 1, H, bits, uint32_t(H + T + bits));
+        const auto logits = random_floats(size_t(T) * E, uint32_t(T + 5), 2.f);
+        const auto x = random_floats(size_t(T) * H, uint32_t(T + 6), 3.f);
+        std::vector<float> sg(static_cast<size_t>(T));
+        cpu::linear(egate.cpu(), x.data(), T, sg.data());
+        DeviceArray<float> dl(logits), dx(x), dw(size_t(T) * k), dw2(size_t(T) * k), dsg(sg.size());
+        DeviceArray<int32_t> di(size_t(T) * k), di2(size_t(T) * k);
+        dw.poison(), dw2.poison(), di.poison(), di2.poison(), dsg.poison();
+        cuda::moe_topk(dl.get(), T, E, k, di.get(), dw.get(), nullptr);
+        cuda::moe_topk_gate(dl.get(), dx.get(), egate.gpu(), T, E, k, di2.get(), dw2.get(), dsg.get(), nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        EXPECT_EQ(di.download(), di2.download());
+        EXPECT_EQ(dw.download(), dw2.download());
+        EXPECT_LT(relative_error(dsg.download(), sg), 1e-5);
+      }
+}
+
 void check_plan(int T, int k, int E, int tile_rows, Load load) {
   SCOPED_TRACE(testing::Message() << "T " << T << " k " << k << " E " << E << " tile rows " << tile_rows << " load "
                                   << int(load));
@@ -96,10 +121,11 @@ void check_plan(int T, int k, int E, int tile_rows, Load load) {
   plan.tile_rows = tile_rows;
   plan.max_tiles = cuda::moe_max_tiles(P, E, tile_rows);
   DeviceArray<int32_t> did(ids), offsets(static_cast<size_t>(E + 1)), sorted(static_cast<size_t>(P)),
-      position(static_cast<size_t>(P)), tiles(static_cast<size_t>(plan.max_tiles) * 4), num(1);
-  offsets.poison(), sorted.poison(), position.poison(), tiles.poison(), num.poison();
+      position(static_cast<size_t>(P)), tiles(static_cast<size_t>(plan.max_tiles) * 4), num(1),
+      chunk_counts(static_cast<size_t>(cuda::moe_plan_chunks(P)) * E);
+  offsets.poison(), sorted.poison(), position.poison(), tiles.poison(), num.poison(), chunk_counts.poison();
   plan.offsets = offsets.get(), plan.sorted = sorted.get(), plan.position = position.get();
-  plan.tiles = tiles.get(), plan.num_tiles = num.get();
+  plan.tiles = tiles.get(), plan.num_tiles = num.get(), plan.chunk_counts = chunk_counts.get();
   cuda::moe_plan(did.get(), T, k, E, plan, nullptr);
   CUDA_OK(cudaDeviceSynchronize());
 
@@ -131,7 +157,10 @@ TEST(CudaMoeGrouped, Plan) {
   for (Load load : {Load::uniform, Load::few_experts, Load::one_dominant})
     for (int T : {1, 15, 16, 17, 64, 65, 300})
       for (int tile_rows : {16, 32, 64}) check_plan(T, 8, 256, tile_rows, load);
-  check_plan(1000, 8, 256, 32, Load::uniform);  // several 1024-pair chunks in the scatter
+  // several 1024-pair chunks, one block each: 128 tokens of 8 pairs fill one, 8192 tokens 64
+  for (int T : {127, 128, 129, 1000, 8192}) check_plan(T, 8, 256, 128, Load::uniform);
+  check_plan(1000, 8, 256, 32, Load::one_dominant);
+  check_plan(4096, 8, 256, 64, Load::few_experts);
   check_plan(129, 4, 16, 16, Load::one_dominant);
 }
 
@@ -302,7 +331,7 @@ TEST(CudaMoeGrouped, TopkPlanIsTopkThenPlan) {
     const auto logits = random_floats(size_t(T) * E, uint32_t(T + 77), 3.f);
     DeviceArray<float> dlogits(logits);
     struct Out {
-      DeviceArray<int32_t> ids, offsets, sorted, position, tiles, num;
+      DeviceArray<int32_t> ids, offsets, sorted, position, tiles, num, chunk_counts;
       DeviceArray<float> weights;
       cuda::MoePlan plan;
       Out(int P, int E)
@@ -312,11 +341,13 @@ TEST(CudaMoeGrouped, TopkPlanIsTopkThenPlan) {
             position(size_t(P)),
             tiles(size_t(cuda::moe_max_tiles(P, E, 16)) * 4),
             num(1),
+            chunk_counts(size_t(cuda::moe_plan_chunks(P)) * E),
             weights(size_t(P)) {
-        for (auto* a : {&ids, &offsets, &sorted, &position, &tiles, &num}) a->poison();
+        for (auto* a : {&ids, &offsets, &sorted, &position, &tiles, &num, &chunk_counts}) a->poison();
         weights.poison();
         plan.offsets = offsets.get(), plan.sorted = sorted.get(), plan.position = position.get();
         plan.tiles = tiles.get(), plan.num_tiles = num.get(), plan.tile_rows = 16;
+        plan.chunk_counts = chunk_counts.get();
         plan.max_tiles = cuda::moe_max_tiles(P, E, 16);
       }
     } a(P, E), b(P, E);

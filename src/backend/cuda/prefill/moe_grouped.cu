@@ -3,12 +3,13 @@
 //
 //   logits = x @ Wr^T                                   gemm_exact (fp32-level)  [T, E]
 //   ids, w = top-k(softmax(logits)), renormalised       moe_topk_kernel          [T, k]
+//   sg     = x @ w_sg^T (fp32, the same warp)           moe_topk_kernel          [T]
 //   plan: histogram of pairs per expert, exclusive scan -> offsets, stable scatter of the
-//         T*k (token, slot) pairs into expert order, tile map   moe_plan_kernel (one block)
+//         T*k (token, slot) pairs into expert order, tile map   moe_plan_count_kernel,
+//         moe_plan_place_kernel (a block per 1024 pairs; moe_plan_kernel: one block, short passes)
 //   act[p]   = silu(G_e x_t) * (U_e x_t)                gemm_q4_grouped_swiglu   [T*k, I]
 //   y[p]     = D_e act[p]                               gemm_q4_grouped          [T*k, H]
 //   sh       = D_s(silu(G_s x) * U_s x)                 gemm_q4_swiglu, gemm_q4  [T, H]
-//   sg       = x @ w_sg^T                               gemm_q4 (8-bit, 1 row)   [T]
 //   out[t]  += sum_s w[t, s] * y[position(t, s)] + sigmoid(sg[t]) * sh[t]      moe_combine_kernel
 // (p: a position in expert-sorted order; pair t*k + s sits at position(t, s).)
 // Determinism: the scatter is stable (pairs keep their order inside an expert: per-chunk warp
@@ -39,6 +40,7 @@
 
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/phase_marks.h"
+#include "backend/cuda/common/quant_dot.cuh"
 #include "backend/cuda/common/route_topk.cuh"
 #include "backend/cuda/decode/gemv_rows.h"
 #include "backend/cuda/decode/moe_route_rows.h"
@@ -58,14 +60,48 @@ constexpr int kCombineThreads = 256;
 
 // ---- Top-k ------------------------------------------------------------------------------
 
-// One warp per token: warp_route_topk (route_topk.cuh), the rule the decode expert launches use.
+// The shared expert's gate row [1, H] (BITS 4 or 8, group 64), for the top-k kernel's logit.
+struct GateRow {
+  const uint4* codes = nullptr;  // nullptr: no logit asked for
+  const uint16_t* scales = nullptr;
+  const uint16_t* biases = nullptr;
+  int bits = 8;
+  const float* x = nullptr;  // [T, H] fp32
+  int H = 0;
+  float* sg = nullptr;  // [T]
+};
+
+// x[t] . w_sg in fp32 by one warp (lane c: chunks c, c + 32, ...), as cpu::linear and the decode
+// route compute it: dequantized weights in fp32, fp32 x.
+template <int BITS>
+__device__ float warp_gate_logit(const GateRow& g, int t) {
+  constexpr int kCodes = 128 / BITS, kChunksPerGroup = 64 / kCodes;
+  const int lane = threadIdx.x % 32, cpr = g.H / kCodes;
+  const float* x = g.x + int64_t(t) * g.H;
+  float acc = 0.f;
+  for (int c = lane; c < cpr; c += 32) {
+    float xr[kCodes];
+    const float sx = quant::load_x<kCodes, false>(x + c * kCodes, xr);
+    const float scale = quant::load_bf16(g.scales + c / kChunksPerGroup);
+    const float bias = quant::load_bf16(g.biases + c / kChunksPerGroup);
+    acc += fmaf(scale, quant::chunk_dot<BITS>(quant::load_codes(g.codes + c), xr), bias * sx);
+  }
+  return quant::group_sum<32>(acc);
+}
+
+// One warp per token: warp_route_topk (route_topk.cuh), the rule the decode expert launches use;
+// with a gate row, the shared expert's gate logit of the token too.
 __global__ void __launch_bounds__(kTopkWarps * 32)
-    moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights) {
+    moe_topk_kernel(const float* logits, int T, int E, int k, int32_t* ids, float* weights, GateRow gate) {
   pdl_wait();
   pdl_launch_dependents();
   const int t = blockIdx.x * kTopkWarps + threadIdx.x / 32;
   if (t >= T) return;
   warp_route_topk(logits + int64_t(t) * E, E, k, ids + int64_t(t) * k, weights + int64_t(t) * k);
+  if (gate.codes) {
+    const float sg = gate.bits == 4 ? warp_gate_logit<4>(gate, t) : warp_gate_logit<8>(gate, t);
+    if (threadIdx.x % 32 == 0) gate.sg[t] = sg;
+  }
 }
 
 // ---- Plan: histogram, scan, stable scatter, tile map --------------------------------------
@@ -180,6 +216,84 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
   }
 }
 
+// ---- Plan over many chunks: counts, then places ---------------------------------------------
+// moe_plan for any number of pairs in two launches of one block per chunk of kPlanThreads pairs
+// (the one-block loop above walks the chunks one after the other: ~100 us at 4096 tokens):
+//   count:  per chunk, the pairs of each expert (chunk_counts [chunk][E]) and each pair's rank
+//           among its expert's pairs in the chunk (kept in position[] until place overwrites it)
+//   place:  every block sums the chunks' counts (the offsets, and the pairs of each expert in
+//           earlier chunks), scans them as moe_plan_kernel does, and places its chunk's pairs;
+//           block 0 writes offsets, the tile map and its size.
+// Positions are the one-block kernel's: an expert's base, its pairs in earlier chunks, in earlier
+// warps of the chunk, in earlier lanes (stable).
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_count_kernel(PlanParams p, int32_t* chunk_counts) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ int warp_count[32][kMaxExperts];  // this chunk's pairs of each (warp, expert)
+  const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32, i = blockIdx.x * kPlanThreads + tid;
+  for (int j = tid; j < 32 * p.E; j += kPlanThreads) warp_count[j / p.E][j % p.E] = 0;
+  __syncthreads();
+  const bool valid = i < p.P;
+  const int e = valid ? min(max(p.ids[i], 0), p.E - 1) : -1;
+  const uint32_t peers = __match_any_sync(0xFFFFFFFFu, e);
+  const int rank = __popc(peers & ((1u << lane) - 1u));  // among its expert's pairs in the warp
+  if (valid && rank == 0) warp_count[warp][e] = __popc(peers);
+  __syncthreads();
+  if (tid < p.E) {  // counts -> exclusive prefixes over the warps; the chunk's count per expert
+    int run = 0;
+    for (int w = 0; w < 32; ++w) {
+      const int n = warp_count[w][tid];
+      warp_count[w][tid] = run;
+      run += n;
+    }
+    chunk_counts[int64_t(blockIdx.x) * p.E + tid] = run;
+  }
+  __syncthreads();
+  if (valid) p.position[i] = warp_count[warp][e] + rank;
+}
+
+__global__ void __launch_bounds__(kPlanThreads) moe_plan_place_kernel(PlanParams p, const int32_t* chunk_counts) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ int base[kMaxExperts];
+  __shared__ int warp_sums[32];
+  __shared__ int total, total_tiles;
+  const int tid = threadIdx.x, chunks = int(gridDim.x);
+  int c = 0, before = 0;  // pairs of expert tid in all chunks, in the chunks before this one
+  if (tid < p.E)
+    for (int b = 0; b < chunks; ++b) {
+      const int n = __ldcg(chunk_counts + int64_t(b) * p.E + tid);
+      c += n;
+      before += b < int(blockIdx.x) ? n : 0;
+    }
+  const int off = block_exclusive_scan(c, warp_sums, &total);
+  const int nt = (c + p.tile_rows - 1) / p.tile_rows;
+  const int toff = block_exclusive_scan(nt, warp_sums, &total_tiles);
+  if (tid < p.E) base[tid] = off + before;
+  if (blockIdx.x == 0) {
+    if (tid < p.E) {
+      p.offsets[tid] = off;
+      for (int j = 0; j < nt; ++j) {
+        int4 tile{tid, off + j * p.tile_rows, min(off + c, off + (j + 1) * p.tile_rows), 0};
+        reinterpret_cast<int4*>(p.tiles)[toff + j] = tile;
+      }
+    }
+    if (tid == 0) {
+      p.offsets[p.E] = p.P;
+      *p.num_tiles = total_tiles;
+    }
+  }
+  __syncthreads();
+  const int i = blockIdx.x * kPlanThreads + tid;
+  if (i < p.P) {
+    const int e = min(max(p.ids[i], 0), p.E - 1);
+    const int pos = base[e] + __ldcg(p.position + i);
+    p.sorted[pos] = i;
+    p.position[i] = pos;
+  }
+}
+
 // ---- Combine ----------------------------------------------------------------------------
 
 struct CombineParams {
@@ -216,7 +330,8 @@ __global__ void __launch_bounds__(kCombineThreads) moe_combine_kernel(CombinePar
 // ---- Scratch layout ---------------------------------------------------------------------
 
 struct Layout {
-  size_t logits, ids, weights, offsets, sorted, position, tiles, num_tiles, act, y, shared_act, shared_y, sg;
+  size_t logits, ids, weights, offsets, sorted, position, tiles, num_tiles, chunk_counts, act, y, shared_act, shared_y,
+      sg;
   size_t xp, act_p, bytes;  // the wgmma form's bf16 copies of x [T, H] and act [P, I]
   int max_tiles, tile_rows;
 };
@@ -243,6 +358,7 @@ Layout layout(const GpuMoe& w, int T, int k, int tile_rows) {
   l.position = take(P * 4);
   l.tiles = take(size_t(l.max_tiles) * 16);
   l.num_tiles = take(4);
+  l.chunk_counts = take(size_t(moe_plan_chunks(int(P))) * E * 4);
   l.act = take(P * I * 4);
   l.y = take(P * H * 4);
   l.shared_act = take(size_t(T) * Is * 4);
@@ -283,15 +399,40 @@ int moe_max_tiles(int pairs, int E, int tile_rows) {
   return int((int64_t(pairs) + n * (tile_rows - 1)) / tile_rows);
 }
 
+int moe_plan_chunks(int pairs) { return std::max(1, (pairs + kPlanThreads - 1) / kPlanThreads); }
+
 size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows) {
   return layout(w, T, k, tile_rows).bytes;
 }
 
-void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
+namespace {
+
+void launch_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, const GateRow& gate,
+                 cudaStream_t stream) {
   LILY_CHECK(E >= 1 && E <= kMaxExperts && k >= 1 && k <= kMaxK && k <= E, "moe_topk: top-{} of {} experts", k, E);
   if (T <= 0) return;
   launch_after_wait(moe_topk_kernel, dim3(unsigned((T + kTopkWarps - 1) / kTopkWarps)), dim3(kTopkWarps * 32), 0,
-                    stream, logits, T, E, k, ids, weights);
+                    stream, logits, T, E, k, ids, weights, gate);
+}
+
+}  // namespace
+
+void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream) {
+  launch_topk(logits, T, E, k, ids, weights, GateRow{}, stream);
+}
+
+void moe_topk_gate(const float* logits, const float* x, const QMatrix& w_sg, int T, int E, int k, int32_t* ids,
+                   float* weights, float* sg, cudaStream_t stream) {
+  LILY_CHECK(w_sg.rows == 1 && (w_sg.bits == 4 || w_sg.bits == 8) && w_sg.group_size == 64 && w_sg.cols % 64 == 0,
+             "moe_topk_gate: the shared expert gate [{}, {}] q{} group {} (one row, 4 or 8 bits, group 64)", w_sg.rows,
+             w_sg.cols, w_sg.bits, w_sg.group_size);
+  LILY_CHECK((reinterpret_cast<uintptr_t>(x) & 15) == 0, "moe_topk_gate: x must be 16-byte aligned");
+  GateRow g;
+  g.codes = reinterpret_cast<const uint4*>(w_sg.codes);
+  g.scales = reinterpret_cast<const uint16_t*>(w_sg.scales);
+  g.biases = reinterpret_cast<const uint16_t*>(w_sg.biases);
+  g.bits = w_sg.bits, g.x = x, g.H = w_sg.cols, g.sg = sg;
+  launch_topk(logits, T, E, k, ids, weights, g, stream);
 }
 
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream) {
@@ -299,10 +440,14 @@ void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cuda
   LILY_CHECK(plan.tile_rows >= 1 && plan.max_tiles >= moe_max_tiles(T * k, E, plan.tile_rows),
              "moe_plan: room for {} tiles, {} pairs may need {}", plan.max_tiles, T * k,
              moe_max_tiles(T * k, E, plan.tile_rows));
+  LILY_CHECK(plan.chunk_counts != nullptr, "moe_plan: no chunk_counts ([moe_plan_chunks(T * k), E])");
   const PlanParams p{ids,         T * k,         E,          plan.tile_rows, plan.offsets,
                      plan.sorted, plan.position, plan.tiles, plan.num_tiles, nullptr,
                      k,           nullptr};
-  launch_after_wait(moe_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, p);
+  const dim3 chunks(unsigned(moe_plan_chunks(T * k)));
+  launch_after_wait(moe_plan_count_kernel, chunks, dim3(kPlanThreads), 0, stream, p, plan.chunk_counts);
+  launch_after_wait(moe_plan_place_kernel, chunks, dim3(kPlanThreads), 0, stream, p,
+                    static_cast<const int32_t*>(plan.chunk_counts));
 }
 
 void moe_topk_plan(const float* logits, int T, int k, int E, int32_t* ids, float* weights, const MoePlan& plan,
@@ -332,6 +477,7 @@ MoePlan plan_in(void* scratch, const Layout& l) {
   plan.position = at<int32_t>(scratch, l.position);
   plan.tiles = at<int32_t>(scratch, l.tiles);
   plan.num_tiles = at<int32_t>(scratch, l.num_tiles);
+  plan.chunk_counts = at<int32_t>(scratch, l.chunk_counts);
   plan.max_tiles = l.max_tiles;
   plan.tile_rows = l.tile_rows;
   return plan;
@@ -418,11 +564,11 @@ void check_rows(const GpuMoe& w, int T) {
              "moe_grouped: the few-row kernels take at most {} tokens of 4-bit experts ({} tokens)", kGemvRowsMaxT, T);
 }
 
-}  // namespace
-
-void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
-                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
-                                    const SplitK* split, MoeExpertKernels kernels) {
+// The plan, the experts and the combine for given ids and weights; sg_ready: the top-k wrote the
+// shared expert's gate logits.
+void experts_from_ids(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T, int k,
+                      void* scratch, float* out, cudaStream_t stream, int tile_rows, const SplitK* split,
+                      MoeExpertKernels kernels, bool sg_ready) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
@@ -434,7 +580,15 @@ void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32
   const MoePlan plan = plan_in(scratch, l);
   phases::mark("moe.plan", stream);
   moe_plan(ids, T, k, w.experts_gate.batch, plan, stream);
-  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, kernels, false);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, kernels, sg_ready);
+}
+
+}  // namespace
+
+void moe_experts_grouped_accumulate(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T,
+                                    int k, void* scratch, float* out, cudaStream_t stream, int tile_rows,
+                                    const SplitK* split, MoeExpertKernels kernels) {
+  experts_from_ids(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels, false);
 }
 
 void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps, int T, int k, void* scratch, float* x,
@@ -468,9 +622,9 @@ void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void*
   float* logits = at<float>(scratch, l.logits);
   phases::mark("moe.router", stream);
   gemm_exact(w.router, x, logits, T, stream, split);  // fp32-accurate, as the decode path and the CPU
-  phases::mark("moe.topk", stream);
-  moe_topk(logits, T, w.router.rows, k, ids, weights, stream);
-  moe_experts_grouped_accumulate(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels);
+  phases::mark("moe.topk", stream);                   // and the shared expert's gate logits
+  moe_topk_gate(logits, x, w.shared_expert_gate, T, w.router.rows, k, ids, weights, at<float>(scratch, l.sg), stream);
+  experts_from_ids(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels, true);
 }
 
 }  // namespace lily::cuda

@@ -50,13 +50,19 @@ void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps
 //   logits: [T, E] -> ids: [T, k] int32, weights: [T, k] fp32.  E <= 256, k <= 8.
 void moe_topk(const float* logits, int T, int E, int k, int32_t* ids, float* weights, cudaStream_t stream);
 
+// moe_topk, and sg[t] = x[t] . w_sg (the shared expert's gate logit, fp32 as cpu::linear) by the
+// same warp.   x: [T, H] fp32 (16-byte aligned), w_sg: [1, H] 4 or 8 bits, group 64; sg: [T].
+void moe_topk_gate(const float* logits, const float* x, const QMatrix& w_sg, int T, int E, int k, int32_t* ids,
+                   float* weights, float* sg, cudaStream_t stream);
+
 // The expert-sorted order of the T*k (token, slot) pairs and the tile map over it.
 struct MoePlan {
-  int32_t* offsets = nullptr;    // [E + 1]: first position of each expert; offsets[E] = T*k
-  int32_t* sorted = nullptr;     // [T*k]: pair index (t*k + s) at each position; stable (pairs in order)
-  int32_t* position = nullptr;   // [T*k]: position of each pair
-  int32_t* tiles = nullptr;      // [max_tiles, 4]: expert, first position, end position, 0
-  int32_t* num_tiles = nullptr;  // [1]
+  int32_t* offsets = nullptr;       // [E + 1]: first position of each expert; offsets[E] = T*k
+  int32_t* sorted = nullptr;        // [T*k]: pair index (t*k + s) at each position; stable (pairs in order)
+  int32_t* position = nullptr;      // [T*k]: position of each pair
+  int32_t* tiles = nullptr;         // [max_tiles, 4]: expert, first position, end position, 0
+  int32_t* num_tiles = nullptr;     // [1]
+  int32_t* chunk_counts = nullptr;  // [moe_plan_chunks(T*k), E]: moe_plan's scratch
   int max_tiles = 0;
   int tile_rows = 0;  // positions per tile
 };
@@ -64,7 +70,11 @@ struct MoePlan {
 // The most tiles T*k pairs over E experts can need with tiles of tile_rows positions.
 int moe_max_tiles(int pairs, int E, int tile_rows);
 
-// Builds plan (whose device arrays the caller sized with moe_max_tiles) from ids: [T, k].
+// The chunks of pairs moe_plan counts in parallel (one block each).
+int moe_plan_chunks(int pairs);
+
+// Builds plan (whose device arrays the caller sized with moe_max_tiles and moe_plan_chunks) from
+// ids: [T, k], in two launches of moe_plan_chunks(T * k) blocks.
 void moe_plan(const int32_t* ids, int T, int k, int E, const MoePlan& plan, cudaStream_t stream);
 
 // moe_topk then moe_plan in one launch, for T <= 32: ids [T, k] and weights [T, k] written too.
