@@ -11,6 +11,7 @@
 #include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
 
 #include <cstring>
+#include <memory>
 
 #include "base/bf16.h"
 #include "cuda_test_util.h"
@@ -89,7 +90,8 @@ TEST(CudaGemmW4Wgmma, PermutesXExactly) {
 
 TEST(CudaGemmW4Wgmma, EdgeSizes) {
   REQUIRE_GPU();
-  for (int T : {1, 63, 64, 65, 128, 129, 300})
+  // 129, 150, 160, 161, 300: last tiles of 1, 22, 32, 33 and 44 tokens (the 16-, 32- and 64-wide products)
+  for (int T : {1, 63, 64, 65, 128, 129, 150, 160, 161, 300})
     for (int N : {1, 127, 128, 129, 300}) check_gemm(N, 512, T, Mode::store);
 }
 
@@ -205,6 +207,10 @@ TEST(CudaGemmW4Wgmma, Grouped) {
       check_grouped(counts, swiglu ? 65 : 129, 512, tile_rows, 1, swiglu);
       check_grouped(counts, swiglu ? 64 : 128, 2048, tile_rows, 8, swiglu);  // 8 positions a token (top-8)
     }
+  // Tiles of 16, 17, 32, 33 and 20 positions after a full one (the narrower products of an
+  // expert's last tile).
+  for (int tile_rows : {64, 128})
+    for (bool swiglu : {false, true}) check_grouped({144, 145, 160, 161, 148, 3}, 128, 512, tile_rows, 8, swiglu);
   check_grouped({128, 0, 128, 3}, 2048, 512, 64, 8, false);  // the experts' down shape
   check_grouped({129, 0, 300, 3}, 2048, 512, 128, 8, false);
   check_grouped(counts, 65, 256, 64, 8, true);    // tiny models: hidden 256,
@@ -226,6 +232,42 @@ TEST(CudaGemmW4Wgmma, WritesOnlyItsRows) {
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = dy.download();
     for (size_t i = size_t(T) * N; i < got.size(); ++i) ASSERT_EQ(got[i], 12345.f) << "T " << T << " index " << i;
+  }
+}
+
+// A fused matrix's rows into the buffers of its parts (RowsOutput), each part a window of a
+// larger poisoned buffer: values as the one-buffer product's, nothing written outside the parts.
+TEST(CudaGemmW4Wgmma, PartsToTheirBuffers) {
+  REQUIRE_GPU();
+  for (int T : {1, 70, 129}) {
+    SCOPED_TRACE(testing::Message() << "T " << T);
+    const int K = 512, first[4] = {0, 136, 200, 232}, N = 264;
+    TestQMatrix W(1, N, K, 4, uint32_t(T + 9));
+    const auto x = random_floats(size_t(T) * K, uint32_t(T + 10));
+    const Bf16Reference ref = bf16_reference(W, x, T);
+    const DeviceArray<bf16> xp(size_t(T) * K);
+    permute(x, T, K, xp);
+    constexpr float kPoison = 12345.f;
+    std::vector<std::unique_ptr<DeviceArray<float>>> bufs;
+    cuda::RowsOutput y;
+    for (int j = 0; j < 4; ++j) {
+      const int rows = (j + 1 < 4 ? first[j + 1] : N) - first[j];
+      bufs.push_back(std::make_unique<DeviceArray<float>>(size_t(T) * rows + 64));
+      bufs.back()->upload(std::vector<float>(bufs.back()->size(), kPoison));
+      y.then(bufs.back()->get(), first[j], rows);
+    }
+    cuda::gemm_w4_wgmma(W.gpu(), xp.get(), y, T, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    for (int j = 0; j < 4; ++j) {
+      const int rows = (j + 1 < 4 ? first[j + 1] : N) - first[j];
+      const auto got = bufs[size_t(j)]->download();
+      for (int t = 0; t < T; ++t)
+        for (int r = 0; r < rows; ++r) {
+          const size_t at = size_t(t) * N + size_t(first[j] + r);
+          ASSERT_NEAR(got[size_t(t) * rows + r], ref.y[at], kBound * ref.l1[at] + 1e-30) << "part " << j;
+        }
+      for (size_t i = size_t(T) * rows; i < got.size(); ++i) ASSERT_EQ(got[i], kPoison) << "part " << j;
+    }
   }
 }
 

@@ -3,10 +3,10 @@
 //
 //   h = embed[tokens]
 //   per layer:  x = RMSNorm(h)                                          rms_norm
-//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm x4
+//               DeltaNet:  qkv, z, b, a = x @ W^T                       gemm (fused: one) or x4
 //                          y = gated_deltanet(qkv, z, b, a)             gated_deltanet_prefill
 //                          h += y @ out_proj^T                          gemm_accumulate
-//               attention: q,gate, k, v = x @ W^T                       gemm x3
+//               attention: q,gate, k, v = x @ W^T                       gemm (fused: one) or x3
 //                          o = gated_attention(q, k, v; KV cache)       gated_attention_prefill
 //                          h += o @ o_proj^T                            gemm_accumulate
 //               h += experts(RMSNorm(h)) + shared(RMSNorm(h))           rms_norm, moe_grouped_accumulate
@@ -113,9 +113,17 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
     // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
     phases::mark("attention.qkv_proj", stream_);
     const GemmInput in = gemm_input(x, T, c_.hidden_size);
-    gemm(a.q_proj, in, wide_.as<float>(), T);
-    gemm(a.k_proj, in, k_.as<float>(), T);
-    gemm(a.v_proj, in, v_.as<float>(), T);
+    if (fused_gemm(a.qkv_proj, in)) {  // one launch for the three
+      RowsOutput y;
+      y.then(wide_.as<float>(), 0, a.q_proj.rows)
+          .then(k_.as<float>(), a.q_proj.rows, a.k_proj.rows)
+          .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
+      gemm_w4_wgmma(a.qkv_proj, in.xp, y, T, stream_);
+    } else {
+      gemm(a.q_proj, in, wide_.as<float>(), T);
+      gemm(a.k_proj, in, k_.as<float>(), T);
+      gemm(a.v_proj, in, v_.as<float>(), T);
+    }
   }
   // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
   phases::mark("attention.core", stream_);
@@ -148,10 +156,20 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
     // qkv, z, b, a = x @ W^T
     phases::mark("deltanet.in_proj", stream_);
     const GemmInput in = gemm_input(x, T, c_.hidden_size);
-    gemm(d.in_proj_qkv, in, wide_.as<float>(), T);
-    gemm(d.in_proj_z, in, z_.as<float>(), T);
-    gemm(d.in_proj_b, in, b_.as<float>(), T);
-    gemm(d.in_proj_a, in, a_.as<float>(), T);
+    if (fused_gemm(d.in_proj_all, in)) {  // one launch for the four
+      const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
+      RowsOutput y;
+      y.then(wide_.as<float>(), 0, d.in_proj_qkv.rows)
+          .then(z_.as<float>(), z0, d.in_proj_z.rows)
+          .then(b_.as<float>(), b0, d.in_proj_b.rows)
+          .then(a_.as<float>(), a0, d.in_proj_a.rows);
+      gemm_w4_wgmma(d.in_proj_all, in.xp, y, T, stream_);
+    } else {
+      gemm(d.in_proj_qkv, in, wide_.as<float>(), T);
+      gemm(d.in_proj_z, in, z_.as<float>(), T);
+      gemm(d.in_proj_b, in, b_.as<float>(), T);
+      gemm(d.in_proj_a, in, a_.as<float>(), T);
+    }
   }
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   phases::mark("deltanet.core", stream_);
@@ -173,6 +191,12 @@ PrefillPass::GemmInput PrefillPass::gemm_input(const float* x, int T, int K) {
   if (!plan_.prefill.wgmma(T)) return {x, nullptr};
   x_to_bf16_permuted(x, xp_.as<bf16>(), T, K, stream_);
   return {x, xp_.as<bf16>()};
+}
+
+// Whether the fused matrix's product runs as one wgmma launch (its parts share one quantization:
+// GpuWeights fused them, and the wgmma GEMM takes it).
+bool PrefillPass::fused_gemm(const QMatrix& fused, const GemmInput& in) const {
+  return in.xp && fused.rows > 0 && gemm_w4_wgmma_supports(fused);
 }
 
 void PrefillPass::gemm(const QMatrix& W, const GemmInput& in, float* y, int T) {

@@ -34,6 +34,7 @@ class PrefillPass {
     const bf16* xp;  // nullptr: gemm_q4
   };
   GemmInput gemm_input(const float* x, int T, int K);
+  bool fused_gemm(const QMatrix& fused, const GemmInput& in) const;              // one wgmma launch for its parts
   void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T
   void gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T);  // y += x @ W^T
   void sparse_moe(const GpuLayer& layer, int T);

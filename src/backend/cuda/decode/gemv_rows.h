@@ -12,36 +12,11 @@
 #pragma once
 
 #include "backend/cuda/common/gpu_types.h"
+#include "backend/cuda/common/rows_output.h"
 
 namespace lily::cuda {
 
 constexpr int kGemvRowsMaxT = 16;
-
-// Where output row r of token t goes: the part p with parts[p].first_row <= r < the next part's
-// first_row writes parts[p].y[t * parts[p].ld + r - parts[p].first_row]. Parts in row order,
-// the first at row 0.
-struct RowsOutput {
-  static constexpr int kMaxParts = 4;
-  struct Part {
-    float* y = nullptr;
-    int first_row = 0;
-    int ld = 0;  // floats from one token's row of the part to the next
-  };
-  Part parts[kMaxParts];
-  int count = 0;
-
-  // One buffer y [T, rows].
-  static RowsOutput whole(float* y, int rows) {
-    RowsOutput o;
-    o.parts[0] = {y, 0, rows};
-    o.count = 1;
-    return o;
-  }
-  RowsOutput& then(float* y, int first_row, int ld) {
-    parts[count++] = {y, first_row, ld};
-    return *this;
-  }
-};
 
 // Whether the kernels take W: 4-bit, group 64, cols a multiple of 64 up to 4096 (up to 2048 in
 // the RMSNorm form), arrays 16-byte aligned. The SwiGLU form: G and U alike, cols up to 2048.

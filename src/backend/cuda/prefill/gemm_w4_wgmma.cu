@@ -82,6 +82,31 @@ __device__ __forceinline__ uint32_t fma_bf16x2(uint32_t a, uint32_t b, uint32_t 
 
 __device__ __forceinline__ float silu(float g) { return g / (1.f + __expf(-g)); }
 
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %13, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7"
+               "}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n"
+               "}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t desc_b) {
+  asm volatile("{\n"
+               ".reg .pred p;\n"
+               "setp.ne.b32 p, %21, 0;\n"
+               "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 {"
+               "%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15"
+               "}, {%16, %17, %18, %19}, %20, p, 1, 1, 0;\n"
+               "}\n"
+               : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+                 "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+               : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
+}
+
 __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t desc_b) {
   asm volatile("{\n"
                ".reg .pred p;\n"
@@ -120,16 +145,22 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], const uint32_t 
                : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(desc_b), "r"(1));
 }
 
+// The first N accumulators of a wider product's (the m64nN layouts agree on them).
+template <int N, int M>
+__device__ __forceinline__ float (&first(float (&acc)[M]))[N] {
+  static_assert(N <= M);
+  return *reinterpret_cast<float(*)[N]>(acc);
+}
+
 // ---- The kernel ------------------------------------------------------------------------------
 
 struct Params {
   const uint8_t* codes[2] = {nullptr, nullptr};    // W (or G), U: [E, rows, K / 2] bytes
   const uint16_t* scales[2] = {nullptr, nullptr};  // [E, rows, K / 64] bf16
   const uint16_t* biases[2] = {nullptr, nullptr};
-  int rows = 0, K = 0;      // of one matrix
-  const bf16* x = nullptr;  // [*, K] in the kernel's K order
-  float* y = nullptr;
-  int ldy = 0;
+  int rows = 0, K = 0;          // of one matrix
+  const bf16* x = nullptr;      // [*, K] in the kernel's K order
+  RowsOutput y;                 // output feature n of position t: its part's y[t * ld + n - first_row]
   int T = 0;                    // dense: tokens
   const int4* tiles = nullptr;  // grouped: gemm_q4's tile map
   const int32_t* num_tiles = nullptr;
@@ -262,6 +293,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
   float acc[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc[i] = 0.f;
+  const int n = t1 - t0;  // positions of the tile (at most NT)
 
   for (int kt = 0; kt < G; ++kt) {
     const int st = kt % kStages;
@@ -285,10 +317,22 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
         }
     wgmma_fence();
     const uint8_t* bt = b_tiles + st * S::kB;
+    // As wide as the tile's positions need (an expert's last tile is often a few): the first
+    // 8, 16 or 32 accumulators of the 128-wide layout are the narrower products' own.
+    if (n > 64) {
+      if constexpr (NT == 128) {
 #pragma unroll
-    for (int s = 0; s < kStepsPerGroup; ++s) {
-      if constexpr (NT == 128) wgmma_m64n128k16(acc, a[s], smem_desc_sw128(bt + 32 * s));
-      else wgmma_m64n64k16(acc, a[s], smem_desc_sw128(bt + 32 * s));
+        for (int s = 0; s < kStepsPerGroup; ++s) wgmma_m64n128k16(acc, a[s], smem_desc_sw128(bt + 32 * s));
+      }
+    } else if (n > 32) {
+#pragma unroll
+      for (int s = 0; s < kStepsPerGroup; ++s) wgmma_m64n64k16(first<32>(acc), a[s], smem_desc_sw128(bt + 32 * s));
+    } else if (n > 16) {
+#pragma unroll
+      for (int s = 0; s < kStepsPerGroup; ++s) wgmma_m64n32k16(first<16>(acc), a[s], smem_desc_sw128(bt + 32 * s));
+    } else {
+#pragma unroll
+      for (int s = 0; s < kStepsPerGroup; ++s) wgmma_m64n16k16(first<8>(acc), a[s], smem_desc_sw128(bt + 32 * s));
     }
     wgmma_commit();
     wgmma_wait<0>();
@@ -313,13 +357,25 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     if (c == 1) return;
   }
+  // The thread's two output features: their part's column and row stride.
+  float* col[2];
+  int ld[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r) {
+    const int feature = m0 + lr[r];
+    int part = 0;
+#pragma unroll
+    for (int j = 1; j < RowsOutput::kMaxParts; ++j) part += j < p.y.count && feature >= p.y.parts[j].first_row;
+    col[r] = p.y.parts[part].y + (feature - p.y.parts[part].first_row);
+    ld[r] = p.y.parts[part].ld;
+  }
 #pragma unroll
   for (int i = 0; i < NT / 8; ++i)
 #pragma unroll
     for (int j = 0; j < 4; ++j) {
       const int feature = m0 + lr[j / 2], pos = t0 + 8 * i + 2 * t + j % 2;
       if (pos >= t1 || feature >= p.rows) continue;
-      float* dst = p.y + int64_t(pos) * p.ldy + feature;
+      float* dst = col[j / 2] + int64_t(pos) * ld[j / 2];
       const float v = acc[4 * i + j];
       if constexpr (EPI == Epi::swiglu) *dst = silu(v) * reinterpret_cast<const float*>(smem)[(4 * i + j) * 128 + ct];
       else if constexpr (EPI == Epi::accumulate) *dst += v;
@@ -354,6 +410,18 @@ void check_pair(const QMatrix& G, const QMatrix& U, const char* what) {
       "{}: G [{}, {}, {}] and U [{}, {}, {}] differ", what, G.batch, G.rows, G.cols, U.batch, U.rows, U.cols);
 }
 
+// The parts cover rows [0, rows) in order, each with a buffer and a stride of at least its rows.
+void check_parts(const RowsOutput& y, int rows, const char* what) {
+  LILY_CHECK(y.count >= 1 && y.count <= RowsOutput::kMaxParts && y.parts[0].first_row == 0,
+             "{}: {} output parts (1..{}, the first at row 0)", what, y.count, RowsOutput::kMaxParts);
+  for (int j = 0; j < y.count; ++j) {
+    const int end = j + 1 < y.count ? y.parts[j + 1].first_row : rows;
+    LILY_CHECK(y.parts[j].y && end > y.parts[j].first_row && y.parts[j].ld >= end - y.parts[j].first_row,
+               "{}: output part {} (rows {} .. {}, ld {}) of {} rows", what, j, y.parts[j].first_row, end,
+               y.parts[j].ld, rows);
+  }
+}
+
 Params make_params(const QMatrix& A, const QMatrix* B, const bf16* xp, float* y) {
   LILY_CHECK(aligned16(xp), "gemm_w4_wgmma: xp must be 16-byte aligned");
   Params p;
@@ -365,7 +433,7 @@ Params make_params(const QMatrix& A, const QMatrix* B, const bf16* xp, float* y)
   p.scales[1] = reinterpret_cast<const uint16_t*>(b.scales);
   p.biases[1] = reinterpret_cast<const uint16_t*>(b.biases);
   p.rows = A.rows, p.K = A.cols;
-  p.x = xp, p.y = y, p.ldy = A.rows;
+  p.x = xp, p.y = RowsOutput::whole(y, A.rows);
   return p;
 }
 
@@ -380,10 +448,11 @@ void launch(const Params& p, int grid_y, cudaStream_t stream) {
 }
 
 template <Epi EPI>
-void dense(const QMatrix& W, const QMatrix* U, const bf16* xp, float* y, int T, cudaStream_t stream) {
+void dense(const QMatrix& W, const QMatrix* U, const bf16* xp, const RowsOutput& y, int T, cudaStream_t stream) {
   LILY_CHECK(T >= 0, "gemm_w4_wgmma: T = {}", T);
   if (T == 0) return;
-  Params p = make_params(W, U, xp, y);
+  Params p = make_params(W, U, xp, nullptr);
+  p.y = y;
   p.T = T;
   if (T > 64) launch<128, EPI>(p, (T + 127) / 128, stream);
   else launch<64, EPI>(p, 1, stream);
@@ -421,18 +490,24 @@ void x_to_bf16_permuted(const float* x, bf16* xp, int T, int K, cudaStream_t str
 
 void gemm_w4_wgmma(const QMatrix& W, const bf16* xp, float* y, int T, cudaStream_t stream) {
   check_matrix(W, "gemm_w4_wgmma");
+  dense<Epi::store>(W.entry(0), nullptr, xp, RowsOutput::whole(y, W.rows), T, stream);
+}
+
+void gemm_w4_wgmma(const QMatrix& W, const bf16* xp, const RowsOutput& y, int T, cudaStream_t stream) {
+  check_matrix(W, "gemm_w4_wgmma");
+  check_parts(y, W.rows, "gemm_w4_wgmma");
   dense<Epi::store>(W.entry(0), nullptr, xp, y, T, stream);
 }
 
 void gemm_w4_wgmma_accumulate(const QMatrix& W, const bf16* xp, float* y, int T, cudaStream_t stream) {
   check_matrix(W, "gemm_w4_wgmma_accumulate");
-  dense<Epi::accumulate>(W.entry(0), nullptr, xp, y, T, stream);
+  dense<Epi::accumulate>(W.entry(0), nullptr, xp, RowsOutput::whole(y, W.rows), T, stream);
 }
 
 void gemm_w4_wgmma_swiglu(const QMatrix& G, const QMatrix& U, const bf16* xp, float* y, int T, cudaStream_t stream) {
   check_pair(G, U, "gemm_w4_wgmma_swiglu");
   const QMatrix u = U.entry(0);
-  dense<Epi::swiglu>(G.entry(0), &u, xp, y, T, stream);
+  dense<Epi::swiglu>(G.entry(0), &u, xp, RowsOutput::whole(y, G.rows), T, stream);
 }
 
 void gemm_w4_wgmma_grouped_swiglu(const QMatrix& G, const QMatrix& U, const bf16* xp, const GroupedTiles& tiles,

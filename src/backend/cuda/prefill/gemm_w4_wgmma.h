@@ -7,6 +7,7 @@
 #pragma once
 
 #include "backend/cuda/common/gpu_types.h"
+#include "backend/cuda/common/rows_output.h"
 #include "backend/cuda/prefill/gemm_q4.h"  // GroupedTiles
 
 namespace lily::cuda {
@@ -20,6 +21,9 @@ void x_to_bf16_permuted(const float* x, bf16* xp, int T, int K, cudaStream_t str
 
 // y[t, n] = sum_c W[n, c] * x[t, c]     xp: x_to_bf16_permuted's [T, W.cols], y: [T, W.rows] fp32
 void gemm_w4_wgmma(const QMatrix& W, const bf16* xp, float* y, int T, cudaStream_t stream);
+
+// The same for a fused matrix ([qkv; z; b; a], [q; k; v]), each part of the rows to its own buffer.
+void gemm_w4_wgmma(const QMatrix& W, const bf16* xp, const RowsOutput& y, int T, cudaStream_t stream);
 
 // y[t, n] += sum_c W[n, c] * x[t, c]
 void gemm_w4_wgmma_accumulate(const QMatrix& W, const bf16* xp, float* y, int T, cudaStream_t stream);
