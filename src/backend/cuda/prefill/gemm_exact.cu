@@ -12,7 +12,7 @@
 // Tiles:    block = 64 rows of x x 64 weight rows, 4 warps; warp w owns x rows 16w .. 16w + 15
 //           against all 64 weight rows (8 n-tiles). Per group: x -> bf16 hi/lo tiles and xsum,
 //           codes -> exact bf16 tile, scale and bias into shared memory (double buffered: the
-//           next group is staged while this one is multiplied).
+//           next group's loads are issued before this one is multiplied, and stored after).
 // Split K:  with a workspace (split_k.h) and a grid that would not cover the SMs (a few rows),
 //           the groups are split over gridDim.z blocks; the last block of an output tile adds
 //           the splits in order.
@@ -55,45 +55,66 @@ struct __align__(16) Stage {
   float scale[kCols], bias[kCols];
 };
 
-// Stage group g (columns 64 g ..) of the block's x rows and weight rows into st.
-__device__ __forceinline__ void stage_group(const Params& p, int g, int row0, int col0, Stage& st) {
+// One group's loads for this thread, held in registers while the block multiplies the previous
+// group (the loads of group g + 1 are in flight during group g's mma).
+struct GroupLoads {
+  float4 x[8];        // row tid / 2, 32 columns (half tid % 2); zeros past T
+  uint4 w[2];         // weight row tid / 2, 32 columns: two chunks at 8 bits, one at 4
+  float scale, bias;  // weight row tid (tid < kCols)
+};
+
+__device__ __forceinline__ void load_group(const Params& p, int g, int row0, int col0, GroupLoads& r) {
   const int tid = threadIdx.x;
-  // x: thread -> row tid / 2, 32 columns (half tid % 2); rows past T are zero.
   {
-    const int r = tid / 2, half = tid % 2, t = row0 + r;
-    float v[32];
-    if (t < p.T) {
-      const float4* src = reinterpret_cast<const float4*>(p.x + size_t(t) * p.K + g * kGroup + half * 32);
+    const int t = row0 + tid / 2, half = tid % 2;
+    const float4* src = reinterpret_cast<const float4*>(p.x + size_t(t) * p.K + g * kGroup + half * 32);
 #pragma unroll
-      for (int i = 0; i < 8; ++i) {
-        const float4 f = __ldg(src + i);
-        v[4 * i] = f.x, v[4 * i + 1] = f.y, v[4 * i + 2] = f.z, v[4 * i + 3] = f.w;
-      }
+    for (int i = 0; i < 8; ++i) r.x[i] = t < p.T ? __ldg(src + i) : make_float4(0.f, 0.f, 0.f, 0.f);
+  }
+  {  // rows past N read row N - 1 (not written)
+    const int half = tid % 2, n = min(col0 + tid / 2, p.N - 1);
+    const int row_bytes = p.K * p.bits / 8;
+    if (p.bits == 8) {
+      const uint4* src = reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup + half * 32);
+      r.w[0] = __ldg(src), r.w[1] = __ldg(src + 1);
     } else {
-#pragma unroll
-      for (int i = 0; i < 32; ++i) v[i] = 0.f;
+      r.w[0] = __ldg(reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup / 2 + half * 16));
     }
+  }
+  if (tid < kCols) {
+    const int n = min(col0 + tid, p.N - 1);
+    const size_t gi = size_t(n) * (p.K / kGroup) + g;
+    r.scale = quant::load_bf16(p.scales + gi);
+    r.bias = quant::load_bf16(p.biases + gi);
+  }
+}
+
+// The loads of a group into stage st: x as bf16 hi + lo and its sum, the codes as exact bf16.
+__device__ __forceinline__ void store_group(const Params& p, const GroupLoads& r, Stage& st) {
+  const int tid = threadIdx.x;
+  {
+    const int row = tid / 2, half = tid % 2;
+    float v[32];
+#pragma unroll
+    for (int i = 0; i < 8; ++i)
+      v[4 * i] = r.x[i].x, v[4 * i + 1] = r.x[i].y, v[4 * i + 2] = r.x[i].z, v[4 * i + 3] = r.x[i].w;
     float s = 0.f;
 #pragma unroll
     for (int i = 0; i < 32; ++i) s += v[i];
     s += __shfl_xor_sync(0xffffffffu, s, 1);
-    if (half == 0) st.xsum[r] = s;
-    uint32_t* hi = reinterpret_cast<uint32_t*>(&st.x_hi[r][half * 32]);
-    uint32_t* lo = reinterpret_cast<uint32_t*>(&st.x_lo[r][half * 32]);
+    if (half == 0) st.xsum[row] = s;
+    uint32_t* hi = reinterpret_cast<uint32_t*>(&st.x_hi[row][half * 32]);
+    uint32_t* lo = reinterpret_cast<uint32_t*>(&st.x_lo[row][half * 32]);
 #pragma unroll
     for (int i = 0; i < 16; ++i) split_bf16(v[2 * i], v[2 * i + 1], hi[i], lo[i]);
   }
-  // Codes: thread -> weight row tid / 2, 32 columns; rows past N read row N - 1 (not written).
   {
-    const int c = tid / 2, half = tid % 2, n = min(col0 + c, p.N - 1);
-    const int row_bytes = p.K * p.bits / 8;
+    const int c = tid / 2, half = tid % 2;
     float q[32];
     if (p.bits == 8) {
-      const uint4* src = reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup + half * 32);
 #pragma unroll
       for (int i = 0; i < 2; ++i) {
-        const uint4 w = __ldg(src + i);
-        const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+        const uint32_t words[4] = {r.w[i].x, r.w[i].y, r.w[i].z, r.w[i].w};
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           q[16 * i + 4 * j + 0] = quant::byte_to_float<0>(words[j]);
@@ -103,9 +124,7 @@ __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, in
         }
       }
     } else {  // 4 bits: column 8 i + j is nibble j of word i
-      const uint4 w = __ldg(
-          reinterpret_cast<const uint4*>(p.codes + size_t(n) * row_bytes + g * kGroup / 2 + half * 16));
-      const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+      const uint32_t words[4] = {r.w[0].x, r.w[0].y, r.w[0].z, r.w[0].w};
 #pragma unroll
       for (int i = 0; i < 4; ++i)
 #pragma unroll
@@ -115,12 +134,7 @@ __device__ __forceinline__ void stage_group(const Params& p, int g, int row0, in
 #pragma unroll
     for (int i = 0; i < 16; ++i) dst[i] = pack_bf16(q[2 * i], q[2 * i + 1]);  // exact: integers <= 255
   }
-  if (tid < kCols) {
-    const int n = min(col0 + tid, p.N - 1);
-    const size_t gi = size_t(n) * (p.K / kGroup) + g;
-    st.scale[tid] = quant::load_bf16(p.scales + gi);
-    st.bias[tid] = quant::load_bf16(p.biases + gi);
-  }
+  if (tid < kCols) st.scale[tid] = r.scale, st.bias[tid] = r.bias;
 }
 
 __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
@@ -135,10 +149,12 @@ __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
   const int g0 = kr.begin, g1 = kr.end;
 
   float acc[kCols / 8][4] = {};  // rows 16 warp + g4 (+ 8), weight rows 8 n + 2 t4 (+ 1)
-  stage_group(p, g0, row0, col0, stage[0]);
+  GroupLoads next;
+  load_group(p, g0, row0, col0, next);
+  store_group(p, next, stage[0]);
   for (int g = g0; g < g1; ++g) {
     __syncthreads();  // stage (g - g0) % 2 complete; the other free (read in step g - 1)
-    if (g + 1 < g1) stage_group(p, g + 1, row0, col0, stage[(g + 1 - g0) % 2]);
+    if (g + 1 < g1) load_group(p, g + 1, row0, col0, next);  // in flight during this group's mma
     const Stage& st = stage[(g - g0) % 2];
     float c[kCols / 8][4] = {};
 #pragma unroll
@@ -166,6 +182,7 @@ __global__ void __launch_bounds__(kThreads) gemm_exact_kernel(Params p) {
       acc[n][2] = fmaf(s0, c[n][2], fmaf(b0, xs1, acc[n][2]));
       acc[n][3] = fmaf(s1, c[n][3], fmaf(b1, xs1, acc[n][3]));
     }
+    if (g + 1 < g1) store_group(p, next, stage[(g + 1 - g0) % 2]);
   }
   if (gridDim.z > 1) {  // split K: the last block of this output tile sums the splits
     float flat[kCols / 8 * 4];
