@@ -13,6 +13,7 @@
 #include <cstring>
 #include <memory>
 
+#include "backend/cpu/ops.h"
 #include "base/bf16.h"
 #include "cuda_test_util.h"
 
@@ -215,6 +216,34 @@ TEST(CudaGemmW4Wgmma, Grouped) {
   check_grouped({129, 0, 300, 3}, 2048, 512, 128, 8, false);
   check_grouped(counts, 65, 256, 64, 8, true);    // tiny models: hidden 256,
   check_grouped(counts, 256, 128, 64, 1, false);  // expert intermediate 128
+}
+
+// rms_norm_bf16_permuted: x as cpu::rms_norm (fp32 sums in another order), xp the bf16 of that x
+// in x_to_bf16_permuted's order, bit for bit; without x, the same xp.
+TEST(CudaGemmW4Wgmma, RmsNormIntoBf16) {
+  REQUIRE_GPU();
+  for (int K : {64, 2048, 4096})
+    for (int T : {1, 3, 33}) {
+      SCOPED_TRACE(testing::Message() << "K " << K << " T " << T);
+      const auto h = random_floats(size_t(T) * K, uint32_t(K + T), 3.f);
+      auto gain = random_floats(size_t(K), uint32_t(K + T + 1), 0.3f);
+      for (auto& g : gain) g += 1.f;
+      std::vector<float> want(h.size());
+      cpu::rms_norm(h.data(), gain.data(), T, K, 1e-6f, want.data());
+      DeviceArray<float> dh(h), dgain(gain), dx(h.size());
+      DeviceArray<bf16> xp(h.size()), xp_alone(h.size()), xp_ref(h.size());
+      dx.poison(), xp.poison(), xp_alone.poison();
+      cuda::rms_norm_bf16_permuted(dh.get(), dgain.get(), 1e-6f, T, K, dx.get(), xp.get(), nullptr);
+      cuda::rms_norm_bf16_permuted(dh.get(), dgain.get(), 1e-6f, T, K, nullptr, xp_alone.get(), nullptr);
+      cuda::x_to_bf16_permuted(dx.get(), xp_ref.get(), T, K, nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      EXPECT_LT(relative_error(dx.download(), want), 1e-6);
+      const auto a = xp.download(), b = xp_alone.download(), c = xp_ref.download();
+      for (size_t i = 0; i < a.size(); ++i) {
+        ASSERT_EQ(a[i].bits, c[i].bits) << "at " << i;
+        ASSERT_EQ(b[i].bits, c[i].bits) << "at " << i;
+      }
+    }
 }
 
 // Rows and tokens past the output must not be touched: y is a window into a larger buffer.

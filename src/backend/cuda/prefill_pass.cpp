@@ -106,13 +106,10 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
         .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
     rms_norm_gemv_rows(a.qkv_proj, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
   } else {
-    float* x = normed_.as<float>();
     // x = RMSNorm(h)
-    phases::mark("norm", stream_);
-    rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+    const GemmInput in = normed_input(layer.input_layernorm, T);
     // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
     phases::mark("attention.qkv_proj", stream_);
-    const GemmInput in = gemm_input(x, T, c_.hidden_size);
     if (fused_gemm(a.qkv_proj, in)) {  // one launch for the three
       RowsOutput y;
       y.then(wide_.as<float>(), 0, a.q_proj.rows)
@@ -149,13 +146,10 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
         .then(a_.as<float>(), a0, d.in_proj_a.rows);
     rms_norm_gemv_rows(d.in_proj_all, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
   } else {
-    float* x = normed_.as<float>();
     // x = RMSNorm(h)
-    phases::mark("norm", stream_);
-    rms_norm(h_.as<float>(), layer.input_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+    const GemmInput in = normed_input(layer.input_layernorm, T);
     // qkv, z, b, a = x @ W^T
     phases::mark("deltanet.in_proj", stream_);
-    const GemmInput in = gemm_input(x, T, c_.hidden_size);
     if (fused_gemm(d.in_proj_all, in)) {  // one launch for the four
       const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
       RowsOutput y;
@@ -185,6 +179,19 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
 void PrefillPass::output_projection(const QMatrix& W, int T) {
   if (plan_.prefill.dense_rows(T)) gemv_rows_accumulate(W, mixer_out_.as<float>(), T, h_.as<float>(), stream_);
   else gemm_accumulate(W, gemm_input(mixer_out_.as<float>(), T, W.cols), h_.as<float>(), T);
+}
+
+// RMSNorm(h; gain) as the input of the products: in fp32 (normed_) for gemm_q4, or straight to
+// bf16 in the wgmma GEMM's K order (xp_) with no fp32 copy.
+PrefillPass::GemmInput PrefillPass::normed_input(const float* gain, int T) {
+  phases::mark("norm", stream_);
+  if (plan_.prefill.wgmma(T)) {
+    rms_norm_bf16_permuted(h_.as<float>(), gain, c_.rms_norm_eps, T, c_.hidden_size, nullptr, xp_.as<bf16>(), stream_);
+    return {nullptr, xp_.as<bf16>()};
+  }
+  float* x = normed_.as<float>();
+  rms_norm(h_.as<float>(), gain, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  return {x, nullptr};
 }
 
 PrefillPass::GemmInput PrefillPass::gemm_input(const float* x, int T, int K) {
@@ -219,12 +226,19 @@ void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
                         moe_scratch_.get(), x, stream_);
     return;
   }
-  // x = RMSNorm(h)
+  // x = RMSNorm(h) (the router reads it in fp32), and in bf16 for the wgmma experts
   phases::mark("norm", stream_);
-  rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  const MoeExpertKernels kernels = plan_.prefill.moe_experts(T);
+  const bf16* xp = nullptr;
+  if (kernels == MoeExpertKernels::wgmma && xp_.get()) {
+    rms_norm_bf16_permuted(h_.as<float>(), layer.post_attention_layernorm, c_.rms_norm_eps, T, c_.hidden_size, x,
+                           xp_.as<bf16>(), stream_);
+    xp = xp_.as<bf16>();
+  } else {
+    rms_norm(h_.as<float>(), layer.post_attention_layernorm, T, c_.hidden_size, c_.rms_norm_eps, x, stream_);
+  }
   // h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x)
-  moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get(),
-                         plan_.prefill.moe_experts(T));
+  moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get(), kernels, xp);
 }
 
 // logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.

@@ -33,6 +33,7 @@ class PrefillPass {
     const float* x;
     const bf16* xp;  // nullptr: gemm_q4
   };
+  GemmInput normed_input(const float* gain, int T);  // RMSNorm(h; gain)
   GemmInput gemm_input(const float* x, int T, int K);
   bool fused_gemm(const QMatrix& fused, const GemmInput& in) const;              // one wgmma launch for its parts
   void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T

@@ -41,7 +41,8 @@ using namespace ptx;
 constexpr int kThreads = 384;  // producer + two consumer warpgroups
 constexpr int kRows = 128;     // weight rows a block
 constexpr int kStages = 4;
-constexpr int kLag = 2;  // stages a producer thread's copies may still be in flight
+constexpr int kLag = 2;            // stages a producer thread's copies may still be in flight
+constexpr int kNormThreads = 256;  // rms_norm_bf16_permuted_kernel
 
 enum class Epi { store, accumulate, swiglu };
 
@@ -396,6 +397,47 @@ __global__ void x_to_bf16_permuted_kernel(const float* __restrict__ x, uint4* __
   xp[i] = make_uint4(w[0], w[1], w[2], w[3]);
 }
 
+// x = RMSNorm(h; gain) (rms_norm's formula: x * (1 / sqrt(mean(x^2) + eps)) * gain) into x_out
+// (fp32, when asked) and into xp as x_to_bf16_permuted writes it: one block a row, h read once.
+__global__ void __launch_bounds__(kNormThreads)
+    rms_norm_bf16_permuted_kernel(const float* __restrict__ h, const float* __restrict__ gain, float eps, int K,
+                                  float* x_out, uint4* __restrict__ xp) {
+  extern __shared__ float row[];  // [K]: h, then the normed row
+  __shared__ float partial[kNormThreads / 32];
+  const int tid = threadIdx.x;
+  const float4* hr = reinterpret_cast<const float4*>(h + int64_t(blockIdx.x) * K);
+  float ss = 0.f;
+  for (int i = tid; i < K / 4; i += kNormThreads) {
+    const float4 v = __ldg(hr + i);
+    reinterpret_cast<float4*>(row)[i] = v;
+    ss = fmaf(v.x, v.x, fmaf(v.y, v.y, fmaf(v.z, v.z, fmaf(v.w, v.w, ss))));
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o /= 2) ss += __shfl_xor_sync(0xFFFFFFFFu, ss, o);
+  if (tid % 32 == 0) partial[tid / 32] = ss;
+  __syncthreads();
+  float total = 0.f;
+#pragma unroll
+  for (int w = 0; w < kNormThreads / 32; ++w) total += partial[w];
+  const float inv = 1.f / sqrtf(total / float(K) + eps);
+  for (int i = tid; i < K / 4; i += kNormThreads) {
+    float4 v = reinterpret_cast<float4*>(row)[i];
+    const float4 g = __ldg(reinterpret_cast<const float4*>(gain) + i);
+    v = make_float4(v.x * inv * g.x, v.y * inv * g.y, v.z * inv * g.z, v.w * inv * g.w);
+    reinterpret_cast<float4*>(row)[i] = v;
+    if (x_out) reinterpret_cast<float4*>(x_out + int64_t(blockIdx.x) * K)[i] = v;
+  }
+  __syncthreads();
+  for (int i = tid; i < K / 8; i += kNormThreads) {  // output chunk i: columns 8i .. 8i + 7
+    const int group0 = i * 8 / kGroup * kGroup, c0 = i * 8 % kGroup;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = pack_bf16(row[group0 + k_of_column(c0 + 2 * j)], row[group0 + k_of_column(c0 + 2 * j + 1)]);
+    xp[int64_t(blockIdx.x) * (K / 8) + i] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
+}
+
 // ---- Host side -------------------------------------------------------------------------------
 
 void check_matrix(const QMatrix& m, const char* what) {
@@ -485,6 +527,21 @@ void x_to_bf16_permuted(const float* x, bf16* xp, int T, int K, cudaStream_t str
   if (chunks == 0) return;
   x_to_bf16_permuted_kernel<<<unsigned((chunks + 255) / 256), 256, 0, stream>>>(x, reinterpret_cast<uint4*>(xp), chunks,
                                                                                 K);
+  CUDA_CHECK_LAUNCH();
+}
+
+void rms_norm_bf16_permuted(const float* h, const float* gain, float eps, int T, int K, float* x, bf16* xp,
+                            cudaStream_t stream) {
+  LILY_CHECK(T >= 0 && K > 0 && K % kGroup == 0 && K <= 12288, "rms_norm_bf16_permuted: T {} K {}", T, K);
+  LILY_CHECK(aligned16(h) && aligned16(gain) && aligned16(xp) && (!x || aligned16(x)),
+             "rms_norm_bf16_permuted: h, gain, x and xp must be 16-byte aligned");
+  if (T == 0) return;
+  const size_t bytes = size_t(K) * 4;
+  if (bytes > 48 * 1024)
+    CUDA_CHECK(
+        cudaFuncSetAttribute(rms_norm_bf16_permuted_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  rms_norm_bf16_permuted_kernel<<<unsigned(T), kNormThreads, bytes, stream>>>(h, gain, eps, K, x,
+                                                                              reinterpret_cast<uint4*>(xp));
   CUDA_CHECK_LAUNCH();
 }
 

@@ -19,6 +19,11 @@ bool gemm_w4_wgmma_supports(const QMatrix& W);
 // xp[t, 64 g + c] = bf16(x[t, 64 g + k(c)])  (k(c): w4_wgmma::k_of_column)   x: [T, K] fp32, xp: [T, K]
 void x_to_bf16_permuted(const float* x, bf16* xp, int T, int K, cudaStream_t stream);
 
+// x = RMSNorm(h; gain) as rms_norm computes it, into x [T, K] fp32 when x is not null, and its bf16
+// in x_to_bf16_permuted's order into xp [T, K]: the norm before a wgmma product in one pass.
+void rms_norm_bf16_permuted(const float* h, const float* gain, float eps, int T, int K, float* x, bf16* xp,
+                            cudaStream_t stream);
+
 // y[t, n] = sum_c W[n, c] * x[t, c]     xp: x_to_bf16_permuted's [T, W.cols], y: [T, W.rows] fp32
 void gemm_w4_wgmma(const QMatrix& W, const bf16* xp, float* y, int T, cudaStream_t stream);
 

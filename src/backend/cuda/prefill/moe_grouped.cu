@@ -484,10 +484,10 @@ MoePlan plan_in(void* scratch, const Layout& l) {
 }
 
 // The routed experts over the plan's tiles, the shared expert (and its gate logit unless the
-// route wrote it: sg_ready), and the combine into out.
+// route wrote it: sg_ready), and the combine into out. xp_given: x in bf16 already (wgmma).
 void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, const MoePlan& plan, const Layout& l,
                          int T, int k, void* scratch, float* out, cudaStream_t stream, const SplitK* split,
-                         MoeExpertKernels kernels, bool sg_ready) {
+                         MoeExpertKernels kernels, bool sg_ready, const bf16* xp_given) {
   const int H = w.experts_gate.cols;
   float* act = at<float>(scratch, l.act);
   float* y = at<float>(scratch, l.y);
@@ -508,13 +508,13 @@ void experts_and_combine(const GpuMoe& w, const float* x, const float* weights, 
     gemv_rows(w.experts_down, act, T, &groups, y, stream);
   } else if (kernels == MoeExpertKernels::wgmma) {
     const int I = w.experts_gate.rows, P = T * k;
-    bf16* xp = at<bf16>(scratch, l.xp);
+    const bf16* xp = xp_given ? xp_given : at<bf16>(scratch, l.xp);
     bf16* act_p = at<bf16>(scratch, l.act_p);
     GroupedTiles g;
     g.tiles = plan.tiles, g.num_tiles = plan.num_tiles, g.max_tiles = plan.max_tiles, g.tile_rows = plan.tile_rows;
     g.gather = plan.sorted, g.gather_div = k;
     phases::mark("moe.experts_gate_up", stream);
-    x_to_bf16_permuted(x, xp, T, H, stream);  // xp: [T, H] bf16, the GEMM's K order
+    if (!xp_given) x_to_bf16_permuted(x, at<bf16>(scratch, l.xp), T, H, stream);  // xp: [T, H] bf16, K order
     gemm_w4_wgmma_grouped_swiglu(w.experts_gate, w.experts_up, xp, g, act, stream);
     g.gather = nullptr, g.gather_div = 1;
     phases::mark("moe.experts_down", stream);
@@ -568,7 +568,7 @@ void check_rows(const GpuMoe& w, int T) {
 // shared expert's gate logits.
 void experts_from_ids(const GpuMoe& w, const float* x, const int32_t* ids, const float* weights, int T, int k,
                       void* scratch, float* out, cudaStream_t stream, int tile_rows, const SplitK* split,
-                      MoeExpertKernels kernels, bool sg_ready) {
+                      MoeExpertKernels kernels, bool sg_ready, const bf16* xp = nullptr) {
   check_weights(w, k);
   LILY_CHECK((reinterpret_cast<uintptr_t>(scratch) & 255) == 0, "moe_grouped: scratch must be 256-byte aligned");
   if (T <= 0) return;
@@ -580,7 +580,7 @@ void experts_from_ids(const GpuMoe& w, const float* x, const int32_t* ids, const
   const MoePlan plan = plan_in(scratch, l);
   phases::mark("moe.plan", stream);
   moe_plan(ids, T, k, w.experts_gate.batch, plan, stream);
-  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, kernels, sg_ready);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, out, stream, split, kernels, sg_ready, xp);
 }
 
 }  // namespace
@@ -607,13 +607,15 @@ void moe_rows_accumulate(const GpuMoe& w, float* h, const float* gain, float eps
   const MoePlan plan = plan_in(scratch, l);
   phases::mark("moe.plan", stream);
   moe_topk_plan(logits, T, k, w.experts_gate.batch, ids, weights, plan, stream);
-  experts_and_combine(w, x, weights, plan, l, T, k, scratch, h, stream, nullptr, MoeExpertKernels::rows, true);
+  experts_and_combine(w, x, weights, plan, l, T, k, scratch, h, stream, nullptr, MoeExpertKernels::rows, true, nullptr);
 }
 
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
-                            cudaStream_t stream, int tile_rows, const SplitK* split, MoeExpertKernels kernels) {
+                            cudaStream_t stream, int tile_rows, const SplitK* split, MoeExpertKernels kernels,
+                            const bf16* xp) {
   check_weights(w, k);
   LILY_CHECK(kernels != MoeExpertKernels::rows, "moe_grouped_accumulate: the few-row form is moe_rows_accumulate");
+  LILY_CHECK(!xp || kernels == MoeExpertKernels::wgmma, "moe_grouped_accumulate: a bf16 x is for the wgmma experts");
   if (T <= 0) return;
   const Layout l = layout(w, T, k,
                           kernels == MoeExpertKernels::wgmma && tile_rows == 0 ? wgmma_tile_rows(T, k, w) : tile_rows);
@@ -624,7 +626,7 @@ void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void*
   gemm_exact(w.router, x, logits, T, stream, split);  // fp32-accurate, as the decode path and the CPU
   phases::mark("moe.topk", stream);                   // and the shared expert's gate logits
   moe_topk_gate(logits, x, w.shared_expert_gate, T, w.router.rows, k, ids, weights, at<float>(scratch, l.sg), stream);
-  experts_from_ids(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels, true);
+  experts_from_ids(w, x, ids, weights, T, k, scratch, out, stream, tile_rows, split, kernels, true, xp);
 }
 
 }  // namespace lily::cuda

@@ -32,10 +32,11 @@ size_t moe_grouped_scratch_bytes(const GpuMoe& w, int T, int k, int tile_rows = 
 // token's output by far more than rounding does).
 //   x: [T, H] fp32 (16-byte aligned), out: [T, H] fp32.
 // split: optional split-K workspace for the router and the shared expert (split_k.h).
-// kernels: gemm or wgmma (wgmma takes tile_rows 0, 64 or 128).
+// kernels: gemm or wgmma (wgmma takes tile_rows 0, 64 or 128). xp: wgmma only, x already in bf16
+// in x_to_bf16_permuted's order (rms_norm_bf16_permuted wrote both), else converted here.
 void moe_grouped_accumulate(const GpuMoe& w, const float* x, int T, int k, void* scratch, float* out,
                             cudaStream_t stream, int tile_rows = 0, const SplitK* split = nullptr,
-                            MoeExpertKernels kernels = MoeExpertKernels::gemm);
+                            MoeExpertKernels kernels = MoeExpertKernels::gemm, const bf16* xp = nullptr);
 
 // The whole block for a pass of at most 16 tokens, from the residual stream h: x = RMSNorm(h;
 // gain) (written to x), the routing in two launches (decode/moe_route_rows.h, then the top-k with
