@@ -184,7 +184,7 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
 }
 
 // The prompt lengths of issue 7: chunk (64) and prefill-block (512) edges on both sides.
-const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000};
+const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000, 1024, 1025, 2100};
 
 TEST(CudaDeltaNet, DecodeSmall) {
   REQUIRE_GPU();
@@ -254,21 +254,24 @@ TEST(CudaDeltaNet, PrefillOfOneToken) {
   }
 }
 
-// The scratch the chunked form needs: u of one 512-token block plus 36,928 floats per v-head and
+// The scratch the chunked form needs: u of one 1024-token block plus 36,928 floats per v-head and
 // 64-token chunk (W, U, Aqk, the chunk's start state, gamma).
 TEST(CudaDeltaNet, ScratchBytes) {
   cuda::DeltaNetParams p;  // Hk 16, Hv 32
-  const size_t u512 = size_t(512) * p.conv_dim() * sizeof(float);
+  const size_t u1024 = size_t(1024) * p.conv_dim() * sizeof(float);
   p.T = 1;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), size_t(p.conv_dim()) * 4);
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::rows, p), 0u);
   p.T = 1000;
-  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p), u512 + size_t(8) * 32 * 36928 * sizeof(float));
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
+            size_t(1000) * p.conv_dim() * 4 + size_t(16) * 32 * 36928 * sizeof(float));
+  p.T = 3000;
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p), u1024 + size_t(16) * 32 * 36928 * sizeof(float));
   p.T = 65;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
             size_t(65) * p.conv_dim() * 4 + size_t(2) * 32 * 36928 * 4);
-  p.T = 1000;
-  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), u512);
+  p.T = 3000;
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), u1024);
 }
 
 // ---- The chunked delta rule (deltanet_chunked.cu) vs the CPU token loop ------------------------
@@ -283,7 +286,7 @@ TEST(CudaDeltaNet, ChunkedLengthsFull) {
   for (int T : kLengths) check_blocks(16, 32, {T}, 23 + uint32_t(T));
 }
 
-// A second call continues from the first's SSM and conv state: chunk and 512-block boundaries
+// A second call continues from the first's SSM and conv state: chunk and 1024-block boundaries
 // fall at different token positions than in one call.
 TEST(CudaDeltaNet, ChunkedContinued) {
   REQUIRE_GPU();
@@ -291,6 +294,7 @@ TEST(CudaDeltaNet, ChunkedContinued) {
   check_blocks(2, 4, {64, 64, 1, 63}, 26);
   check_blocks(2, 4, {511, 513}, 27);
   check_blocks(2, 4, {1000, 129, 2}, 28);
+  check_blocks(2, 4, {1023, 1026}, 31);
   check_blocks(16, 32, {63, 65}, 29);
   check_blocks(16, 32, {513, 127, 1, 64}, 30);
 }

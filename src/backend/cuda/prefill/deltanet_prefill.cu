@@ -1,6 +1,6 @@
 // deltanet_prefill.cu: the core of a Gated DeltaNet layer (spec §2.6, §3.1, §3.2) for a block of
 // T tokens (prefill): causal conv + SiLU, l2norm of q/k, gates, the delta rule and the gated
-// RMSNorm, in chunks of <= 512 tokens (bounded scratch: u [chunk, conv_dim]).
+// RMSNorm, in chunks of <= 1024 tokens (bounded scratch: u [chunk, conv_dim]).
 //
 //   u = silu(conv_K([conv_state; mixed]))         q, k, v = u split [Hk*128 | Hk*128 | Hv*128]
 //   q = l2norm(q) / sqrt(128),  k = l2norm(k),  beta = sigmoid(b),  g = -exp(A_log) softplus(a + dt_bias)
@@ -42,10 +42,10 @@ namespace {
 
 using namespace deltanet_detail;
 
-constexpr int kPrefillChunk = 512;  // tokens per prefill chunk (bounds the scratch)
-constexpr int kConvRun = 16;        // deltanet_conv_kernel: tokens per warp
-constexpr int kConvWarps = 4;       // deltanet_conv_kernel: heads (warps) per block
-constexpr int kNormRows = 8;        // gated_norm_kernel: rows (warps) per block
+constexpr int kPrefillChunk = 1024;  // tokens per prefill chunk (bounds the scratch)
+constexpr int kConvRun = 16;         // deltanet_conv_kernel: tokens per warp
+constexpr int kConvWarps = 4;        // deltanet_conv_kernel: heads (warps) per block
+constexpr int kNormRows = 8;         // gated_norm_kernel: rows (warps) per block
 
 // One chunk of n tokens starting at t0.
 
@@ -193,7 +193,7 @@ const char* kernel_name(DeltaRulePrefill form) {
   }
 }
 
-// The conv outputs u [min(T, 512), conv_dim], then (chunked) the chunked rule's scratch.
+// The conv outputs u [min(T, 1024), conv_dim], then (chunked) the chunked rule's scratch.
 size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParams& p) {
   if (form == DeltaRulePrefill::rows) return 0;
   const int n = std::min(std::max(p.T, 1), kPrefillChunk);

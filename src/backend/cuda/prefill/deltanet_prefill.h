@@ -1,5 +1,5 @@
 // deltanet_prefill.h: the core of a Gated DeltaNet layer for a block of T tokens (prefill), in
-// chunks of <= 512 tokens (deltanet_prefill.cu), with the delta rule in one of two forms.
+// chunks of <= 1024 tokens (deltanet_prefill.cu), with the delta rule in one of two forms.
 #pragma once
 
 #include <cstddef>
@@ -16,8 +16,8 @@ enum class DeltaRulePrefill { rows, recurrent, chunked };
 const char* kernel_name(DeltaRulePrefill form);
 
 // Device scratch of gated_deltanet_prefill for p.T tokens, in bytes: none for the rows form, else
-// min(T, 512) * conv_dim floats (the conv outputs of one 512-token chunk), plus for the chunked form
-// delta_rule_chunked_scratch_bytes(min(T, 512), Hv) (36,928 floats per v-head and 64 tokens).
+// min(T, 1024) * conv_dim floats (the conv outputs of one 1024-token chunk), plus for the chunked form
+// delta_rule_chunked_scratch_bytes(min(T, 1024), Hv) (36,928 floats per v-head and 64 tokens).
 size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParams& p);
 
 // mixed: [T, conv_dim] pre-conv q|k|v (in_proj_qkv output), z: [T, Hv*128], b, a: [T, Hv]
@@ -29,7 +29,7 @@ void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, cons
                             void* scratch, cudaStream_t stream);
 
 // The chunked delta rule alone (deltanet_chunked.cu), as gated_deltanet_prefill calls it for each
-// block of <= 512 tokens; o and the final state equal the token loop's up to rounding.
+// block of <= 1024 tokens; o and the final state equal the token loop's up to rounding.
 struct DeltaRuleChunkedArgs {
   int n = 0;                       // tokens
   int num_key_heads = 16;          // Hk

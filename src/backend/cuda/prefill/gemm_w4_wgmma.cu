@@ -358,7 +358,7 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
     asm volatile("bar.sync 1, 256;\n" ::: "memory");
     if (c == 1) return;
   }
-  // The thread's two output features: their part's column and row stride.
+  // The thread's two output features: where each one's column starts, and its part's row stride.
   float* col[2];
   int ld[2];
 #pragma unroll
