@@ -15,6 +15,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {
@@ -146,8 +147,18 @@ struct GpuLayer {
     } else {
       DeviceArray<char> scratch(std::max<size_t>(1, cuda::deltanet_prefill_scratch_bytes(mode, p)));
       scratch.poison();
+      // The bf16 copy of y for a wgmma out_proj: bit for bit x_to_bf16_permuted's of y.
+      const bool bf16_y = mode != Mode::rows;
+      DeviceArray<bf16> y16(bf16_y ? y.size() : 1), y16_want(bf16_y ? y.size() : 1);
+      y16.poison();
       cuda::gated_deltanet_prefill(mode, p, mixed.get(), z.get(), b.get(), a.get(), conv.get(), ssm.get(), y.get(),
-                                   mode == Mode::rows ? nullptr : scratch.get(), nullptr);
+                                   mode == Mode::rows ? nullptr : scratch.get(), nullptr, bf16_y ? y16.get() : nullptr);
+      if (bf16_y) {
+        cuda::x_to_bf16_permuted(y.get(), y16_want.get(), T, l.Hv * kD, nullptr);
+        EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+        const auto got16 = y16.download(), want16 = y16_want.download();
+        for (size_t i = 0; i < got16.size(); ++i) EXPECT_EQ(got16[i].bits, want16[i].bits) << "bf16 y at " << i;
+      }
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return y.download();
@@ -184,7 +195,7 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
 }
 
 // The prompt lengths of issue 7: chunk (64) and prefill-block (512) edges on both sides.
-const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000, 1024, 1025, 2100};
+const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000, 1025, 2047, 2048, 2100};
 
 TEST(CudaDeltaNet, DecodeSmall) {
   REQUIRE_GPU();
@@ -254,24 +265,26 @@ TEST(CudaDeltaNet, PrefillOfOneToken) {
   }
 }
 
-// The scratch the chunked form needs: u of one 1024-token block plus 36,928 floats per v-head and
+// The scratch the chunked form needs: u of one chunk plus 36,928 floats per v-head and
 // 64-token chunk (W, U, Aqk, the chunk's start state, gamma).
 TEST(CudaDeltaNet, ScratchBytes) {
   cuda::DeltaNetParams p;  // Hk 16, Hv 32
-  const size_t u1024 = size_t(1024) * p.conv_dim() * sizeof(float);
+  constexpr int kChunk = cuda::kDeltaNetPrefillChunk;
+  const size_t u_chunk = size_t(kChunk) * p.conv_dim() * sizeof(float);
   p.T = 1;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), size_t(p.conv_dim()) * 4);
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::rows, p), 0u);
   p.T = 1000;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
             size_t(1000) * p.conv_dim() * 4 + size_t(16) * 32 * 36928 * sizeof(float));
-  p.T = 3000;
-  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p), u1024 + size_t(16) * 32 * 36928 * sizeof(float));
+  p.T = 3 * kChunk;
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
+            u_chunk + size_t(kChunk / 64) * 32 * 36928 * sizeof(float));
   p.T = 65;
   EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::chunked, p),
             size_t(65) * p.conv_dim() * 4 + size_t(2) * 32 * 36928 * 4);
-  p.T = 3000;
-  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), u1024);
+  p.T = 3 * kChunk;
+  EXPECT_EQ(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p), u_chunk);
 }
 
 // ---- The chunked delta rule (deltanet_chunked.cu) vs the CPU token loop ------------------------
@@ -286,7 +299,7 @@ TEST(CudaDeltaNet, ChunkedLengthsFull) {
   for (int T : kLengths) check_blocks(16, 32, {T}, 23 + uint32_t(T));
 }
 
-// A second call continues from the first's SSM and conv state: chunk and 1024-block boundaries
+// A second call continues from the first's SSM and conv state: chunk and kDeltaNetPrefillChunk boundaries
 // fall at different token positions than in one call.
 TEST(CudaDeltaNet, ChunkedContinued) {
   REQUIRE_GPU();
@@ -295,6 +308,7 @@ TEST(CudaDeltaNet, ChunkedContinued) {
   check_blocks(2, 4, {511, 513}, 27);
   check_blocks(2, 4, {1000, 129, 2}, 28);
   check_blocks(2, 4, {1023, 1026}, 31);
+  check_blocks(2, 4, {2040, 2060}, 32);
   check_blocks(16, 32, {63, 65}, 29);
   check_blocks(16, 32, {513, 127, 1, 64}, 30);
 }

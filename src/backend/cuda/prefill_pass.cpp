@@ -167,17 +167,21 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
   }
   // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   phases::mark("deltanet.core", stream_);
-  gated_deltanet_prefill(plan_.prefill.delta_rule(T), deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(),
-                         b_.as<float>(), a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(),
-                         deltanet_scratch_.get(), stream_);
+  const DeltaRulePrefill form = plan_.prefill.delta_rule(T);
+  // y also in bf16 for a wgmma out_proj: written by the gated norm, no conversion after it
+  bf16* y_bf16 = plan_.prefill.wgmma(T) && form != DeltaRulePrefill::rows ? xp_.as<bf16>() : nullptr;
+  gated_deltanet_prefill(form, deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(), b_.as<float>(),
+                         a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(), deltanet_scratch_.get(),
+                         stream_, y_bf16);
   // h += y @ out_proj^T
   phases::mark("deltanet.out_proj", stream_);
-  output_projection(d.out_proj, T);
+  output_projection(d.out_proj, T, y_bf16);
 }
 
-// h += mixer_out @ W^T (out_proj, o_proj)
-void PrefillPass::output_projection(const QMatrix& W, int T) {
+// h += mixer_out @ W^T (out_proj, o_proj); xp: mixer_out in the wgmma GEMM's bf16 already
+void PrefillPass::output_projection(const QMatrix& W, int T, const bf16* xp) {
   if (plan_.prefill.dense_rows(T)) gemv_rows_accumulate(W, mixer_out_.as<float>(), T, h_.as<float>(), stream_);
+  else if (xp) gemm_accumulate(W, {mixer_out_.as<float>(), xp}, h_.as<float>(), T);
   else gemm_accumulate(W, gemm_input(mixer_out_.as<float>(), T, W.cols), h_.as<float>(), T);
 }
 

@@ -26,7 +26,7 @@ class PrefillPass {
  private:
   void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
-  void output_projection(const QMatrix& W, int T);
+  void output_projection(const QMatrix& W, int T, const bf16* xp = nullptr);
   // The pass's GEMMs on the plan's kernel: x [T, K] fp32 for gemm_q4, or converted once into
   // xp_ (bf16 in the wgmma GEMM's K order) for every product that reads it.
   struct GemmInput {

@@ -1,6 +1,6 @@
 // deltanet_prefill.cu: the core of a Gated DeltaNet layer (spec §2.6, §3.1, §3.2) for a block of
 // T tokens (prefill): causal conv + SiLU, l2norm of q/k, gates, the delta rule and the gated
-// RMSNorm, in chunks of <= 1024 tokens (bounded scratch: u [chunk, conv_dim]).
+// RMSNorm, in chunks of <= kDeltaNetPrefillChunk tokens (bounded scratch: u [chunk, conv_dim]).
 //
 //   u = silu(conv_K([conv_state; mixed]))         q, k, v = u split [Hk*128 | Hk*128 | Hv*128]
 //   q = l2norm(q) / sqrt(128),  k = l2norm(k),  beta = sigmoid(b),  g = -exp(A_log) softplus(a + dt_bias)
@@ -21,16 +21,19 @@
 //                                  launches of 64-token matrix products)
 //     DeltaRulePrefill::recurrent  deltanet_scan_kernel: the token loop, the state in registers
 //                                  (deltanet_common.cuh's layout)
-//   gated_norm_kernel      y <- norm_w * rmsnorm(y) * silu(z) in place: a warp per (token, v-head)
+//   gated_norm_kernel      y <- norm_w * rmsnorm(y) * silu(z) in place: a warp per (token, v-head);
+//                          and y_bf16 (when asked): y as the wgmma out_proj reads it
 //                          row, 8 rows per block, float4, shuffle sum
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm), both
 //           forms by name, across chunks, carried states, then decode.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/deltanet_common.cuh"
+#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
+#include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
 
 #include <algorithm>
 #include <cstdint>
@@ -42,10 +45,10 @@ namespace {
 
 using namespace deltanet_detail;
 
-constexpr int kPrefillChunk = 1024;  // tokens per prefill chunk (bounds the scratch)
-constexpr int kConvRun = 16;         // deltanet_conv_kernel: tokens per warp
-constexpr int kConvWarps = 4;        // deltanet_conv_kernel: heads (warps) per block
-constexpr int kNormRows = 8;         // gated_norm_kernel: rows (warps) per block
+constexpr int kPrefillChunk = kDeltaNetPrefillChunk;  // tokens per prefill chunk (bounds the scratch)
+constexpr int kConvRun = 16;                          // deltanet_conv_kernel: tokens per warp
+constexpr int kConvWarps = 4;                         // deltanet_conv_kernel: heads (warps) per block
+constexpr int kNormRows = 8;                          // gated_norm_kernel: rows (warps) per block
 
 // One chunk of n tokens starting at t0.
 
@@ -169,18 +172,34 @@ __global__ void __launch_bounds__(kThreads) deltanet_scan_kernel(CoreArgs p, int
 
 // y <- norm_w * (y * rsqrt(mean(y^2) + eps)) * silu(z) over the n * Hv rows (token, v-head) of
 // the chunk: one warp per row, kNormRows rows per block; lane l owns the values 4l .. 4l+3 (float4
-// loads of y and z), the row's sum of squares is a warp shuffle sum: no barrier.
-__global__ void __launch_bounds__(kNormRows * 32) gated_norm_kernel(CoreArgs p, int t0, int n) {
+// loads of y and z), the row's sum of squares is a warp shuffle sum: no barrier. With yp, the
+// row also as bf16 in x_to_bf16_permuted's K order (the wgmma out_proj's input; a head's 128
+// values are two K groups): through the warp's shared row, 16 lanes a 16-byte piece each.
+__global__ void __launch_bounds__(kNormRows * 32) gated_norm_kernel(CoreArgs p, int t0, int n, uint4* yp) {
   pdl_wait();
   pdl_launch_dependents();
-  const int row = blockIdx.x * kNormRows + threadIdx.x / 32, lane = threadIdx.x % 32;
+  __shared__ __align__(16) float rows[kNormRows][kHeadDim];
+  const int warp = threadIdx.x / 32, row = blockIdx.x * kNormRows + warp, lane = threadIdx.x % 32;
   if (row >= n * p.Hv) return;  // warp-uniform, and no barrier below
   const size_t i = (size_t(t0) * p.Hv + row) * kHeadDim + 4 * lane;
   const float4 x4 = ld4(p.y + i), z4 = ld4(p.z + i), w4 = ld4(p.norm_weight + 4 * lane);
   const float ss = warp_sum(x4.x * x4.x + x4.y * x4.y + x4.z * x4.z + x4.w * x4.w);
   const float inv = 1.f / sqrtf(ss / float(kHeadDim) + p.eps);
-  st4(p.y + i, make_float4(w4.x * (x4.x * inv) * silu(z4.x), w4.y * (x4.y * inv) * silu(z4.y),
-                           w4.z * (x4.z * inv) * silu(z4.z), w4.w * (x4.w * inv) * silu(z4.w)));
+  const float4 y4 = make_float4(w4.x * (x4.x * inv) * silu(z4.x), w4.y * (x4.y * inv) * silu(z4.y),
+                                w4.z * (x4.z * inv) * silu(z4.z), w4.w * (x4.w * inv) * silu(z4.w));
+  st4(p.y + i, y4);
+  if (!yp) return;
+  reinterpret_cast<float4*>(rows[warp])[lane] = y4;
+  __syncwarp();
+  if (lane < kHeadDim / 8) {  // piece `lane`: columns 8 lane .. + 7, K group lane / 8 of the head
+    const float* r = rows[warp] + lane / 8 * w4_wgmma::kGroup;
+    const int c0 = lane % 8 * 8;
+    uint32_t w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j)
+      w[j] = ptx::pack_bf16(r[w4_wgmma::k_of_column(c0 + 2 * j)], r[w4_wgmma::k_of_column(c0 + 2 * j + 1)]);
+    yp[(size_t(t0) * p.Hv + row) * (kHeadDim / 8) + lane] = make_uint4(w[0], w[1], w[2], w[3]);
+  }
 }
 
 }  // namespace
@@ -193,7 +212,7 @@ const char* kernel_name(DeltaRulePrefill form) {
   }
 }
 
-// The conv outputs u [min(T, 1024), conv_dim], then (chunked) the chunked rule's scratch.
+// The conv outputs u [min(T, chunk), conv_dim], then (chunked) the chunked rule's scratch.
 size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParams& p) {
   if (form == DeltaRulePrefill::rows) return 0;
   const int n = std::min(std::max(p.T, 1), kPrefillChunk);
@@ -204,7 +223,9 @@ size_t deltanet_prefill_scratch_bytes(DeltaRulePrefill form, const DeltaNetParam
 
 void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, const float* mixed, const float* z,
                             const float* b, const float* a, float* conv_state, float* ssm_state, float* y,
-                            void* scratch, cudaStream_t stream) {
+                            void* scratch, cudaStream_t stream, bf16* y_bf16) {
+  LILY_CHECK(!y_bf16 || (form != DeltaRulePrefill::rows && reinterpret_cast<uintptr_t>(y_bf16) % 16 == 0),
+             "gated_deltanet_prefill: a bf16 y is written by the recurrent and chunked forms, 16-byte aligned");
   if (form == DeltaRulePrefill::rows) {  // the decode kernel, the tokens one after another
     gated_deltanet_decode(p, mixed, z, b, a, conv_state, ssm_state, y, stream);
     return;
@@ -237,7 +258,7 @@ void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, cons
       launch_after_wait(deltanet_scan_kernel, dim3(unsigned(Hv * kSlices)), dim3(kThreads), 0, stream, args, t0, n);
     }
     launch_after_wait(gated_norm_kernel, dim3(unsigned((n * Hv + kNormRows - 1) / kNormRows)), dim3(kNormRows * 32), 0,
-                      stream, args, t0, n);
+                      stream, args, t0, n, reinterpret_cast<uint4*>(y_bf16));
   }
 }
 
