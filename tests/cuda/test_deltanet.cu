@@ -195,7 +195,7 @@ void check_blocks(int Hk, int Hv, const std::vector<int>& lengths, uint32_t seed
 }
 
 // The prompt lengths of issue 7: chunk (64) and prefill-block (512) edges on both sides.
-const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000, 1025, 2047, 2048, 2100};
+const std::vector<int> kLengths = {1, 2, 63, 64, 65, 127, 128, 129, 511, 512, 513, 1000, 1025, 4095, 4096, 4100};
 
 TEST(CudaDeltaNet, DecodeSmall) {
   REQUIRE_GPU();
@@ -308,7 +308,7 @@ TEST(CudaDeltaNet, ChunkedContinued) {
   check_blocks(2, 4, {511, 513}, 27);
   check_blocks(2, 4, {1000, 129, 2}, 28);
   check_blocks(2, 4, {1023, 1026}, 31);
-  check_blocks(2, 4, {2040, 2060}, 32);
+  check_blocks(2, 4, {4090, 4110}, 32);
   check_blocks(16, 32, {63, 65}, 29);
   check_blocks(16, 32, {513, 127, 1, 64}, 30);
 }

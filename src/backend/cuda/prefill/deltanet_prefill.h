@@ -11,9 +11,9 @@
 namespace lily::cuda {
 
 // Tokens of one chunk of gated_deltanet_prefill: each chunk launches its six kernels once (their
-// fixed costs fell 8 -> 4 -> 2 times a layer at 4096 tokens: docs/perf.md, session 19), and its
+// fixed costs fell from 8 to 1 times a layer at 4096 tokens: docs/perf.md, session 19), and its
 // scratch holds one chunk.
-constexpr int kDeltaNetPrefillChunk = 2048;
+constexpr int kDeltaNetPrefillChunk = 4096;
 
 // How the delta rule runs over a chunk: the whole core of a few tokens in the decode kernel
 // (rows: decode/deltanet_decode.h, T <= 16), the token loop (spec §3.1) or the chunked form
