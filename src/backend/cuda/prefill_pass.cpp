@@ -13,7 +13,8 @@
 //   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
 //                                                                       rms_norm, gemm_q4 (64 at a time)
 // gemm / gemm_accumulate: gemm_q4 (gemm_q4.h), or on sm_90a from the plan's wgmma_from tokens
-// gemm_w4_wgmma (x converted to bf16 once per input, read by all its products). Both take x in
+// gemm_w4_wgmma (x converted to bf16 once per input, read by all its products; an RMSNorm's output
+// written as bf16 by the norm itself, rms_norm_bf16_permuted; DeltaNet's y by its gated norm). Both take x in
 // bf16 and sum in fp32; the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
 // blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the

@@ -28,8 +28,9 @@
 //             experts (the shared expert as one more group of the same launches), moe_combine_kernel into h
 // wgmma:    on sm_90a (MoeExpertKernels::wgmma) the same products on gemm_w4_wgmma.h, 128-position
 //           tiles where the experts average 96 rows or more, else 64: x and act each converted once
-//           to bf16 in the GEMM's K order (xp, act_p); the shared expert's down stays on gemm_q4
-//           (K = 512: as fast).
+//           to bf16 in the GEMM's K order (xp, act_p; xp may come from the caller, written with the
+//           norm by rms_norm_bf16_permuted); the shared expert's down stays on gemm_q4 (K = 512: as
+//           fast). Outputs in bf16 from the GEMMs' epilogues measured slower (docs/perf.md, session 19).
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
