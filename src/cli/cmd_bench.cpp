@@ -37,13 +37,15 @@ constexpr double kBf16PeakTflops = 790.0;  // measured dense bf16 rate of the H2
 constexpr const char* kGpuLengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
 constexpr const char* kCpuLengths = "128";
 constexpr int kGpuDecodeTokens = 128, kCpuDecodeTokens = 32;
+constexpr int kMaxDecodeRows = 8;  // issue 16: steps of 1 .. 8 rows
 
 struct BenchArgs {
   ModelOptions model;
   bool synthetic = false;
   std::string prefill_lengths;  // empty: kGpuLengths or kCpuLengths
   std::string decode_depths;    // empty: likewise
-  int decode_tokens = 0;        // 0: kGpuDecodeTokens or kCpuDecodeTokens
+  int decode_tokens = 0;        // 0: kGpuDecodeTokens or kCpuDecodeTokens (steps, with --decode-rows)
+  int decode_rows = 1;          // tokens a step: > 1 measures steps of one sequence's consecutive tokens
   int repeats = 3;
   bool json = false;
   std::string plot;                   // PNG path, empty: no plot
@@ -77,6 +79,7 @@ struct Row {
   double tokens_per_second;
   double rate;     // GB/s (decode) or TFLOP/s (prefill)
   double percent;  // of the ceiling
+  int rows = 1;    // decode: tokens a step (--decode-rows: one sequence's consecutive tokens)
 };
 
 // Marks the first measurement of each point for a profiler (CUDA only; see cuda_bench.h).
@@ -240,6 +243,39 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
   return rows;
 }
 
+// Steps of `rows` consecutive tokens of one sequence, as the verification of a speculative draft
+// would run them: one forward of the rows with every row's logits to the host, at each depth
+// (`fill` puts the context in). Per step: its time and the GB/s of decode_step_bytes (the
+// weights once, the union of the rows' experts). The backend has no step of several sequences
+// yet (issue 16): this is the one kind it can run.
+std::vector<Row> bench_decode_rows(Backend& backend, const std::vector<int32_t>& depths, int rows, int n, int repeats,
+                                   double peak_bytes_per_second,
+                                   const std::function<void(SequenceState&, int32_t)>& fill, bool on_cuda) {
+  const ModelConfig& c = backend.config();
+  std::vector<Row> out;
+  std::vector<float> logits;
+  for (int32_t D : depths) {
+    auto state = backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * n * rows + 1);
+    fill(*state, D);
+    std::vector<double> times;
+    for (int r = 0; r <= repeats; ++r) {
+      const auto tokens = random_tokens(int64_t(n) * rows, c.vocab_size, uint32_t(r + 1));
+      ProfiledRegion region(on_cuda && r == 1);
+      const double t0 = now_seconds();
+      for (int i = 0; i < n; ++i)
+        backend.forward(*state, std::span<const int32_t>(tokens.data() + size_t(i) * rows, size_t(rows)),
+                        LogitsWanted::all, logits);
+      if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
+    }
+    const double t = median(times);
+    const double gbps = decode_step_bytes(c, D, rows) / t / 1e9;
+    out.push_back({"verify", D, t, rows / t, gbps,
+                   peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0, rows});
+    std::fprintf(stderr, "steps of %d rows at depth %7d: %.3f ms/step\n", rows, D, t * 1e3);
+  }
+  return out;
+}
+
 // Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
 // thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95), so each step's logits (or
 // the backend's candidates) go to the host and the sampler runs there. `fill` puts D tokens of
@@ -278,8 +314,12 @@ void print_table(const std::vector<Row>& rows, const std::string& title, double 
   std::printf("| kind    |  length | tokens/s   | ms/token  | achieved              |\n");
   std::printf("|---------|--------:|-----------:|----------:|-----------------------|\n");
   for (const Row& r : rows) {
-    double ms_per_token = r.kind == "decode" ? r.seconds * 1e3 : r.seconds * 1e3 / double(r.length);
-    if (r.kind == "decode")  // a CPU's tens of GB/s with a decimal
+    double ms_per_token = r.kind == "prefill" ? r.seconds * 1e3 / double(r.length) : r.seconds * 1e3;
+    if (r.kind == "verify")  // a step of r.rows tokens: ms a step, the step's tokens a second
+      std::printf(peak_gbps >= 100 ? "| verify%d | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
+                                   : "| verify%d | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
+                  r.rows, (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
+    else if (r.kind == "decode")  // a CPU's tens of GB/s with a decimal
       std::printf(peak_gbps >= 100 ? "| decode  | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
                                    : "| decode  | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
                   (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
@@ -307,6 +347,10 @@ int run_bench(BenchArgs a) {
     for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
   for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
+  LILY_CHECK(a.decode_rows >= 1 && a.decode_rows <= kMaxDecodeRows, "--decode-rows {}: 1 to {}", a.decode_rows,
+             kMaxDecodeRows);
+  LILY_CHECK(a.decode_rows == 1 || (a.decode_loop == "graph" && a.decode_skip.empty() && a.decode_trace.empty()),
+             "--decode-rows takes none of --decode-loop generate, --decode-skip, --decode-trace");
   const bool generate_loop = a.decode_loop == "generate";
   LILY_CHECK(!generate_loop || a.decode_trace.empty(),
              "--decode-trace traces the graph loop, not --decode-loop generate");
@@ -344,7 +388,9 @@ int run_bench(BenchArgs a) {
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
     if (a.prefill_split) print_prefill_split(*backend, prefill_lengths);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
-    auto d = generate_loop
+    auto d = a.decode_rows > 1 ? bench_decode_rows(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
+                                                   peak, fake_fill, true)
+             : generate_loop
                  ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
                  : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak, a.decode_trace);
     rows.insert(rows.end(), p.begin(), p.end());
@@ -373,13 +419,19 @@ int run_bench(BenchArgs a) {
     }
     auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
-    auto d = generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
-                           : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
+    auto d = a.decode_rows > 1 ? bench_decode_rows(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
+                                                   prefill_fill, on_cuda)
+             : generate_loop   ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
+                               : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
   if (generate_loop) title += "; decode through the request loop (generate, top-k 20 sampling)";
+  if (a.decode_rows > 1)
+    title += fmt::format(
+        "; verify{0}: steps of {0} consecutive tokens with their logits (ms a step, its tokens a second)",
+        a.decode_rows);
   if (!a.plot.empty()) {
     std::vector<BenchPoint> points;
     for (const Row& r : rows) points.push_back({r.kind, r.length, r.tokens_per_second, r.percent});
@@ -393,6 +445,7 @@ int run_bench(BenchArgs a) {
                           {"rows", nlohmann::json::array()}};
     for (const Row& r : rows)
       out["rows"].push_back({{"kind", r.kind},
+                             {"rows", r.rows},
                              {"length", r.length},
                              {"tokens_per_second", r.tokens_per_second},
                              {"seconds", r.seconds},
@@ -420,6 +473,11 @@ CommandRegistration bench_command{
        sub.add_option("--decode-tokens", a->decode_tokens,
                       fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU)",
                                   kGpuDecodeTokens, kCpuDecodeTokens));
+       sub.add_option("--decode-rows", a->decode_rows,
+                      "Tokens a decode step: 2 .. 8 time steps of that many consecutive tokens of one sequence with "
+                      "every row's logits (a speculative draft's verification; the table's verifyN rows: ms a step, "
+                      "GB/s of the weights once and the union of the rows' experts)")
+           ->capture_default_str();
        sub.add_option("--repeats", a->repeats,
                       "Measurements per point (median reported), after one untimed warm-up pass of each prefill "
                       "length and a warm-up of each decode depth")

@@ -1,5 +1,8 @@
 #include "runtime/cost_model.h"
 
+#include <algorithm>
+#include <cmath>
+
 namespace lily {
 
 namespace {
@@ -7,8 +10,8 @@ namespace {
 // Bytes of an affine-quantized [rows, cols] matrix: codes + bf16 scale and bias per group.
 double q_bytes(double rows, double cols, int bits = 4) { return rows * cols * bits / 8.0 + rows * (cols / 64.0) * 4.0; }
 
-// Weights one token reads in one layer (the mixer, router, k experts, shared expert).
-double layer_weight_bytes(const ModelConfig& c, LayerKind kind) {
+// Weights a step reads in one layer (the mixer, router, `experts` routed experts, shared expert).
+double layer_weight_bytes(const ModelConfig& c, LayerKind kind, double experts) {
   const double H = c.hidden_size, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
   double b = 0;
   if (kind == LayerKind::full_attention) {
@@ -19,7 +22,7 @@ double layer_weight_bytes(const ModelConfig& c, LayerKind kind) {
          q_bytes(H, c.linear_value_dim());
   }
   b += q_bytes(c.num_experts, H, 8) + q_bytes(1, H, 8);
-  b += c.num_experts_per_tok * (2 * q_bytes(I, H) + q_bytes(H, I));
+  b += experts * (2 * q_bytes(I, H) + q_bytes(H, I));
   b += 2 * q_bytes(Is, H) + q_bytes(H, Is);
   return b;
 }
@@ -39,17 +42,26 @@ double layer_weight_params(const ModelConfig& c, LayerKind kind) {
 
 }  // namespace
 
-double decode_bytes_per_token(const ModelConfig& c, int64_t depth) {
-  double bytes = q_bytes(c.vocab_size, c.hidden_size);  // lm_head (the embedding row is negligible)
+double expected_experts(const ModelConfig& c, int rows) {
+  if (rows <= 1) return c.num_experts_per_tok;
+  const double E = c.num_experts, miss = 1.0 - double(c.num_experts_per_tok) / E;
+  return E * (1.0 - std::pow(miss, rows));
+}
+
+double decode_step_bytes(const ModelConfig& c, int64_t depth, int rows) {
+  double bytes = q_bytes(c.vocab_size, c.hidden_size);  // lm_head (the embedding rows are negligible)
   const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;
   const double kv_row = 2.0 * c.attention_kv_width() * 2.0;  // K and V, bf16
+  const double experts = expected_experts(c, rows);
   for (LayerKind kind : c.layer_types) {
-    bytes += layer_weight_bytes(c, kind);
-    if (kind == LayerKind::full_attention) bytes += kv_row * double(depth + 1);
+    bytes += layer_weight_bytes(c, kind, experts);
+    if (kind == LayerKind::full_attention) bytes += kv_row * double(depth + std::max(rows, 1));
     else bytes += 2 * state;  // read and write
   }
   return bytes;
 }
+
+double decode_bytes_per_token(const ModelConfig& c, int64_t depth) { return decode_step_bytes(c, depth, 1); }
 
 double prefill_flops(const ModelConfig& c, int64_t length) {
   double per_token = 2.0 * c.vocab_size * c.hidden_size / double(length);  // logits of the last token only

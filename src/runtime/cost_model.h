@@ -15,6 +15,16 @@ namespace lily {
 // Bytes one decode step must move at context depth `depth` (4-bit g64 weights).
 double decode_bytes_per_token(const ModelConfig& c, int64_t depth);
 
+// Bytes a step of `rows` consecutive tokens of one sequence must move (a speculative draft's
+// verification): the weights once, the routed experts as the union of the rows' choices (its
+// expectation under uniform random routing, E (1 - (1 - k/E)^rows) a layer: ~31 of 256 experts
+// for 4 rows, ~57 for 8), the state once, the KV cache up to the last row. rows = 1 is
+// decode_bytes_per_token.
+double decode_step_bytes(const ModelConfig& c, int64_t depth, int rows);
+
+// The expected number of distinct experts `rows` tokens choose in one layer (uniform routing).
+double expected_experts(const ModelConfig& c, int rows);
+
 // Floating-point operations to prefill a prompt of `length` tokens from empty.
 double prefill_flops(const ModelConfig& c, int64_t length);
 

@@ -1,0 +1,71 @@
+// test_bench_rows.cpp: `lily bench --decode-rows T` end to end on the tiny fixture model (CPU):
+// steps of T consecutive tokens are measured and reported against their bytes, and an out-of-range
+// T is refused with a message before any measurement.
+#include <gtest/gtest.h>
+
+#include <nlohmann/json.hpp>
+
+#include <array>
+#include <cstdio>
+#include <filesystem>
+#include <memory>
+#include <string>
+
+namespace {
+
+// The command's exit status and standard output.
+std::pair<int, std::string> run(const std::string& cmd) {
+  std::string out;
+  FILE* p = popen(cmd.c_str(), "r");
+  if (!p) return {-1, out};
+  std::array<char, 4096> buf;
+  size_t n;
+  while ((n = fread(buf.data(), 1, buf.size(), p)) > 0) out.append(buf.data(), n);
+  const int status = pclose(p);
+  return {status, out};
+}
+
+std::string bench(const std::string& args) {
+  return std::string(LILY_BINARY) + " bench -m " + LILY_FIXTURES_DIR +
+         "/models/tiny-a/mlx-q4 --backend cpu --prefill-lengths none --decode-tokens 2 --repeats 1 " + args;
+}
+
+TEST(BenchRows, StepsOfFourRowsAgainstTheirBytes) {
+  if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
+  auto [one_status, one_out] = run(bench("--decode-depths 16,32 --json 2>/dev/null"));
+  ASSERT_EQ(one_status, 0) << one_out;
+  auto [status, out] = run(bench("--decode-depths 16,32 --decode-rows 4 --json 2>/dev/null"));
+  ASSERT_EQ(status, 0) << out;
+  const auto one = nlohmann::json::parse(one_out)["rows"], four = nlohmann::json::parse(out)["rows"];
+  ASSERT_EQ(one.size(), 2u);
+  ASSERT_EQ(four.size(), 2u);
+  for (size_t i = 0; i < 2; ++i) {
+    EXPECT_EQ(one[i]["kind"], "decode");
+    EXPECT_EQ(one[i]["rows"], 1);
+    EXPECT_EQ(four[i]["kind"], "verify");
+    EXPECT_EQ(four[i]["rows"], 4);
+    EXPECT_EQ(four[i]["length"], one[i]["length"]);
+    const double seconds = four[i]["seconds"], tokens_per_second = four[i]["tokens_per_second"];
+    EXPECT_GT(seconds, 0.0);
+    EXPECT_NEAR(tokens_per_second * seconds, 4.0, 1e-6);  // a step's 4 tokens
+    // GB/s of a step's bytes: more bytes than one row's (the union of four tokens' experts)
+    // over the step's time.
+    const double bytes4 = double(four[i]["rate"]) * seconds, bytes1 = double(one[i]["rate"]) * double(one[i]["seconds"]);
+    EXPECT_GT(bytes4, bytes1);
+    EXPECT_LT(bytes4, 4 * bytes1);
+  }
+}
+
+TEST(BenchRows, RefusesRowsOutOfRange) {
+  if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
+  for (const char* rows : {"0", "9"}) {
+    auto [status, out] = run(bench(std::string("--decode-depths 16 --decode-rows ") + rows + " 2>&1"));
+    EXPECT_NE(status, 0) << rows;
+    EXPECT_NE(out.find("--decode-rows"), std::string::npos) << out;
+  }
+  auto [status, out] = run(bench("--decode-depths 16 --decode-rows 4 --decode-loop generate 2>&1"));
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--decode-rows"), std::string::npos) << out;
+}
+
+}  // namespace
