@@ -50,7 +50,8 @@ TEST(BenchRows, StepsOfFourRowsAgainstTheirBytes) {
     EXPECT_NEAR(tokens_per_second * seconds, 4.0, 1e-6);  // a step's 4 tokens
     // GB/s of a step's bytes: more bytes than one row's (the union of four tokens' experts)
     // over the step's time.
-    const double bytes4 = double(four[i]["rate"]) * seconds, bytes1 = double(one[i]["rate"]) * double(one[i]["seconds"]);
+    const double bytes4 = double(four[i]["rate"]) * seconds,
+                 bytes1 = double(one[i]["rate"]) * double(one[i]["seconds"]);
     EXPECT_GT(bytes4, bytes1);
     EXPECT_LT(bytes4, 4 * bytes1);
   }
