@@ -117,6 +117,33 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
   }
 }
 
+// Columns 8i .. 8i + 7 of an input row, y[0..8), into the fragments frag (this file's layout:
+// they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16 hi + lo
+// parts, and the sums of their group of 64 columns (8 consecutive i) into group_sum (of y) and
+// group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). One thread's 8 columns
+// instead of stage_x_fragments' block-wide pass (the persistent decode kernel's staging). Every
+// lane of the warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
+__device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], uint4* frag, float* group_sum,
+                                                 float* group_sum_hl) {
+  uint32_t* f = reinterpret_cast<uint32_t*>(frag);
+  const int chunk = i / 4, k0 = 4 * (i % 4);
+  float sum = 0.f, sum_hl = 0.f;
+#pragma unroll
+  for (int j = 0; j < 4; ++j) {
+    uint32_t hi, lo;
+    ptx::split_bf16(y[j], y[j + 4], hi, lo);
+    if (mine) f[(chunk * 2 + 0) * 16 + k0 + j] = hi, f[(chunk * 2 + 1) * 16 + k0 + j] = lo;
+    sum += y[j] + y[j + 4];
+    sum_hl += (ptx::bf16_lo(hi) + ptx::bf16_lo(lo)) + (ptx::bf16_hi(hi) + ptx::bf16_hi(lo));
+  }
+#pragma unroll
+  for (int m = 1; m < 8; m *= 2) {
+    sum += __shfl_xor_sync(0xffffffffu, sum, m);
+    sum_hl += __shfl_xor_sync(0xffffffffu, sum_hl, m);
+  }
+  if (mine && i % 8 == 0) group_sum[i / 8] = sum, group_sum_hl[i / 8] = sum_hl;
+}
+
 // Block-wide (every thread calls it; the caller syncs after): the input row x [cols] (NORM:
 // x * inv * gain with inv = 1 / sqrt(mean(x^2) + eps), as rms_norm) into xs (fp32, shared), then
 // its fragments and group sums (stage_x_fragments), and zero[] cleared. x is read through L2

@@ -135,34 +135,9 @@ __device__ __forceinline__ void block_rows_dot(const Rows& A, int n, int r0, Pro
   block_rows_dot(A, n, A, n, r0, s, out);
 }
 
-// Columns 8i .. 8i + 7 of an input row, y[0..8), into block_rows_dot's fragments (quant_mma.cuh's
-// layout: they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16
-// hi + lo parts, and the sums of their group of 64 columns (8 consecutive i) into group_sum (of y)
-// and group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). Every lane of the
-// warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
-__device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], ProductScratch& s) {
-  uint32_t* f = reinterpret_cast<uint32_t*>(s.frag);
-  const int chunk = i / 4, k0 = 4 * (i % 4);
-  float sum = 0.f, sum_hl = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t hi, lo;
-    ptx::split_bf16(y[j], y[j + 4], hi, lo);
-    if (mine) f[(chunk * 2 + 0) * 16 + k0 + j] = hi, f[(chunk * 2 + 1) * 16 + k0 + j] = lo;
-    sum += y[j] + y[j + 4];
-    sum_hl += (ptx::bf16_lo(hi) + ptx::bf16_lo(lo)) + (ptx::bf16_hi(hi) + ptx::bf16_hi(lo));
-  }
-#pragma unroll
-  for (int m = 1; m < 8; m *= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, m);
-    sum_hl += __shfl_xor_sync(0xffffffffu, sum_hl, m);
-  }
-  if (mine && i % 8 == 0) s.group_sum[i / 8] = sum, s.group_sum_hl[i / 8] = sum_hl;
-}
-
 // The input row x [cols] (read through L2; GAIN: times gain) staged for block_rows_dot in one pass
 // and one barrier: thread i takes columns 8i .. 8i + 7 (two float4 loads) straight into the
-// fragments (store_fragments8). s.red[warp] gets the warp's share of sum(x^2): an RMSNorm is
+// fragments (quant_mma::store_fragments8). s.red[warp] gets the warp's share of sum(x^2): an RMSNorm is
 // applied after the products, RMSNorm(x) . w = inv ((gain * x) . w) (row_inv_rms), so that no
 // block-wide sum stands between the loads and the fragments (docs/perf.md, session 18).
 // The first `skip` threads (whole warps) take no columns: they may do other work before the barrier.
@@ -186,7 +161,7 @@ __device__ __forceinline__ void stage(const float* x, const float* gain, int col
 #pragma unroll
       for (int j = 0; j < 8; ++j) y[j] *= g[j];
     }
-    store_fragments8(i, mine, y, s);
+    quant_mma::store_fragments8(i, mine, y, s.frag, s.group_sum, s.group_sum_hl);
   }
 #pragma unroll
   for (int m = 16; m > 0; m /= 2) ss += __shfl_xor_sync(0xffffffffu, ss, m);
@@ -314,7 +289,7 @@ __device__ inline void stage_gated_norm(const StepArgs& a, const DeviceLayer& L,
   float y[8];
 #pragma unroll
   for (int j = 0; j < 8; ++j) y[j] = w[j] * (o[j] * inv) * silu(z[j]);
-  store_fragments8(threadIdx.x, mine, y, s);
+  quant_mma::store_fragments8(threadIdx.x, mine, y, s.frag, s.group_sum, s.group_sum_hl);
   if (threadIdx.x < quant_mma::kFragU4PerChunk) s.zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
   __syncthreads();
   trace_mark(2);
