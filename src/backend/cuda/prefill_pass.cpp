@@ -101,22 +101,14 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
   if (plan_.prefill.dense_rows(T)) {
     // [q, gate], k, v = RMSNorm(h) @ [Wq; Wk; Wv]^T, one launch
     phases::mark("attention.qkv_proj", stream_);
-    RowsOutput y;
-    y.then(wide_.as<float>(), 0, a.q_proj.rows)
-        .then(k_.as<float>(), a.q_proj.rows, a.k_proj.rows)
-        .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
-    rms_norm_gemv_rows(a.qkv_proj, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
+    rms_norm_gemv_rows(a.qkv_proj, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, qkv_parts(a), stream_);
   } else {
     // x = RMSNorm(h)
     const GemmInput in = normed_input(layer.input_layernorm, T);
     // [q, gate], k, v = x @ Wq^T, x @ Wk^T, x @ Wv^T
     phases::mark("attention.qkv_proj", stream_);
     if (fused_gemm(a.qkv_proj, in)) {  // one launch for the three
-      RowsOutput y;
-      y.then(wide_.as<float>(), 0, a.q_proj.rows)
-          .then(k_.as<float>(), a.q_proj.rows, a.k_proj.rows)
-          .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
-      gemm_w4_wgmma(a.qkv_proj, in.xp, y, T, stream_);
+      gemm_w4_wgmma(a.qkv_proj, in.xp, qkv_parts(a), T, stream_);
     } else {
       gemm(a.q_proj, in, wide_.as<float>(), T);
       gemm(a.k_proj, in, k_.as<float>(), T);
@@ -139,26 +131,15 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
   if (plan_.prefill.dense_rows(T)) {
     // qkv, z, b, a = RMSNorm(h) @ [W_qkv; W_z; W_b; W_a]^T, one launch
     phases::mark("deltanet.in_proj", stream_);
-    const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
-    RowsOutput y;
-    y.then(wide_.as<float>(), 0, d.in_proj_qkv.rows)
-        .then(z_.as<float>(), z0, d.in_proj_z.rows)
-        .then(b_.as<float>(), b0, d.in_proj_b.rows)
-        .then(a_.as<float>(), a0, d.in_proj_a.rows);
-    rms_norm_gemv_rows(d.in_proj_all, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, y, stream_);
+    rms_norm_gemv_rows(d.in_proj_all, h_.as<float>(), T, layer.input_layernorm, c_.rms_norm_eps, in_proj_parts(d),
+                       stream_);
   } else {
     // x = RMSNorm(h)
     const GemmInput in = normed_input(layer.input_layernorm, T);
     // qkv, z, b, a = x @ W^T
     phases::mark("deltanet.in_proj", stream_);
     if (fused_gemm(d.in_proj_all, in)) {  // one launch for the four
-      const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
-      RowsOutput y;
-      y.then(wide_.as<float>(), 0, d.in_proj_qkv.rows)
-          .then(z_.as<float>(), z0, d.in_proj_z.rows)
-          .then(b_.as<float>(), b0, d.in_proj_b.rows)
-          .then(a_.as<float>(), a0, d.in_proj_a.rows);
-      gemm_w4_wgmma(d.in_proj_all, in.xp, y, T, stream_);
+      gemm_w4_wgmma(d.in_proj_all, in.xp, in_proj_parts(d), T, stream_);
     } else {
       gemm(d.in_proj_qkv, in, wide_.as<float>(), T);
       gemm(d.in_proj_z, in, z_.as<float>(), T);
@@ -203,6 +184,26 @@ PrefillPass::GemmInput PrefillPass::gemm_input(const float* x, int T, int K) {
   if (!plan_.prefill.wgmma(T)) return {x, nullptr};
   x_to_bf16_permuted(x, xp_.as<bf16>(), T, K, stream_);
   return {x, xp_.as<bf16>()};
+}
+
+// Where the rows of the fused [q; k; v] go: q and gate to wide_, k to k_, v to v_.
+RowsOutput PrefillPass::qkv_parts(const GpuAttention& a) {
+  RowsOutput y;
+  y.then(wide_.as<float>(), 0, a.q_proj.rows)
+      .then(k_.as<float>(), a.q_proj.rows, a.k_proj.rows)
+      .then(v_.as<float>(), a.q_proj.rows + a.k_proj.rows, a.v_proj.rows);
+  return y;
+}
+
+// Where the rows of the fused [qkv; z; b; a] go: qkv to wide_, z, b, a to their buffers.
+RowsOutput PrefillPass::in_proj_parts(const GpuDeltaNet& d) {
+  const int z0 = d.in_proj_qkv.rows, b0 = z0 + d.in_proj_z.rows, a0 = b0 + d.in_proj_b.rows;
+  RowsOutput y;
+  y.then(wide_.as<float>(), 0, d.in_proj_qkv.rows)
+      .then(z_.as<float>(), z0, d.in_proj_z.rows)
+      .then(b_.as<float>(), b0, d.in_proj_b.rows)
+      .then(a_.as<float>(), a0, d.in_proj_a.rows);
+  return y;
 }
 
 // Whether the fused matrix's product runs as one wgmma launch (its parts share one quantization:

@@ -35,6 +35,8 @@ class PrefillPass {
   };
   GemmInput normed_input(const float* gain, int T);  // RMSNorm(h; gain)
   GemmInput gemm_input(const float* x, int T, int K);
+  RowsOutput qkv_parts(const GpuAttention& a);  // the fused projections' parts to their buffers
+  RowsOutput in_proj_parts(const GpuDeltaNet& d);
   bool fused_gemm(const QMatrix& fused, const GemmInput& in) const;              // one wgmma launch for its parts
   void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T
   void gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T);  // y += x @ W^T
