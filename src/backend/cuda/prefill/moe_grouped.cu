@@ -144,6 +144,24 @@ __device__ int block_exclusive_scan(int v, int* warp_sums, int* total) {
   return result;
 }
 
+// Thread e < E (after the block's scans): expert e's offset (off, of its c pairs) and its nt tiles
+// from tile toff on; thread 0 the total and the tile count.
+__device__ __forceinline__ void write_offsets_and_tiles(const PlanParams& p, int c, int off, int nt, int toff,
+                                                        int total_tiles) {
+  const int tid = threadIdx.x;
+  if (tid < p.E) {
+    p.offsets[tid] = off;
+    for (int j = 0; j < nt; ++j) {
+      int4 tile{tid, off + j * p.tile_rows, min(off + c, off + (j + 1) * p.tile_rows), 0};
+      reinterpret_cast<int4*>(p.tiles)[toff + j] = tile;
+    }
+  }
+  if (tid == 0) {
+    p.offsets[p.E] = p.P;
+    *p.num_tiles = total_tiles;
+  }
+}
+
 __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
   pdl_wait();
   pdl_launch_dependents();
@@ -171,18 +189,8 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_kernel(PlanParams p) {
   const int off = block_exclusive_scan(c, warp_sums, &total);
   const int nt = (c + p.tile_rows - 1) / p.tile_rows;
   const int toff = block_exclusive_scan(nt, warp_sums, &total_tiles);
-  if (tid < p.E) {
-    base[tid] = off;
-    p.offsets[tid] = off;
-    for (int j = 0; j < nt; ++j) {
-      int4 tile{tid, off + j * p.tile_rows, min(off + c, off + (j + 1) * p.tile_rows), 0};
-      reinterpret_cast<int4*>(p.tiles)[toff + j] = tile;
-    }
-  }
-  if (tid == 0) {
-    p.offsets[p.E] = p.P;
-    *p.num_tiles = total_tiles;
-  }
+  if (tid < p.E) base[tid] = off;
+  write_offsets_and_tiles(p, c, off, nt, toff, total_tiles);
   __syncthreads();
 
   // Stable scatter, kPlanThreads pairs at a time: a pair's position is its expert's base, plus
@@ -272,19 +280,7 @@ __global__ void __launch_bounds__(kPlanThreads) moe_plan_place_kernel(PlanParams
   const int nt = (c + p.tile_rows - 1) / p.tile_rows;
   const int toff = block_exclusive_scan(nt, warp_sums, &total_tiles);
   if (tid < p.E) base[tid] = off + before;
-  if (blockIdx.x == 0) {
-    if (tid < p.E) {
-      p.offsets[tid] = off;
-      for (int j = 0; j < nt; ++j) {
-        int4 tile{tid, off + j * p.tile_rows, min(off + c, off + (j + 1) * p.tile_rows), 0};
-        reinterpret_cast<int4*>(p.tiles)[toff + j] = tile;
-      }
-    }
-    if (tid == 0) {
-      p.offsets[p.E] = p.P;
-      *p.num_tiles = total_tiles;
-    }
-  }
+  if (blockIdx.x == 0) write_offsets_and_tiles(p, c, off, nt, toff, total_tiles);
   __syncthreads();
   const int i = blockIdx.x * kPlanThreads + tid;
   if (i < p.P) {
