@@ -28,7 +28,6 @@
 //           forms by name, across chunks, carried states, then decode.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/deltanet_common.cuh"
-#include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
 #include "backend/cuda/decode/deltanet_decode.h"
@@ -191,15 +190,9 @@ __global__ void __launch_bounds__(kNormRows * 32) gated_norm_kernel(CoreArgs p, 
   if (!yp) return;
   reinterpret_cast<float4*>(rows[warp])[lane] = y4;
   __syncwarp();
-  if (lane < kHeadDim / 8) {  // piece `lane`: columns 8 lane .. + 7, K group lane / 8 of the head
-    const float* r = rows[warp] + lane / 8 * w4_wgmma::kGroup;
-    const int c0 = lane % 8 * 8;
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      w[j] = ptx::pack_bf16(r[w4_wgmma::k_of_column(c0 + 2 * j)], r[w4_wgmma::k_of_column(c0 + 2 * j + 1)]);
-    yp[(size_t(t0) * p.Hv + row) * (kHeadDim / 8) + lane] = make_uint4(w[0], w[1], w[2], w[3]);
-  }
+  if (lane < kHeadDim / 8)  // piece `lane`: columns 8 lane .. + 7, K group lane / 8 of the head
+    yp[(size_t(t0) * p.Hv + row) * (kHeadDim / 8) + lane] = w4_wgmma::permuted_piece(
+        rows[warp] + lane / 8 * w4_wgmma::kGroup, lane % 8 * 8);
 }
 
 }  // namespace

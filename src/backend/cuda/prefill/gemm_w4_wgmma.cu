@@ -390,11 +390,7 @@ __global__ void x_to_bf16_permuted_kernel(const float* __restrict__ x, uint4* __
   if (i >= chunks) return;
   const int64_t row = i / (K / 8);
   const int col0 = int(i % (K / 8)) * 8, group0 = col0 / kGroup * kGroup, c0 = col0 % kGroup;
-  const float* xr = x + row * K + group0;
-  uint32_t w[4];
-#pragma unroll
-  for (int j = 0; j < 4; ++j) w[j] = pack_bf16(xr[k_of_column(c0 + 2 * j)], xr[k_of_column(c0 + 2 * j + 1)]);
-  xp[i] = make_uint4(w[0], w[1], w[2], w[3]);
+  xp[i] = permuted_piece(x + row * K + group0, c0);
 }
 
 // x = RMSNorm(h; gain) (rms_norm's formula: x * (1 / sqrt(mean(x^2) + eps)) * gain) into x_out
@@ -429,12 +425,7 @@ __global__ void __launch_bounds__(kNormThreads)
   }
   __syncthreads();
   for (int i = tid; i < K / 8; i += kNormThreads) {  // output chunk i: columns 8i .. 8i + 7
-    const int group0 = i * 8 / kGroup * kGroup, c0 = i * 8 % kGroup;
-    uint32_t w[4];
-#pragma unroll
-    for (int j = 0; j < 4; ++j)
-      w[j] = pack_bf16(row[group0 + k_of_column(c0 + 2 * j)], row[group0 + k_of_column(c0 + 2 * j + 1)]);
-    xp[int64_t(blockIdx.x) * (K / 8) + i] = make_uint4(w[0], w[1], w[2], w[3]);
+    xp[int64_t(blockIdx.x) * (K / 8) + i] = permuted_piece(row + i * 8 / kGroup * kGroup, i * 8 % kGroup);
   }
 }
 

@@ -24,6 +24,10 @@
 #include <cstdint>
 
 #if defined(__CUDACC__)
+#include "backend/cuda/common/mma.cuh"  // ptx::pack_bf16
+#endif
+
+#if defined(__CUDACC__)
 #define LILY_HD __host__ __device__ __forceinline__
 #else
 #define LILY_HD inline
@@ -59,5 +63,16 @@ LILY_HD constexpr uint32_t code_pair(uint32_t word, int s) { return ((word >> (4
 
 // The A-fragment register (0..3 of step s) that holds row r (0: g, 1: g + 8) and word half h.
 LILY_HD constexpr int a_register(int r, int h) { return 2 * h + r; }
+
+#if defined(__CUDACC__)
+// Fragment columns c0 .. c0 + 7 (c0 a multiple of 8) of one K group in bf16, from the group's 64
+// values in k order: one 16-byte piece of x_to_bf16_permuted's layout.
+__device__ __forceinline__ uint4 permuted_piece(const float* group, int c0) {
+  uint32_t w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = ptx::pack_bf16(group[k_of_column(c0 + 2 * j)], group[k_of_column(c0 + 2 * j + 1)]);
+  return make_uint4(w[0], w[1], w[2], w[3]);
+}
+#endif
 
 }  // namespace lily::cuda::w4_wgmma
