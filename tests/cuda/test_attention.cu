@@ -147,7 +147,10 @@ struct GpuAttn {
                         : cuda::attention_prefill_supports(cuda::AttentionPrefillKernel::flash, p)
                             ? cuda::AttentionPrefillKernel::flash
                             : cuda::AttentionPrefillKernel::simple;
-      cuda::gated_attention_prefill(pick, p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), nullptr);
+      DeviceArray<char> prefill_scratch(std::max<size_t>(1, cuda::attention_prefill_scratch_bytes(pick, p)));
+      prefill_scratch.poison();
+      cuda::gated_attention_prefill(pick, p, qg.get(), k.get(), v.get(), kc.get(), vc.get(), out.get(), nullptr,
+                                    prefill_scratch.get());
     }
     EXPECT_EQ(cudaDeviceSynchronize(), cudaSuccess);
     return out.download();
@@ -231,6 +234,20 @@ TEST(CudaAttention, PrefillSimpleKernel) {
   REQUIRE_GPU();
   check_blocks(16, 2, 2048, 37, {65, 200}, 25, cuda::AttentionPrefillKernel::simple);
   check_blocks(2, 2, 1024, 100, {130}, 26, cuda::AttentionPrefillKernel::simple);
+}
+
+// The split kernel (short passes at depth): a few tokens over many keys in many splits, the
+// last token's keys cut mid-split, splits past a token's keys empty, every group size, and a
+// pass from an empty cache (one split with keys).
+TEST(CudaAttention, PrefillSplitKernel) {
+  REQUIRE_GPU();
+  const auto split = cuda::AttentionPrefillKernel::split;
+  for (int T : {2, 3, 8, 32}) check_blocks(16, 2, 8192, 4000, {T}, 40 + uint32_t(T), split);
+  check_blocks(16, 2, 4096, 0, {2, 5, 32}, 45, split);     // from an empty cache, three passes
+  check_blocks(16, 2, 2048, 2000, {33, 15}, 46, split);    // up to the capacity
+  check_blocks(2, 2, 1024, 700, {4}, 47, split);           // group 1
+  check_blocks(6, 2, 20000, 15000, {7, 1, 2}, 48, split);  // group 3, then decode, then again
+  check_blocks(16, 1, 70000, 69000, {3}, 49, split);       // 69K keys, one KV head
 }
 
 TEST(CudaAttention, PrefillThenDecode) {

@@ -76,7 +76,7 @@ TEST(KernelPlan, TheModelOnAnH200) {
   EXPECT_EQ(plan.decode.launches(), 254);
   EXPECT_EQ(plan.prefill.chunk_tokens, 8192);
   EXPECT_EQ(plan.prefill.attention, cuda::AttentionPrefillKernel::flash);
-  EXPECT_EQ(plan.prefill.attention_kernel(32), cuda::AttentionPrefillKernel::simple);
+  EXPECT_EQ(plan.prefill.attention_kernel(32), cuda::AttentionPrefillKernel::split);
   EXPECT_EQ(plan.prefill.attention_kernel(33), cuda::AttentionPrefillKernel::flash);
   EXPECT_EQ(plan.prefill.delta_rule(16), cuda::DeltaRulePrefill::rows);
   EXPECT_EQ(plan.prefill.delta_rule(17), cuda::DeltaRulePrefill::recurrent);

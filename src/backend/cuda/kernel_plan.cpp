@@ -206,8 +206,8 @@ std::string KernelPlan::describe() const {
       "grouped {} experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
       prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
       prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
-      prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::simple),
-      prefill.simple_attention_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
+      prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::split),
+      prefill.split_attention_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
       prefill.deltanet_rows_up_to, kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
       kernel_name(DeltaRulePrefill::chunked),
       prefill.wgmma_experts_from < PrefillPlan::kNever

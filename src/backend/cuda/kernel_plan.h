@@ -86,14 +86,14 @@ struct PrefillPlan {
   int dense_rows_up_to = 0;                       // passes of at most this many tokens: gemv_rows projections
   int moe_rows_up_to = 0;                         // passes of at most this many tokens: gemv_rows experts
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
-  int simple_attention_up_to = 32;  // passes of at most this many tokens: the simple kernel
+  int split_attention_up_to = 32;   // passes of at most this many tokens: the split kernel
   int wgmma_from = kNever;          // passes of at least this many tokens: the projections on wgmma
   int wgmma_experts_from = kNever;  //   and the experts
   static constexpr int kNever = 1 << 30;
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
   bool wgmma(int T) const { return T >= wgmma_from; }
   AttentionPrefillKernel attention_kernel(int T) const {
-    return T <= simple_attention_up_to ? AttentionPrefillKernel::simple : attention;
+    return T <= split_attention_up_to ? AttentionPrefillKernel::split : attention;
   }
   MoeExpertKernels moe_experts(int T) const {
     if (T <= moe_rows_up_to) return MoeExpertKernels::rows;

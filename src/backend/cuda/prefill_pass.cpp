@@ -71,6 +71,16 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
           deltanet_prefill_scratch_bytes(DeltaRulePrefill::chunked, deltanet_params(c_, layer.deltanet, int(T))));
       break;
     }
+  size_t attention_bytes = 0;  // the split attention's partials, the most any short pass needs
+  for (const GpuLayer& layer : w.layers)
+    if (layer.kind == LayerKind::full_attention) {
+      for (int n = 1; n <= std::min(plan.prefill.split_attention_up_to, plan.prefill.chunk_tokens); ++n)
+        attention_bytes = std::max(
+            attention_bytes, attention_prefill_scratch_bytes(AttentionPrefillKernel::split,
+                                                             attention_params(c_, layer.attention, n, 1, nullptr)));
+      break;
+    }
+  if (attention_bytes > 0) attention_scratch_ = DeviceBuffer(attention_bytes);
   logits_ = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
 }
 
@@ -119,7 +129,8 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
   phases::mark("attention.core", stream_);
   const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
   gated_attention_prefill(plan_.prefill.attention_kernel(T), p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
-                          s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_);
+                          s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_,
+                          attention_scratch_.get());
   // h += o @ o_proj^T
   phases::mark("attention.o_proj", stream_);
   output_projection(a.o_proj, T);

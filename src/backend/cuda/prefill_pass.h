@@ -48,18 +48,19 @@ class PrefillPass {
   const KernelPlan& plan_;
   cudaStream_t stream_ = nullptr;  // of the pass being run
   // Activations of one pass of up to chunk_tokens rows (device).
-  DeviceBuffer tokens_;            // int32 [T]
-  DeviceBuffer h_, normed_;        // [T, H]
-  DeviceBuffer wide_;              // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
-  DeviceBuffer z_;                 // [T, Hv * 128]
-  DeviceBuffer b_, a_;             // [T, Hv]
-  DeviceBuffer k_, v_;             // [T, nkv * hd]
-  DeviceBuffer mixer_out_;         // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
-  DeviceBuffer xp_;                // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
-  DeviceBuffer moe_scratch_;       // routing, plan and intermediates of the grouped MoE
-  DeviceBuffer deltanet_scratch_;  // conv outputs and the chunked rule's intermediates
-  DeviceBuffer logits_;            // [64, V]: rows of logits on their way to the host
-  SplitKScratch split_;            // the short passes' split-K products (split_k.h)
+  DeviceBuffer tokens_;             // int32 [T]
+  DeviceBuffer h_, normed_;         // [T, H]
+  DeviceBuffer wide_;               // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
+  DeviceBuffer z_;                  // [T, Hv * 128]
+  DeviceBuffer b_, a_;              // [T, Hv]
+  DeviceBuffer k_, v_;              // [T, nkv * hd]
+  DeviceBuffer mixer_out_;          // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
+  DeviceBuffer xp_;                 // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
+  DeviceBuffer moe_scratch_;        // routing, plan and intermediates of the grouped MoE
+  DeviceBuffer deltanet_scratch_;   // conv outputs and the chunked rule's intermediates
+  DeviceBuffer attention_scratch_;  // the split attention's partial states (short passes)
+  DeviceBuffer logits_;             // [64, V]: rows of logits on their way to the host
+  SplitKScratch split_;             // the short passes' split-K products (split_k.h)
 };
 
 }  // namespace lily::cuda

@@ -14,9 +14,11 @@
 // Kernels:  kv_prep_kernel writes the T new K/V rows, then AttentionPrefillKernel::flash,
 //           flash_prefill_kernel (below: tensor cores, 64 query rows x 64-key tiles; the group
 //           must divide 64), or ::simple, attention_prefill_simple_kernel: one block per (token,
-//           KV head) walks keys [0, pos + t].
+//           KV head) walks keys [0, pos + t], or ::split (a few tokens at depth):
+//           attention_prefill_split_kernel, the same walk over S key ranges in S blocks, and
+//           attention_prefill_merge_kernel (flash decoding, as the decode step).
 // Tested:   tests/cuda/test_attention.cu vs a host reference (backend/cpu rms_norm, apply_rope),
-//           both kernels by name, prefill then decode.
+//           each kernel by name, prefill then decode.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
@@ -27,6 +29,7 @@
 #include <cmath>
 
 #include "backend/cuda/common/attention_common.cuh"
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/prefill/attention_prefill.h"
 
@@ -37,28 +40,29 @@ namespace {
 using namespace attention_detail;
 using namespace ptx;
 
-// Prefill, the simple form (groups that do not divide flash_prefill_kernel's 64 rows): block
-// (token t, KV head kv) walks keys [0, pos] in tiles of 64 with the group's heads together:
-// (1) warp w scores rows 8w..8w+7, (2) warp h does the online softmax of head h, (3) thread d
-// accumulates dim d of the 8 heads from the V rows.
-__global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(AttnArgs p) {
-  pdl_wait();
-  pdl_launch_dependents();
-  __shared__ __align__(16) float q_s[kGroup][kHeadDim];  // prepared queries
-  __shared__ float s_s[kGroup][kTile];                   // scores, log2 units
-  __shared__ __align__(16) float p_s[kTile][kGroup];     // probabilities
-  __shared__ float alpha_s[kGroup], l_s[kGroup];
+constexpr int kMaxPrefillSplits = 64;  // the split form: splits a (token, KV head) at most
 
+// The shared memory of a walk over keys (walk_keys).
+struct WalkSmem {
+  float q[kGroup][kHeadDim];  // prepared queries
+  float s[kGroup][kTile];     // scores, log2 units
+  float p[kTile][kGroup];     // probabilities
+  float alpha[kGroup], l[kGroup];
+};
+
+// Keys [k0, k1) (k0 < k1) of KV head kv for token t at position pos, the group's query heads
+// together: the queries prepared into w.q, then 64-key tiles where (1) warp w scores rows
+// 8w..8w+7, (2) warp h does the online softmax of head slot h, (3) thread d accumulates dim d of
+// the 8 slots from the V rows. On return warp h holds slot h's (m_run, l_run), thread d its dim d
+// of every slot's unnormalised accumulator.
+__device__ __forceinline__ void walk_keys(const AttnArgs& p, int t, int kv, int pos, int k0, int k1, WalkSmem& w,
+                                          float (&acc)[kGroup], float& m_run, float& l_run) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int t = blockIdx.x, kv = blockIdx.y;
-  const int pos = *p.position + t;         // this token's position
-  const int L = min(pos + 1, p.capacity);  // visible keys [0, L)
-
   if (warp < p.group) {
     const int h = kv * p.group + warp;
-    norm_rope_head(p, p.qg + (size_t(t) * p.nq + h) * 2 * kHeadDim, p.q_norm, pos, q_s[warp]);
+    norm_rope_head(p, p.qg + (size_t(t) * p.nq + h) * 2 * kHeadDim, p.q_norm, pos, w.q[warp]);
   } else {
-    for (int i = lane; i < kHeadDim; i += 32) q_s[warp][i] = 0.f;
+    for (int i = lane; i < kHeadDim; i += 32) w.q[warp][i] = 0.f;
   }
   __syncthreads();
 
@@ -67,16 +71,17 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
 #pragma unroll
   for (int h = 0; h < kGroup; ++h)
 #pragma unroll
-    for (int i = 0; i < 8; ++i) q[h][i] = q_s[h][8 * lane + i] * (kLog2e / 16.f);
+    for (int i = 0; i < 8; ++i) q[h][i] = w.q[h][8 * lane + i] * (kLog2e / 16.f);
 
-  float m_run = -INFINITY, l_run = 0.f;  // warp h: head slot h's running max and sum
-  float acc[kGroup] = {};                // thread d: dim d of each head slot
+  m_run = -INFINITY, l_run = 0.f;
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) acc[h] = 0.f;
   const uint16_t* kbase = p.k_cache + size_t(kv) * kHeadDim;
   const uint16_t* vbase = p.v_cache + size_t(kv) * kHeadDim;
   const size_t row_stride = size_t(p.nkv) * kHeadDim;
 
-  for (int base = 0; base < L; base += kTile) {
-    const int n = min(kTile, L - base);
+  for (int base = k0; base < k1; base += kTile) {
+    const int n = min(kTile, k1 - base);
     uint4 kr[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
@@ -89,35 +94,49 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
       const int j = warp * kRowsPerWarp + i;
       float dot[kGroup];
       key_dots(kr[i], q, dot);
-      const float s = reduce8(dot);
-      if ((lane & 3) == 0) s_s[lane >> 2][j] = j < n ? s : -INFINITY;
+      const float sc = reduce8(dot);
+      if ((lane & 3) == 0) w.s[lane >> 2][j] = j < n ? sc : -INFINITY;
     }
     __syncthreads();
     {
-      const float s0 = s_s[warp][lane], s1 = s_s[warp][lane + 32];
+      const float s0 = w.s[warp][lane], s1 = w.s[warp][lane + 32];
       const float m_new = fmaxf(m_run, warp_max(fmaxf(s0, s1)));  // finite: the tile has a row
       const float p0 = exp2f(s0 - m_new), p1 = exp2f(s1 - m_new);
       const float alpha = exp2f(m_run - m_new);
       l_run = l_run * alpha + warp_sum(p0 + p1);
       m_run = m_new;
-      p_s[lane][warp] = p0;
-      p_s[lane + 32][warp] = p1;
-      if (lane == 0) alpha_s[warp] = alpha;
+      w.p[lane][warp] = p0;
+      w.p[lane + 32][warp] = p1;
+      if (lane == 0) w.alpha[warp] = alpha;
     }
     __syncthreads();
 #pragma unroll
-    for (int h = 0; h < kGroup; ++h) acc[h] *= alpha_s[h];
+    for (int h = 0; h < kGroup; ++h) acc[h] *= w.alpha[h];
 #pragma unroll 8
     for (int j = 0; j < n; ++j) {
       const float vj = bf16_to_float(vbase[size_t(base + j) * row_stride + tid]);
-      const float4 pa = *reinterpret_cast<const float4*>(&p_s[j][0]);
-      const float4 pb = *reinterpret_cast<const float4*>(&p_s[j][4]);
+      const float4 pa = *reinterpret_cast<const float4*>(&w.p[j][0]);
+      const float4 pb = *reinterpret_cast<const float4*>(&w.p[j][4]);
       acc[0] += pa.x * vj, acc[1] += pa.y * vj, acc[2] += pa.z * vj, acc[3] += pa.w * vj;
       acc[4] += pb.x * vj, acc[5] += pb.y * vj, acc[6] += pb.z * vj, acc[7] += pb.w * vj;
     }
-    __syncthreads();  // s_s and p_s are rewritten by the next tile
+    __syncthreads();  // w.s and w.p are rewritten by the next tile
   }
-  if (lane == 0) l_s[warp] = l_run;
+}
+
+// Prefill, the simple form (groups that do not divide flash_prefill_kernel's 64 rows): block
+// (token t, KV head kv) walks keys [0, pos] (walk_keys), then out = acc / l * sigmoid(gate).
+__global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ __align__(16) WalkSmem w;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = blockIdx.x, kv = blockIdx.y;
+  const int pos = *p.position + t;         // this token's position
+  const int L = min(pos + 1, p.capacity);  // visible keys [0, L)
+  float acc[kGroup], m_run, l_run;
+  walk_keys(p, t, kv, pos, 0, L, w, acc, m_run, l_run);
+  if (lane == 0) w.l[warp] = l_run;
   __syncthreads();
 
   const float* gate = p.qg + size_t(t) * p.nq * 2 * kHeadDim + kHeadDim;  // + h * 512
@@ -126,8 +145,69 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_simple_kernel(Attn
   for (int h = 0; h < kGroup; ++h) {
     if (h >= p.group) break;
     const int head = kv * p.group + h;
-    out[head * kHeadDim + tid] = acc[h] / l_s[h] * sigmoid(gate[head * 2 * kHeadDim + tid]);
+    out[head * kHeadDim + tid] = acc[h] / w.l[h] * sigmoid(gate[head * 2 * kHeadDim + tid]);
   }
+}
+
+// Prefill, the split form (a short pass at depth: a few tokens over many keys): block (t, kv, s)
+// walks split s of token t's visible keys, ranges of R = max(64, ceil(K / S) rounded up to 64)
+// keys with K the keys of the pass's last token, and leaves its unnormalised state in the
+// partials (flash decoding, as the decode step; an empty range leaves m = -inf, l = 0);
+// attention_prefill_merge_kernel then combines the S states of each (token, head).
+//   part_acc [T, nkv, S, 8, 256], part_ml [T, nkv, S, 8, 2] (max in log2 units, sum)
+__global__ void __launch_bounds__(kThreads) attention_prefill_split_kernel(AttnArgs p) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ __align__(16) WalkSmem w;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int t = blockIdx.x, kv = blockIdx.y, split = blockIdx.z, S = gridDim.z;
+  const int pos = *p.position + t, L = min(pos + 1, p.capacity);
+  const int K = min(*p.position + p.T, p.capacity);
+  const int R = max(kTile, (K + S * kTile - 1) / (S * kTile) * kTile);
+  const int k0 = split * R, k1 = min(L, k0 + R);
+  const size_t slot = (size_t(t) * p.nkv + kv) * S + split;
+  float* acc_out = p.part_acc + slot * kGroup * kHeadDim;
+  float* ml = p.part_ml + slot * kGroup * 2;
+  if (k0 >= k1) {  // no keys here (block-uniform)
+#pragma unroll
+    for (int h = 0; h < kGroup; ++h) acc_out[h * kHeadDim + tid] = 0.f;
+    if (tid < kGroup) ml[2 * tid] = -INFINITY, ml[2 * tid + 1] = 0.f;
+    return;
+  }
+  float acc[kGroup], m_run, l_run;
+  walk_keys(p, t, kv, pos, k0, k1, w, acc, m_run, l_run);
+#pragma unroll
+  for (int h = 0; h < kGroup; ++h) acc_out[h * kHeadDim + tid] = acc[h];
+  if (lane == 0) ml[2 * warp] = m_run, ml[2 * warp + 1] = l_run;
+}
+
+// out[t, head] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s * sigmoid(gate), M = max_s m_s:
+// block (t, kv), thread d dim d of the group's heads, the splits in order.
+__global__ void __launch_bounds__(kThreads) attention_prefill_merge_kernel(AttnArgs p, int S) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int tid = threadIdx.x, t = blockIdx.x, kv = blockIdx.y;
+  const size_t slot0 = (size_t(t) * p.nkv + kv) * S;
+  for (int h = 0; h < p.group; ++h) {
+    float M = -INFINITY;
+    for (int s = 0; s < S; ++s) M = fmaxf(M, p.part_ml[((slot0 + s) * kGroup + h) * 2]);  // finite: split 0 has keys
+    float num = 0.f, den = 0.f;
+    for (int s = 0; s < S; ++s) {
+      const float m = p.part_ml[((slot0 + s) * kGroup + h) * 2];
+      if (m == -INFINITY) continue;
+      const float wgt = exp2f(m - M);
+      num += wgt * p.part_acc[((slot0 + s) * kGroup + h) * kHeadDim + tid];
+      den += wgt * p.part_ml[((slot0 + s) * kGroup + h) * 2 + 1];
+    }
+    const int head = kv * p.group + h;
+    const float gate = p.qg[(size_t(t) * p.nq + head) * 2 * kHeadDim + kHeadDim + tid];
+    p.out[(size_t(t) * p.nq + head) * kHeadDim + tid] = num / den * sigmoid(gate);
+  }
+}
+
+// Splits a (token, KV head) of a split pass: the SMs spread over the pass's T x nkv walks.
+int prefill_splits(int T, int nkv) {
+  return std::clamp(multiprocessor_count() / std::max(1, T * nkv), 1, kMaxPrefillSplits);
 }
 
 // Prefill: the T new K/V rows into the caches; block t, warp w prepares KV heads w, w+8, ...
@@ -344,24 +424,47 @@ void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
 }  // namespace
 
 const char* kernel_name(AttentionPrefillKernel kernel) {
-  return kernel == AttentionPrefillKernel::flash ? "flash_prefill" : "attention_prefill_simple";
+  switch (kernel) {
+    case AttentionPrefillKernel::flash: return "flash_prefill";
+    case AttentionPrefillKernel::split: return "attention_prefill_split";
+    default: return "attention_prefill_simple";
+  }
+}
+
+size_t attention_prefill_scratch_bytes(AttentionPrefillKernel kernel, const AttentionParams& p) {
+  if (kernel != AttentionPrefillKernel::split || p.T <= 0 || p.num_kv_heads <= 0) return 0;
+  const size_t slots = size_t(p.T) * size_t(p.num_kv_heads) * size_t(prefill_splits(p.T, p.num_kv_heads)) * kGroup;
+  return slots * (kHeadDim + 2) * sizeof(float);
 }
 
 bool attention_prefill_supports(AttentionPrefillKernel kernel, const AttentionParams& p) {
   const int group = p.num_kv_heads > 0 ? p.num_heads / p.num_kv_heads : 0;
-  return kernel == AttentionPrefillKernel::simple || (group > 0 && kFlashRows % group == 0);
+  return kernel != AttentionPrefillKernel::flash || (group > 0 && kFlashRows % group == 0);
 }
 
 void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParams& p, const float* qg, const float* k,
-                             const float* v, bf16* k_cache, bf16* v_cache, float* out, cudaStream_t stream) {
+                             const float* v, bf16* k_cache, bf16* v_cache, float* out, cudaStream_t stream,
+                             void* scratch) {
   check_attention_params(p);
   LILY_CHECK(attention_prefill_supports(kernel, p),
              "gated_attention_prefill: {} does not take {} query heads per KV head", kernel_name(kernel),
              p.num_heads / p.num_kv_heads);
-  const AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
+  LILY_CHECK(kernel != AttentionPrefillKernel::split || (scratch && reinterpret_cast<uintptr_t>(scratch) % 16 == 0),
+             "gated_attention_prefill: the split form needs 16-byte aligned scratch (attention_prefill_scratch_bytes)");
+  AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
   launch_after_wait(kv_prep_kernel, dim3(unsigned(p.T)), dim3(kThreads), 0, stream, args);
   if (kernel == AttentionPrefillKernel::flash) {
     launch_flash_prefill(args, stream);
+    return;
+  }
+  if (kernel == AttentionPrefillKernel::split) {
+    const int S = prefill_splits(p.T, p.num_kv_heads);
+    args.part_acc = static_cast<float*>(scratch);
+    args.part_ml = args.part_acc + size_t(p.T) * p.num_kv_heads * S * kGroup * kHeadDim;
+    launch_after_wait(attention_prefill_split_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads), unsigned(S)),
+                      dim3(kThreads), 0, stream, args);
+    launch_after_wait(attention_prefill_merge_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads)), dim3(kThreads), 0,
+                      stream, args, S);
     return;
   }
   launch_after_wait(attention_prefill_simple_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads)), dim3(kThreads), 0,
