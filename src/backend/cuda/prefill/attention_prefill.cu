@@ -44,17 +44,18 @@ constexpr int kMaxPrefillSplits = 64;  // the split form: splits a (token, KV he
 
 // The shared memory of a walk over keys (walk_keys).
 struct WalkSmem {
-  float q[kGroup][kHeadDim];  // prepared queries
-  float s[kGroup][kTile];     // scores, log2 units
-  float p[kTile][kGroup];     // probabilities
+  float q[kGroup][kHeadDim];    // prepared queries
+  uint16_t v[kTile][kHeadDim];  // the tile's V rows (bf16)
+  float s[kGroup][kTile];       // scores, log2 units
+  float p[kTile][kGroup];       // probabilities
   float alpha[kGroup], l[kGroup];
 };
 
 // Keys [k0, k1) (k0 < k1) of KV head kv for token t at position pos, the group's query heads
-// together: the queries prepared into w.q, then 64-key tiles where (1) warp w scores rows
-// 8w..8w+7, (2) warp h does the online softmax of head slot h, (3) thread d accumulates dim d of
-// the 8 slots from the V rows. On return warp h holds slot h's (m_run, l_run), thread d its dim d
-// of every slot's unnormalised accumulator.
+// together: the queries prepared into w.q, then 64-key tiles where (1) warp w loads K and V rows
+// 8w..8w+7 (one round of loads a tile), scores its K rows and leaves its V rows in w.v, (2) warp
+// h does the online softmax of head slot h, (3) thread d accumulates dim d of the 8 slots. On return warp h holds slot
+// h's (m_run, l_run), thread d its dim d of every slot's unnormalised accumulator.
 __device__ __forceinline__ void walk_keys(const AttnArgs& p, int t, int kv, int pos, int k0, int k1, WalkSmem& w,
                                           float (&acc)[kGroup], float& m_run, float& l_run) {
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
@@ -82,13 +83,16 @@ __device__ __forceinline__ void walk_keys(const AttnArgs& p, int t, int kv, int 
 
   for (int base = k0; base < k1; base += kTile) {
     const int n = min(kTile, k1 - base);
-    uint4 kr[kRowsPerWarp];
+    uint4 kr[kRowsPerWarp], vr[kRowsPerWarp];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int j = warp * kRowsPerWarp + i;
-      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + size_t(base + j) * row_stride)[lane]
-                    : make_uint4(0, 0, 0, 0);
+      const size_t row = size_t(base + j) * row_stride;
+      kr[i] = j < n ? reinterpret_cast<const uint4*>(kbase + row)[lane] : make_uint4(0, 0, 0, 0);
+      vr[i] = j < n ? reinterpret_cast<const uint4*>(vbase + row)[lane] : make_uint4(0, 0, 0, 0);
     }
+#pragma unroll
+    for (int i = 0; i < kRowsPerWarp; ++i) reinterpret_cast<uint4*>(w.v[warp * kRowsPerWarp + i])[lane] = vr[i];
 #pragma unroll
     for (int i = 0; i < kRowsPerWarp; ++i) {
       const int j = warp * kRowsPerWarp + i;
@@ -114,13 +118,13 @@ __device__ __forceinline__ void walk_keys(const AttnArgs& p, int t, int kv, int 
     for (int h = 0; h < kGroup; ++h) acc[h] *= w.alpha[h];
 #pragma unroll 8
     for (int j = 0; j < n; ++j) {
-      const float vj = bf16_to_float(vbase[size_t(base + j) * row_stride + tid]);
+      const float vj = bf16_to_float(w.v[j][tid]);
       const float4 pa = *reinterpret_cast<const float4*>(&w.p[j][0]);
       const float4 pb = *reinterpret_cast<const float4*>(&w.p[j][4]);
       acc[0] += pa.x * vj, acc[1] += pa.y * vj, acc[2] += pa.z * vj, acc[3] += pa.w * vj;
       acc[4] += pb.x * vj, acc[5] += pb.y * vj, acc[6] += pb.z * vj, acc[7] += pb.w * vj;
     }
-    __syncthreads();  // w.s and w.p are rewritten by the next tile
+    __syncthreads();  // w.s, w.p and w.v are rewritten by the next tile
   }
 }
 
@@ -182,32 +186,52 @@ __global__ void __launch_bounds__(kThreads) attention_prefill_split_kernel(AttnA
 }
 
 // out[t, head] = sum_s 2^(m_s - M) acc_s / sum_s 2^(m_s - M) l_s * sigmoid(gate), M = max_s m_s:
-// block (t, kv), thread d dim d of the group's heads, the splits in order.
+// block (t, head); warp 0 turns the S (m, l) pairs into weights, then thread d sums dim d of the
+// S accumulators, the splits in order (independent loads, not a chain of them).
 __global__ void __launch_bounds__(kThreads) attention_prefill_merge_kernel(AttnArgs p, int S) {
   pdl_wait();
   pdl_launch_dependents();
-  const int tid = threadIdx.x, t = blockIdx.x, kv = blockIdx.y;
+  __shared__ float weight[kMaxPrefillSplits];
+  __shared__ float inv_den;
+  const int tid = threadIdx.x, t = blockIdx.x, head = blockIdx.y;
+  const int kv = head / p.group, h = head % p.group;
   const size_t slot0 = (size_t(t) * p.nkv + kv) * S;
-  for (int h = 0; h < p.group; ++h) {
-    float M = -INFINITY;
-    for (int s = 0; s < S; ++s) M = fmaxf(M, p.part_ml[((slot0 + s) * kGroup + h) * 2]);  // finite: split 0 has keys
-    float num = 0.f, den = 0.f;
-    for (int s = 0; s < S; ++s) {
-      const float m = p.part_ml[((slot0 + s) * kGroup + h) * 2];
-      if (m == -INFINITY) continue;
-      const float wgt = exp2f(m - M);
-      num += wgt * p.part_acc[((slot0 + s) * kGroup + h) * kHeadDim + tid];
-      den += wgt * p.part_ml[((slot0 + s) * kGroup + h) * 2 + 1];
+  if (tid < 32) {
+    float m[kMaxPrefillSplits / 32], l[kMaxPrefillSplits / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxPrefillSplits / 32; ++i) {
+      const int s = tid + 32 * i;
+      const float* ml = p.part_ml + ((slot0 + s) * kGroup + h) * 2;
+      m[i] = s < S ? ml[0] : -INFINITY;
+      l[i] = s < S ? ml[1] : 0.f;
     }
-    const int head = kv * p.group + h;
-    const float gate = p.qg[(size_t(t) * p.nq + head) * 2 * kHeadDim + kHeadDim + tid];
-    p.out[(size_t(t) * p.nq + head) * kHeadDim + tid] = num / den * sigmoid(gate);
+    float M = -INFINITY;
+#pragma unroll
+    for (int i = 0; i < kMaxPrefillSplits / 32; ++i) M = fmaxf(M, m[i]);
+    M = warp_max(M);  // finite: split 0 has keys
+    float den = 0.f;
+#pragma unroll
+    for (int i = 0; i < kMaxPrefillSplits / 32; ++i) {
+      const float wgt = m[i] == -INFINITY ? 0.f : exp2f(m[i] - M);
+      weight[tid + 32 * i] = wgt;
+      den += wgt * l[i];
+    }
+    den = warp_sum(den);
+    if (tid == 0) inv_den = 1.f / den;
   }
+  __syncthreads();
+  const float* acc = p.part_acc + (slot0 * kGroup + h) * kHeadDim + tid;
+  float num = 0.f;
+#pragma unroll 8
+  for (int s = 0; s < S; ++s) num += weight[s] * acc[size_t(s) * kGroup * kHeadDim];
+  const float gate = p.qg[(size_t(t) * p.nq + head) * 2 * kHeadDim + kHeadDim + tid];
+  p.out[(size_t(t) * p.nq + head) * kHeadDim + tid] = num * inv_den * sigmoid(gate);
 }
 
-// Splits a (token, KV head) of a split pass: the SMs spread over the pass's T x nkv walks.
+// Splits a (token, KV head) of a split pass: about four blocks an SM over the pass's T x nkv
+// walks (a block holds ~12 KB of shared memory and 256 threads: eight fit an SM).
 int prefill_splits(int T, int nkv) {
-  return std::clamp(multiprocessor_count() / std::max(1, T * nkv), 1, kMaxPrefillSplits);
+  return std::clamp(4 * multiprocessor_count() / std::max(1, T * nkv), 1, kMaxPrefillSplits);
 }
 
 // Prefill: the T new K/V rows into the caches; block t, warp w prepares KV heads w, w+8, ...
@@ -463,7 +487,7 @@ void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParam
     args.part_ml = args.part_acc + size_t(p.T) * p.num_kv_heads * S * kGroup * kHeadDim;
     launch_after_wait(attention_prefill_split_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads), unsigned(S)),
                       dim3(kThreads), 0, stream, args);
-    launch_after_wait(attention_prefill_merge_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads)), dim3(kThreads), 0,
+    launch_after_wait(attention_prefill_merge_kernel, dim3(unsigned(p.T), unsigned(p.num_heads)), dim3(kThreads), 0,
                       stream, args, S);
     return;
   }
