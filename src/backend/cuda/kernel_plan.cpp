@@ -159,6 +159,7 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
     return moe_rows_supports(layer.moe) && moe_route_rows_supports(layer.moe);
   });
   plan.prefill.moe_rows_up_to = moe_rows ? kGemvRowsMaxT : 0;
+  plan.prefill.logit_rows_up_to = gemv_rows_supports(w.lm_head, true) ? kGemvRowsMaxT : 0;
   if (device.compute_capability == 90 && wgmma_takes(w)) {
     plan.prefill.wgmma_from = 256;  // measured: below, out_proj [2048, 4096] is slower than on gemm_q4's split K
     plan.prefill.wgmma_experts_from = 512;
@@ -203,7 +204,8 @@ std::string KernelPlan::describe() const {
       "tokens, else {}; MoE "
       "gemm_exact router, moe_topk, "
       "moe_plan, "
-      "grouped {} experts, moe_combine; the last row's logits on the decode lm_head kernel\n",
+      "grouped {} experts, moe_combine; the last row's logits on the decode lm_head kernel, up to {} rows "
+      "on gemv_rows\n",
       prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
       prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
       prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::split),
@@ -212,7 +214,8 @@ std::string KernelPlan::describe() const {
       kernel_name(DeltaRulePrefill::chunked),
       prefill.wgmma_experts_from < PrefillPlan::kNever
           ? fmt::format("gemm_w4_wgmma from {} tokens, else gemm_q4", prefill.wgmma_experts_from)
-          : std::string("gemm_q4"));
+          : std::string("gemm_q4"),
+      prefill.logit_rows_up_to);
   return out;
 }
 

@@ -21,6 +21,8 @@
 //   MoE rows         and the MoE block as moe_rows_accumulate (moe_grouped.h: the route in one
 //                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
+//   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
+//                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
 //   decode step      the chain of kernels below; the persistent kernel (issue 16) is built and
 //                    tested but not the default until it is faster at every depth
 //   prefill GEMM     the projections of passes of 256 tokens and more: wgmma (gemm_w4_wgmma.h)
@@ -85,6 +87,7 @@ struct PrefillPlan {
   int deltanet_rows_up_to = kDeltaNetDecodeMaxT;  // passes of at most this many tokens: the decode kernel
   int dense_rows_up_to = 0;                       // passes of at most this many tokens: gemv_rows projections
   int moe_rows_up_to = 0;                         // passes of at most this many tokens: gemv_rows experts
+  int logit_rows_up_to = 0;                       // at most this many rows of logits: gemv_rows lm_head
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
   int split_attention_up_to = 32;   // passes of at most this many tokens: the split kernel
   int wgmma_from = kNever;          // passes of at least this many tokens: the projections on wgmma

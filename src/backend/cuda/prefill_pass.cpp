@@ -10,7 +10,8 @@
 //                          o = gated_attention(q, k, v; KV cache)       gated_attention_prefill
 //                          h += o @ o_proj^T                            gemm_accumulate
 //               h += experts(RMSNorm(h)) + shared(RMSNorm(h))           rms_norm, moe_grouped_accumulate
-//   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row) or
+//   logits = RMSNorm(h) @ lm_head^T for the rows asked for              rms_norm_gemv (one row),
+//                                                                       rms_norm_gemv_rows (a few) or
 //                                                                       rms_norm, gemm_q4 (64 at a time)
 // gemm / gemm_accumulate: gemm_q4 (gemm_q4.h), or on sm_90a from the plan's wgmma_from tokens
 // gemm_w4_wgmma (x converted to bf16 once per input, read by all its products; an RMSNorm's output
@@ -269,6 +270,11 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
     const PlannedGemv& lm_head = plan_.decode.lm_head;
     rms_norm_gemv(lm_head.kernel, lm_head.W, h, w_.final_norm, c_.rms_norm_eps, logits, stream_);
     CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, V * 4, cudaMemcpyDeviceToHost, stream_));
+    return;
+  }
+  if (rows <= plan_.prefill.logit_rows_up_to) {  // the weights read once for the rows
+    rms_norm_gemv_rows(w_.lm_head, h, rows, w_.final_norm, c_.rms_norm_eps, RowsOutput::whole(logits, int(V)), stream_);
+    CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, stream_));
     return;
   }
   float* x = normed_.as<float>();
