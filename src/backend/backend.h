@@ -7,6 +7,7 @@
 // and rolls it back to snapshots.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <functional>
 #include <memory>
@@ -14,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "base/error.h"
 #include "model/config.h"
 
 namespace lily {
@@ -90,6 +92,34 @@ class Backend {
                                   const AllowedTokens* allowed, std::vector<TokenLogit>& out) {
     (void)state, (void)token, (void)count, (void)vocab_limit, (void)allowed, (void)out;
     return false;
+  }
+
+  // One token for each of several sequences in one step (parallel requests): appends tokens[i]
+  // to *states[i] and writes each one's next-token logits, [N, vocab_size] in the states' order.
+  // The sequences must be distinct. The default runs them one after another; a backend that
+  // batches them (the GPU: the weights read once for all the rows) overrides it.
+  virtual void forward_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
+                             std::vector<float>& logits) {
+    check_batch(states, tokens);
+    const size_t V = size_t(config().vocab_size);
+    logits.resize(states.size() * V);
+    std::vector<float> row;
+    for (size_t i = 0; i < states.size(); ++i) {
+      forward(*states[i], tokens.subspan(i, 1), LogitsWanted::last, row);
+      std::copy(row.begin(), row.end(), logits.begin() + ptrdiff_t(i * V));
+    }
+  }
+
+ protected:
+  // forward_batch's arguments: a token per state, no state twice.
+  static void check_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens) {
+    LILY_CHECK(states.size() == tokens.size(), "a batch step of {} sequences with {} tokens", states.size(),
+               tokens.size());
+    for (size_t i = 0; i < states.size(); ++i) {
+      LILY_CHECK(states[i] != nullptr, "a batch step's sequence {} is null", i);
+      for (size_t j = 0; j < i; ++j)
+        LILY_CHECK(states[j] != states[i], "a batch step names sequence {} twice (rows {} and {})", i, j, i);
+    }
   }
 };
 

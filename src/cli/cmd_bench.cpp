@@ -46,6 +46,7 @@ struct BenchArgs {
   std::string decode_depths;    // empty: likewise
   int decode_tokens = 0;        // 0: kGpuDecodeTokens or kCpuDecodeTokens (steps, with --decode-rows)
   int decode_rows = 1;          // tokens a step: > 1 measures steps of one sequence's consecutive tokens
+  bool decode_batch = false;    // with decode_rows: one token of each of that many sequences instead
   int repeats = 3;
   bool json = false;
   std::string plot;                   // PNG path, empty: no plot
@@ -276,6 +277,42 @@ std::vector<Row> bench_decode_rows(Backend& backend, const std::vector<int32_t>&
   return out;
 }
 
+// Steps of one token of each of `sequences` sequences (parallel requests: Backend::forward_batch),
+// every sequence `fill`ed to the depth first. Per step: its time and the GB/s of
+// batch_step_bytes (the weights once, the experts' union, every sequence's state and cache).
+std::vector<Row> bench_decode_batch(Backend& backend, const std::vector<int32_t>& depths, int sequences, int n,
+                                    int repeats, double peak_bytes_per_second,
+                                    const std::function<void(SequenceState&, int32_t)>& fill, bool on_cuda) {
+  const ModelConfig& c = backend.config();
+  std::vector<Row> out;
+  std::vector<float> logits;
+  for (int32_t D : depths) {
+    std::vector<std::unique_ptr<SequenceState>> states;
+    std::vector<SequenceState*> batch;
+    for (int i = 0; i < sequences; ++i) {
+      states.push_back(backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * n + 1));
+      fill(*states.back(), D);
+      batch.push_back(states.back().get());
+    }
+    std::vector<double> times;
+    for (int r = 0; r <= repeats; ++r) {
+      const auto tokens = random_tokens(int64_t(n) * sequences, c.vocab_size, uint32_t(r + 1));
+      ProfiledRegion region(on_cuda && r == 1);
+      const double t0 = now_seconds();
+      for (int i = 0; i < n; ++i)
+        backend.forward_batch(batch, std::span<const int32_t>(tokens.data() + size_t(i) * sequences, size_t(sequences)),
+                              logits);
+      if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
+    }
+    const double t = median(times);
+    const double gbps = batch_step_bytes(c, D, sequences) / t / 1e9;
+    out.push_back({"batch", D, t, sequences / t, gbps,
+                   peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0, sequences});
+    std::fprintf(stderr, "steps of %d sequences at depth %7d: %.3f ms/step\n", sequences, D, t * 1e3);
+  }
+  return out;
+}
+
 // Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
 // thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95), so each step's logits (or
 // the backend's candidates) go to the host and the sampler runs there. `fill` puts D tokens of
@@ -315,10 +352,11 @@ void print_table(const std::vector<Row>& rows, const std::string& title, double 
   std::printf("|---------|--------:|-----------:|----------:|-----------------------|\n");
   for (const Row& r : rows) {
     double ms_per_token = r.kind == "prefill" ? r.seconds * 1e3 / double(r.length) : r.seconds * 1e3;
-    if (r.kind == "verify")  // a step of r.rows tokens: ms a step, the step's tokens a second
-      std::printf(peak_gbps >= 100 ? "| verify%d | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
-                                   : "| verify%d | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
-                  r.rows, (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent, peak_gbps);
+    if (r.kind == "verify" || r.kind == "batch")  // a step of r.rows tokens: ms a step, the step's tokens a second
+      std::printf(peak_gbps >= 100 ? "| %s%d | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
+                                   : "| %s%d | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
+                  r.kind.c_str(), r.rows, (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent,
+                  peak_gbps);
     else if (r.kind == "decode")  // a CPU's tens of GB/s with a decimal
       std::printf(peak_gbps >= 100 ? "| decode  | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
                                    : "| decode  | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
@@ -351,6 +389,7 @@ int run_bench(BenchArgs a) {
              kMaxDecodeRows);
   LILY_CHECK(a.decode_rows == 1 || (a.decode_loop == "graph" && a.decode_skip.empty() && a.decode_trace.empty()),
              "--decode-rows takes none of --decode-loop generate, --decode-skip, --decode-trace");
+  LILY_CHECK(!a.decode_batch || a.decode_rows > 1, "--decode-batch needs --decode-rows of 2 or more");
   const bool generate_loop = a.decode_loop == "generate";
   LILY_CHECK(!generate_loop || a.decode_trace.empty(),
              "--decode-trace traces the graph loop, not --decode-loop generate");
@@ -388,8 +427,10 @@ int run_bench(BenchArgs a) {
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
     if (a.prefill_split) print_prefill_split(*backend, prefill_lengths);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
-    auto d = a.decode_rows > 1 ? bench_decode_rows(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
-                                                   peak, fake_fill, true)
+    auto d = a.decode_batch ? bench_decode_batch(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
+                                                 peak, fake_fill, true)
+             : a.decode_rows > 1 ? bench_decode_rows(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
+                                                     peak, fake_fill, true)
              : generate_loop
                  ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
                  : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak, a.decode_trace);
@@ -419,16 +460,22 @@ int run_bench(BenchArgs a) {
     }
     auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
-    auto d = a.decode_rows > 1 ? bench_decode_rows(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
-                                                   prefill_fill, on_cuda)
-             : generate_loop   ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
-                               : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
+    auto d = a.decode_batch      ? bench_decode_batch(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
+                                                      prefill_fill, on_cuda)
+             : a.decode_rows > 1 ? bench_decode_rows(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
+                                                     prefill_fill, on_cuda)
+             : generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
+                             : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
   if (generate_loop) title += "; decode through the request loop (generate, top-k 20 sampling)";
-  if (a.decode_rows > 1)
+  if (a.decode_batch)
+    title += fmt::format("; batch{0}: steps of one token of each of {0} sequences with their logits (ms a step, its "
+                         "tokens a second)",
+                         a.decode_rows);
+  else if (a.decode_rows > 1)
     title += fmt::format(
         "; verify{0}: steps of {0} consecutive tokens with their logits (ms a step, its tokens a second)",
         a.decode_rows);
@@ -478,6 +525,9 @@ CommandRegistration bench_command{
                       "every row's logits (a speculative draft's verification; the table's verifyN rows: ms a step, "
                       "GB/s of the weights once and the union of the rows' experts)")
            ->capture_default_str();
+       sub.add_flag("--decode-batch", a->decode_batch,
+                    "With --decode-rows N: steps of one token of each of N sequences at the depth (parallel requests; "
+                    "the table's batchN rows, GB/s of the weights once and every sequence's state and cache)");
        sub.add_option("--repeats", a->repeats,
                       "Measurements per point (median reported), after one untimed warm-up pass of each prefill "
                       "length and a warm-up of each decode depth")

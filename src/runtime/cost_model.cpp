@@ -48,20 +48,36 @@ double expected_experts(const ModelConfig& c, int rows) {
   return E * (1.0 - std::pow(miss, rows));
 }
 
-double decode_step_bytes(const ModelConfig& c, int64_t depth, int rows) {
+namespace {
+
+// The weights a step reads, the routed experts as `experts` of them a layer.
+double step_weight_bytes(const ModelConfig& c, double experts) {
   double bytes = q_bytes(c.vocab_size, c.hidden_size);  // lm_head (the embedding rows are negligible)
-  const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;
-  const double kv_row = 2.0 * c.attention_kv_width() * 2.0;  // K and V, bf16
-  const double experts = expected_experts(c, rows);
-  for (LayerKind kind : c.layer_types) {
-    bytes += layer_weight_bytes(c, kind, experts);
-    if (kind == LayerKind::full_attention) bytes += kv_row * double(depth + std::max(rows, 1));
-    else bytes += 2 * state;  // read and write
-  }
+  for (LayerKind kind : c.layer_types) bytes += layer_weight_bytes(c, kind, experts);
   return bytes;
 }
 
+// One sequence's state a step moves: the DeltaNet state read and written, the KV cache's `keys`
+// rows read (the new ones written).
+double sequence_state_bytes(const ModelConfig& c, int64_t keys) {
+  const double state = double(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim * 4.0;
+  const double kv_row = 2.0 * c.attention_kv_width() * 2.0;  // K and V, bf16
+  return c.num_layers_of(LayerKind::full_attention) * kv_row * double(keys) +
+         c.num_layers_of(LayerKind::linear_attention) * 2.0 * state;
+}
+
+}  // namespace
+
+double decode_step_bytes(const ModelConfig& c, int64_t depth, int rows) {
+  return step_weight_bytes(c, expected_experts(c, rows)) + sequence_state_bytes(c, depth + std::max(rows, 1));
+}
+
 double decode_bytes_per_token(const ModelConfig& c, int64_t depth) { return decode_step_bytes(c, depth, 1); }
+
+double batch_step_bytes(const ModelConfig& c, int64_t depth, int sequences) {
+  const int n = std::max(sequences, 1);
+  return step_weight_bytes(c, expected_experts(c, n)) + double(n) * sequence_state_bytes(c, depth + 1);
+}
 
 double prefill_flops(const ModelConfig& c, int64_t length) {
   double per_token = 2.0 * c.vocab_size * c.hidden_size / double(length);  // logits of the last token only

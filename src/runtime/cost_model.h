@@ -22,6 +22,11 @@ double decode_bytes_per_token(const ModelConfig& c, int64_t depth);
 // decode_bytes_per_token.
 double decode_step_bytes(const ModelConfig& c, int64_t depth, int rows);
 
+// Bytes a step of one token of each of `sequences` sequences at depth `depth` must move (parallel
+// requests): the weights once, the routed experts' union, and every sequence's own state (read
+// and written) and KV cache.
+double batch_step_bytes(const ModelConfig& c, int64_t depth, int sequences);
+
 // The expected number of distinct experts `rows` tokens choose in one layer (uniform routing).
 double expected_experts(const ModelConfig& c, int rows);
 

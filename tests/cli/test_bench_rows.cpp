@@ -1,6 +1,7 @@
 // test_bench_rows.cpp: `lily bench --decode-rows T` end to end on the tiny fixture model (CPU):
-// steps of T consecutive tokens are measured and reported against their bytes, and an out-of-range
-// T is refused with a message before any measurement.
+// steps of T consecutive tokens (and, --decode-batch, of one token of T sequences) are measured
+// and reported against their bytes, and an out-of-range T is refused with a message before any
+// measurement.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -55,6 +56,30 @@ TEST(BenchRows, StepsOfFourRowsAgainstTheirBytes) {
     EXPECT_GT(bytes4, bytes1);
     EXPECT_LT(bytes4, 4 * bytes1);
   }
+}
+
+// --decode-batch: steps of one token of each of 3 sequences, each filled to the depth: more bytes
+// than 3 rows of one sequence (every sequence's own state and cache), reported as batch3.
+TEST(BenchRows, StepsOfThreeSequencesAgainstTheirBytes) {
+  if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
+  auto [rows_status, rows_out] = run(bench("--decode-depths 16 --decode-rows 3 --json 2>/dev/null"));
+  ASSERT_EQ(rows_status, 0) << rows_out;
+  auto [status, out] = run(bench("--decode-depths 16 --decode-rows 3 --decode-batch --json 2>/dev/null"));
+  ASSERT_EQ(status, 0) << out;
+  const auto rows = nlohmann::json::parse(rows_out)["rows"], batch = nlohmann::json::parse(out)["rows"];
+  ASSERT_EQ(batch.size(), 1u);
+  EXPECT_EQ(batch[0]["kind"], "batch");
+  EXPECT_EQ(batch[0]["rows"], 3);
+  EXPECT_EQ(batch[0]["length"], 16);
+  const double seconds = batch[0]["seconds"];
+  EXPECT_NEAR(double(batch[0]["tokens_per_second"]) * seconds, 3.0, 1e-6);
+  EXPECT_GT(double(batch[0]["rate"]) * seconds, double(rows[0]["rate"]) * double(rows[0]["seconds"]));
+  auto [plain_status, plain] = run(bench("--decode-depths 16 --decode-rows 3 --decode-batch 2>&1"));
+  ASSERT_EQ(plain_status, 0) << plain;
+  EXPECT_NE(plain.find("| batch3 |"), std::string::npos) << plain;
+  auto [one_status, one] = run(bench("--decode-depths 16 --decode-batch 2>&1"));  // one sequence is no batch
+  EXPECT_NE(one_status, 0);
+  EXPECT_NE(one.find("--decode-batch"), std::string::npos) << one;
 }
 
 TEST(BenchRows, RefusesRowsOutOfRange) {

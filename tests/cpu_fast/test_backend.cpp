@@ -271,5 +271,46 @@ TEST(FastOnLilyTiny, SnapshotRestoreAndCloneDecodeAlike) {
   EXPECT_THROW(fast->forward(*foreign, std::span<const int32_t>(&a, 1), LogitsWanted::last, logits), std::exception);
 }
 
+// A step of several sequences (Backend::forward_batch, the default: one after another): row i is
+// what sequence i alone gives for its token, bit for bit, the sequences at different lengths
+// (one empty); a second step from there; and the argument checks: a token per sequence, none
+// null, none twice, and nothing changed by a refused step.
+TEST(FastOnLilyTiny, BatchStepIsEachSequenceStepped) {
+  auto weights = load_model(kLilyTiny);
+  auto fast = make_cpu_fast_backend(weights);
+  const int64_t V = fast->config().vocab_size;
+  const std::vector<std::vector<int32_t>> prompts = {{1829, 5, 6}, {}, {7, 8, 9, 10, 11, 12, 13}, {14}};
+  std::vector<std::unique_ptr<SequenceState>> batch, alone;
+  std::vector<float> logits;
+  for (const auto& p : prompts) {
+    batch.push_back(fast->new_sequence(16));
+    alone.push_back(fast->new_sequence(16));
+    if (p.empty()) continue;
+    fast->forward(*batch.back(), p, LogitsWanted::none, logits);
+    fast->forward(*alone.back(), p, LogitsWanted::none, logits);
+  }
+  std::vector<SequenceState*> states;
+  for (auto& s : batch) states.push_back(s.get());
+  for (const std::vector<int32_t>& tokens :
+       {std::vector<int32_t>{20, 21, 22, 23}, std::vector<int32_t>{30, 31, 32, 33}}) {
+    std::vector<float> rows, row;
+    fast->forward_batch(states, tokens, rows);
+    ASSERT_EQ(rows.size(), prompts.size() * size_t(V));
+    for (size_t i = 0; i < prompts.size(); ++i) {
+      fast->forward(*alone[i], std::span<const int32_t>(&tokens[i], 1), LogitsWanted::last, row);
+      EXPECT_TRUE(std::equal(row.begin(), row.end(), rows.begin() + std::ptrdiff_t(i * size_t(V)))) << "row " << i;
+      EXPECT_EQ(batch[i]->length(), alone[i]->length()) << "row " << i;
+    }
+  }
+  const int32_t t = 40;
+  SequenceState* twice[] = {states[0], states[2], states[0]};
+  const int32_t three[] = {t, t, t};
+  EXPECT_THROW(fast->forward_batch(twice, three, logits), std::exception);
+  SequenceState* with_null[] = {states[0], nullptr};
+  EXPECT_THROW(fast->forward_batch(with_null, std::span<const int32_t>(three, 2), logits), std::exception);
+  EXPECT_THROW(fast->forward_batch(states, std::span<const int32_t>(three, 3), logits), std::exception);
+  EXPECT_EQ(batch[0]->length(), alone[0]->length()) << "a refused step changed a sequence";
+}
+
 }  // namespace
 }  // namespace lily

@@ -44,5 +44,26 @@ TEST(CostModel, StepsOfSeveralRows) {
   EXPECT_NEAR(decode_step_bytes(c, 4096, 8) / decode_step_bytes(c, 4096, 1), 3.0, 0.4);
 }
 
+// A step of several sequences reads the weights and the experts' union once, like the rows of
+// one, but every sequence's own DeltaNet state and KV cache: n - 1 more of them than n rows of
+// one sequence at depth 0 (where the caches are nearly empty), and each exactly one decode
+// step's state (63 MB of DeltaNet state read and written, 84 MB of KV at 4K).
+TEST(CostModel, StepsOfSeveralSequences) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  EXPECT_DOUBLE_EQ(batch_step_bytes(c, 4096, 1), decode_step_bytes(c, 4096, 1));
+  const double state = double(c.num_layers_of(LayerKind::linear_attention)) * 2.0 * c.linear_num_value_heads *
+                       c.linear_key_head_dim * c.linear_value_head_dim * 4.0;
+  const double kv_row = double(c.num_layers_of(LayerKind::full_attention)) * 2.0 * c.attention_kv_width() * 2.0;
+  for (int n : {2, 4, 8}) {
+    const double one_sequence = state + kv_row * 4097;
+    EXPECT_NEAR(batch_step_bytes(c, 4096, n) - batch_step_bytes(c, 4096, n - 1),
+                one_sequence + (decode_step_bytes(c, 0, n) - decode_step_bytes(c, 0, n - 1)) -
+                    kv_row,  // the rows of one sequence at depth 0 append one more KV row each
+                1.0)
+        << n;
+    EXPECT_GT(batch_step_bytes(c, 4096, n), decode_step_bytes(c, 4096, n)) << n;
+  }
+}
+
 }  // namespace
 }  // namespace lily
