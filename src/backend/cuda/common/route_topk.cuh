@@ -1,6 +1,6 @@
 // route_topk.cuh: the MoE router's choice (spec §2.7) for one token by one warp, shared by the
 // decode expert launches (decode/moe_gate_up*.cu, moe_down.cu) and the prefill routing
-// (prefill/moe_grouped.cu) so both pick the same experts with the same weights: p = softmax(logits)
+// (prefill/moe_routing.cu) so both pick the same experts with the same weights: p = softmax(logits)
 // in fp32; k rounds of warp argmax over p (ties to the lower index); weights p / sum of the chosen
 // p, summed in rank order as the CPU reference does.
 // Internal to backend/cuda.

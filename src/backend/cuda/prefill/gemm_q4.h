@@ -31,7 +31,7 @@ void gemm_q4_swiglu(const QMatrix& G, const QMatrix& U, const float* x, float* y
                     const SplitK* split = nullptr);
 
 // The grouped (MoE) form. Rows of the product live in expert-sorted order ("positions"); a
-// tile map built on the device (moe_grouped.cu) lists fixed-size tiles of positions that all
+// tile map built on the device (moe_routing.cu) lists fixed-size tiles of positions that all
 // use one expert. The grid is sized for max_tiles; blocks past *num_tiles exit, so the host
 // never waits for the map.
 struct GroupedTiles {

@@ -1,6 +1,7 @@
 // moe_grouped.h: the sparse MoE block (spec §2.7) for prefill chunks: routing on the GPU, the
 // routed experts as grouped tensor-core GEMMs (gemm_q4.h), a deterministic combine. One stream,
-// no host synchronisation. See moe_grouped.cu for the design.
+// no host synchronisation. See moe_grouped.cu for the design (the routing pieces, top-k and plan,
+// are moe_routing.cu's).
 #pragma once
 
 #include <cstddef>
