@@ -96,8 +96,10 @@ class Backend {
 
   // One token for each of several sequences in one step (parallel requests): appends tokens[i]
   // to *states[i] and writes each one's next-token logits, [N, vocab_size] in the states' order.
-  // The sequences must be distinct. The default runs them one after another; a backend that
-  // batches them (the GPU: the weights read once for all the rows) overrides it.
+  // The sequences must be distinct, each with room for a token, the tokens in the vocabulary:
+  // checked before anything runs, so a refused step changes no sequence. The default runs them
+  // one after another; a backend that batches them (the GPU: the weights read once for all the
+  // rows) overrides it.
   virtual void forward_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
                              std::vector<float>& logits) {
     check_batch(states, tokens);
@@ -111,14 +113,20 @@ class Backend {
   }
 
  protected:
-  // forward_batch's arguments: a token per state, no state twice.
-  static void check_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens) {
+  // forward_batch's arguments: a token per state, none null, none twice, each with room for one
+  // more token, every token in the vocabulary.
+  void check_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens) const {
     LILY_CHECK(states.size() == tokens.size(), "a batch step of {} sequences with {} tokens", states.size(),
                tokens.size());
     for (size_t i = 0; i < states.size(); ++i) {
       LILY_CHECK(states[i] != nullptr, "a batch step's sequence {} is null", i);
       for (size_t j = 0; j < i; ++j)
         LILY_CHECK(states[j] != states[i], "a batch step names sequence {} twice (rows {} and {})", i, j, i);
+      LILY_CHECK(states[i]->length() < states[i]->capacity(),
+                 "a batch step's sequence {} is full: {} tokens, its capacity", i, states[i]->length());
+      LILY_CHECK(tokens[i] >= 0 && tokens[i] < config().vocab_size,
+                 "a batch step's token {} (row {}) is outside the vocabulary [0, {})", tokens[i], i,
+                 config().vocab_size);
     }
   }
 };

@@ -274,7 +274,8 @@ TEST(FastOnLilyTiny, SnapshotRestoreAndCloneDecodeAlike) {
 // A step of several sequences (Backend::forward_batch, the default: one after another): row i is
 // what sequence i alone gives for its token, bit for bit, the sequences at different lengths
 // (one empty); a second step from there; and the argument checks: a token per sequence, none
-// null, none twice, and nothing changed by a refused step.
+// null, none twice, none full, every token in the vocabulary, and nothing changed by a refused
+// step (the rows before the bad one included).
 TEST(FastOnLilyTiny, BatchStepIsEachSequenceStepped) {
   auto weights = load_model(kLilyTiny);
   auto fast = make_cpu_fast_backend(weights);
@@ -309,7 +310,15 @@ TEST(FastOnLilyTiny, BatchStepIsEachSequenceStepped) {
   SequenceState* with_null[] = {states[0], nullptr};
   EXPECT_THROW(fast->forward_batch(with_null, std::span<const int32_t>(three, 2), logits), std::exception);
   EXPECT_THROW(fast->forward_batch(states, std::span<const int32_t>(three, 3), logits), std::exception);
-  EXPECT_EQ(batch[0]->length(), alone[0]->length()) << "a refused step changed a sequence";
+  const int32_t bad[] = {t, -1, t};  // a token outside the vocabulary, after a good row
+  SequenceState* three_states[] = {states[0], states[2], states[3]};
+  EXPECT_THROW(fast->forward_batch(three_states, bad, logits), std::exception);
+  auto full = fast->new_sequence(1);  // room for one token: full after it
+  fast->forward(*full, std::span<const int32_t>(&t, 1), LogitsWanted::none, logits);
+  SequenceState* with_full[] = {states[0], full.get()};
+  EXPECT_THROW(fast->forward_batch(with_full, std::span<const int32_t>(three, 2), logits), std::exception);
+  for (size_t i = 0; i < prompts.size(); ++i)
+    EXPECT_EQ(batch[i]->length(), alone[i]->length()) << "a refused step changed sequence " << i;
 }
 
 }  // namespace
