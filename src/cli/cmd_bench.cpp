@@ -9,6 +9,7 @@
 #include <filesystem>
 #include <functional>
 #include <random>
+#include <span>
 
 #include <nlohmann/json.hpp>
 
@@ -244,11 +245,36 @@ std::vector<Row> bench_decode_generic(Backend& backend, const std::vector<int32_
   return rows;
 }
 
+// The median seconds a step over `repeats` rounds of n steps (one more round first, as a warm-up;
+// the first timed round under a profiler's marks): step(tokens) runs one step on its `width`
+// random tokens.
+double median_step_seconds(int n, int repeats, int width, int32_t vocab, bool on_cuda,
+                           const std::function<void(std::span<const int32_t>)>& step) {
+  std::vector<double> times;
+  for (int r = 0; r <= repeats; ++r) {
+    const auto tokens = random_tokens(int64_t(n) * width, vocab, uint32_t(r + 1));
+    ProfiledRegion region(on_cuda && r == 1);
+    const double t0 = now_seconds();
+    for (int i = 0; i < n; ++i) step(std::span<const int32_t>(tokens.data() + size_t(i) * width, size_t(width)));
+    if (r > 0) times.push_back((now_seconds() - t0) / n);
+  }
+  return median(times);
+}
+
+// A row of the table for steps of `rows` tokens (`what`: rows or sequences) taking t seconds and
+// moving `bytes`.
+Row step_row(const char* kind, const char* what, int32_t depth, double t, int rows, double bytes,
+             double peak_bytes_per_second) {
+  const double gbps = bytes / t / 1e9;
+  std::fprintf(stderr, "steps of %d %s at depth %7d: %.3f ms/step\n", rows, what, depth, t * 1e3);
+  return {kind, depth, t, rows / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0,
+          rows};
+}
+
 // Steps of `rows` consecutive tokens of one sequence, as the verification of a speculative draft
 // would run them: one forward of the rows with every row's logits to the host, at each depth
 // (`fill` puts the context in). Per step: its time and the GB/s of decode_step_bytes (the
-// weights once, the union of the rows' experts). The backend has no step of several sequences
-// yet (issue 16): this is the one kind it can run.
+// weights once, the union of the rows' experts).
 std::vector<Row> bench_decode_rows(Backend& backend, const std::vector<int32_t>& depths, int rows, int n, int repeats,
                                    double peak_bytes_per_second,
                                    const std::function<void(SequenceState&, int32_t)>& fill, bool on_cuda) {
@@ -258,21 +284,10 @@ std::vector<Row> bench_decode_rows(Backend& backend, const std::vector<int32_t>&
   for (int32_t D : depths) {
     auto state = backend.new_sequence(int64_t(D) + int64_t(repeats + 1) * n * rows + 1);
     fill(*state, D);
-    std::vector<double> times;
-    for (int r = 0; r <= repeats; ++r) {
-      const auto tokens = random_tokens(int64_t(n) * rows, c.vocab_size, uint32_t(r + 1));
-      ProfiledRegion region(on_cuda && r == 1);
-      const double t0 = now_seconds();
-      for (int i = 0; i < n; ++i)
-        backend.forward(*state, std::span<const int32_t>(tokens.data() + size_t(i) * rows, size_t(rows)),
-                        LogitsWanted::all, logits);
-      if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
-    }
-    const double t = median(times);
-    const double gbps = decode_step_bytes(c, D, rows) / t / 1e9;
-    out.push_back({"verify", D, t, rows / t, gbps,
-                   peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0, rows});
-    std::fprintf(stderr, "steps of %d rows at depth %7d: %.3f ms/step\n", rows, D, t * 1e3);
+    const double t = median_step_seconds(n, repeats, rows, c.vocab_size, on_cuda, [&](std::span<const int32_t> tokens) {
+      backend.forward(*state, tokens, LogitsWanted::all, logits);
+    });
+    out.push_back(step_row("verify", "rows", D, t, rows, decode_step_bytes(c, D, rows), peak_bytes_per_second));
   }
   return out;
 }
@@ -294,21 +309,11 @@ std::vector<Row> bench_decode_batch(Backend& backend, const std::vector<int32_t>
       fill(*states.back(), D);
       batch.push_back(states.back().get());
     }
-    std::vector<double> times;
-    for (int r = 0; r <= repeats; ++r) {
-      const auto tokens = random_tokens(int64_t(n) * sequences, c.vocab_size, uint32_t(r + 1));
-      ProfiledRegion region(on_cuda && r == 1);
-      const double t0 = now_seconds();
-      for (int i = 0; i < n; ++i)
-        backend.forward_batch(batch, std::span<const int32_t>(tokens.data() + size_t(i) * sequences, size_t(sequences)),
-                              logits);
-      if (r > 0) times.push_back((now_seconds() - t0) / n);  // the first round is a warm-up
-    }
-    const double t = median(times);
-    const double gbps = batch_step_bytes(c, D, sequences) / t / 1e9;
-    out.push_back({"batch", D, t, sequences / t, gbps,
-                   peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0, sequences});
-    std::fprintf(stderr, "steps of %d sequences at depth %7d: %.3f ms/step\n", sequences, D, t * 1e3);
+    const double t = median_step_seconds(
+        n, repeats, sequences, c.vocab_size, on_cuda,
+        [&](std::span<const int32_t> tokens) { backend.forward_batch(batch, tokens, logits); });
+    out.push_back(
+        step_row("batch", "sequences", D, t, sequences, batch_step_bytes(c, D, sequences), peak_bytes_per_second));
   }
   return out;
 }
