@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <random>
 #include <unordered_map>
 
 #include "base/error.h"
@@ -99,7 +100,7 @@ size_t filter_cut(std::span<const double> probs, float top_p, float min_p) {
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_limit) : params_(params), vocab_limit_(vocab_limit) {
   LILY_CHECK(vocab_limit > 0, "sampler needs a vocabulary");
-  rng_.seed(params.seed ? *params.seed : std::random_device{}());
+  seed_ = params.seed ? *params.seed : (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
 }
 
 int32_t Sampler::sample(std::span<float> logits, std::span<const int32_t> history) {
@@ -129,22 +130,15 @@ int Sampler::candidates_needed() const {
 }
 
 // Softmax with temperature over the candidates, then top-p (the smallest prefix whose mass
-// reaches top_p) and min-p (drop tokens below min_p x the first), then a draw. Greedy: the first.
+// reaches top_p) and min-p (drop tokens below min_p x the first), then a draw (token_draw.h).
+// Greedy: the first.
 int32_t Sampler::sample_candidates(std::span<const TokenLogit> candidates) {
   LILY_CHECK(!candidates.empty(), "sampler: no candidates (every logit NaN?)");
   if (params_.greedy()) return candidates[0].token;
-  const size_t keep = candidates.size();
-  std::vector<double> probs(keep);
-  const double top = candidates[0].logit;
-  double total = 0;
-  for (size_t i = 0; i < keep; ++i)
-    total += probs[i] = std::exp((double(candidates[i].logit) - top) / params_.temperature);
-  for (auto& p : probs) p /= total;
-
-  size_t cut = filter_cut(probs, params_.top_p, params_.min_p);
-  if (cut == 0) cut = probs.size();
-  std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + ptrdiff_t(cut));
-  return candidates[draw(rng_)].token;
+  std::vector<double> w(candidates.size());
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = candidate_weight(candidates[i].logit, candidates[0].logit, params_.temperature);
+  return candidates[size_t(pick_weighted(w.data(), int(w.size()), params_.draw(), next_uniform()))].token;
 }
 
 // top-k off: the softmax over the whole vocabulary. One pass computes every weight and the
@@ -165,7 +159,7 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
   }
 
   if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
-    const double r = std::uniform_real_distribution<double>(0.0, total)(rng_);
+    const double r = next_uniform() * total;
     double acc = 0;
     int32_t last = 0;
     for (int32_t i = 0; i < n; ++i) {
@@ -190,8 +184,16 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
       break;
     }
   }
-  std::discrete_distribution<size_t> draw(probs.begin(), probs.begin() + ptrdiff_t(cut));
-  return ids_[draw(rng_)];
+  // The draw among the cut's tokens (probs descending): the first whose running mass passes u.
+  double kept = 0;
+  for (size_t i = 0; i < cut; ++i) kept += probs[i];
+  const double target = next_uniform() * kept;
+  double acc = 0;
+  for (size_t i = 0; i < cut; ++i) {
+    acc += probs[i];
+    if (acc > target) return ids_[i];
+  }
+  return ids_[cut - 1];
 }
 
 namespace {

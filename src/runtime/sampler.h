@@ -10,11 +10,11 @@
 
 #include <cstdint>
 #include <optional>
-#include <random>
 #include <span>
 #include <vector>
 
-#include "backend/backend.h"  // TokenLogit
+#include "backend/backend.h"     // TokenLogit
+#include "backend/token_draw.h"  // DrawParams
 
 namespace lily {
 
@@ -28,6 +28,7 @@ struct SamplingParams {
   float repetition_penalty = 1.0f;  // 1: off
   std::optional<uint64_t> seed;     // none: a random seed
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
+  DrawParams draw() const { return {temperature, top_p, min_p}; }
 };
 
 struct TokenLogprob {
@@ -52,6 +53,12 @@ class Sampler {
   // the same seed, with a whole row never leaving the backend.
   int32_t sample_candidates(std::span<const TokenLogit> candidates);
 
+  // The stream of uniforms the draws take, one per sampled token (draw_uniform(seed(), i) for the
+  // i-th; greedy picks take none): a backend that draws where the logits are continues it from
+  // draws() (Backend::chain_tokens).
+  uint64_t seed() const { return seed_; }
+  uint64_t draws() const { return draws_; }
+
  private:
   int32_t sample_top_k(std::span<const float> logits, int32_t n);
   bool has_penalties() const;
@@ -59,7 +66,10 @@ class Sampler {
 
   SamplingParams params_;
   int32_t vocab_limit_;
-  std::mt19937_64 rng_;
+  double next_uniform() { return draw_uniform(seed_, draws_++); }
+
+  uint64_t seed_ = 0;
+  uint64_t draws_ = 0;
   std::vector<float> weights_;          // exp((logit - max) / temperature) per token (reused)
   std::vector<int32_t> ids_;            // candidate order (reused)
   std::vector<TokenLogit> candidates_;  // (reused)
