@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/token_draw.h"
 #include "base/error.h"
 #include "model/config.h"
 
@@ -66,6 +67,28 @@ struct AllowedTokens {
   std::function<void(std::span<uint64_t> mask)> fill;
 };
 
+// How the steps of a chain (Backend::chain_tokens) choose their tokens: from the `count` best
+// logits over ids [0, vocab_limit) (forward_candidates' selection), the first when count is 1
+// (greedy), else the draw of token_draw.h with `draw` and the uniform draw_uniform(seed,
+// first_draw + i) for the chain's i-th token (i from 0): the host sampler's draws, continued.
+struct ChainChoice {
+  int count = 1;
+  int32_t vocab_limit = 0;
+  DrawParams draw;
+  uint64_t seed = 0;
+  uint64_t first_draw = 0;
+};
+
+// Decode steps chained where the logits are (Backend::chain_tokens): each step appends its input
+// token and chooses the next, which the following step reads without the host.
+class TokenChain {
+ public:
+  // Waits for the steps still running; never throws.
+  virtual ~TokenChain() = default;
+  // The next chosen token, in order (waits for its step).
+  virtual int32_t next() = 0;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -92,6 +115,20 @@ class Backend {
                                   const AllowedTokens* allowed, std::vector<TokenLogit>& out) {
     (void)state, (void)token, (void)count, (void)vocab_limit, (void)allowed, (void)out;
     return false;
+  }
+
+  // Up to `steps` decode steps chained on the backend (the GPU: the host's work on one token,
+  // streaming it to a client, overlaps the next step): step 1 appends `token`, each later step
+  // the token chosen (`choice`) by the one before; next() returns the chosen tokens in order, at
+  // most `steps`. A chain runs one step ahead of the host: when next() returns a token, the step
+  // that appends it is already running (unless it was the chain's last). So while a chain lives
+  // the state is the chain's (nothing else may touch it), and once it is destroyed the state holds
+  // `token` and every token next() returned, all but the last of a chain run to its end.
+  // The default returns null (not offered): the caller steps with forward_candidates instead.
+  virtual std::unique_ptr<TokenChain> chain_tokens(SequenceState& state, int32_t token, int64_t steps,
+                                                   const ChainChoice& choice) {
+    (void)state, (void)token, (void)steps, (void)choice;
+    return nullptr;
   }
 
   // One token for each of several sequences in one step (parallel requests): appends tokens[i]

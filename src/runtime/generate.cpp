@@ -56,6 +56,44 @@ bool grammar_ended(const grammar::GrammarMatcher* grammar) {
   return grammar && (grammar->must_stop() || grammar->is_finished());
 }
 
+// Hands a generated token to the caller; false when the generation ends with it (a stop token,
+// the grammar's end, the caller's refusal), result.finish then set.
+bool deliver(const GeneratedToken& token, const GenerateRequest& request, const TokenCallback& on_token,
+             GenerateResult& result) {
+  result.tokens.push_back(token.id);
+  const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
+                           request.stop_tokens.end() ||
+                       grammar_ended(request.grammar);
+  if (!on_token(token)) {
+    result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
+    return false;
+  }
+  if (is_stop) {
+    result.finish = FinishReason::stop;
+    return false;
+  }
+  return true;
+}
+
+// The decode after the first token on a chain of the backend's (Backend::chain_tokens): the
+// tokens chosen where the logits are, the host one step behind. Offered for what the chain can
+// choose: no grammar, no logprobs, and a sampler that needs only the best few logits. Returns
+// false, having done nothing, when not offered.
+bool decode_chained(Backend& backend, SequenceState& state, const GenerateRequest& request, const Sampler& sampler,
+                    int32_t limit, int32_t first, const TokenCallback& on_token, GenerateResult& result) {
+  const int count = sampler.candidates_needed();
+  if (request.grammar || request.top_logprobs >= 0 || count < 1) return false;
+  const ChainChoice choice{count, limit, request.sampling.draw(), sampler.seed(), sampler.draws()};
+  std::unique_ptr<TokenChain> chain = backend.chain_tokens(state, first, request.max_new_tokens - 1, choice);
+  if (!chain) return false;
+  for (int64_t i = 1; i < request.max_new_tokens; ++i) {
+    GeneratedToken token;
+    token.id = chain->next();
+    if (!deliver(token, request, on_token, result)) break;
+  }
+  return true;
+}
+
 }  // namespace
 
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
@@ -124,19 +162,11 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
       if (request.grammar) advance(*request.grammar, token.id);
       if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
     }
-    result.tokens.push_back(token.id);
-    const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
-                             request.stop_tokens.end() ||
-                         grammar_ended(request.grammar);
-    if (!on_token(token)) {
-      result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
-      break;
-    }
-    if (is_stop) {
-      result.finish = FinishReason::stop;
-      break;
-    }
+    if (!deliver(token, request, on_token, result)) break;
     if (i + 1 == request.max_new_tokens) break;
+    // After the first token (drawn from the prefill's logits, delivered before any step runs:
+    // the caller may snapshot the state there), the rest on a chain where the backend has one.
+    if (i == 0 && decode_chained(backend, state, request, sampler, limit, token.id, on_token, result)) break;
     have_candidates = candidate_count > 0 &&
                       backend.forward_candidates(state, token.id, candidate_count, limit,
                                                  request.grammar ? &allowed : nullptr, candidates);

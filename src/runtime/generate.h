@@ -19,7 +19,7 @@ struct GenerateRequest {
   std::vector<int32_t> prompt;  // the whole prompt; the state may already hold a prefix of it
   int64_t max_new_tokens = 256;
   SamplingParams sampling;
-  std::vector<int32_t> stop_tokens;  // generation ends after one of these (not fed back)
+  std::vector<int32_t> stop_tokens;  // generation ends after one of these
   int32_t vocab_limit = 0;           // ids >= this are never sampled (0: the model's vocab_size)
   int top_logprobs = -1;             // -1: no logprobs; 0: the chosen token's; n: and the n most likely
   // Constrained decoding (grammar/matcher.h), or none. Each step the sampler draws among the
@@ -52,11 +52,20 @@ struct GenerateResult {
   double grammar_seconds = 0;
 };
 
-// Called for every generated token; return false to stop (client gone, stop string seen).
+// Called for every generated token; return false to stop (client gone, stop string seen). It
+// must not touch the sequence's state after the first token: the next step may be running.
 using TokenCallback = std::function<bool(const GeneratedToken&)>;
 
 // Prefills prompt[state.length():] and decodes. The caller guarantees that the tokens already
 // in `state` are prompt[0 : state.length()].
+//
+// The first token comes from the prefill's logits, delivered before any decode step runs. The
+// steps after it run on a chain of the backend's when it offers one and its choice is the
+// sampler's (no grammar, no logprobs, a sampler that needs only the best few logits:
+// Backend::chain_tokens; on the GPU the host then streams each token while the next step runs),
+// else one at a time. Afterwards the state holds the prompt and the generated tokens fed to a
+// step, state.length() of them in all: one at a time, every token but the last; on a chain, also
+// the last when a stop token or on_token ended the generation (the chain runs a step ahead).
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                         const TokenCallback& on_token);
 

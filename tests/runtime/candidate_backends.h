@@ -1,18 +1,22 @@
 // candidate_backends.h: wrapping backends for the tests of generate()'s decode paths. A wrapped
 // backend's forward() rows, optionally edited (poisoned, NaN), and Backend::forward_candidates
 // either not offered (the whole-row path) or done on the host from that row: what the CUDA
-// backend does on the device (top_candidates.cu), the reference its GPU path is compared with.
+// backend does on the device (top_candidates.cu), the reference its GPU path is compared with;
+// and Backend::chain_tokens the same way (HostChain: what the CUDA backend's chain does).
 #pragma once
 
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <memory>
 #include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/token_draw.h"
+#include "base/error.h"
 
 namespace lily::test {
 
@@ -35,6 +39,49 @@ inline std::vector<TokenLogit> select_candidates(std::span<const float> row, int
   return out;
 }
 
+// The token a chain's step chooses from its candidates (Backend::chain_tokens' ChainChoice): the
+// first, or the draw of token_draw.h with the chain's index-th uniform.
+inline int32_t choose_candidate(std::span<const TokenLogit> candidates, const ChainChoice& choice, uint64_t index) {
+  LILY_CHECK(!candidates.empty(), "a chained step has no candidates (every logit NaN?)");
+  if (choice.count == 1) return candidates[0].token;
+  std::vector<double> w(candidates.size());
+  for (size_t i = 0; i < w.size(); ++i)
+    w[i] = candidate_weight(candidates[i].logit, candidates[0].logit, choice.draw.temperature);
+  const double u = draw_uniform(choice.seed, choice.first_draw + index);
+  return candidates[size_t(pick_weighted(w.data(), int(w.size()), choice.draw, u))].token;
+}
+
+// Backend::chain_tokens on the host, one step ahead as the contract says: the step that appends a
+// token runs before next() returns it (unless it was the last of `steps`).
+class HostChain final : public TokenChain {
+ public:
+  HostChain(Backend& backend, SequenceState& state, int32_t token, int64_t steps, const ChainChoice& choice)
+      : backend_(backend), state_(state), steps_(steps), choice_(choice) {
+    LILY_CHECK(steps >= 1, "a chain of {} steps", steps);
+    pending_ = step(token);
+  }
+  int32_t next() override {
+    LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
+    const int32_t token = pending_;
+    if (++returned_ < steps_) pending_ = step(token);
+    return token;
+  }
+
+ private:
+  int32_t step(int32_t token) {
+    std::vector<float> row;
+    backend_.forward(state_, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
+    return choose_candidate(select_candidates(row, choice_.count, choice_.vocab_limit), choice_, uint64_t(chosen_++));
+  }
+
+  Backend& backend_;
+  SequenceState& state_;
+  const int64_t steps_;
+  const ChainChoice choice_;
+  int64_t returned_ = 0, chosen_ = 0;
+  int32_t pending_ = 0;
+};
+
 // Wraps a backend: its forward() rows go through `edit` (the row, and how many forward rows this
 // wrapper handed out before it); forward_candidates is offered or not (`mode`) and counted.
 class WrappedBackend : public Backend {
@@ -43,6 +90,7 @@ class WrappedBackend : public Backend {
     whole_row,     // forward_candidates is the base's "not offered": generate() takes the row
     candidates,    // selected on the host from the (edited) row, the allowed ids only
     ignores_mask,  // selected on the host, AllowedTokens ignored (a broken backend)
+    chained,       // candidates, and chain_tokens on the host (HostChain)
   };
   using Edit = std::function<void(std::span<float> row, int rows_before)>;
 
@@ -76,7 +124,16 @@ class WrappedBackend : public Backend {
     return true;
   }
 
-  int calls = 0, masked_calls = 0, last_count = 0;
+  std::unique_ptr<TokenChain> chain_tokens(SequenceState& state, int32_t token, int64_t steps,
+                                           const ChainChoice& choice) override {
+    if (mode_ != Mode::chained) return nullptr;
+    ++chains;
+    last_choice = choice;
+    return std::make_unique<HostChain>(*this, state, token, steps, choice);
+  }
+
+  int calls = 0, masked_calls = 0, last_count = 0, chains = 0;
+  ChainChoice last_choice;
 
  private:
   Backend& inner_;

@@ -1,11 +1,16 @@
 // generate()'s decode loop with Backend::forward_candidates: a backend that hands over only the
 // best few logits must give exactly the tokens of the whole-row path (same seed), and must be
 // asked only when the sampler's draw depends on nothing else (no penalties, top-k or greedy,
-// no logprobs). Runs on the random-weight test model (tests/server/fixtures/tiny-chat), CPU.
+// no logprobs). The same for Backend::chain_tokens (steps chained where the logits are, the host
+// a step behind), and what a chain leaves in the state: every delivered token, the last of a
+// generation cut at max_tokens aside. Runs on the random-weight test model
+// (tests/server/fixtures/tiny-chat), CPU.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <string>
+#include <utility>
 
 #include "candidate_backends.h"
 #include "runtime/engine.h"
@@ -95,6 +100,119 @@ TEST(Generate, BackendCandidatesMatchTheWholeRow) {
     WrappedBackend whole_row(engine->backend(), Mode::whole_row);
     EXPECT_EQ(run(engine->backend(), request).tokens, run(whole_row, request).tokens)
         << "temperature " << sampling.temperature << " top_k " << sampling.top_k;
+  }
+}
+
+SamplingParams sampling_case(const std::string& name) {
+  SamplingParams s;
+  if (name == "greedy") s.temperature = 0;
+  if (name == "qwen") s.temperature = 0.6f, s.top_k = 20, s.top_p = 0.95f;
+  if (name == "min_p") s.temperature = 1.3f, s.top_k = 7, s.min_p = 0.2f;
+  if (name == "hot") s.temperature = 2.0f, s.top_k = 50;
+  if (name == "top_k 1") s.temperature = 0.7f, s.top_k = 1;
+  return s;
+}
+
+// A chain (here HostChain, the GPU's contract on the host) gives the stepwise path's tokens: the
+// same candidates, the same draws in the same order of the seed's stream.
+TEST(Generate, ChainedStepsGiveTheStepwiseTokens) {
+  auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+  for (const char* name : {"greedy", "qwen", "min_p", "hot", "top_k 1"}) {
+    SCOPED_TRACE(name);
+    GenerateRequest request = request_with(sampling_case(name));
+    request.vocab_limit = 300;  // below the model's vocabulary: never chosen past it
+    WrappedBackend stepwise(engine->backend(), Mode::candidates);
+    const GenerateResult want = run(stepwise, request);
+    WrappedBackend chained(engine->backend(), Mode::chained);
+    const GenerateResult got = run(chained, request);
+    EXPECT_EQ(got.tokens, want.tokens);
+    EXPECT_EQ(got.finish, want.finish);
+    EXPECT_EQ(chained.chains, 1);
+    EXPECT_EQ(chained.calls, 0) << "no stepwise candidates once chained";
+    EXPECT_EQ(chained.last_choice.count, stepwise.last_count);
+    EXPECT_EQ(chained.last_choice.vocab_limit, 300);
+    for (int32_t t : got.tokens) EXPECT_LT(t, 300);
+  }
+}
+
+// What a chain cannot choose stays stepwise: penalties, the whole row, logprobs.
+TEST(Generate, ChainsOnlyWhatTheBestFewLogitsDecide) {
+  auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+  SamplingParams penalised = sampling_case("qwen");
+  penalised.presence_penalty = 1.5f;
+  SamplingParams whole_row;
+  whole_row.temperature = 0.8f, whole_row.top_p = 0.9f;
+  for (const auto& [request, name] :
+       {std::pair{request_with(penalised), "penalties"}, std::pair{request_with(whole_row), "no top-k"},
+        std::pair{request_with(sampling_case("qwen"), 2), "logprobs"}}) {
+    SCOPED_TRACE(name);
+    WrappedBackend chained(engine->backend(), Mode::chained);
+    const GenerateResult got = run(chained, request);
+    EXPECT_EQ(chained.chains, 0);
+    EXPECT_EQ(got.tokens, run(engine->backend(), request).tokens);
+  }
+}
+
+// The logits after `prompt` (one pass) then `tokens` (a step each) on a fresh sequence: what a
+// state holding exactly them gives (generate() computes them the same way).
+std::vector<float> logits_after(Backend& backend, const std::vector<int32_t>& prompt,
+                                const std::vector<int32_t>& tokens) {
+  auto state = backend.new_sequence(256);
+  std::vector<float> logits;
+  backend.forward(*state, prompt, LogitsWanted::last, logits);
+  for (int32_t t : tokens) backend.forward(*state, std::span<const int32_t>(&t, 1), LogitsWanted::last, logits);
+  return logits;
+}
+
+// After a chained generation the state holds the prompt and every delivered token (a stop token,
+// a token the caller refused), the last of a generation cut at max_tokens aside; the state's next
+// logits are those of a sequence fed exactly that.
+TEST(Generate, ChainedStateHoldsEveryDeliveredToken) {
+  auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+  Backend& plain = engine->backend();
+  const GenerateRequest base = request_with(sampling_case("qwen"));
+  const GenerateResult free_run = run(plain, base);
+  ASSERT_EQ(free_run.tokens.size(), size_t(base.max_new_tokens));
+
+  struct Ending {
+    const char* name;
+    std::vector<int32_t> stop_tokens;
+    int refuse_at;  // on_token returns false at this token (-1: never)
+    size_t delivered;
+    FinishReason finish;
+    size_t fed;  // generated tokens the state holds afterwards
+  };
+  const size_t M = size_t(base.max_new_tokens);
+  size_t first_new = 3;  // a token not generated before it: the stop token of one ending
+  while (first_new < M && std::count(free_run.tokens.begin(), free_run.tokens.begin() + ptrdiff_t(first_new),
+                                     free_run.tokens[first_new]) > 0)
+    ++first_new;
+  ASSERT_LT(first_new, M - 1);
+  const Ending endings[] = {
+      {"max_tokens", {}, -1, M, FinishReason::length, M - 1},
+      {"stop token", {free_run.tokens[first_new]}, -1, first_new + 1, FinishReason::stop, first_new + 1},
+      {"refused", {}, 4, 5, FinishReason::cancelled, 5},
+      {"refused first", {}, 0, 1, FinishReason::cancelled, 0},
+  };
+  for (const Ending& e : endings) {
+    SCOPED_TRACE(e.name);
+    GenerateRequest request = base;
+    request.stop_tokens = e.stop_tokens;
+    WrappedBackend chained(plain, Mode::chained);
+    auto state = chained.new_sequence(256);
+    int seen = 0;
+    const GenerateResult got = generate(chained, *state, request,
+                                        [&](const GeneratedToken&) { return seen++ != e.refuse_at; });
+    ASSERT_EQ(got.tokens.size(), e.delivered);
+    EXPECT_EQ(got.finish, e.finish);
+    EXPECT_TRUE(std::equal(got.tokens.begin(), got.tokens.end(), free_run.tokens.begin()));
+    ASSERT_EQ(state->length(), int64_t(base.prompt.size() + e.fed));
+    std::vector<int32_t> fed(got.tokens.begin(), got.tokens.begin() + ptrdiff_t(e.fed));
+    const int32_t probe = 11;
+    fed.push_back(probe);
+    std::vector<float> after;
+    plain.forward(*state, std::span<const int32_t>(&probe, 1), LogitsWanted::last, after);
+    EXPECT_EQ(after, logits_after(plain, base.prompt, fed));
   }
 }
 
