@@ -12,6 +12,7 @@
 #include <nlohmann/json.hpp>
 
 #include "../model/fixture.h"
+#include "../runtime/candidate_backends.h"
 #include "backend/backend.h"
 #include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/cuda_backend.h"
@@ -279,6 +280,77 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
     }
   std::printf("lily-tiny greedy 64: first divergence at %d\n", first_diff);
   EXPECT_EQ(g, c);
+}
+
+// Backend::chain_tokens on the GPU (steps chained there, each token chosen by choose_token)
+// against the same steps one at a time (forward_candidates, then the host's draw: what generate()
+// did before chains): the same tokens, greedy and sampled, over the whole vocabulary and below a
+// limit. A chain left early leaves the state holding its first token and every token returned:
+// a probe token then gives the logits of a sequence stepped through exactly those.
+TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
+  REQUIRE_GPU();
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  auto gpu = make_cuda_backend(weights);
+  const int32_t V = weights->config.vocab_size;
+  const std::vector<int32_t> prompt = {11, 882, 198, 1532, 3, 220, 24, 19, 22, 10, 18, 22};
+  const int steps = 40;
+  auto start = [&] {
+    auto s = gpu->new_sequence(256);
+    std::vector<float> unused;
+    gpu->forward(*s, prompt, LogitsWanted::none, unused);
+    return s;
+  };
+  struct Case {
+    const char* name;
+    ChainChoice choice;
+  };
+  const Case cases[] = {
+      {"greedy", {1, V, {0.0f, 1.0f, 0.0f}, 0, 0}},    {"greedy below 1000", {1, 1000, {0.0f, 1.0f, 0.0f}, 0, 0}},
+      {"qwen", {20, V, {0.6f, 0.95f, 0.0f}, 1234, 1}}, {"hot, below 1500", {50, 1500, {2.0f, 1.0f, 0.0f}, 99, 5}},
+      {"wide", {256, V, {1.5f, 1.0f, 0.01f}, 7, 1}},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int32_t first = 1532;
+    // One step at a time.
+    auto ref = start();
+    std::vector<int32_t> want;
+    int32_t token = first;
+    std::vector<TokenLogit> candidates;
+    for (int i = 0; i < steps; ++i) {
+      ASSERT_TRUE(gpu->forward_candidates(*ref, token, c.choice.count, c.choice.vocab_limit, nullptr, candidates));
+      token = test::choose_candidate(candidates, c.choice, uint64_t(i));
+      want.push_back(token);
+    }
+    // Chained, to the end.
+    auto s = start();
+    std::vector<int32_t> got;
+    {
+      auto chain = gpu->chain_tokens(*s, first, steps, c.choice);
+      ASSERT_NE(chain, nullptr);
+      for (int i = 0; i < steps; ++i) got.push_back(chain->next());
+      EXPECT_THROW(chain->next(), Error) << "past its steps";
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(s->length(), int64_t(prompt.size()) + steps) << "the first token and all but the last returned";
+    for (int32_t t : got) EXPECT_LT(t, c.choice.vocab_limit);
+    // Left after 5 tokens: the state holds the first and those 5.
+    auto early = start();
+    {
+      auto chain = gpu->chain_tokens(*early, first, steps, c.choice);
+      for (int i = 0; i < 5; ++i) ASSERT_EQ(chain->next(), want[size_t(i)]);
+    }
+    ASSERT_EQ(early->length(), int64_t(prompt.size()) + 6);
+    auto stepped = start();
+    std::vector<float> a, b;
+    std::vector<int32_t> fed = {first};
+    fed.insert(fed.end(), want.begin(), want.begin() + 5);
+    for (int32_t t : fed) gpu->forward(*stepped, std::span<const int32_t>(&t, 1), LogitsWanted::none, a);
+    const int32_t probe = 77;
+    gpu->forward(*stepped, std::span<const int32_t>(&probe, 1), LogitsWanted::last, a);
+    gpu->forward(*early, std::span<const int32_t>(&probe, 1), LogitsWanted::last, b);
+    EXPECT_EQ(a, b);
+  }
 }
 
 // The tensor-core prefill (bf16 GEMM inputs, grouped MoE) against the CPU backend on the same

@@ -4,7 +4,9 @@
 // at the 2048-entry block edges and the real vocabulary (248,320); k from 1 to 256 (one and
 // several merge rounds); outputs poisoned before each launch. With a grammar's allowed-token
 // mask: every id, none, one, a random half, a sparse 1%, one whose logit is NaN, and the bits
-// past n in the last word set (ids that do not exist must not come back).
+// past n in the last word set (ids that do not exist must not come back). choose_token (the
+// token a chained step draws from those candidates) against token_draw.h's draw on the host:
+// greedy, the filters, many uniforms, candidates cut short by NaN, none at all.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/next_token.h"
 
@@ -127,6 +129,87 @@ TEST(CudaTopCandidates, AllowedMask) {
           const std::vector<uint64_t> mask = make_mask(kinds[kind], row, uint32_t(n + k * 3 + int(kind)));
           compare(row, k, mask);
         }
+}
+
+// choose_token's pick on the host: token_draw.h over the candidates before the first padding.
+int32_t host_choose(const std::vector<cuda::Candidate>& c, const cuda::ChooseArgs& a) {
+  int n = 0;
+  while (n < a.count && c[size_t(n)].id != INT32_MAX) ++n;
+  if (n == 0) return -1;
+  if (a.count == 1) return c[0].id;
+  std::vector<double> w(size_t(n), 0.0);
+  for (int j = 0; j < n; ++j) w[size_t(j)] = candidate_weight(c[size_t(j)].value, c[0].value, a.draw.temperature);
+  return c[size_t(pick_weighted(w.data(), n, a.draw, draw_uniform(a.seed, a.index)))].id;
+}
+
+// Selects the row's candidates on the GPU, then chooses among them there (poisoned outputs);
+// compares with host_choose over the same candidates.
+void compare_choice(const std::vector<float>& row, const cuda::ChooseArgs& args) {
+  const int n = int(row.size());
+  DeviceArray<float> d_row(row);
+  DeviceArray<uint8_t> scratch(cuda::top_candidates_scratch_bytes(n));
+  DeviceArray<cuda::Candidate> candidates(static_cast<size_t>(args.count));
+  DeviceArray<int32_t> token(1), chosen(1);
+  token.poison(), chosen.poison();
+  cuda::top_candidates(d_row.get(), n, args.count, nullptr, scratch.get(), candidates.get(), nullptr);
+  cuda::choose_token(candidates.get(), args, token.get(), chosen.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  const int32_t want = host_choose(candidates.download(), args);
+  EXPECT_EQ(chosen.download()[0], want);
+  EXPECT_EQ(token.download()[0], want < 0 ? 0 : want) << "the next step's input: a valid id";
+}
+
+TEST(CudaChooseToken, DrawsAsTheHostSampler) {
+  REQUIRE_GPU();
+  struct Case {
+    int count;
+    DrawParams draw;
+  };
+  const Case cases[] = {
+      {1, {0.0f, 1.0f, 0.0f}},  {20, {0.6f, 0.95f, 0.0f}},  {20, {1.0f, 1.0f, 0.0f}},   {7, {1.3f, 1.0f, 0.2f}},
+      {50, {2.0f, 1.0f, 0.0f}}, {256, {1.5f, 1.0f, 0.01f}}, {256, {0.05f, 0.5f, 0.0f}}, {2, {1.0f, 0.3f, 0.0f}},
+  };
+  const std::vector<float> row = make_row(248320, 11, false, true);
+  const std::vector<float> tied = make_row(5000, 12, true, false);
+  for (const Case& c : cases)
+    for (uint64_t index : {0ull, 1ull, 2ull, 77ull, 1000003ull}) {
+      SCOPED_TRACE(testing::Message() << "count " << c.count << " T " << c.draw.temperature << " top_p " << c.draw.top_p
+                                      << " min_p " << c.draw.min_p << " draw " << index);
+      compare_choice(row, {c.count, c.draw, 42, index});
+      compare_choice(tied, {c.count, c.draw, 7, index});
+    }
+}
+
+// Draws spread over the candidates: the uniforms are not stuck (a test of the draw, not just of
+// host = device).
+TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
+  REQUIRE_GPU();
+  std::vector<float> row(64, 0.0f);  // 64 equal logits: every draw as likely
+  DeviceArray<float> d_row(row);
+  DeviceArray<uint8_t> scratch(cuda::top_candidates_scratch_bytes(64));
+  DeviceArray<cuda::Candidate> candidates(64);
+  DeviceArray<int32_t> token(1), chosen(1);
+  cuda::top_candidates(d_row.get(), 64, 64, nullptr, scratch.get(), candidates.get(), nullptr);
+  std::vector<int> seen(64, 0);
+  for (uint64_t i = 0; i < 640; ++i) {
+    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i}, token.get(), chosen.get(), nullptr);
+    const int32_t id = chosen.download()[0];
+    ASSERT_TRUE(id >= 0 && id < 64) << id;
+    ++seen[size_t(id)];
+  }
+  EXPECT_GT(std::count_if(seen.begin(), seen.end(), [](int n) { return n > 0; }), 56);
+}
+
+// Every logit NaN: no candidate; the chain's host side sees -1, the next step a valid id.
+TEST(CudaChooseToken, NoCandidate) {
+  REQUIRE_GPU();
+  const std::vector<float> nan_row(300, NAN);
+  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0});
+  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0});
+  DeviceArray<cuda::Candidate> c(1);
+  DeviceArray<int32_t> t(1), o(1);
+  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0}, t.get(), o.get(), nullptr), Error);
 }
 
 TEST(CudaTopCandidates, RejectsBadK) {

@@ -2,6 +2,7 @@
 #include "backend/cuda/decode_graph.h"
 
 #include <algorithm>
+#include <array>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -15,6 +16,7 @@ DecodeGraph::DecodeGraph(DecodeStep& step, int vocab_size, bool pdl, cudaStream_
   next_token_ = DeviceBuffer(4);
   candidates_ = DeviceBuffer(kMaxTopCandidates * sizeof(Candidate));
   candidate_scratch_ = DeviceBuffer(top_candidates_scratch_bytes(vocab_size));
+  chosen_ = DeviceBuffer(4);
   mask_ = DeviceBuffer(mask_words() * 8);
   host_mask_words_ = mask_words();
   CUDA_CHECK(cudaMallocHost(&host_mask_, host_mask_words_ * 8));
@@ -106,6 +108,71 @@ std::vector<int32_t> DecodeGraph::greedy(CudaSequenceState& s, int32_t first_tok
   for (auto& e : events) cudaEventDestroy(e);
   s.advance_host(count);
   return out;
+}
+
+// A chain of steps (DecodeGraph::chain). Step i (from 1) appends token i - 1 and chooses token i
+// into the step's input slot and the pinned ring's slot (i - 1) % kRing; next() for token i
+// first launches step i + 1, then waits for step i's event. So at most two steps are in flight
+// and the one still running when the host stops appends the last token it received.
+class DecodeGraph::Chain final : public TokenChain {
+ public:
+  Chain(DecodeGraph& g, CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice)
+      : g_(g), s_(s), steps_(steps), choice_(choice), n_(std::min(choice.vocab_limit, g.vocab_size_)) {
+    for (auto& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    g_.write_token(token);
+    launch_step();
+  }
+
+  ~Chain() override {
+    // The steps in flight finish; the host's count then takes every step launched.
+    const cudaError_t e = cudaStreamSynchronize(g_.stream_);
+    if (e != cudaSuccess) std::fprintf(stderr, "lily: a decode chain's last steps failed: %s\n", cudaGetErrorString(e));
+    s_.advance_host(launched_);
+    for (auto& ev : events_) cudaEventDestroy(ev);
+  }
+
+  int32_t next() override {
+    LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
+    if (launched_ < steps_) launch_step();  // the step that appends the token returned below
+    const int slot = int(returned_ % kRing);
+    CUDA_CHECK(cudaEventSynchronize(events_[size_t(slot)]));
+    ++returned_;
+    const int32_t token = g_.host_ring_[slot];
+    LILY_CHECK(token >= 0, "decode step {} of a chain has no candidate token (every logit NaN)", returned_);
+    return token;
+  }
+
+ private:
+  // The graph (which appends the input slot's token), the candidates, the choice into the input
+  // slot and out to the ring.
+  void launch_step() {
+    g_.launch(s_);
+    top_candidates(g_.step_.logits(), n_, choice_.count, nullptr, g_.candidate_scratch_.get(),
+                   g_.candidates_.as<Candidate>(), g_.stream_);
+    const ChooseArgs args{choice_.count, choice_.draw, choice_.seed, choice_.first_draw + uint64_t(launched_)};
+    choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.chosen_.as<int32_t>(), g_.stream_);
+    const int slot = int(launched_ % kRing);
+    CUDA_CHECK(cudaMemcpyAsync(g_.host_ring_ + slot, g_.chosen_.get(), 4, cudaMemcpyDeviceToHost, g_.stream_));
+    CUDA_CHECK(cudaEventRecord(events_[size_t(slot)], g_.stream_));
+    ++launched_;
+  }
+
+  DecodeGraph& g_;
+  CudaSequenceState& s_;
+  const int64_t steps_;
+  const ChainChoice choice_;
+  const int n_;  // ids selected over
+  std::array<cudaEvent_t, kRing> events_{};
+  int64_t launched_ = 0, returned_ = 0;
+};
+
+std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t token, int64_t steps,
+                                               const ChainChoice& choice) {
+  LILY_CHECK(steps >= 1, "a decode chain of {} steps", steps);
+  LILY_CHECK(choice.count >= 1 && choice.count <= kMaxTopCandidates, "a decode chain choosing among {} (1 to {})",
+             choice.count, kMaxTopCandidates);
+  LILY_CHECK(choice.vocab_limit >= 1, "a decode chain choosing below id {}", choice.vocab_limit);
+  return std::make_unique<Chain>(*this, s, token, steps, choice);
 }
 
 // `token` into the step's input slot, through pinned memory, in stream order.

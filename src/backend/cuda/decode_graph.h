@@ -2,10 +2,12 @@
 // state are baked into the graph), its kernel-to-kernel edges made programmatic (PDL, pdl.cuh),
 // replayed for every token. The greedy pick (argmax) is part of the graph and writes the next
 // step's input on the GPU, so greedy decoding chains steps without the host; samplers get the
-// row of logits or its best candidates (selected on the GPU).
+// row of logits or its best candidates (selected on the GPU), or chain steps with the token drawn
+// on the GPU (choose_token), the host reading each token a step behind.
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <vector>
 
 #include "backend/backend.h"
@@ -36,8 +38,14 @@ class DecodeGraph {
   // `count` greedy steps after first_token, chained on the GPU: each step's arg max is the next
   // step's input; up to kRing steps in flight, the tokens copied back asynchronously.
   std::vector<int32_t> greedy(CudaSequenceState& s, int32_t first_token, int count);
+  // Up to `steps` steps after `token`, each step's token chosen on the GPU from its candidates
+  // (top_candidates, then choose_token) and read by the next step there (Backend::chain_tokens'
+  // contract): the chain launches the step that appends a token before it waits for that token,
+  // so the GPU runs a step while the host handles the token before it.
+  std::unique_ptr<TokenChain> chain(CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice);
 
  private:
+  class Chain;
   static constexpr int kRing = 8;
   size_t mask_words() const { return (size_t(vocab_size_) + 63) / 64; }  // of a mask over the vocabulary
   void write_token(int32_t token);
@@ -50,6 +58,7 @@ class DecodeGraph {
   cudaStream_t stream_;
   DeviceBuffer next_token_;  // int32 [1]: the greedy pick of the last step
   DeviceBuffer candidates_, candidate_scratch_;
+  DeviceBuffer chosen_;                   // int32 [1]: a chained step's token, or -1 (choose_token)
   DeviceBuffer mask_;                     // uint64 [ceil(vocab / 64)]: the allowed ids of this step
   uint64_t* host_mask_ = nullptr;         // pinned [host_mask_words_]: the mask on its way in,
   size_t host_mask_words_ = 0;            // rewritten only after the step that read it synchronized

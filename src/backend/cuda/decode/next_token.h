@@ -1,13 +1,16 @@
 // next_token.h: the next token from one row of logits on the GPU: its arg max (the greedy decode
 // graph, argmax.cu), or the k largest logits for samplers that need only them
 // (Backend::forward_candidates, top_candidates.cu), among the ids a grammar allows when it has a
-// mask: k (value, id) pairs leave the device instead of the row.
+// mask: k (value, id) pairs leave the device instead of the row; or the token drawn from those
+// on the GPU (Backend::chain_tokens, choose_token.cu).
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
 
 #include <cuda_runtime.h>
+
+#include "backend/token_draw.h"
 
 namespace lily::cuda {
 
@@ -32,5 +35,20 @@ size_t top_candidates_scratch_bytes(int n);
 // 1 <= k <= kMaxTopCandidates. out: device memory for k candidates. Several launches, no sync.
 void top_candidates(const float* logits, int n, int k, const uint64_t* allowed, void* scratch, Candidate* out,
                     cudaStream_t stream);
+
+// How choose_token picks among `count` candidates: the first when count is 1, else token_draw.h's
+// draw with `draw` and the uniform draw_uniform(seed, index).
+struct ChooseArgs {
+  int count = 1;
+  DrawParams draw;
+  uint64_t seed = 0;
+  uint64_t index = 0;
+};
+
+// The chosen candidate's id into *token (the next decode step's input; 0 when there is none) and
+// *chosen (-1 when there is none: every logit NaN). candidates: top_candidates' output, `count` of
+// them. One launch, no sync.
+void choose_token(const Candidate* candidates, const ChooseArgs& args, int32_t* token, int32_t* chosen,
+                  cudaStream_t stream);
 
 }  // namespace lily::cuda
