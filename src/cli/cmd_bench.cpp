@@ -51,7 +51,7 @@ struct BenchArgs {
   int repeats = 3;
   bool json = false;
   std::string plot;                   // PNG path, empty: no plot
-  std::string decode_loop = "graph";  // graph | generate (see the option's help)
+  std::string decode_loop = "graph";  // graph | generate | stepwise (see the option's help)
   std::string decode_skip;            // parts left out of the decode step (measurement only)
   std::string decode_trace;           // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
   bool prefill_split = false;         // where each prefill length's pass spends its time (CUDA)
@@ -318,13 +318,37 @@ std::vector<Row> bench_decode_batch(Backend& backend, const std::vector<int32_t>
   return out;
 }
 
+// A backend with its chains hidden (Backend::chain_tokens not offered): generate() then waits for
+// each step's candidates and draws on the host, as before chains (--decode-loop stepwise).
+class StepwiseOnly final : public Backend {
+ public:
+  explicit StepwiseOnly(Backend& inner) : inner_(inner) {}
+  std::string name() const override { return inner_.name(); }
+  const ModelConfig& config() const override { return inner_.config(); }
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override { return inner_.new_sequence(capacity); }
+  void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+               std::vector<float>& logits) override {
+    inner_.forward(state, tokens, wanted, logits);
+  }
+  bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
+                          const AllowedTokens* allowed, std::vector<TokenLogit>& out) override {
+    return inner_.forward_candidates(state, token, count, vocab_limit, allowed, out);
+  }
+
+ private:
+  Backend& inner_;
+};
+
 // Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
-// thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95), so each step's logits (or
-// the backend's candidates) go to the host and the sampler runs there. `fill` puts D tokens of
-// context into a fresh state. Time per token: the decode loop's time over its n - 1 steps.
-std::vector<Row> bench_decode_generate(Backend& backend, const std::vector<int32_t>& depths, int n, int repeats,
+// thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95): on a backend's chain (the
+// GPU draws each token, the host a step behind), or, `stepwise`, each step's candidates (or
+// logits) to the host and the draw there. `fill` puts D tokens of context into a fresh state.
+// Time per token: the decode loop's time over its n - 1 steps.
+std::vector<Row> bench_decode_generate(Backend& chained, const std::vector<int32_t>& depths, int n, int repeats,
                                        double peak_bytes_per_second,
-                                       const std::function<void(SequenceState&, int32_t)>& fill) {
+                                       const std::function<void(SequenceState&, int32_t)>& fill, bool stepwise) {
+  StepwiseOnly hidden(chained);
+  Backend& backend = stepwise ? static_cast<Backend&>(hidden) : chained;
   const ModelConfig& c = backend.config();
   LILY_CHECK(n >= 2, "--decode-loop generate needs --decode-tokens of at least 2");
   std::vector<Row> rows;
@@ -339,14 +363,16 @@ std::vector<Row> bench_decode_generate(Backend& backend, const std::vector<int32
       request.sampling.temperature = 0.6f, request.sampling.top_k = 20, request.sampling.top_p = 0.95f;
       request.sampling.seed = 7;
       const GenerateResult result = generate(backend, *state, request, [](const GeneratedToken&) { return true; });
-      // The last token is not fed back: the state holds the prompt and n - 1 tokens.
+      // The last token is not fed back (the generation runs to max_new_tokens): the state holds
+      // the prompt and n - 1 tokens.
       if (r > 0) times.push_back(result.decode_seconds / double(n - 1));  // the first round is a warm-up
     }
     double t = median(times);
     double gbps = decode_bytes_per_token(c, D) / t / 1e9;
     rows.push_back(
         {"decode", D, t, 1 / t, gbps, peak_bytes_per_second > 0 ? 100.0 * gbps * 1e9 / peak_bytes_per_second : 0});
-    std::fprintf(stderr, "decode (generate loop) at depth %7d: %.3f ms/token\n", D, t * 1e3);
+    std::fprintf(stderr, "decode (generate loop%s) at depth %7d: %.3f ms/token\n", stepwise ? ", stepwise" : "", D,
+                 t * 1e3);
   }
   return rows;
 }
@@ -395,7 +421,8 @@ int run_bench(BenchArgs a) {
   LILY_CHECK(a.decode_rows == 1 || (a.decode_loop == "graph" && a.decode_skip.empty() && a.decode_trace.empty()),
              "--decode-rows takes none of --decode-loop generate, --decode-skip, --decode-trace");
   LILY_CHECK(!a.decode_batch || a.decode_rows > 1, "--decode-batch needs --decode-rows of 2 or more");
-  const bool generate_loop = a.decode_loop == "generate";
+  const bool generate_loop = a.decode_loop == "generate" || a.decode_loop == "stepwise";
+  const bool stepwise = a.decode_loop == "stepwise";
   LILY_CHECK(!generate_loop || a.decode_trace.empty(),
              "--decode-trace traces the graph loop, not --decode-loop generate");
   if (!a.plot.empty()) {  // fail before the sweep, not after it
@@ -437,7 +464,7 @@ int run_bench(BenchArgs a) {
              : a.decode_rows > 1 ? bench_decode_rows(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
                                                      peak, fake_fill, true)
              : generate_loop
-                 ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill)
+                 ? bench_decode_generate(*backend, decode_depths, a.decode_tokens, a.repeats, peak, fake_fill, stepwise)
                  : bench_decode_cuda(*backend, decode_depths, a.decode_tokens, a.repeats, peak, a.decode_trace);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
@@ -469,13 +496,17 @@ int run_bench(BenchArgs a) {
                                                       prefill_fill, on_cuda)
              : a.decode_rows > 1 ? bench_decode_rows(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
                                                      prefill_fill, on_cuda)
-             : generate_loop ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill)
-                             : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
+             : generate_loop
+                 ? bench_decode_generate(b, decode_depths, a.decode_tokens, a.repeats, peak, prefill_fill, stepwise)
+                 : bench_decode_generic(b, decode_depths, a.decode_tokens, a.repeats, peak);
     rows.insert(rows.end(), p.begin(), p.end());
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
-  if (generate_loop) title += "; decode through the request loop (generate, top-k 20 sampling)";
+  if (generate_loop)
+    title += stepwise
+                 ? "; decode through the request loop, stepwise (generate, top-k 20 sampling, the draw on the host)"
+                 : "; decode through the request loop (generate, top-k 20 sampling)";
   if (a.decode_batch)
     title += fmt::format("; batch{0}: steps of one token of each of {0} sequences with their logits (ms a step, its "
                          "tokens a second)",
@@ -539,8 +570,10 @@ CommandRegistration bench_command{
            ->capture_default_str();
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
-                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6 on the host)")
-           ->check(CLI::IsMember({"graph", "generate"}))
+                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6; on the GPU the "
+                      "steps chained, each token drawn there); stepwise: that loop with each step's candidates "
+                      "drawn on the host (no chain)")
+           ->check(CLI::IsMember({"graph", "generate", "stepwise"}))
            ->capture_default_str();
        sub.add_option("--decode-skip", a->decode_skip,
                       "Measurement only, WRONG outputs: leave these parts out of every CUDA decode step (comma "

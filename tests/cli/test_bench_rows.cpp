@@ -1,7 +1,8 @@
 // test_bench_rows.cpp: `lily bench --decode-rows T` end to end on the tiny fixture model (CPU):
 // steps of T consecutive tokens (and, --decode-batch, of one token of T sequences) are measured
 // and reported against their bytes, and an out-of-range T is refused with a message before any
-// measurement.
+// measurement. The request loop (--decode-loop generate / stepwise) reports its decode row and
+// says which loop ran.
 #include <gtest/gtest.h>
 
 #include <nlohmann/json.hpp>
@@ -80,6 +81,19 @@ TEST(BenchRows, StepsOfThreeSequencesAgainstTheirBytes) {
   auto [one_status, one] = run(bench("--decode-depths 16 --decode-batch 2>&1"));  // one sequence is no batch
   EXPECT_NE(one_status, 0);
   EXPECT_NE(one.find("--decode-batch"), std::string::npos) << one;
+}
+
+TEST(BenchRows, RequestLoopChainedOrStepwise) {
+  if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
+  for (const char* loop : {"generate", "stepwise"}) {
+    SCOPED_TRACE(loop);
+    auto [status, out] = run(bench(std::string("--decode-depths 16 --decode-loop ") + loop + " 2>&1"));
+    ASSERT_EQ(status, 0) << out;
+    EXPECT_NE(out.find("| decode  |      16 |"), std::string::npos) << out;
+    EXPECT_EQ(out.find("stepwise (generate") != std::string::npos, std::string(loop) == "stepwise") << out;
+  }
+  auto [status, out] = run(bench("--decode-depths 16 --decode-loop chained 2>&1"));
+  EXPECT_NE(status, 0) << "not a loop";
 }
 
 TEST(BenchRows, RefusesRowsOutOfRange) {
