@@ -67,9 +67,11 @@ struct AllowedTokens {
   std::function<void(std::span<uint64_t> mask)> fill;
 };
 
-// How the steps of a chain (Backend::chain_tokens) choose their tokens: from the `count` best
-// logits over ids [0, vocab_limit) (forward_candidates' selection), the first when count is 1
-// (greedy), else the draw of token_draw.h with `draw` and the uniform draw_uniform(seed,
+// How the steps of a chain (Backend::chain_tokens) choose their tokens: the penalties applied
+// to the logits of the tokens generated so far (those of `history`, generated before the chain,
+// then the chain's own, counted with repeats; token_draw.h's penalized_logit), then the `count`
+// best logits over ids [0, vocab_limit) (forward_candidates' selection), the first when count is
+// 1 (greedy), else the draw of token_draw.h with `draw` and the uniform draw_uniform(seed,
 // first_draw + i) for the chain's i-th token (i from 0): the host sampler's draws, continued.
 struct ChainChoice {
   int count = 1;
@@ -77,6 +79,8 @@ struct ChainChoice {
   DrawParams draw;
   uint64_t seed = 0;
   uint64_t first_draw = 0;
+  Penalties penalties;
+  std::vector<int32_t> history;
 };
 
 // Decode steps chained where the logits are (Backend::chain_tokens): each step appends its input

@@ -1,7 +1,10 @@
 // token_draw.h: the draw of a sampled token from its best candidates, one function for the host
 // sampler (runtime/sampler.cpp) and the GPU's chained decode steps (cuda/decode/choose_token.cu),
-// so that a seed gives the same tokens wherever the draw runs.
+// so that a seed gives the same tokens wherever the draw runs; and the penalties applied to the
+// logits of the tokens generated so far before the candidates are selected.
 //
+//   l'       = penalized_logit(l, c) for a token generated c > 0 times: l / r (l > 0) or l · r
+//              (repetition r), then minus presence + frequency · c (in double, rounded once)
 //   u_i      = draw_uniform(seed, i): the i-th uniform of a request, in [0, 1) (53 bits), from a
 //              counter (splitmix64 of seed + i·golden), so any draw can be made without the
 //              draws before it
@@ -27,6 +30,22 @@
 #endif
 
 namespace lily {
+
+// The penalties on the logits of tokens already generated (SamplingParams').
+struct Penalties {
+  float presence = 0.0f;
+  float frequency = 0.0f;
+  float repetition = 1.0f;  // 1: off
+  LILY_HOST_DEVICE bool any() const { return presence != 0.0f || frequency != 0.0f || repetition != 1.0f; }
+};
+
+// The logit of a token generated `count` > 0 times so far. The sum presence + frequency * count is
+// exact in double (a float times an int below 2^29), so no compiler's contraction changes it.
+LILY_HOST_DEVICE inline float penalized_logit(float logit, int count, const Penalties& p) {
+  if (p.repetition != 1.0f) logit = logit > 0 ? logit / p.repetition : logit * p.repetition;
+  const double penalty = double(p.presence) + double(p.frequency) * double(count);
+  return float(double(logit) - penalty);
+}
 
 // How a sampled token is drawn from its candidates (SamplingParams' filters after top-k).
 struct DrawParams {

@@ -76,14 +76,21 @@ bool deliver(const GeneratedToken& token, const GenerateRequest& request, const 
 }
 
 // The decode after the first token on a chain of the backend's (Backend::chain_tokens): the
-// tokens chosen where the logits are, the host one step behind. Offered for what the chain can
-// choose: no grammar, no logprobs, and a sampler that needs only the best few logits. Returns
-// false, having done nothing, when not offered.
+// tokens chosen where the logits are (penalties included), the host one step behind. Offered for
+// what the chain can choose: no grammar, no logprobs, and a sampler that needs only the best few
+// logits once the penalties are applied. Returns false, having done nothing, when not offered.
 bool decode_chained(Backend& backend, SequenceState& state, const GenerateRequest& request, const Sampler& sampler,
                     int32_t limit, int32_t first, const TokenCallback& on_token, GenerateResult& result) {
-  const int count = sampler.candidates_needed();
+  const int count = sampler.candidates_after_penalties();
   if (request.grammar || request.top_logprobs >= 0 || count < 1) return false;
-  const ChainChoice choice{count, limit, request.sampling.draw(), sampler.seed(), sampler.draws()};
+  ChainChoice choice{.count = count,
+                     .vocab_limit = limit,
+                     .draw = request.sampling.draw(),
+                     .seed = sampler.seed(),
+                     .first_draw = sampler.draws(),
+                     .penalties = request.sampling.penalties(),
+                     .history = {}};
+  if (choice.penalties.any()) choice.history = result.tokens;
   std::unique_ptr<TokenChain> chain = backend.chain_tokens(state, first, request.max_new_tokens - 1, choice);
   if (!chain) return false;
   for (int64_t i = 1; i < request.max_new_tokens; ++i) {

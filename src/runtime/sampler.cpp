@@ -28,9 +28,7 @@ void apply_penalties(std::span<float> logits, std::span<const int32_t> history, 
   for (int32_t t : history) ++counts[t];
   for (auto [token, count] : counts) {
     if (token < 0 || size_t(token) >= logits.size()) continue;
-    float& l = logits[size_t(token)];
-    if (p.repetition_penalty != 1.0f) l = l > 0 ? l / p.repetition_penalty : l * p.repetition_penalty;
-    l -= p.presence_penalty + p.frequency_penalty * float(count);
+    logits[size_t(token)] = penalized_logit(logits[size_t(token)], count, p.penalties());
   }
 }
 
@@ -119,12 +117,11 @@ int32_t Sampler::sample_top_k(std::span<const float> logits, int32_t n) {
   return sample_candidates(candidates_);
 }
 
-bool Sampler::has_penalties() const {
-  return params_.repetition_penalty != 1.0f || params_.presence_penalty != 0.0f || params_.frequency_penalty != 0.0f;
-}
+bool Sampler::has_penalties() const { return params_.penalties().any(); }
 
-int Sampler::candidates_needed() const {
-  if (has_penalties()) return 0;
+int Sampler::candidates_needed() const { return has_penalties() ? 0 : candidates_after_penalties(); }
+
+int Sampler::candidates_after_penalties() const {
   if (params_.greedy()) return 1;
   return params_.top_k > 0 && params_.top_k < vocab_limit_ ? params_.top_k : 0;  // else sample() takes the whole row
 }

@@ -14,7 +14,7 @@
 #include <vector>
 
 #include "backend/backend.h"     // TokenLogit
-#include "backend/token_draw.h"  // DrawParams
+#include "backend/token_draw.h"  // DrawParams, Penalties
 
 namespace lily {
 
@@ -29,6 +29,7 @@ struct SamplingParams {
   std::optional<uint64_t> seed;     // none: a random seed
   bool greedy() const { return temperature <= 0.0f || top_k == 1; }
   DrawParams draw() const { return {temperature, top_p, min_p}; }
+  Penalties penalties() const { return {presence_penalty, frequency_penalty, repetition_penalty}; }
 };
 
 struct TokenLogprob {
@@ -48,6 +49,9 @@ class Sampler {
   // How many of the best logits decide this sampler's draw: 1 when greedy, top_k when top-k is
   // on; 0 when it needs the whole row (penalties change logits first, or no top-k).
   int candidates_needed() const;
+  // The same once the penalties are applied to the row (a backend that applies them where the
+  // logits are: Backend::chain_tokens): 1 when greedy, top_k when top-k is on, else 0.
+  int candidates_after_penalties() const;
   // The same draw as sample() from the row's candidates_needed() best logits, in the order
   // Backend::forward_candidates gives them (descending, ties to the lower id): same tokens for
   // the same seed, with a whole row never leaving the backend.

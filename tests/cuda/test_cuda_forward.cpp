@@ -8,6 +8,7 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
@@ -283,8 +284,9 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
 }
 
 // Backend::chain_tokens on the GPU (steps chained there, each token chosen by choose_token)
-// against the same steps one at a time (forward_candidates, then the host's draw: what generate()
-// did before chains): the same tokens, greedy and sampled, over the whole vocabulary and below a
+// against the same steps one at a time on the host (each step's logits, the penalties, the
+// selection and draw of candidate_backends.h: what generate() does without chains): the same
+// tokens, greedy and sampled, with and without penalties, over the whole vocabulary and below a
 // limit. A chain left early leaves the state holding its first token and every token returned:
 // a probe token then gives the logits of a sequence stepped through exactly those.
 TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
@@ -300,26 +302,41 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
     gpu->forward(*s, prompt, LogitsWanted::none, unused);
     return s;
   };
+  auto choice = [](int count, int32_t limit, DrawParams draw, uint64_t seed, uint64_t first_draw,
+                   Penalties penalties = {}, std::vector<int32_t> history = {}) {
+    return ChainChoice{count, limit, draw, seed, first_draw, penalties, std::move(history)};
+  };
   struct Case {
     const char* name;
     ChainChoice choice;
   };
   const Case cases[] = {
-      {"greedy", {1, V, {0.0f, 1.0f, 0.0f}, 0, 0}},    {"greedy below 1000", {1, 1000, {0.0f, 1.0f, 0.0f}, 0, 0}},
-      {"qwen", {20, V, {0.6f, 0.95f, 0.0f}, 1234, 1}}, {"hot, below 1500", {50, 1500, {2.0f, 1.0f, 0.0f}, 99, 5}},
-      {"wide", {256, V, {1.5f, 1.0f, 0.01f}, 7, 1}},
+      {"greedy", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0)},
+      {"greedy below 1000", choice(1, 1000, {0.0f, 1.0f, 0.0f}, 0, 0)},
+      {"qwen", choice(20, V, {0.6f, 0.95f, 0.0f}, 1234, 1)},
+      {"hot, below 1500", choice(50, 1500, {2.0f, 1.0f, 0.0f}, 99, 5)},
+      {"wide", choice(256, V, {1.5f, 1.0f, 0.01f}, 7, 1)},
+      {"qwen, presence 1.5", choice(20, V, {1.0f, 0.95f, 0.0f}, 3, 1, {1.5f, 0.0f, 1.0f}, {1532})},
+      {"greedy, presence -5", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {-5.0f, 0.0f, 1.0f}, {1532, 9, 9})},
+      {"greedy, repetition", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {0.0f, 0.5f, 1.3f}, {})},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
     const int32_t first = 1532;
-    // One step at a time.
+    // One step at a time, on the host.
     auto ref = start();
     std::vector<int32_t> want;
+    std::map<int32_t, int> counts;
+    for (int32_t t : c.choice.history) ++counts[t];
     int32_t token = first;
-    std::vector<TokenLogit> candidates;
+    std::vector<float> row;
     for (int i = 0; i < steps; ++i) {
-      ASSERT_TRUE(gpu->forward_candidates(*ref, token, c.choice.count, c.choice.vocab_limit, nullptr, candidates));
-      token = test::choose_candidate(candidates, c.choice, uint64_t(i));
+      gpu->forward(*ref, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
+      if (c.choice.penalties.any())
+        for (auto [id, n] : counts) row[size_t(id)] = penalized_logit(row[size_t(id)], n, c.choice.penalties);
+      token = test::choose_candidate(test::select_candidates(row, c.choice.count, c.choice.vocab_limit), c.choice,
+                                     uint64_t(i));
+      ++counts[token];
       want.push_back(token);
     }
     // Chained, to the end.

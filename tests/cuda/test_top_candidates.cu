@@ -6,7 +6,8 @@
 // mask: every id, none, one, a random half, a sparse 1%, one whose logit is NaN, and the bits
 // past n in the last word set (ids that do not exist must not come back). choose_token (the
 // token a chained step draws from those candidates) against token_draw.h's draw on the host:
-// greedy, the filters, many uniforms, candidates cut short by NaN, none at all.
+// greedy, the filters, many uniforms, candidates cut short by NaN, none at all; the counts of a
+// chain's tokens and the penalties on their logits against host loops.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/next_token.h"
 
@@ -175,8 +176,8 @@ TEST(CudaChooseToken, DrawsAsTheHostSampler) {
     for (uint64_t index : {0ull, 1ull, 2ull, 77ull, 1000003ull}) {
       SCOPED_TRACE(testing::Message() << "count " << c.count << " T " << c.draw.temperature << " top_p " << c.draw.top_p
                                       << " min_p " << c.draw.min_p << " draw " << index);
-      compare_choice(row, {c.count, c.draw, 42, index});
-      compare_choice(tied, {c.count, c.draw, 7, index});
+      compare_choice(row, {c.count, c.draw, 42, index, {}});
+      compare_choice(tied, {c.count, c.draw, 7, index, {}});
     }
 }
 
@@ -192,7 +193,7 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
   cuda::top_candidates(d_row.get(), 64, 64, nullptr, scratch.get(), candidates.get(), nullptr);
   std::vector<int> seen(64, 0);
   for (uint64_t i = 0; i < 640; ++i) {
-    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i}, token.get(), chosen.get(), nullptr);
+    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i, {}}, token.get(), chosen.get(), nullptr);
     const int32_t id = chosen.download()[0];
     ASSERT_TRUE(id >= 0 && id < 64) << id;
     ++seen[size_t(id)];
@@ -204,12 +205,62 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
 TEST(CudaChooseToken, NoCandidate) {
   REQUIRE_GPU();
   const std::vector<float> nan_row(300, NAN);
-  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0});
-  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0});
+  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}});
+  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}});
   DeviceArray<cuda::Candidate> c(1);
   DeviceArray<int32_t> t(1), o(1);
-  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0}, t.get(), o.get(), nullptr), Error);
-  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0, {}}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0, {}}, t.get(), o.get(), nullptr), Error);
+}
+
+// count_tokens, choose_token's count of its pick and penalize_logits against host loops: the
+// counts with repeats, the tokens seen in order of first use, every seen logit penalized with
+// token_draw.h's formula and no other touched.
+TEST(CudaChooseToken, CountsAndPenalties) {
+  REQUIRE_GPU();
+  const int V = 5000;
+  const std::vector<int32_t> history = {7, 4999, 7, 0, 123, 7, 4999};
+  DeviceArray<int32_t> counts{static_cast<size_t>(V)}, seen{static_cast<size_t>(V)}, seen_count{1}, d_history{history};
+  CUDA_OK(cudaMemset(counts.get(), 0, size_t(V) * 4));
+  CUDA_OK(cudaMemset(seen_count.get(), 0, 4));
+  const cuda::TokenCounts c{counts.get(), seen.get(), seen_count.get()};
+  cuda::count_tokens(d_history.get(), int(history.size()), c, nullptr);
+  // A pick counted: the best of a row whose maximum is at 321 (new), then at 7 (seen).
+  for (int32_t best : {321, 7}) {
+    std::vector<float> row(size_t(V), 0.0f);
+    row[size_t(best)] = 9.0f;
+    DeviceArray<float> d_row(row);
+    DeviceArray<uint8_t> scratch(cuda::top_candidates_scratch_bytes(V));
+    DeviceArray<cuda::Candidate> candidates(1);
+    DeviceArray<int32_t> token(1), chosen(1);
+    cuda::top_candidates(d_row.get(), V, 1, nullptr, scratch.get(), candidates.get(), nullptr);
+    cuda::choose_token(candidates.get(), {1, {0.0f, 1.0f, 0.0f}, 0, 0, c}, token.get(), chosen.get(), nullptr);
+  }
+  CUDA_OK(cudaDeviceSynchronize());
+  std::vector<int> want_counts(size_t(V), 0);
+  std::vector<int32_t> want_seen;
+  for (int32_t t : {7, 4999, 7, 0, 123, 7, 4999, 321, 7})
+    if (want_counts[size_t(t)]++ == 0) want_seen.push_back(t);
+  const auto got_counts = counts.download();
+  for (int t = 0; t < V; ++t) ASSERT_EQ(got_counts[size_t(t)], want_counts[size_t(t)]) << "token " << t;
+  ASSERT_EQ(seen_count.download()[0], int(want_seen.size()));
+  const auto got_seen = seen.download();
+  EXPECT_TRUE(std::equal(want_seen.begin(), want_seen.end(), got_seen.begin()));
+
+  for (const Penalties& p : {Penalties{1.5f, 0.0f, 1.0f}, Penalties{0.0f, 0.7f, 1.3f}, Penalties{-2.0f, 0.25f, 0.8f}}) {
+    SCOPED_TRACE(testing::Message() << "presence " << p.presence << " frequency " << p.frequency << " repetition "
+                                    << p.repetition);
+    const std::vector<float> row = make_row(V, 5, false, false);
+    DeviceArray<float> d_row(row);
+    cuda::penalize_logits(d_row.get(), c, p, nullptr);
+    CUDA_OK(cudaDeviceSynchronize());
+    const auto got = d_row.download();
+    for (int t = 0; t < V; ++t) {
+      const float want = want_counts[size_t(t)] > 0 ? penalized_logit(row[size_t(t)], want_counts[size_t(t)], p)
+                                                    : row[size_t(t)];
+      ASSERT_EQ(got[size_t(t)], want) << "token " << t;
+    }
+  }
 }
 
 TEST(CudaTopCandidates, RejectsBadK) {

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <functional>
+#include <map>
 #include <memory>
 #include <span>
 #include <string>
@@ -52,12 +53,14 @@ inline int32_t choose_candidate(std::span<const TokenLogit> candidates, const Ch
 }
 
 // Backend::chain_tokens on the host, one step ahead as the contract says: the step that appends a
-// token runs before next() returns it (unless it was the last of `steps`).
+// token runs before next() returns it (unless it was the last of `steps`); the penalties on the
+// row before the selection.
 class HostChain final : public TokenChain {
  public:
   HostChain(Backend& backend, SequenceState& state, int32_t token, int64_t steps, const ChainChoice& choice)
       : backend_(backend), state_(state), steps_(steps), choice_(choice) {
     LILY_CHECK(steps >= 1, "a chain of {} steps", steps);
+    for (int32_t t : choice.history) ++counts_[t];
     pending_ = step(token);
   }
   int32_t next() override {
@@ -71,7 +74,12 @@ class HostChain final : public TokenChain {
   int32_t step(int32_t token) {
     std::vector<float> row;
     backend_.forward(state_, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
-    return choose_candidate(select_candidates(row, choice_.count, choice_.vocab_limit), choice_, uint64_t(chosen_++));
+    if (choice_.penalties.any())
+      for (auto [id, count] : counts_) row[size_t(id)] = penalized_logit(row[size_t(id)], count, choice_.penalties);
+    const int32_t chosen = choose_candidate(select_candidates(row, choice_.count, choice_.vocab_limit), choice_,
+                                            uint64_t(chosen_++));
+    ++counts_[chosen];
+    return chosen;
   }
 
   Backend& backend_;
@@ -80,6 +88,7 @@ class HostChain final : public TokenChain {
   const ChainChoice choice_;
   int64_t returned_ = 0, chosen_ = 0;
   int32_t pending_ = 0;
+  std::map<int32_t, int> counts_;  // the generated tokens: history, then the chain's
 };
 
 // Wraps a backend: its forward() rows go through `edit` (the row, and how many forward rows this

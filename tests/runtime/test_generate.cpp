@@ -110,14 +110,31 @@ SamplingParams sampling_case(const std::string& name) {
   if (name == "min_p") s.temperature = 1.3f, s.top_k = 7, s.min_p = 0.2f;
   if (name == "hot") s.temperature = 2.0f, s.top_k = 50;
   if (name == "top_k 1") s.temperature = 0.7f, s.top_k = 1;
+  // Qwen's recommended general setting, with the presence penalty.
+  if (name == "qwen presence") s.temperature = 1.0f, s.top_k = 20, s.top_p = 0.95f, s.presence_penalty = 1.5f;
+  if (name == "greedy repetition") s.temperature = 0, s.repetition_penalty = 1.3f, s.frequency_penalty = 0.5f;
+  if (name == "hot, negative presence") s.temperature = 2.0f, s.top_k = 50, s.presence_penalty = -1.0f;
+  if (name == "greedy, presence -5") s.temperature = 0, s.presence_penalty = -5.0f;
   return s;
 }
 
 // A chain (here HostChain, the GPU's contract on the host) gives the stepwise path's tokens: the
-// same candidates, the same draws in the same order of the seed's stream.
+// same candidates after the same penalties, the same draws in the same order of the seed's
+// stream.
 TEST(Generate, ChainedStepsGiveTheStepwiseTokens) {
   auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
-  for (const char* name : {"greedy", "qwen", "min_p", "hot", "top_k 1"}) {
+  const std::pair<const char*, int> cases[] = {
+      {"greedy", 1},
+      {"qwen", 20},
+      {"min_p", 7},
+      {"hot", 50},
+      {"top_k 1", 1},
+      {"qwen presence", 20},
+      {"greedy repetition", 1},
+      {"hot, negative presence", 50},
+      {"greedy, presence -5", 1},
+  };
+  for (const auto& [name, count] : cases) {
     SCOPED_TRACE(name);
     GenerateRequest request = request_with(sampling_case(name));
     request.vocab_limit = 300;  // below the model's vocabulary: never chosen past it
@@ -129,21 +146,36 @@ TEST(Generate, ChainedStepsGiveTheStepwiseTokens) {
     EXPECT_EQ(got.finish, want.finish);
     EXPECT_EQ(chained.chains, 1);
     EXPECT_EQ(chained.calls, 0) << "no stepwise candidates once chained";
-    EXPECT_EQ(chained.last_choice.count, stepwise.last_count);
+    EXPECT_EQ(chained.last_choice.count, count);
     EXPECT_EQ(chained.last_choice.vocab_limit, 300);
+    const bool penalised = request.sampling.penalties().any();
+    EXPECT_EQ(chained.last_choice.history, penalised ? std::vector<int32_t>{got.tokens[0]} : std::vector<int32_t>{});
     for (int32_t t : got.tokens) EXPECT_LT(t, 300);
   }
 }
 
-// What a chain cannot choose stays stepwise: penalties, the whole row, logprobs.
+// The penalties change the chained tokens (the comparison above is not vacuous for them).
+TEST(Generate, ChainedPenaltiesChangeTheTokens) {
+  auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+  SamplingParams plain = sampling_case("greedy");
+  SamplingParams repeating = plain;  // a negative presence penalty: the generated tokens come back
+  repeating.presence_penalty = -5.0f;
+  WrappedBackend a(engine->backend(), Mode::chained), b(engine->backend(), Mode::chained);
+  const GenerateResult free = run(a, request_with(plain)), penalised = run(b, request_with(repeating));
+  EXPECT_EQ(b.chains, 1);
+  EXPECT_NE(free.tokens, penalised.tokens);
+}
+
+// What a chain cannot choose stays stepwise: the whole row (no top-k, with or without
+// penalties), logprobs.
 TEST(Generate, ChainsOnlyWhatTheBestFewLogitsDecide) {
   auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
-  SamplingParams penalised = sampling_case("qwen");
-  penalised.presence_penalty = 1.5f;
   SamplingParams whole_row;
   whole_row.temperature = 0.8f, whole_row.top_p = 0.9f;
+  SamplingParams penalised_row = whole_row;
+  penalised_row.presence_penalty = 1.5f;
   for (const auto& [request, name] :
-       {std::pair{request_with(penalised), "penalties"}, std::pair{request_with(whole_row), "no top-k"},
+       {std::pair{request_with(penalised_row), "penalties, no top-k"}, std::pair{request_with(whole_row), "no top-k"},
         std::pair{request_with(sampling_case("qwen"), 2), "logprobs"}}) {
     SCOPED_TRACE(name);
     WrappedBackend chained(engine->backend(), Mode::chained);

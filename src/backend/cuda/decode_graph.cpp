@@ -113,12 +113,15 @@ std::vector<int32_t> DecodeGraph::greedy(CudaSequenceState& s, int32_t first_tok
 // A chain of steps (DecodeGraph::chain). Step i (from 1) appends token i - 1 and chooses token i
 // into the step's input slot and the pinned ring's slot (i - 1) % kRing; next() for token i
 // first launches step i + 1, then waits for step i's event. So at most two steps are in flight
-// and the one still running when the host stops appends the last token it received.
+// and the one still running when the host stops appends the last token it received. With
+// penalties, the tokens generated (the history, then each pick) are counted on the GPU and the
+// logits of those seen are penalized before each selection.
 class DecodeGraph::Chain final : public TokenChain {
  public:
   Chain(DecodeGraph& g, CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice)
       : g_(g), s_(s), steps_(steps), choice_(choice), n_(std::min(choice.vocab_limit, g.vocab_size_)) {
     for (auto& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+    if (choice_.penalties.any()) count_history();
     g_.write_token(token);
     launch_step();
   }
@@ -147,9 +150,11 @@ class DecodeGraph::Chain final : public TokenChain {
   // slot and out to the ring.
   void launch_step() {
     g_.launch(s_);
+    if (choice_.penalties.any()) penalize_logits(g_.step_.logits(), counts_, choice_.penalties, g_.stream_);
     top_candidates(g_.step_.logits(), n_, choice_.count, nullptr, g_.candidate_scratch_.get(),
                    g_.candidates_.as<Candidate>(), g_.stream_);
-    const ChooseArgs args{choice_.count, choice_.draw, choice_.seed, choice_.first_draw + uint64_t(launched_)};
+    const ChooseArgs args{choice_.count, choice_.draw, choice_.seed, choice_.first_draw + uint64_t(launched_),
+                          choice_.penalties.any() ? counts_ : TokenCounts{}};
     choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.chosen_.as<int32_t>(), g_.stream_);
     const int slot = int(launched_ % kRing);
     CUDA_CHECK(cudaMemcpyAsync(g_.host_ring_ + slot, g_.chosen_.get(), 4, cudaMemcpyDeviceToHost, g_.stream_));
@@ -157,11 +162,33 @@ class DecodeGraph::Chain final : public TokenChain {
     ++launched_;
   }
 
+  // Zeroed counts, then the history's tokens counted, ahead of the first step in stream order.
+  void count_history() {
+    const size_t V = size_t(g_.vocab_size_), n = choice_.history.size();
+    if (!g_.counts_.get()) {
+      g_.counts_ = DeviceBuffer(V * 4);
+      g_.seen_ = DeviceBuffer(V * 4);
+      g_.seen_count_ = DeviceBuffer(4);
+    }
+    if (n > g_.history_capacity_) {
+      g_.history_ = DeviceBuffer(n * 4);
+      g_.history_capacity_ = n;
+    }
+    counts_ = {g_.counts_.as<int32_t>(), g_.seen_.as<int32_t>(), g_.seen_count_.as<int32_t>()};
+    CUDA_CHECK(cudaMemsetAsync(counts_.counts, 0, V * 4, g_.stream_));
+    CUDA_CHECK(cudaMemsetAsync(counts_.seen_count, 0, 4, g_.stream_));
+    if (n == 0) return;
+    // A pageable copy returns once the bytes are staged: the vector may go after it.
+    CUDA_CHECK(cudaMemcpyAsync(g_.history_.get(), choice_.history.data(), n * 4, cudaMemcpyHostToDevice, g_.stream_));
+    count_tokens(g_.history_.as<int32_t>(), int(n), counts_, g_.stream_);
+  }
+
   DecodeGraph& g_;
   CudaSequenceState& s_;
   const int64_t steps_;
   const ChainChoice choice_;
   const int n_;  // ids selected over
+  TokenCounts counts_;
   std::array<cudaEvent_t, kRing> events_{};
   int64_t launched_ = 0, returned_ = 0;
 };
@@ -172,6 +199,9 @@ std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t tok
   LILY_CHECK(choice.count >= 1 && choice.count <= kMaxTopCandidates, "a decode chain choosing among {} (1 to {})",
              choice.count, kMaxTopCandidates);
   LILY_CHECK(choice.vocab_limit >= 1, "a decode chain choosing below id {}", choice.vocab_limit);
+  for (int32_t t : choice.history)
+    LILY_CHECK(t >= 0 && t < vocab_size_, "a decode chain's history holds token {}, outside the vocabulary [0, {})", t,
+               vocab_size_);
   return std::make_unique<Chain>(*this, s, token, steps, choice);
 }
 

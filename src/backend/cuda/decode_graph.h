@@ -58,7 +58,12 @@ class DecodeGraph {
   cudaStream_t stream_;
   DeviceBuffer next_token_;  // int32 [1]: the greedy pick of the last step
   DeviceBuffer candidates_, candidate_scratch_;
-  DeviceBuffer chosen_;                   // int32 [1]: a chained step's token, or -1 (choose_token)
+  DeviceBuffer chosen_;  // int32 [1]: a chained step's token, or -1 (choose_token)
+  // A chain's generated tokens for its penalties (TokenCounts), allocated by the first chain
+  // with penalties: counts and seen int32 [vocab], seen_count int32 [1]; history int32 [n], the
+  // tokens generated before the chain (grown as needed).
+  DeviceBuffer counts_, seen_, seen_count_, history_;
+  size_t history_capacity_ = 0;
   DeviceBuffer mask_;                     // uint64 [ceil(vocab / 64)]: the allowed ids of this step
   uint64_t* host_mask_ = nullptr;         // pinned [host_mask_words_]: the mask on its way in,
   size_t host_mask_words_ = 0;            // rewritten only after the step that read it synchronized

@@ -1,18 +1,23 @@
 // choose_token.cu: the token a chained decode step chooses from its candidates
-// (Backend::chain_tokens), on the GPU, so the next step reads it without the host.
+// (Backend::chain_tokens), on the GPU, so the next step reads it without the host; and the
+// penalties on the logits of the tokens the chain generated, before the candidates are selected.
 //
 //   n      = candidates before the first padding slot (id INT32_MAX), at most count
 //   chosen = candidates[0].id                                   count == 1 (greedy)
 //          = candidates[pick_weighted(w, n, draw, u)].id        else (token_draw.h), with
 //            w_j = candidate_weight(value_j, value_0, T), u = draw_uniform(seed, index)
-//   *token = chosen (0 when n == 0: the next step reads a valid id), *chosen = chosen or -1
+//   *token = chosen (0 when n == 0: the next step reads a valid id), *chosen = chosen or -1;
+//            counted (counts[chosen] += 1, appended to seen on its first use) when counting
+//   penalize_logits: logits[t] = penalized_logit(logits[t], counts[t]) for t in seen
 // Shapes:   candidates [count] Candidate (device; top_candidates' output, descending) ·
 //           token, chosen [1] int32 (device) · count <= kMaxTopCandidates.
-// Kernel:   one block of kMaxTopCandidates threads: the weights (an exp each) in parallel into
-//           shared memory, then thread 0 sums and walks them in candidate order, the host
-//           sampler's arithmetic to the bit (exp aside).
-// Tested:   tests/cuda/test_top_candidates.cu (ChooseToken*: the host draw over random rows,
-//           greedy, filters, no candidate) and test_cuda_forward.cpp (chains = stepwise tokens).
+// Kernels:  choose_token_kernel: one block of kMaxTopCandidates threads: the weights (an exp
+//           each) in parallel into shared memory, then thread 0 sums and walks them in candidate
+//           order, the host sampler's arithmetic to the bit (exp aside), and counts the pick.
+//           penalize_kernel: a thread per token seen (grid-stride). count_kernel: one thread.
+// Tested:   tests/cuda/test_top_candidates.cu (CudaChooseToken*: the host draw over random rows,
+//           greedy, filters, no candidate; counts and penalties against host loops) and
+//           test_cuda_forward.cpp (chains = stepwise tokens, penalties included).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/next_token.h"
 
@@ -41,7 +46,22 @@ __global__ void __launch_bounds__(kMaxTopCandidates)
     return;
   }
   const int pick = args.count == 1 ? 0 : pick_weighted(w, n, args.draw, draw_uniform(args.seed, args.index));
-  *token = *chosen = candidates[pick].id;
+  const int32_t id = candidates[pick].id;
+  *token = *chosen = id;
+  if (args.counts.counts && args.counts.counts[id]++ == 0) args.counts.seen[(*args.counts.seen_count)++] = id;
+}
+
+__global__ void count_kernel(const int32_t* tokens, int n, TokenCounts c) {
+  for (int i = 0; i < n; ++i)
+    if (c.counts[tokens[i]]++ == 0) c.seen[(*c.seen_count)++] = tokens[i];
+}
+
+__global__ void penalize_kernel(float* logits, TokenCounts c, Penalties p) {
+  const int seen = *c.seen_count;
+  for (int i = int(blockIdx.x * blockDim.x + threadIdx.x); i < seen; i += int(gridDim.x * blockDim.x)) {
+    const int32_t t = c.seen[i];
+    logits[t] = penalized_logit(logits[t], c.counts[t], p);
+  }
 }
 
 }  // namespace
@@ -52,7 +72,23 @@ void choose_token(const Candidate* candidates, const ChooseArgs& args, int32_t* 
              kMaxTopCandidates);
   LILY_CHECK(args.count == 1 || args.draw.temperature > 0, "choose_token: a draw at temperature {}",
              args.draw.temperature);
+  LILY_CHECK(!args.counts.counts || (args.counts.seen && args.counts.seen_count),
+             "choose_token: counts without their list of tokens seen");
   choose_token_kernel<<<1, kMaxTopCandidates, 0, stream>>>(candidates, args, token, chosen);
+  CUDA_CHECK_LAUNCH();
+}
+
+void count_tokens(const int32_t* tokens, int n, const TokenCounts& counts, cudaStream_t stream) {
+  LILY_CHECK(counts.counts && counts.seen && counts.seen_count, "count_tokens: no counts");
+  if (n <= 0) return;
+  count_kernel<<<1, 1, 0, stream>>>(tokens, n, counts);
+  CUDA_CHECK_LAUNCH();
+}
+
+void penalize_logits(float* logits, const TokenCounts& counts, const Penalties& p, cudaStream_t stream) {
+  LILY_CHECK(counts.counts && counts.seen && counts.seen_count, "penalize_logits: no counts");
+  // The tokens seen are at most the generation's length: a few blocks cover thousands at once.
+  penalize_kernel<<<8, 256, 0, stream>>>(logits, counts, p);
   CUDA_CHECK_LAUNCH();
 }
 

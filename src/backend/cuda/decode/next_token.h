@@ -36,13 +36,23 @@ size_t top_candidates_scratch_bytes(int n);
 void top_candidates(const float* logits, int n, int k, const uint64_t* allowed, void* scratch, Candidate* out,
                     cudaStream_t stream);
 
+// The tokens a chain generated, for its penalties (device): counts [vocab] int32 (zeroed at
+// the start), seen [vocab] int32 (the distinct ids, in order of first use), seen_count [1] int32.
+struct TokenCounts {
+  int32_t* counts = nullptr;
+  int32_t* seen = nullptr;
+  int32_t* seen_count = nullptr;
+};
+
 // How choose_token picks among `count` candidates: the first when count is 1, else token_draw.h's
-// draw with `draw` and the uniform draw_uniform(seed, index).
+// draw with `draw` and the uniform draw_uniform(seed, index); the pick counted in `counts` when
+// its pointers are set.
 struct ChooseArgs {
   int count = 1;
   DrawParams draw;
   uint64_t seed = 0;
   uint64_t index = 0;
+  TokenCounts counts;
 };
 
 // The chosen candidate's id into *token (the next decode step's input; 0 when there is none) and
@@ -50,5 +60,13 @@ struct ChooseArgs {
 // them. One launch, no sync.
 void choose_token(const Candidate* candidates, const ChooseArgs& args, int32_t* token, int32_t* chosen,
                   cudaStream_t stream);
+
+// Counts tokens[0 .. n) (device, ids < vocab) in `counts`: a chain's history before its first
+// step. One launch of one thread (the history is a few tokens), no sync.
+void count_tokens(const int32_t* tokens, int n, const TokenCounts& counts, cudaStream_t stream);
+
+// logits[t] = penalized_logit(logits[t], counts[t], p) (token_draw.h) for every t seen so far, in
+// place, before the candidates are selected. One launch, no sync.
+void penalize_logits(float* logits, const TokenCounts& counts, const Penalties& p, cudaStream_t stream);
 
 }  // namespace lily::cuda
