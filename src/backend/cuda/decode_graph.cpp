@@ -16,7 +16,6 @@ DecodeGraph::DecodeGraph(DecodeStep& step, int vocab_size, bool pdl, cudaStream_
   next_token_ = DeviceBuffer(4);
   candidates_ = DeviceBuffer(kMaxTopCandidates * sizeof(Candidate));
   candidate_scratch_ = DeviceBuffer(top_candidates_scratch_bytes(vocab_size));
-  chosen_ = DeviceBuffer(4);
   mask_ = DeviceBuffer(mask_words() * 8);
   host_mask_words_ = mask_words();
   CUDA_CHECK(cudaMallocHost(&host_mask_, host_mask_words_ * 8));
@@ -111,7 +110,7 @@ std::vector<int32_t> DecodeGraph::greedy(CudaSequenceState& s, int32_t first_tok
 }
 
 // A chain of steps (DecodeGraph::chain). Step i (from 1) appends token i - 1 and chooses token i
-// into the step's input slot and the pinned ring's slot (i - 1) % kRing; next() for token i
+// into the step's input slot and the pinned ring's slot (i - 1) % kRing (written by the kernel); next() for token i
 // first launches step i + 1, then waits for step i's event. So at most two steps are in flight
 // and the one still running when the host stops appends the last token it received. With
 // penalties, the tokens generated (the history, then each pick) are counted on the GPU and the
@@ -155,9 +154,9 @@ class DecodeGraph::Chain final : public TokenChain {
                    g_.candidates_.as<Candidate>(), g_.stream_);
     const ChooseArgs args{choice_.count, choice_.draw, choice_.seed, choice_.first_draw + uint64_t(launched_),
                           choice_.penalties.any() ? counts_ : TokenCounts{}};
-    choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.chosen_.as<int32_t>(), g_.stream_);
+    // The pick straight into its pinned ring slot (mapped: one address space), read after the event.
     const int slot = int(launched_ % kRing);
-    CUDA_CHECK(cudaMemcpyAsync(g_.host_ring_ + slot, g_.chosen_.get(), 4, cudaMemcpyDeviceToHost, g_.stream_));
+    choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.host_ring_ + slot, g_.stream_);
     CUDA_CHECK(cudaEventRecord(events_[size_t(slot)], g_.stream_));
     ++launched_;
   }

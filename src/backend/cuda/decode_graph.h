@@ -58,7 +58,6 @@ class DecodeGraph {
   cudaStream_t stream_;
   DeviceBuffer next_token_;  // int32 [1]: the greedy pick of the last step
   DeviceBuffer candidates_, candidate_scratch_;
-  DeviceBuffer chosen_;  // int32 [1]: a chained step's token, or -1 (choose_token)
   // A chain's generated tokens for its penalties (TokenCounts), allocated by the first chain
   // with penalties: counts and seen int32 [vocab], seen_count int32 [1]; history int32 [n], the
   // tokens generated before the chain (grown as needed).
@@ -68,7 +67,8 @@ class DecodeGraph {
   uint64_t* host_mask_ = nullptr;         // pinned [host_mask_words_]: the mask on its way in,
   size_t host_mask_words_ = 0;            // rewritten only after the step that read it synchronized
   int32_t* host_token_ = nullptr;         // pinned: the step's input on its way in
-  int32_t* host_ring_ = nullptr;          // pinned [kRing]: greedy tokens on their way out
+  int32_t* host_ring_ = nullptr;          // pinned [kRing]: greedy tokens on their way out, a
+                                          // chain's picks (choose_token writes them there)
   Candidate* host_candidates_ = nullptr;  // pinned [kMaxTopCandidates]
   float* host_logits_ = nullptr;          // pinned [vocab]: one row (a device-to-pageable copy
                                           // is staged by the driver at a fraction of the bandwidth)
