@@ -110,9 +110,10 @@ std::vector<int32_t> DecodeGraph::greedy(CudaSequenceState& s, int32_t first_tok
 }
 
 // A chain of steps (DecodeGraph::chain). Step i (from 1) appends token i - 1 and chooses token i
-// into the step's input slot and the pinned ring's slot (i - 1) % kRing (written by the kernel); next() for token i
-// first launches step i + 1, then waits for step i's event. So at most two steps are in flight
-// and the one still running when the host stops appends the last token it received. With
+// into the step's input slot and the pinned ring's slot (i - 1) % kRing (the kernel writes it
+// there); next() for token i first launches step i + 1, then waits for step i's event. So at
+// most two steps are in flight, and the one still running when the host stops appends the last
+// token the host received. With
 // penalties, the tokens generated (the history, then each pick) are counted on the GPU and the
 // logits of those seen are penalized before each selection.
 class DecodeGraph::Chain final : public TokenChain {
