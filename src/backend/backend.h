@@ -70,9 +70,11 @@ struct AllowedTokens {
 // How the steps of a chain (Backend::chain_tokens) choose their tokens: the penalties applied
 // to the logits of the tokens generated so far (those of `history`, generated before the chain,
 // then the chain's own, counted with repeats; token_draw.h's penalized_logit), then the `count`
-// best logits over ids [0, vocab_limit) (forward_candidates' selection), the first when count is
-// 1 (greedy), else the draw of token_draw.h with `draw` and the uniform draw_uniform(seed,
-// first_draw + i) for the chain's i-th token (i from 0): the host sampler's draws, continued.
+// best logits over ids [0, vocab_limit) (forward_candidates' selection), among the ids `allowed`
+// allows when it is set (a grammar's mask; candidates at -inf are then left out too), the first
+// when count is 1 (greedy), else the draw of token_draw.h with `draw` and the uniform
+// draw_uniform(seed, first_draw + i) for the chain's i-th token (i from 0): the host sampler's
+// draws, continued.
 struct ChainChoice {
   int count = 1;
   int32_t vocab_limit = 0;
@@ -81,6 +83,10 @@ struct ChainChoice {
   uint64_t first_draw = 0;
   Penalties penalties;
   std::vector<int32_t> history;
+  // Under a grammar: its fill is called once for each step, when next() is called for that
+  // step's token (the caller has advanced its grammar by every token returned before), and the
+  // step's selection waits for the mask; its own computation does not.
+  const AllowedTokens* allowed = nullptr;
 };
 
 // Decode steps chained where the logits are (Backend::chain_tokens): each step appends its input
@@ -124,7 +130,8 @@ class Backend {
   // Up to `steps` decode steps chained on the backend (the GPU: the host's work on one token,
   // streaming it to a client, overlaps the next step): step 1 appends `token`, each later step
   // the token chosen (`choice`) by the one before; next() returns the chosen tokens in order, at
-  // most `steps`. A chain runs one step ahead of the host: when next() returns a token, the step
+  // most `steps`, and throws when a step has no token to choose (every logit it may choose NaN,
+  // or -inf under a mask). A chain runs one step ahead of the host: when next() returns a token, the step
   // that appends it is already running (unless it was the chain's last). So while a chain lives
   // the state is the chain's (nothing else may touch it), and once it is destroyed the state holds
   // `token` and every token next() returned, all but the last of a chain run to its end.

@@ -76,26 +76,30 @@ bool deliver(const GeneratedToken& token, const GenerateRequest& request, const 
 }
 
 // The decode after the first token on a chain of the backend's (Backend::chain_tokens): the
-// tokens chosen where the logits are (penalties included), the host one step behind. Offered for
-// what the chain can choose: no grammar, no logprobs, and a sampler that needs only the best few
-// logits once the penalties are applied. Returns false, having done nothing, when not offered.
+// tokens chosen where the logits are (penalties included; under a grammar among the ids it
+// allows, its mask filled while the step computes), the host one step behind. Offered for what
+// the chain can choose: no logprobs, and a sampler that needs only the best few logits once the
+// penalties are applied. Returns false, having done nothing, when not offered.
 bool decode_chained(Backend& backend, SequenceState& state, const GenerateRequest& request, const Sampler& sampler,
-                    int32_t limit, int32_t first, const TokenCallback& on_token, GenerateResult& result) {
+                    int32_t limit, int32_t first, const AllowedTokens* allowed, const TokenCallback& on_token,
+                    GenerateResult& result) {
   const int count = sampler.candidates_after_penalties();
-  if (request.grammar || request.top_logprobs >= 0 || count < 1) return false;
+  if (request.top_logprobs >= 0 || count < 1) return false;
   ChainChoice choice{.count = count,
                      .vocab_limit = limit,
                      .draw = request.sampling.draw(),
                      .seed = sampler.seed(),
                      .first_draw = sampler.draws(),
                      .penalties = request.sampling.penalties(),
-                     .history = {}};
+                     .history = {},
+                     .allowed = allowed};
   if (choice.penalties.any()) choice.history = result.tokens;
   std::unique_ptr<TokenChain> chain = backend.chain_tokens(state, first, request.max_new_tokens - 1, choice);
   if (!chain) return false;
   for (int64_t i = 1; i < request.max_new_tokens; ++i) {
     GeneratedToken token;
     token.id = chain->next();
+    if (request.grammar) advance(*request.grammar, token.id);  // before the next step's mask
     if (!deliver(token, request, on_token, result)) break;
   }
   return true;
@@ -173,7 +177,9 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
     if (i + 1 == request.max_new_tokens) break;
     // After the first token (drawn from the prefill's logits, delivered before any step runs:
     // the caller may snapshot the state there), the rest on a chain where the backend has one.
-    if (i == 0 && decode_chained(backend, state, request, sampler, limit, token.id, on_token, result)) break;
+    if (i == 0 && decode_chained(backend, state, request, sampler, limit, token.id,
+                                 request.grammar ? &allowed : nullptr, on_token, result))
+      break;
     have_candidates = candidate_count > 0 &&
                       backend.forward_candidates(state, token.id, candidate_count, limit,
                                                  request.grammar ? &allowed : nullptr, candidates);

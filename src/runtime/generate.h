@@ -26,7 +26,8 @@ struct GenerateRequest {
   // tokens the grammar allows: the logits it forbids become -inf before the sampler sees them
   // (its penalties, temperature and filters then act on the allowed tokens only), or, when the
   // sampler needs only the best few (Sampler::candidates_needed), the backend selects them among
-  // the allowed ids (Backend::forward_candidates with AllowedTokens; the same draw). The token
+  // the allowed ids (Backend::chain_tokens or forward_candidates with AllowedTokens; the same
+  // draw). The token
   // drawn advances the grammar, and the grammar's end (must_stop, or a stop token it accepted)
   // ends the generation with FinishReason::stop. Logprobs stay the model's own (whole row).
   grammar::GrammarMatcher* grammar = nullptr;
@@ -61,12 +62,13 @@ using TokenCallback = std::function<bool(const GeneratedToken&)>;
 //
 // The first token comes from the prefill's logits, delivered before any decode step runs. The
 // steps after it run on a chain of the backend's when it offers one and its choice is the
-// sampler's (no grammar, no logprobs, a sampler that needs only the best few logits once its
-// penalties are applied:
+// sampler's (no logprobs, a sampler that needs only the best few logits once its penalties are
+// applied; a grammar's mask filled for each step while it computes:
 // Backend::chain_tokens; on the GPU the host then streams each token while the next step runs),
 // else one at a time. Afterwards the state holds the prompt and the generated tokens fed to a
 // step, state.length() of them in all: one at a time, every token but the last; on a chain, also
-// the last when a stop token or on_token ended the generation (the chain runs a step ahead).
+// the last when a stop token, the grammar's end or on_token ended the generation (the chain
+// runs a step ahead).
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                         const TokenCallback& on_token);
 

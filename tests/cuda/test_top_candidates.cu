@@ -135,7 +135,7 @@ TEST(CudaTopCandidates, AllowedMask) {
 // choose_token's pick on the host: token_draw.h over the candidates before the first padding.
 int32_t host_choose(const std::vector<cuda::Candidate>& c, const cuda::ChooseArgs& a) {
   int n = 0;
-  while (n < a.count && c[size_t(n)].id != INT32_MAX) ++n;
+  while (n < a.count && c[size_t(n)].id != INT32_MAX && (!a.usable_only || c[size_t(n)].value > -INFINITY)) ++n;
   if (n == 0) return -1;
   if (a.count == 1) return c[0].id;
   std::vector<double> w(size_t(n), 0.0);
@@ -176,8 +176,8 @@ TEST(CudaChooseToken, DrawsAsTheHostSampler) {
     for (uint64_t index : {0ull, 1ull, 2ull, 77ull, 1000003ull}) {
       SCOPED_TRACE(testing::Message() << "count " << c.count << " T " << c.draw.temperature << " top_p " << c.draw.top_p
                                       << " min_p " << c.draw.min_p << " draw " << index);
-      compare_choice(row, {c.count, c.draw, 42, index, {}});
-      compare_choice(tied, {c.count, c.draw, 7, index, {}});
+      compare_choice(row, {c.count, c.draw, 42, index, {}, false});
+      compare_choice(tied, {c.count, c.draw, 7, index, {}, false});
     }
 }
 
@@ -193,7 +193,7 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
   cuda::top_candidates(d_row.get(), 64, 64, nullptr, scratch.get(), candidates.get(), nullptr);
   std::vector<int> seen(64, 0);
   for (uint64_t i = 0; i < 640; ++i) {
-    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i, {}}, token.get(), chosen.get(), nullptr);
+    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i, {}, false}, token.get(), chosen.get(), nullptr);
     const int32_t id = chosen.download()[0];
     ASSERT_TRUE(id >= 0 && id < 64) << id;
     ++seen[size_t(id)];
@@ -205,12 +205,20 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
 TEST(CudaChooseToken, NoCandidate) {
   REQUIRE_GPU();
   const std::vector<float> nan_row(300, NAN);
-  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}});
-  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}});
+  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false});
+  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, false});
+  // Under a mask, -inf candidates are no candidates: none at all, or only the finite few.
+  const std::vector<float> masked_out(300, -INFINITY);
+  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, true});
+  compare_choice(masked_out, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, true});
+  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false});  // unmasked: id 0, a valid pick
+  std::vector<float> three = masked_out;
+  three[17] = 1.0f, three[250] = 1.5f, three[3] = 0.5f;
+  for (uint64_t index = 0; index < 20; ++index) compare_choice(three, {20, {1.0f, 1.0f, 0.0f}, 9, index, {}, true});
   DeviceArray<cuda::Candidate> c(1);
   DeviceArray<int32_t> t(1), o(1);
-  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0, {}}, t.get(), o.get(), nullptr), Error);
-  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0, {}}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0, {}, false}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0, {}, false}, t.get(), o.get(), nullptr), Error);
 }
 
 // count_tokens, choose_token's count of its pick and penalize_logits against host loops: the
@@ -234,7 +242,7 @@ TEST(CudaChooseToken, CountsAndPenalties) {
     DeviceArray<cuda::Candidate> candidates(1);
     DeviceArray<int32_t> token(1), chosen(1);
     cuda::top_candidates(d_row.get(), V, 1, nullptr, scratch.get(), candidates.get(), nullptr);
-    cuda::choose_token(candidates.get(), {1, {0.0f, 1.0f, 0.0f}, 0, 0, c}, token.get(), chosen.get(), nullptr);
+    cuda::choose_token(candidates.get(), {1, {0.0f, 1.0f, 0.0f}, 0, 0, c, false}, token.get(), chosen.get(), nullptr);
   }
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> want_counts(size_t(V), 0);

@@ -53,31 +53,37 @@ inline int32_t choose_candidate(std::span<const TokenLogit> candidates, const Ch
 }
 
 // Backend::chain_tokens on the host, one step ahead as the contract says: the step that appends a
-// token runs before next() returns it (unless it was the last of `steps`); the penalties on the
-// row before the selection.
+// token runs before next() returns it (unless it was the last of `steps`), and a step's choice is
+// made when next() is called for its token (under a grammar, its mask filled then): the penalties
+// on the row, the selection, -inf candidates left out under a mask, the draw.
 class HostChain final : public TokenChain {
  public:
   HostChain(Backend& backend, SequenceState& state, int32_t token, int64_t steps, const ChainChoice& choice)
       : backend_(backend), state_(state), steps_(steps), choice_(choice) {
     LILY_CHECK(steps >= 1, "a chain of {} steps", steps);
     for (int32_t t : choice.history) ++counts_[t];
-    pending_ = step(token);
+    step(token);
   }
   int32_t next() override {
     LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
-    const int32_t token = pending_;
-    if (++returned_ < steps_) pending_ = step(token);
+    const int32_t token = choose();
+    if (++returned_ < steps_) step(token);
     return token;
   }
 
  private:
-  int32_t step(int32_t token) {
-    std::vector<float> row;
-    backend_.forward(state_, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
+  void step(int32_t token) { backend_.forward(state_, std::span<const int32_t>(&token, 1), LogitsWanted::last, row_); }
+  int32_t choose() {
     if (choice_.penalties.any())
-      for (auto [id, count] : counts_) row[size_t(id)] = penalized_logit(row[size_t(id)], count, choice_.penalties);
-    const int32_t chosen = choose_candidate(select_candidates(row, choice_.count, choice_.vocab_limit), choice_,
-                                            uint64_t(chosen_++));
+      for (auto [id, count] : counts_) row_[size_t(id)] = penalized_logit(row_[size_t(id)], count, choice_.penalties);
+    std::vector<uint64_t> mask;
+    if (choice_.allowed) {
+      mask.assign(choice_.allowed->words, 0xA5A5A5A5A5A5A5A5u);  // poisoned: fill must write every word
+      choice_.allowed->fill(mask);
+    }
+    std::vector<TokenLogit> candidates = select_candidates(row_, choice_.count, choice_.vocab_limit, mask);
+    if (choice_.allowed) std::erase_if(candidates, [](const TokenLogit& c) { return !(c.logit > -INFINITY); });
+    const int32_t chosen = choose_candidate(candidates, choice_, uint64_t(chosen_++));
     ++counts_[chosen];
     return chosen;
   }
@@ -87,7 +93,7 @@ class HostChain final : public TokenChain {
   const int64_t steps_;
   const ChainChoice choice_;
   int64_t returned_ = 0, chosen_ = 0;
-  int32_t pending_ = 0;
+  std::vector<float> row_;         // the last step's logits, its choice not made yet
   std::map<int32_t, int> counts_;  // the generated tokens: history, then the chain's
 };
 
@@ -99,7 +105,7 @@ class WrappedBackend : public Backend {
     whole_row,     // forward_candidates is the base's "not offered": generate() takes the row
     candidates,    // selected on the host from the (edited) row, the allowed ids only
     ignores_mask,  // selected on the host, AllowedTokens ignored (a broken backend)
-    chained,       // candidates, and chain_tokens on the host (HostChain)
+    chained,       // candidates, and chain_tokens on the host (HostChain), masks included
   };
   using Edit = std::function<void(std::span<float> row, int rows_before)>;
 
@@ -137,11 +143,12 @@ class WrappedBackend : public Backend {
                                            const ChainChoice& choice) override {
     if (mode_ != Mode::chained) return nullptr;
     ++chains;
+    if (choice.allowed) ++masked_chains;
     last_choice = choice;
     return std::make_unique<HostChain>(*this, state, token, steps, choice);
   }
 
-  int calls = 0, masked_calls = 0, last_count = 0, chains = 0;
+  int calls = 0, masked_calls = 0, last_count = 0, chains = 0, masked_chains = 0;
   ChainChoice last_choice;
 
  private:

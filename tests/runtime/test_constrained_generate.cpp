@@ -2,13 +2,14 @@
 // (tests/server/fixtures/tiny-chat) with its real tokenizer as the grammar's vocabulary. The model
 // is poisoned: a wrapper raises the logits of tokens the grammar forbids (a control token, an id
 // of the padded tail, letters where the schema wants digits) far above the rest, so an unmasked
-// row, or candidates selected without the mask, would always pick them. Both decode paths run:
-// the whole row masked on the host, and the backend's candidates selected among the allowed ids
-// (Backend::forward_candidates with AllowedTokens, done on the host by the wrapper as the GPU
-// does it). Whatever the sampler setting, the reply must be a document of the grammar (checked
-// by tests/grammar's own parser and validator), the two paths must give the same tokens, and the
-// grammar's end must end the generation. LILY_TEST_BACKEND=cuda compares the GPU's own masked
-// selection with its whole row.
+// row, or candidates selected without the mask, would always pick them. Every decode path runs:
+// the whole row masked on the host, the backend's candidates selected among the allowed ids
+// (Backend::forward_candidates with AllowedTokens), and a chain whose steps select and draw among
+// them (Backend::chain_tokens with ChainChoice::allowed), both done on the host by the wrapper as
+// the GPU does them. Whatever the sampler setting, the reply must be a document of the grammar
+// (checked by tests/grammar's own parser and validator), the paths must give the same tokens,
+// and the grammar's end must end the generation. LILY_TEST_BACKEND=cuda compares the GPU's own
+// masked selection with its whole row.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -36,10 +37,13 @@ const std::string kModelDir = std::string(LILY_SOURCE_DIR) + "/tests/server/fixt
 
 using test::WrappedBackend;
 using Mode = WrappedBackend::Mode;
-constexpr Mode kBothPaths[] = {Mode::whole_row, Mode::candidates};
+constexpr Mode kEveryPath[] = {Mode::whole_row, Mode::candidates, Mode::chained};
 
 const char* to_string(Mode mode) {
-  return mode == Mode::whole_row ? "whole row" : mode == Mode::candidates ? "masked candidates" : "mask ignored";
+  return mode == Mode::whole_row    ? "whole row"
+         : mode == Mode::candidates ? "masked candidates"
+         : mode == Mode::chained    ? "masked chain"
+                                    : "mask ignored";
 }
 
 // The wrapped backend's logits, with `poison` raised by `delta` (+60: a logit the random model
@@ -117,6 +121,12 @@ int candidates_needed(const SamplingParams& sampling) {
   return Sampler(sampling, model().tokenizer.vocab_size()).candidates_needed();
 }
 
+// Whether generate() chains the steps at this setting on a backend that offers chains (the
+// penalties go with the chain; the whole row does not).
+bool chains(const SamplingParams& sampling) {
+  return Sampler(sampling, model().tokenizer.vocab_size()).candidates_after_penalties() > 0;
+}
+
 // Forbidden everywhere: a control token and an id of the padded tail (beyond the tokenizer);
 // forbidden almost everywhere: "X" and "{" (allowed once, at the start).
 std::vector<int32_t> poison_ids() {
@@ -131,7 +141,7 @@ TEST(ConstrainedGenerate, PoisonedTokensAreNeverProducedAndTheReplyValidates) {
   Model& m = model();
   const std::vector<int32_t> poison = poison_ids();
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
-  for (Mode mode : kBothPaths) {
+  for (Mode mode : kEveryPath) {
     for (const SamplingParams& sampling : every_setting()) {
       SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature << " top_k "
                                       << sampling.top_k << " seed " << *sampling.seed);
@@ -151,11 +161,15 @@ TEST(ConstrainedGenerate, PoisonedTokensAreNeverProducedAndTheReplyValidates) {
       const bool candidates = mode == Mode::candidates && candidates_needed(sampling) > 0;
       EXPECT_EQ(backend.calls, candidates ? int(r.result.tokens.size()) - 1 : 0);
       EXPECT_EQ(backend.masked_calls, backend.calls);
+      // A chain under the mask wherever the draw needs only the best few once penalised.
+      const bool chained = mode == Mode::chained && chains(sampling);
+      EXPECT_EQ(backend.chains, chained ? 1 : 0);
+      EXPECT_EQ(backend.masked_chains, backend.chains);
       EXPECT_GT(r.result.grammar_seconds, 0.0);
     }
   }
   // The poison works: unconstrained, the poisoned tokens are what the model writes.
-  for (Mode mode : kBothPaths) {
+  for (Mode mode : kEveryPath) {
     WrappedBackend backend = poisoned(m.engine->backend(), mode, poison);
     const Outcome free_run = run(backend, nullptr, every_setting()[0], 8);
     for (int32_t id : free_run.result.tokens) EXPECT_NE(std::find(poison.begin(), poison.end(), id), poison.end());
@@ -174,27 +188,41 @@ TEST(ConstrainedGenerate, MaskedCandidatesGiveTheWholeRowTokens) {
       std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab),
       std::make_shared<const grammar::CompiledGrammar>(
           grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no", "maybe"]})"), no_ws), m.vocab)};
-  int compared = 0;
+  int compared = 0, chained = 0;
   for (const auto& compiled : grammars) {
     for (SamplingParams sampling : every_setting()) {
-      if (candidates_needed(sampling) == 0) continue;
+      if (!chains(sampling)) continue;
       for (uint64_t seed : {*sampling.seed, uint64_t(77), uint64_t(78)}) {
         sampling.seed = seed;
         SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " top_k " << sampling.top_k
-                                        << " seed " << seed);
+                                        << " presence " << sampling.presence_penalty << " seed " << seed);
         WrappedBackend whole_row = poisoned(m.engine->backend(), Mode::whole_row, poison_ids());
-        WrappedBackend candidates = poisoned(m.engine->backend(), Mode::candidates, poison_ids());
-        grammar::GrammarMatcher a(compiled), b(compiled);
+        grammar::GrammarMatcher a(compiled);
         const Outcome want = run(whole_row, &a, sampling, 400);
-        const Outcome got = run(candidates, &b, sampling, 400);
-        EXPECT_EQ(got.result.tokens, want.result.tokens) << "whole row: " << want.text << "\ncandidates: " << got.text;
+        if (candidates_needed(sampling) > 0) {  // no penalties: the stepwise candidates too
+          WrappedBackend candidates = poisoned(m.engine->backend(), Mode::candidates, poison_ids());
+          grammar::GrammarMatcher b(compiled);
+          const Outcome got = run(candidates, &b, sampling, 400);
+          EXPECT_EQ(got.result.tokens, want.result.tokens)
+              << "whole row: " << want.text << "\ncandidates: " << got.text;
+          EXPECT_EQ(got.result.finish, want.result.finish);
+          EXPECT_EQ(candidates.calls, int(got.result.tokens.size()) - 1);
+          ++compared;
+        }
+        WrappedBackend chain = poisoned(m.engine->backend(), Mode::chained, poison_ids());
+        grammar::GrammarMatcher c(compiled);
+        const Outcome got = run(chain, &c, sampling, 400);
+        EXPECT_EQ(got.result.tokens, want.result.tokens) << "whole row: " << want.text << "\nchain: " << got.text;
         EXPECT_EQ(got.result.finish, want.result.finish);
-        EXPECT_EQ(candidates.calls, int(got.result.tokens.size()) - 1);
-        ++compared;
+        EXPECT_EQ(chain.masked_chains, 1);
+        // Ended by the grammar or a stop token, the chain's step ahead fed the last token too.
+        EXPECT_EQ(got.fed, want.fed + (got.result.finish == FinishReason::stop ? 1 : 0));
+        ++chained;
       }
     }
   }
   EXPECT_EQ(compared, 2 * 3 * 3);
+  EXPECT_EQ(chained, 2 * 4 * 3) << "the penalised setting chains too";
 }
 
 // Sampled draws differ between seeds at these settings: the comparison above is not vacuous.
@@ -236,28 +264,30 @@ TEST(ConstrainedGenerate, NoUsableAllowedLogitIsAnError) {
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
   for (float bad : {NAN, -INFINITY}) {
     for (const SamplingParams& sampling : every_setting()) {
-      if (candidates_needed(sampling) == 0) continue;
-      SCOPED_TRACE(testing::Message() << bad << ", temperature " << sampling.temperature);
-      WrappedBackend backend(m.engine->backend(), Mode::candidates, [bad](std::span<float> row, int rows_before) {
-        if (rows_before > 0) std::fill(row.begin(), row.end(), bad);
-      });
-      grammar::GrammarMatcher matcher(compiled);
-      std::vector<int32_t> written;
-      GenerateRequest g;
-      g.prompt = m.tokenizer.encode("<|im_start|>user\nGive me JSON<|im_end|>\n<|im_start|>assistant\n");
-      g.max_new_tokens = 20;
-      g.sampling = sampling;
-      g.vocab_limit = m.tokenizer.vocab_size();
-      g.grammar = &matcher;
-      auto state = backend.new_sequence(256);
-      EXPECT_THROW(generate(backend, *state, g,
-                            [&](const GeneratedToken& t) {
-                              written.push_back(t.id);
-                              return true;
-                            }),
-                   Error);
-      EXPECT_EQ(written.size(), 1u) << "the prefill's token only";
-      EXPECT_EQ(backend.calls, 1);
+      for (Mode mode : {Mode::candidates, Mode::chained}) {
+        if (mode == Mode::candidates ? candidates_needed(sampling) == 0 : !chains(sampling)) continue;
+        SCOPED_TRACE(testing::Message() << bad << ", temperature " << sampling.temperature << ", " << to_string(mode));
+        WrappedBackend backend(m.engine->backend(), mode, [bad](std::span<float> row, int rows_before) {
+          if (rows_before > 0) std::fill(row.begin(), row.end(), bad);
+        });
+        grammar::GrammarMatcher matcher(compiled);
+        std::vector<int32_t> written;
+        GenerateRequest g;
+        g.prompt = m.tokenizer.encode("<|im_start|>user\nGive me JSON<|im_end|>\n<|im_start|>assistant\n");
+        g.max_new_tokens = 20;
+        g.sampling = sampling;
+        g.vocab_limit = m.tokenizer.vocab_size();
+        g.grammar = &matcher;
+        auto state = backend.new_sequence(256);
+        EXPECT_THROW(generate(backend, *state, g,
+                              [&](const GeneratedToken& t) {
+                                written.push_back(t.id);
+                                return true;
+                              }),
+                     Error);
+        EXPECT_EQ(written.size(), 1u) << "the prefill's token only";
+        EXPECT_EQ(mode == Mode::candidates ? backend.calls : backend.chains, 1);
+      }
     }
   }
 }
@@ -270,8 +300,9 @@ TEST(ConstrainedGenerate, TheGrammarsEndEndsTheGenerationAsAStop) {
   no_ws.max_whitespace = 0;
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(
       grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no"]})"), no_ws), m.vocab);
-  for (Mode mode : kBothPaths) {
+  for (Mode mode : kEveryPath) {
     for (const SamplingParams& sampling : every_setting()) {
+      SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature);
       WrappedBackend backend(m.engine->backend(), mode);
       grammar::GrammarMatcher matcher(compiled);
       const Outcome r = run(backend, &matcher, sampling, 50);
@@ -279,7 +310,9 @@ TEST(ConstrainedGenerate, TheGrammarsEndEndsTheGenerationAsAStop) {
       EXPECT_TRUE(r.text == "\"yes\"" || r.text == "\"no\"") << r.text;
       EXPECT_FALSE(m.vocab->is_stop(r.result.tokens.back()));
       EXPECT_TRUE(matcher.must_stop());
-      EXPECT_EQ(r.fed, int64_t(r.result.tokens.size()) - 1) << "the grammar's last token is not fed back";
+      // Stepwise the grammar's last token is not fed back; a chain's step ahead fed it.
+      const bool chained = mode == Mode::chained && chains(sampling) && r.result.tokens.size() > 1;
+      EXPECT_EQ(r.fed, int64_t(r.result.tokens.size()) - (chained ? 0 : 1));
     }
   }
 }
@@ -288,7 +321,7 @@ TEST(ConstrainedGenerate, TheGrammarsEndEndsTheGenerationAsAStop) {
 TEST(ConstrainedGenerate, AStopTokenComesExactlyWhenTheGrammarAccepts) {
   Model& m = model();
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab);
-  for (Mode mode : kBothPaths) {
+  for (Mode mode : kEveryPath) {
     for (const SamplingParams& sampling : every_setting()) {
       SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature);
       WrappedBackend backend = poisoned(m.engine->backend(), mode, {m.id("<|im_end|>")});
@@ -318,7 +351,7 @@ TEST(ConstrainedGenerate, TheThinkingBlockIsTheModelsOwn) {
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema, thinking),
                                                                    m.vocab);
   int ended = 0;
-  for (Mode mode : kBothPaths) {
+  for (Mode mode : kEveryPath) {
     for (const SamplingParams& sampling : every_setting()) {
       SCOPED_TRACE(testing::Message() << to_string(mode) << ", temperature " << sampling.temperature << " seed "
                                       << *sampling.seed);
@@ -337,14 +370,16 @@ TEST(ConstrainedGenerate, TheThinkingBlockIsTheModelsOwn) {
       if (n < tokens.size()) ++ended;
     }
   }
-  std::printf("  %d of %zu runs ended their reasoning within 40 tokens\n", ended, 2 * every_setting().size());
+  std::printf("  %d of %zu runs ended their reasoning within 40 tokens\n", ended,
+              std::size(kEveryPath) * every_setting().size());
 }
 
-// The backend's own forward_candidates under a grammar (the GPU's masked top_candidates under
-// LILY_TEST_BACKEND=cuda: the mask filled while the step runs, uploaded, read in the selection)
-// against the same backend's whole row: the same tokens, greedy and sampled, for a schema and a
-// grammar allowing fewer tokens than top_k. On the CPU backend (no forward_candidates of its
-// own) both runs take the whole row: the comparison is the GPU's.
+// The backend's own decode under a grammar (under LILY_TEST_BACKEND=cuda the GPU's chain: the
+// mask filled while the step runs, uploaded, read by the masked top_candidates, the token drawn
+// there, penalties counted there) against the same backend's whole row: the same tokens, greedy,
+// sampled and penalised, for a schema and a grammar allowing fewer tokens than top_k. On the CPU
+// backend (no candidates or chains of its own) both runs take the whole row: the comparison is
+// the GPU's.
 TEST(ConstrainedGenerate, BackendMaskedCandidatesMatchTheWholeRow) {
   const char* backend_name = std::getenv("LILY_TEST_BACKEND");
   auto engine = Engine::load(EngineOptions{kModelDir, backend_name ? backend_name : "cpu", 0});
@@ -361,8 +396,10 @@ TEST(ConstrainedGenerate, BackendMaskedCandidatesMatchTheWholeRow) {
   qwen.temperature = 0.6f, qwen.top_k = 20, qwen.top_p = 0.95f;
   SamplingParams wide;
   wide.temperature = 1.5f, wide.top_k = 256, wide.min_p = 0.01f;
+  SamplingParams penalised = qwen;
+  penalised.presence_penalty = 1.5f;
   for (const auto& compiled : grammars) {
-    for (SamplingParams sampling : {greedy, qwen, wide}) {
+    for (SamplingParams sampling : {greedy, qwen, wide, penalised}) {
       for (uint64_t seed : {1, 2}) {
         sampling.seed = seed;
         SCOPED_TRACE(testing::Message() << "temperature " << sampling.temperature << " top_k " << sampling.top_k
@@ -389,6 +426,8 @@ TEST(ConstrainedGenerate, AGrammarThatHasEndedIsRefused) {
   EXPECT_THROW(run(m.engine->backend(), &matcher, greedy, 5), Error);
   WrappedBackend candidates(m.engine->backend(), Mode::candidates);
   EXPECT_THROW(run(candidates, &matcher, greedy, 5), Error);
+  WrappedBackend chained(m.engine->backend(), Mode::chained);
+  EXPECT_THROW(run(chained, &matcher, greedy, 5), Error);
 }
 
 }  // namespace

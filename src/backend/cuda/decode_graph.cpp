@@ -50,14 +50,7 @@ void DecodeGraph::step_candidates(CudaSequenceState& s, int32_t token, int count
   if (allowed) {
     LILY_CHECK(allowed->fill && allowed->words * 64 >= size_t(n),
                "an allowed-token mask of {} words does not cover the {} ids selected over", allowed->words, n);
-    // Before the launch: freeing pinned memory would wait for the step. The last step that read
-    // this buffer synchronized, so nothing reads it now.
-    if (allowed->words > host_mask_words_) {
-      CUDA_CHECK(cudaFreeHost(host_mask_));
-      host_mask_ = nullptr, host_mask_words_ = 0;
-      CUDA_CHECK(cudaMallocHost(&host_mask_, allowed->words * 8));
-      host_mask_words_ = allowed->words;
-    }
+    reserve_host_mask(allowed->words);
   }
   write_token(token);
   launch(s);
@@ -109,57 +102,83 @@ std::vector<int32_t> DecodeGraph::greedy(CudaSequenceState& s, int32_t first_tok
   return out;
 }
 
-// A chain of steps (DecodeGraph::chain). Step i (from 1) appends token i - 1 and chooses token i
-// into the step's input slot and the pinned ring's slot (i - 1) % kRing (the kernel writes it
-// there); next() for token i first launches step i + 1, then waits for step i's event. So at
-// most two steps are in flight, and the one still running when the host stops appends the last
-// token the host received. With
-// penalties, the tokens generated (the history, then each pick) are counted on the GPU and the
-// logits of those seen are penalized before each selection.
+// A chain of steps (DecodeGraph::chain). Step i (from 1) is its graph, which appends token i - 1
+// (read from the step's input slot), and its selection: penalties, top_candidates, choose_token
+// writing token i into the input slot and into the pinned ring's slot (i - 1) % kRing, then an
+// event. next() for token i launches step i + 1's graph before it waits for step i's event, so
+// at most two steps are in flight, and the one still running when the host stops appends the
+// last token the host received. Without a grammar a step's selection is enqueued with its graph;
+// under one, when next() is called for its token: the mask needs the grammar advanced by the
+// token before, and the graph runs meanwhile. With penalties the tokens generated (the history,
+// then each pick) are counted on the GPU.
 class DecodeGraph::Chain final : public TokenChain {
  public:
   Chain(DecodeGraph& g, CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice)
       : g_(g), s_(s), steps_(steps), choice_(choice), n_(std::min(choice.vocab_limit, g.vocab_size_)) {
+    if (choice_.allowed) g_.reserve_host_mask(choice_.allowed->words);  // before anything runs
     for (auto& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (choice_.penalties.any()) count_history();
     g_.write_token(token);
-    launch_step();
+    launch_graph();
+    if (!choice_.allowed) select();
   }
 
   ~Chain() override {
-    // The steps in flight finish; the host's count then takes every step launched.
+    // The steps in flight finish; the host's count then takes every graph launched.
     const cudaError_t e = cudaStreamSynchronize(g_.stream_);
     if (e != cudaSuccess) std::fprintf(stderr, "lily: a decode chain's last steps failed: %s\n", cudaGetErrorString(e));
-    s_.advance_host(launched_);
+    s_.advance_host(graphs_);
     for (auto& ev : events_) cudaEventDestroy(ev);
   }
 
   int32_t next() override {
     LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
-    if (launched_ < steps_) launch_step();  // the step that appends the token returned below
+    if (choice_.allowed) select();  // this token's step: its mask from the grammar as it is now
+    if (graphs_ < steps_) {         // the step that appends the token returned below
+      launch_graph();
+      if (!choice_.allowed) select();
+    }
     const int slot = int(returned_ % kRing);
     CUDA_CHECK(cudaEventSynchronize(events_[size_t(slot)]));
     ++returned_;
     const int32_t token = g_.host_ring_[slot];
-    LILY_CHECK(token >= 0, "decode step {} of a chain has no candidate token (every logit NaN)", returned_);
+    LILY_CHECK(token >= 0, "decode step {} of a chain has no token to choose: every logit it may choose is NaN{}",
+               returned_,
+               choice_.allowed ? " or -inf (the model gave no usable logit for any token the grammar allows)" : "");
     return token;
   }
 
  private:
-  // The graph (which appends the input slot's token), the candidates, the choice into the input
-  // slot and out to the ring.
-  void launch_step() {
+  // The next step's graph: it appends the token in the input slot.
+  void launch_graph() {
     g_.launch(s_);
+    ++graphs_;
+  }
+
+  // The selection of the next step whose token is not chosen yet: the grammar's mask (filled now,
+  // uploaded in stream order), the penalties, the candidates, the pick into the input slot and
+  // straight into its pinned ring slot (mapped: one address space), read after the event.
+  void select() {
+    const uint64_t* mask = nullptr;
+    if (choice_.allowed) {
+      choice_.allowed->fill(std::span(g_.host_mask_, choice_.allowed->words));
+      const size_t words = std::min(choice_.allowed->words, g_.mask_words());
+      CUDA_CHECK(cudaMemcpyAsync(g_.mask_.get(), g_.host_mask_, words * 8, cudaMemcpyHostToDevice, g_.stream_));
+      mask = g_.mask_.as<uint64_t>();
+    }
     if (choice_.penalties.any()) penalize_logits(g_.step_.logits(), counts_, choice_.penalties, g_.stream_);
-    top_candidates(g_.step_.logits(), n_, choice_.count, nullptr, g_.candidate_scratch_.get(),
+    top_candidates(g_.step_.logits(), n_, choice_.count, mask, g_.candidate_scratch_.get(),
                    g_.candidates_.as<Candidate>(), g_.stream_);
-    const ChooseArgs args{choice_.count, choice_.draw, choice_.seed, choice_.first_draw + uint64_t(launched_),
-                          choice_.penalties.any() ? counts_ : TokenCounts{}};
-    // The pick straight into its pinned ring slot (mapped: one address space), read after the event.
-    const int slot = int(launched_ % kRing);
+    const ChooseArgs args{choice_.count,
+                          choice_.draw,
+                          choice_.seed,
+                          choice_.first_draw + uint64_t(selected_),
+                          choice_.penalties.any() ? counts_ : TokenCounts{},
+                          choice_.allowed != nullptr};
+    const int slot = int(selected_ % kRing);
     choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.host_ring_ + slot, g_.stream_);
     CUDA_CHECK(cudaEventRecord(events_[size_t(slot)], g_.stream_));
-    ++launched_;
+    ++selected_;
   }
 
   // Zeroed counts, then the history's tokens counted, ahead of the first step in stream order.
@@ -190,7 +209,7 @@ class DecodeGraph::Chain final : public TokenChain {
   const int n_;  // ids selected over
   TokenCounts counts_;
   std::array<cudaEvent_t, kRing> events_{};
-  int64_t launched_ = 0, returned_ = 0;
+  int64_t graphs_ = 0, selected_ = 0, returned_ = 0;
 };
 
 std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t token, int64_t steps,
@@ -199,10 +218,25 @@ std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t tok
   LILY_CHECK(choice.count >= 1 && choice.count <= kMaxTopCandidates, "a decode chain choosing among {} (1 to {})",
              choice.count, kMaxTopCandidates);
   LILY_CHECK(choice.vocab_limit >= 1, "a decode chain choosing below id {}", choice.vocab_limit);
+  LILY_CHECK(!choice.allowed || (choice.allowed->fill &&
+                                 choice.allowed->words * 64 >= size_t(std::min(choice.vocab_limit, vocab_size_))),
+             "a decode chain's allowed-token mask of {} words does not cover the ids selected over",
+             choice.allowed ? choice.allowed->words : 0);
   for (int32_t t : choice.history)
     LILY_CHECK(t >= 0 && t < vocab_size_, "a decode chain's history holds token {}, outside the vocabulary [0, {})", t,
                vocab_size_);
   return std::make_unique<Chain>(*this, s, token, steps, choice);
+}
+
+// Room for a mask of `words` in the pinned staging buffer. Called before a launch: freeing pinned
+// memory would wait for the step. The last step that read this buffer synchronized, so nothing
+// reads it now.
+void DecodeGraph::reserve_host_mask(size_t words) {
+  if (words <= host_mask_words_) return;
+  CUDA_CHECK(cudaFreeHost(host_mask_));
+  host_mask_ = nullptr, host_mask_words_ = 0;
+  CUDA_CHECK(cudaMallocHost(&host_mask_, words * 8));
+  host_mask_words_ = words;
 }
 
 // `token` into the step's input slot, through pinned memory, in stream order.

@@ -39,7 +39,8 @@ class DecodeGraph {
   // step's input; up to kRing steps in flight, the tokens copied back asynchronously.
   std::vector<int32_t> greedy(CudaSequenceState& s, int32_t first_token, int count);
   // Up to `steps` steps after `token`, each step's token chosen on the GPU from its candidates
-  // (top_candidates, then choose_token) and read by the next step there (Backend::chain_tokens'
+  // (top_candidates, then choose_token; among a grammar's allowed ids, its mask filled on the
+  // host while the step computes) and read by the next step there (Backend::chain_tokens'
   // contract): the chain launches the step that appends a token before it waits for that token,
   // so the GPU runs a step while the host handles the token before it.
   std::unique_ptr<TokenChain> chain(CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice);
@@ -49,6 +50,7 @@ class DecodeGraph {
   static constexpr int kRing = 8;
   size_t mask_words() const { return (size_t(vocab_size_) + 63) / 64; }  // of a mask over the vocabulary
   void write_token(int32_t token);
+  void reserve_host_mask(size_t words);
   void launch(CudaSequenceState& s);  // captures s's graph on first use
   cudaGraphExec_t instantiate(cudaGraph_t graph) const;
 

@@ -2,7 +2,8 @@
 // (Backend::chain_tokens), on the GPU, so the next step reads it without the host; and the
 // penalties on the logits of the tokens the chain generated, before the candidates are selected.
 //
-//   n      = candidates before the first padding slot (id INT32_MAX), at most count
+//   n      = candidates before the first padding slot (id INT32_MAX), at most count, and
+//            before the first at -inf when usable_only (a grammar's mask)
 //   chosen = candidates[0].id                                   count == 1 (greedy)
 //          = candidates[pick_weighted(w, n, draw, u)].id        else (token_draw.h), with
 //            w_j = candidate_weight(value_j, value_0, T), u = draw_uniform(seed, index)
@@ -33,7 +34,8 @@ __global__ void __launch_bounds__(kMaxTopCandidates)
   __shared__ int n;
   if (threadIdx.x == 0) {
     n = 0;
-    while (n < args.count && candidates[n].id != INT32_MAX) ++n;
+    while (n < args.count && candidates[n].id != INT32_MAX && (!args.usable_only || candidates[n].value > -INFINITY))
+      ++n;
   }
   __syncthreads();
   const int j = int(threadIdx.x);

@@ -46,18 +46,20 @@ struct TokenCounts {
 
 // How choose_token picks among `count` candidates: the first when count is 1, else token_draw.h's
 // draw with `draw` and the uniform draw_uniform(seed, index); the pick counted in `counts` when
-// its pointers are set.
+// its pointers are set. usable_only: candidates at -inf are left out too (under a grammar's mask,
+// as the host sampler leaves them out).
 struct ChooseArgs {
   int count = 1;
   DrawParams draw;
   uint64_t seed = 0;
   uint64_t index = 0;
   TokenCounts counts;
+  bool usable_only = false;
 };
 
 // The chosen candidate's id into *token (the next decode step's input; 0 when there is none) and
-// *chosen (-1 when there is none: every logit NaN). candidates: top_candidates' output, `count` of
-// them. One launch, no sync.
+// *chosen (-1 when there is none: every logit NaN, or every allowed one NaN or -inf). candidates: top_candidates'
+// output, `count` of them. One launch, no sync.
 void choose_token(const Candidate* candidates, const ChooseArgs& args, int32_t* token, int32_t* chosen,
                   cudaStream_t stream);
 
