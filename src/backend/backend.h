@@ -87,6 +87,21 @@ struct ChainChoice {
   // step's token (the caller has advanced its grammar by every token returned before), and the
   // step's selection waits for the mask; its own computation does not.
   const AllowedTokens* allowed = nullptr;
+  // Log-probabilities with each token (ChainedToken), 0 .. kMaxChainLogprobs most likely
+  // alternatives; -1: none.
+  int top_logprobs = -1;
+};
+
+constexpr int kMaxChainLogprobs = 20;  // the API's most alternatives a token (OpenAI: 20)
+
+// A chained step's token; with ChainChoice::top_logprobs >= 0, its log-probability under the
+// model's own distribution over ids [0, vocab_limit) (the raw logits: before penalties and mask)
+// and the top_logprobs most likely ids of that distribution, descending, ties to the lower id,
+// as (id, log-probability) pairs.
+struct ChainedToken {
+  int32_t id = 0;
+  float logprob = 0;
+  std::vector<TokenLogit> top;
 };
 
 // Decode steps chained where the logits are (Backend::chain_tokens): each step appends its input
@@ -96,7 +111,7 @@ class TokenChain {
   // Waits for the steps still running; never throws.
   virtual ~TokenChain() = default;
   // The next chosen token, in order (waits for its step).
-  virtual int32_t next() = 0;
+  virtual ChainedToken next() = 0;
 };
 
 class Backend {

@@ -78,13 +78,14 @@ bool deliver(const GeneratedToken& token, const GenerateRequest& request, const 
 // The decode after the first token on a chain of the backend's (Backend::chain_tokens): the
 // tokens chosen where the logits are (penalties included; under a grammar among the ids it
 // allows, its mask filled while the step computes), the host one step behind. Offered for what
-// the chain can choose: no logprobs, and a sampler that needs only the best few logits once the
-// penalties are applied. Returns false, having done nothing, when not offered.
+// the chain can choose: a sampler that needs only the best few logits once the
+// penalties are applied (logprobs, when asked, come with each token). Returns false, having done
+// nothing, when not offered.
 bool decode_chained(Backend& backend, SequenceState& state, const GenerateRequest& request, const Sampler& sampler,
                     int32_t limit, int32_t first, const AllowedTokens* allowed, const TokenCallback& on_token,
                     GenerateResult& result) {
   const int count = sampler.candidates_after_penalties();
-  if (request.top_logprobs >= 0 || count < 1) return false;
+  if (request.top_logprobs > kMaxChainLogprobs || count < 1) return false;
   ChainChoice choice{.count = count,
                      .vocab_limit = limit,
                      .draw = request.sampling.draw(),
@@ -92,13 +93,19 @@ bool decode_chained(Backend& backend, SequenceState& state, const GenerateReques
                      .first_draw = sampler.draws(),
                      .penalties = request.sampling.penalties(),
                      .history = {},
-                     .allowed = allowed};
+                     .allowed = allowed,
+                     .top_logprobs = request.top_logprobs};
   if (choice.penalties.any()) choice.history = result.tokens;
   std::unique_ptr<TokenChain> chain = backend.chain_tokens(state, first, request.max_new_tokens - 1, choice);
   if (!chain) return false;
   for (int64_t i = 1; i < request.max_new_tokens; ++i) {
+    const ChainedToken chained = chain->next();
     GeneratedToken token;
-    token.id = chain->next();
+    token.id = chained.id;
+    if (request.top_logprobs >= 0) {
+      token.logprob = TokenLogprob{chained.id, chained.logprob};
+      for (const TokenLogit& alt : chained.top) token.top.push_back({alt.token, alt.logit});
+    }
     if (request.grammar) advance(*request.grammar, token.id);  // before the next step's mask
     if (!deliver(token, request, on_token, result)) break;
   }

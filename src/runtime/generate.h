@@ -62,8 +62,8 @@ using TokenCallback = std::function<bool(const GeneratedToken&)>;
 //
 // The first token comes from the prefill's logits, delivered before any decode step runs. The
 // steps after it run on a chain of the backend's when it offers one and its choice is the
-// sampler's (no logprobs, a sampler that needs only the best few logits once its penalties are
-// applied; a grammar's mask filled for each step while it computes:
+// sampler's (a sampler that needs only the best few logits once its penalties are applied, at
+// most kMaxChainLogprobs logprobs; a grammar's mask filled for each step while it computes:
 // Backend::chain_tokens; on the GPU the host then streams each token while the next step runs),
 // else one at a time. Afterwards the state holds the prompt and the generated tokens fed to a
 // step, state.length() of them in all: one at a time, every token but the last; on a chain, also

@@ -303,8 +303,8 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
     return s;
   };
   auto choice = [](int count, int32_t limit, DrawParams draw, uint64_t seed, uint64_t first_draw,
-                   Penalties penalties = {}, std::vector<int32_t> history = {}) {
-    return ChainChoice{count, limit, draw, seed, first_draw, penalties, std::move(history)};
+                   Penalties penalties = {}, std::vector<int32_t> history = {}, int top_logprobs = -1) {
+    return ChainChoice{count, limit, draw, seed, first_draw, penalties, std::move(history), nullptr, top_logprobs};
   };
   struct Case {
     const char* name;
@@ -319,6 +319,8 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
       {"qwen, presence 1.5", choice(20, V, {1.0f, 0.95f, 0.0f}, 3, 1, {1.5f, 0.0f, 1.0f}, {1532})},
       {"greedy, presence -5", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {-5.0f, 0.0f, 1.0f}, {1532, 9, 9})},
       {"greedy, repetition", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {0.0f, 0.5f, 1.3f}, {})},
+      {"qwen, presence, 5 logprobs", choice(20, 1500, {1.0f, 0.95f, 0.0f}, 3, 1, {1.5f, 0.0f, 1.0f}, {1532}, 5)},
+      {"greedy, 0 logprobs", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {}, {}, 0)},
   };
   for (const Case& c : cases) {
     SCOPED_TRACE(c.name);
@@ -330,8 +332,10 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
     for (int32_t t : c.choice.history) ++counts[t];
     int32_t token = first;
     std::vector<float> row;
+    std::vector<std::vector<float>> raw_rows;  // each step's logits before the penalties
     for (int i = 0; i < steps; ++i) {
       gpu->forward(*ref, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
+      raw_rows.push_back(row);
       if (c.choice.penalties.any())
         for (auto [id, n] : counts) row[size_t(id)] = penalized_logit(row[size_t(id)], n, c.choice.penalties);
       token = test::choose_candidate(test::select_candidates(row, c.choice.count, c.choice.vocab_limit), c.choice,
@@ -345,7 +349,25 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
     {
       auto chain = gpu->chain_tokens(*s, first, steps, c.choice);
       ASSERT_NE(chain, nullptr);
-      for (int i = 0; i < steps; ++i) got.push_back(chain->next());
+      for (int i = 0; i < steps; ++i) {
+        const ChainedToken t = chain->next();
+        got.push_back(t.id);
+        if (c.choice.top_logprobs < 0 || t.id != want[size_t(i)]) continue;
+        // The raw row's log-softmax (a host loop in double): the pick's and the best ones'.
+        const std::vector<float>& raw = raw_rows[size_t(i)];
+        const int32_t n = c.choice.vocab_limit;
+        const double best = *std::max_element(raw.begin(), raw.begin() + n);
+        double total = 0;
+        for (int32_t j = 0; j < n; ++j) total += std::exp(double(raw[size_t(j)]) - best);
+        const double log_z = best + std::log(total);
+        EXPECT_NEAR(t.logprob, double(raw[size_t(t.id)]) - log_z, 2e-5) << "token " << i;
+        const auto best_ids = test::select_candidates(raw, c.choice.top_logprobs, n);
+        ASSERT_EQ(t.top.size(), best_ids.size());
+        for (size_t j = 0; j < best_ids.size(); ++j) {
+          EXPECT_EQ(t.top[j].token, best_ids[j].token);
+          EXPECT_NEAR(t.top[j].logit, double(best_ids[j].logit) - log_z, 2e-5);
+        }
+      }
       EXPECT_THROW(chain->next(), Error) << "past its steps";
     }
     EXPECT_EQ(got, want);
@@ -355,7 +377,7 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
     auto early = start();
     {
       auto chain = gpu->chain_tokens(*early, first, steps, c.choice);
-      for (int i = 0; i < 5; ++i) ASSERT_EQ(chain->next(), want[size_t(i)]);
+      for (int i = 0; i < 5; ++i) ASSERT_EQ(chain->next().id, want[size_t(i)]);
     }
     ASSERT_EQ(early->length(), int64_t(prompt.size()) + 6);
     auto stepped = start();

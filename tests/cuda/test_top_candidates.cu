@@ -176,8 +176,8 @@ TEST(CudaChooseToken, DrawsAsTheHostSampler) {
     for (uint64_t index : {0ull, 1ull, 2ull, 77ull, 1000003ull}) {
       SCOPED_TRACE(testing::Message() << "count " << c.count << " T " << c.draw.temperature << " top_p " << c.draw.top_p
                                       << " min_p " << c.draw.min_p << " draw " << index);
-      compare_choice(row, {c.count, c.draw, 42, index, {}, false});
-      compare_choice(tied, {c.count, c.draw, 7, index, {}, false});
+      compare_choice(row, {c.count, c.draw, 42, index, {}, false, {}});
+      compare_choice(tied, {c.count, c.draw, 7, index, {}, false, {}});
     }
 }
 
@@ -193,7 +193,8 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
   cuda::top_candidates(d_row.get(), 64, 64, nullptr, scratch.get(), candidates.get(), nullptr);
   std::vector<int> seen(64, 0);
   for (uint64_t i = 0; i < 640; ++i) {
-    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i, {}, false}, token.get(), chosen.get(), nullptr);
+    cuda::choose_token(candidates.get(), {64, {1.0f, 1.0f, 0.0f}, 3, i, {}, false, {}}, token.get(), chosen.get(),
+                       nullptr);
     const int32_t id = chosen.download()[0];
     ASSERT_TRUE(id >= 0 && id < 64) << id;
     ++seen[size_t(id)];
@@ -205,20 +206,21 @@ TEST(CudaChooseToken, DrawsVaryWithTheIndex) {
 TEST(CudaChooseToken, NoCandidate) {
   REQUIRE_GPU();
   const std::vector<float> nan_row(300, NAN);
-  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false});
-  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, false});
+  compare_choice(nan_row, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false, {}});
+  compare_choice(nan_row, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, false, {}});
   // Under a mask, -inf candidates are no candidates: none at all, or only the finite few.
   const std::vector<float> masked_out(300, -INFINITY);
-  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, true});
-  compare_choice(masked_out, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, true});
-  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false});  // unmasked: id 0, a valid pick
+  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, true, {}});
+  compare_choice(masked_out, {20, {0.7f, 0.9f, 0.0f}, 1, 0, {}, true, {}});
+  compare_choice(masked_out, {1, {0.0f, 1.0f, 0.0f}, 1, 0, {}, false, {}});  // unmasked: id 0, a valid pick
   std::vector<float> three = masked_out;
   three[17] = 1.0f, three[250] = 1.5f, three[3] = 0.5f;
-  for (uint64_t index = 0; index < 20; ++index) compare_choice(three, {20, {1.0f, 1.0f, 0.0f}, 9, index, {}, true});
+  for (uint64_t index = 0; index < 20; ++index) compare_choice(three, {20, {1.0f, 1.0f, 0.0f}, 9, index, {}, true, {}});
   DeviceArray<cuda::Candidate> c(1);
   DeviceArray<int32_t> t(1), o(1);
-  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0, {}, false}, t.get(), o.get(), nullptr), Error);
-  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0, {}, false}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {0, {}, 0, 0, {}, false, {}}, t.get(), o.get(), nullptr), Error);
+  EXPECT_THROW(cuda::choose_token(c.get(), {2, {0.0f, 1.0f, 0.0f}, 0, 0, {}, false, {}}, t.get(), o.get(), nullptr),
+               Error);
 }
 
 // count_tokens, choose_token's count of its pick and penalize_logits against host loops: the
@@ -242,7 +244,8 @@ TEST(CudaChooseToken, CountsAndPenalties) {
     DeviceArray<cuda::Candidate> candidates(1);
     DeviceArray<int32_t> token(1), chosen(1);
     cuda::top_candidates(d_row.get(), V, 1, nullptr, scratch.get(), candidates.get(), nullptr);
-    cuda::choose_token(candidates.get(), {1, {0.0f, 1.0f, 0.0f}, 0, 0, c, false}, token.get(), chosen.get(), nullptr);
+    cuda::choose_token(candidates.get(), {1, {0.0f, 1.0f, 0.0f}, 0, 0, c, false, {}}, token.get(), chosen.get(),
+                       nullptr);
   }
   CUDA_OK(cudaDeviceSynchronize());
   std::vector<int> want_counts(size_t(V), 0);
@@ -260,13 +263,70 @@ TEST(CudaChooseToken, CountsAndPenalties) {
                                     << p.repetition);
     const std::vector<float> row = make_row(V, 5, false, false);
     DeviceArray<float> d_row(row);
-    cuda::penalize_logits(d_row.get(), c, p, nullptr);
+    DeviceArray<float> raw{static_cast<size_t>(V)};
+    raw.poison();
+    cuda::penalize_logits(d_row.get(), c, p, raw.get(), nullptr);
     CUDA_OK(cudaDeviceSynchronize());
     const auto got = d_row.download();
+    const auto got_raw = raw.download();
     for (int t = 0; t < V; ++t) {
       const float want = want_counts[size_t(t)] > 0 ? penalized_logit(row[size_t(t)], want_counts[size_t(t)], p)
                                                     : row[size_t(t)];
       ASSERT_EQ(got[size_t(t)], want) << "token " << t;
+      if (want_counts[size_t(t)] > 0) ASSERT_EQ(got_raw[size_t(t)], row[size_t(t)]) << "the raw logit kept, " << t;
+    }
+  }
+}
+
+// The logprobs of a pick (a chain asked for them): log Z from log_partition_partials' parts, the
+// pick's raw logit (its backup when the penalties changed it) and the raw row's best, each minus
+// log Z, against a host loop in double, over the real vocabulary and below a limit.
+TEST(CudaChooseToken, LogprobsOfTheRawRow) {
+  REQUIRE_GPU();
+  const int V = 248320;
+  for (int n : {V, 1000, 63}) {
+    for (int top : {0, 1, 5, 20}) {
+      SCOPED_TRACE(testing::Message() << "n " << n << " top " << top);
+      std::vector<float> row = make_row(V, uint32_t(n + top), false, false);
+      double best = -INFINITY;
+      for (int i = 0; i < n; ++i) best = std::max(best, double(row[size_t(i)]));
+      double total = 0;
+      for (int i = 0; i < n; ++i) total += std::exp(double(row[size_t(i)]) - best);
+      const double log_z = best + std::log(total);
+      // The pick: a sampled draw over 20 candidates of the row after a penalty on 3 tokens.
+      DeviceArray<float> d_row(row), raw{static_cast<size_t>(V)};
+      DeviceArray<double> partials{size_t(2 * cuda::kPartitionBlocks)};
+      DeviceArray<uint8_t> scratch(cuda::top_candidates_scratch_bytes(V));
+      DeviceArray<cuda::Candidate> raw_top{size_t(cuda::kMaxTopCandidates)}, candidates{20}, top_out{20};
+      DeviceArray<int32_t> counts{static_cast<size_t>(V)}, seen{static_cast<size_t>(V)}, seen_count{1}, token{1},
+          chosen{1};
+      DeviceArray<float> logprob{1};
+      CUDA_OK(cudaMemset(counts.get(), 0, size_t(V) * 4));
+      CUDA_OK(cudaMemset(seen_count.get(), 0, 4));
+      const std::vector<int32_t> history = {0, 5, 5, n - 1};
+      DeviceArray<int32_t> d_history(history);
+      const cuda::TokenCounts c{counts.get(), seen.get(), seen_count.get()};
+      cuda::count_tokens(d_history.get(), int(history.size()), c, nullptr);
+      cuda::log_partition_partials(d_row.get(), n, partials.get(), nullptr);
+      if (top > 0) cuda::top_candidates(d_row.get(), n, top, nullptr, scratch.get(), raw_top.get(), nullptr);
+      cuda::penalize_logits(d_row.get(), c, Penalties{-8.0f, 0.0f, 1.0f}, raw.get(), nullptr);  // favoured
+      cuda::top_candidates(d_row.get(), n, 20, nullptr, scratch.get(), candidates.get(), nullptr);
+      top_out.poison(), logprob.poison();
+      const cuda::ChooseLogprobs lp{top,           d_row.get(),   raw.get(),    partials.get(),
+                                    raw_top.get(), logprob.get(), top_out.get()};
+      cuda::choose_token(candidates.get(), {20, {1.0f, 1.0f, 0.0f}, 5, 3, c, false, lp}, token.get(), chosen.get(),
+                         nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const int32_t id = chosen.download()[0];
+      ASSERT_TRUE(id >= 0 && id < n);
+      EXPECT_NEAR(logprob.download()[0], double(row[size_t(id)]) - log_z, 2e-5) << "the raw logit's, id " << id;
+      const auto got = top_out.download();
+      std::vector<float> head(row.begin(), row.begin() + n);
+      const auto want_n = host_top(head, std::max(top, 1));
+      for (int j = 0; j < top; ++j) {
+        ASSERT_EQ(got[size_t(j)].id, want_n[size_t(j)].id) << "rank " << j;
+        EXPECT_NEAR(got[size_t(j)].value, double(want_n[size_t(j)].value) - log_z, 2e-5) << "rank " << j;
+      }
     }
   }
 }

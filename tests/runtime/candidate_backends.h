@@ -18,6 +18,7 @@
 #include "backend/backend.h"
 #include "backend/token_draw.h"
 #include "base/error.h"
+#include "runtime/sampler.h"  // top_logprobs, token_logprob: the whole row's logprobs
 
 namespace lily::test {
 
@@ -54,8 +55,9 @@ inline int32_t choose_candidate(std::span<const TokenLogit> candidates, const Ch
 
 // Backend::chain_tokens on the host, one step ahead as the contract says: the step that appends a
 // token runs before next() returns it (unless it was the last of `steps`), and a step's choice is
-// made when next() is called for its token (under a grammar, its mask filled then): the penalties
-// on the row, the selection, -inf candidates left out under a mask, the draw.
+// made when next() is called for its token (under a grammar, its mask filled then): the logprobs
+// of the raw row when asked, the penalties on the row, the selection, -inf candidates left out
+// under a mask, the draw.
 class HostChain final : public TokenChain {
  public:
   HostChain(Backend& backend, SequenceState& state, int32_t token, int64_t steps, const ChainChoice& choice)
@@ -64,11 +66,18 @@ class HostChain final : public TokenChain {
     for (int32_t t : choice.history) ++counts_[t];
     step(token);
   }
-  int32_t next() override {
+  ChainedToken next() override {
     LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
-    const int32_t token = choose();
-    if (++returned_ < steps_) step(token);
-    return token;
+    const std::vector<float> raw = row_;
+    ChainedToken out;
+    out.id = choose();
+    if (choice_.top_logprobs >= 0) {
+      out.logprob = token_logprob(raw, out.id, choice_.vocab_limit).logprob;
+      for (const TokenLogprob& t : top_logprobs(raw, choice_.top_logprobs, choice_.vocab_limit))
+        out.top.push_back({t.token, t.logprob});
+    }
+    if (++returned_ < steps_) step(out.id);
+    return out;
   }
 
  private:

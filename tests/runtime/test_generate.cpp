@@ -167,7 +167,7 @@ TEST(Generate, ChainedPenaltiesChangeTheTokens) {
 }
 
 // What a chain cannot choose stays stepwise: the whole row (no top-k, with or without
-// penalties), logprobs.
+// penalties), more logprobs than a chain gives.
 TEST(Generate, ChainsOnlyWhatTheBestFewLogitsDecide) {
   auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
   SamplingParams whole_row;
@@ -176,12 +176,51 @@ TEST(Generate, ChainsOnlyWhatTheBestFewLogitsDecide) {
   penalised_row.presence_penalty = 1.5f;
   for (const auto& [request, name] :
        {std::pair{request_with(penalised_row), "penalties, no top-k"}, std::pair{request_with(whole_row), "no top-k"},
-        std::pair{request_with(sampling_case("qwen"), 2), "logprobs"}}) {
+        std::pair{request_with(sampling_case("qwen"), 21), "21 logprobs"}}) {
     SCOPED_TRACE(name);
     WrappedBackend chained(engine->backend(), Mode::chained);
     const GenerateResult got = run(chained, request);
     EXPECT_EQ(chained.chains, 0);
     EXPECT_EQ(got.tokens, run(engine->backend(), request).tokens);
+  }
+}
+
+// A chain's logprobs (asked for with the tokens) are the whole row's: the raw distribution's,
+// before penalties, for the chosen token and the most likely ones.
+TEST(Generate, ChainedLogprobsAreTheWholeRows) {
+  auto engine = Engine::load(EngineOptions{kModelDir, "cpu", 0});
+  for (const char* name : {"greedy", "qwen", "qwen presence"}) {
+    for (int top : {0, 3, 20}) {
+      SCOPED_TRACE(testing::Message() << name << ", top_logprobs " << top);
+      const GenerateRequest request = request_with(sampling_case(name), top);
+      std::vector<GeneratedToken> want, got;
+      auto state = engine->backend().new_sequence(256);
+      generate(engine->backend(), *state, request, [&](const GeneratedToken& t) {
+        want.push_back(t);
+        return true;
+      });
+      WrappedBackend chained(engine->backend(), Mode::chained);
+      auto chained_state = chained.new_sequence(256);
+      generate(chained, *chained_state, request, [&](const GeneratedToken& t) {
+        got.push_back(t);
+        return true;
+      });
+      EXPECT_EQ(chained.chains, 1);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t i = 0; i < got.size(); ++i) {
+        SCOPED_TRACE(testing::Message() << "token " << i);
+        EXPECT_EQ(got[i].id, want[i].id);
+        ASSERT_TRUE(got[i].logprob && want[i].logprob);
+        EXPECT_EQ(got[i].logprob->token, got[i].id);
+        EXPECT_EQ(got[i].logprob->logprob, want[i].logprob->logprob);
+        ASSERT_EQ(got[i].top.size(), size_t(top));
+        ASSERT_EQ(want[i].top.size(), size_t(top));
+        for (int j = 0; j < top; ++j) {
+          EXPECT_EQ(got[i].top[size_t(j)].token, want[i].top[size_t(j)].token);
+          EXPECT_EQ(got[i].top[size_t(j)].logprob, want[i].top[size_t(j)].logprob);
+        }
+      }
+    }
   }
 }
 

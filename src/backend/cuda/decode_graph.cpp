@@ -26,6 +26,8 @@ DecodeGraph::DecodeGraph(DecodeStep& step, int vocab_size, bool pdl, cudaStream_
 }
 
 DecodeGraph::~DecodeGraph() {
+  cudaFreeHost(host_logprob_ring_);
+  cudaFreeHost(host_top_ring_);
   cudaFreeHost(host_token_);
   cudaFreeHost(host_ring_);
   cudaFreeHost(host_candidates_);
@@ -116,6 +118,7 @@ class DecodeGraph::Chain final : public TokenChain {
   Chain(DecodeGraph& g, CudaSequenceState& s, int32_t token, int64_t steps, const ChainChoice& choice)
       : g_(g), s_(s), steps_(steps), choice_(choice), n_(std::min(choice.vocab_limit, g.vocab_size_)) {
     if (choice_.allowed) g_.reserve_host_mask(choice_.allowed->words);  // before anything runs
+    if (choice_.top_logprobs >= 0) g_.reserve_logprobs();
     for (auto& e : events_) CUDA_CHECK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
     if (choice_.penalties.any()) count_history();
     g_.write_token(token);
@@ -131,7 +134,7 @@ class DecodeGraph::Chain final : public TokenChain {
     for (auto& ev : events_) cudaEventDestroy(ev);
   }
 
-  int32_t next() override {
+  ChainedToken next() override {
     LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
     if (choice_.allowed) select();  // this token's step: its mask from the grammar as it is now
     if (graphs_ < steps_) {         // the step that appends the token returned below
@@ -141,11 +144,18 @@ class DecodeGraph::Chain final : public TokenChain {
     const int slot = int(returned_ % kRing);
     CUDA_CHECK(cudaEventSynchronize(events_[size_t(slot)]));
     ++returned_;
-    const int32_t token = g_.host_ring_[slot];
-    LILY_CHECK(token >= 0, "decode step {} of a chain has no token to choose: every logit it may choose is NaN{}",
+    ChainedToken out;
+    out.id = g_.host_ring_[slot];
+    LILY_CHECK(out.id >= 0, "decode step {} of a chain has no token to choose: every logit it may choose is NaN{}",
                returned_,
                choice_.allowed ? " or -inf (the model gave no usable logit for any token the grammar allows)" : "");
-    return token;
+    if (choice_.top_logprobs >= 0) {
+      out.logprob = g_.host_logprob_ring_[slot];
+      const Candidate* top = g_.host_top_ring_ + size_t(slot) * kMaxChainLogprobs;
+      for (int j = 0; j < choice_.top_logprobs && top[j].id != INT32_MAX; ++j)
+        out.top.push_back({top[j].id, top[j].value});
+    }
+    return out;
   }
 
  private:
@@ -166,16 +176,33 @@ class DecodeGraph::Chain final : public TokenChain {
       CUDA_CHECK(cudaMemcpyAsync(g_.mask_.get(), g_.host_mask_, words * 8, cudaMemcpyHostToDevice, g_.stream_));
       mask = g_.mask_.as<uint64_t>();
     }
-    if (choice_.penalties.any()) penalize_logits(g_.step_.logits(), counts_, choice_.penalties, g_.stream_);
-    top_candidates(g_.step_.logits(), n_, choice_.count, mask, g_.candidate_scratch_.get(),
-                   g_.candidates_.as<Candidate>(), g_.stream_);
+    const int slot = int(selected_ % kRing);
+    float* logits = g_.step_.logits();
+    ChooseLogprobs logprobs;
+    if (choice_.top_logprobs >= 0) {  // of the raw row: before the penalties change it
+      log_partition_partials(logits, n_, g_.partials_.as<double>(), g_.stream_);
+      if (choice_.top_logprobs > 0)
+        top_candidates(logits, n_, choice_.top_logprobs, nullptr, g_.candidate_scratch_.get(),
+                       g_.raw_top_.as<Candidate>(), g_.stream_);
+      logprobs = {choice_.top_logprobs,
+                  logits,
+                  choice_.penalties.any() ? g_.raw_logits_.as<float>() : nullptr,
+                  g_.partials_.as<double>(),
+                  g_.raw_top_.as<Candidate>(),
+                  g_.host_logprob_ring_ + slot,
+                  g_.host_top_ring_ + size_t(slot) * kMaxChainLogprobs};
+    }
+    float* raw = choice_.top_logprobs >= 0 && choice_.penalties.any() ? g_.raw_logits_.as<float>() : nullptr;
+    if (choice_.penalties.any()) penalize_logits(logits, counts_, choice_.penalties, raw, g_.stream_);
+    top_candidates(logits, n_, choice_.count, mask, g_.candidate_scratch_.get(), g_.candidates_.as<Candidate>(),
+                   g_.stream_);
     const ChooseArgs args{choice_.count,
                           choice_.draw,
                           choice_.seed,
                           choice_.first_draw + uint64_t(selected_),
                           choice_.penalties.any() ? counts_ : TokenCounts{},
-                          choice_.allowed != nullptr};
-    const int slot = int(selected_ % kRing);
+                          choice_.allowed != nullptr,
+                          logprobs};
     choose_token(g_.candidates_.as<Candidate>(), args, g_.step_.token(), g_.host_ring_ + slot, g_.stream_);
     CUDA_CHECK(cudaEventRecord(events_[size_t(slot)], g_.stream_));
     ++selected_;
@@ -218,6 +245,8 @@ std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t tok
   LILY_CHECK(choice.count >= 1 && choice.count <= kMaxTopCandidates, "a decode chain choosing among {} (1 to {})",
              choice.count, kMaxTopCandidates);
   LILY_CHECK(choice.vocab_limit >= 1, "a decode chain choosing below id {}", choice.vocab_limit);
+  LILY_CHECK(choice.top_logprobs <= kMaxChainLogprobs, "a decode chain with {} logprobs a token (at most {})",
+             choice.top_logprobs, kMaxChainLogprobs);
   LILY_CHECK(!choice.allowed || (choice.allowed->fill &&
                                  choice.allowed->words * 64 >= size_t(std::min(choice.vocab_limit, vocab_size_))),
              "a decode chain's allowed-token mask of {} words does not cover the ids selected over",
@@ -226,6 +255,16 @@ std::unique_ptr<TokenChain> DecodeGraph::chain(CudaSequenceState& s, int32_t tok
     LILY_CHECK(t >= 0 && t < vocab_size_, "a decode chain's history holds token {}, outside the vocabulary [0, {})", t,
                vocab_size_);
   return std::make_unique<Chain>(*this, s, token, steps, choice);
+}
+
+// The buffers of a chain's logprobs, allocated once.
+void DecodeGraph::reserve_logprobs() {
+  if (partials_.get()) return;
+  partials_ = DeviceBuffer(2 * kPartitionBlocks * sizeof(double));
+  raw_top_ = DeviceBuffer(kMaxChainLogprobs * sizeof(Candidate));
+  raw_logits_ = DeviceBuffer(size_t(vocab_size_) * 4);
+  CUDA_CHECK(cudaMallocHost(&host_logprob_ring_, kRing * sizeof(float)));
+  CUDA_CHECK(cudaMallocHost(&host_top_ring_, kRing * kMaxChainLogprobs * sizeof(Candidate)));
 }
 
 // Room for a mask of `words` in the pinned staging buffer. Called before a launch: freeing pinned

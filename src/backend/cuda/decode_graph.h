@@ -51,6 +51,7 @@ class DecodeGraph {
   size_t mask_words() const { return (size_t(vocab_size_) + 63) / 64; }  // of a mask over the vocabulary
   void write_token(int32_t token);
   void reserve_host_mask(size_t words);
+  void reserve_logprobs();
   void launch(CudaSequenceState& s);  // captures s's graph on first use
   cudaGraphExec_t instantiate(cudaGraph_t graph) const;
 
@@ -65,6 +66,12 @@ class DecodeGraph {
   // tokens generated before the chain (grown as needed).
   DeviceBuffer counts_, seen_, seen_count_, history_;
   size_t history_capacity_ = 0;
+  // A chain's logprobs (ChooseLogprobs), allocated by the first chain that asks: the log-partition's
+  // parts (double [2 kPartitionBlocks]), the raw row's best (Candidate [kMaxChainLogprobs]), the
+  // penalized tokens' raw logits (float [vocab]); out through pinned rings, kRing slots.
+  DeviceBuffer partials_, raw_top_, raw_logits_;
+  float* host_logprob_ring_ = nullptr;    // pinned [kRing]
+  Candidate* host_top_ring_ = nullptr;    // pinned [kRing, kMaxChainLogprobs]
   DeviceBuffer mask_;                     // uint64 [ceil(vocab / 64)]: the allowed ids of this step
   uint64_t* host_mask_ = nullptr;         // pinned [host_mask_words_]: the mask on its way in,
   size_t host_mask_words_ = 0;            // rewritten only after the step that read it synchronized

@@ -10,6 +10,7 @@
 
 #include <cuda_runtime.h>
 
+#include "backend/backend.h"  // kMaxChainLogprobs
 #include "backend/token_draw.h"
 
 namespace lily::cuda {
@@ -44,10 +45,29 @@ struct TokenCounts {
   int32_t* seen_count = nullptr;
 };
 
+// The log-partition of a row, in parts: block b of kPartitionBlocks writes (m_b, s_b) to
+// partials[2b, 2b + 1], m_b the largest non-NaN logit of its share of logits[0 .. n) (-inf if
+// none), s_b = sum of exp(l - m_b) over its share in double. log Z = M + log(sum_b s_b
+// exp(m_b - M)), M the largest m_b (choose_token reduces them). One launch, no sync.
+constexpr int kPartitionBlocks = 64;
+void log_partition_partials(const float* logits, int n, double* partials, cudaStream_t stream);
+
+// The log-probabilities choose_token writes with its pick (ChainedToken's), of the raw row: the
+// logits before the penalties and the mask.
+struct ChooseLogprobs {
+  int top = -1;                        // -1: none; else the alternatives (<= kMaxChainLogprobs)
+  const float* logits = nullptr;       // the row the pick was made on (raw where not penalized)
+  const float* raw = nullptr;          // [vocab] the penalized tokens' raw logits, or null
+  const double* partials = nullptr;    // log_partition_partials of the raw row
+  const Candidate* raw_top = nullptr;  // [top] top_candidates of the raw row
+  float* logprob = nullptr;            // out: the pick's log-probability
+  Candidate* top_out = nullptr;        // out [top]: (log-probability, id); padding as raw_top's
+};
+
 // How choose_token picks among `count` candidates: the first when count is 1, else token_draw.h's
 // draw with `draw` and the uniform draw_uniform(seed, index); the pick counted in `counts` when
 // its pointers are set. usable_only: candidates at -inf are left out too (under a grammar's mask,
-// as the host sampler leaves them out).
+// as the host sampler leaves them out). logprobs: written with the pick when logprobs.top >= 0.
 struct ChooseArgs {
   int count = 1;
   DrawParams draw;
@@ -55,6 +75,7 @@ struct ChooseArgs {
   uint64_t index = 0;
   TokenCounts counts;
   bool usable_only = false;
+  ChooseLogprobs logprobs;
 };
 
 // The chosen candidate's id into *token (the next decode step's input; 0 when there is none) and
@@ -68,7 +89,8 @@ void choose_token(const Candidate* candidates, const ChooseArgs& args, int32_t* 
 void count_tokens(const int32_t* tokens, int n, const TokenCounts& counts, cudaStream_t stream);
 
 // logits[t] = penalized_logit(logits[t], counts[t], p) (token_draw.h) for every t seen so far, in
-// place, before the candidates are selected. One launch, no sync.
-void penalize_logits(float* logits, const TokenCounts& counts, const Penalties& p, cudaStream_t stream);
+// place, before the candidates are selected; raw[t] = the logit before, when raw is not null
+// ([vocab]: for the logprobs of the raw row). One launch, no sync.
+void penalize_logits(float* logits, const TokenCounts& counts, const Penalties& p, float* raw, cudaStream_t stream);
 
 }  // namespace lily::cuda
