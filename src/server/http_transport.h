@@ -82,7 +82,7 @@ class HttpTransport {
   // Shutdown, step 2: every connection closed, the I/O threads joined.
   void stop();
 
-  struct Impl;  // http_transport.cpp (its connections use it too)
+  struct Impl;  // http_session.h (the transport and its connections share it)
 
  private:
   std::unique_ptr<Impl> impl_;
