@@ -51,9 +51,10 @@ std::string new_tool_call_id() {
 
 ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions options)
     : engine_(engine),
+      backend_(options.backend ? *options.backend : engine.backend()),
       tokenizer_(std::move(tokenizer)),
       context_size_(options.context_size > 0 ? options.context_size : engine.config().max_position_embeddings),
-      cache_(engine.backend(), context_size_, options.cache_bytes),
+      cache_(backend_, context_size_, options.cache_bytes),
       grammars_(tokenizer_, engine.config().vocab_size, options.grammar_cache_entries) {
   LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size, "the tokenizer has {} ids but the model only {}",
              tokenizer_.vocab_size(), engine.config().vocab_size);
@@ -244,7 +245,7 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   c.usage.prompt_tokens = c.seq.prompt_length();
   c.usage.cached_tokens = c.seq.in_state();
   c.timings.prefilled_tokens = c.usage.prompt_tokens - c.usage.cached_tokens;
-  if (options.use_cache) snapshot_boundary(engine_.backend(), c.seq, p.reuse_boundary);
+  if (options.use_cache) snapshot_boundary(backend_, c.seq, p.reuse_boundary);
   c.timings.prefill_seconds = seconds_since(start);
   const FinishReason reason = generate_reply(c);
   return finish(c, reason);
@@ -261,8 +262,7 @@ FinishReason ChatService::generate_reply(Completion& c) {
   g.vocab_limit = tokenizer_.vocab_size();
   g.top_logprobs = c.p.options.top_logprobs;
   g.grammar = c.grammar ? &*c.grammar : nullptr;
-  GenerateResult r = c.seq.generate(engine_.backend(), std::move(g),
-                                    [&](const GeneratedToken& t) { return on_token(c, t); });
+  GenerateResult r = c.seq.generate(backend_, std::move(g), [&](const GeneratedToken& t) { return on_token(c, t); });
   c.timings.prefill_seconds += r.prefill_seconds;
   c.timings.decode_seconds += r.decode_seconds;
   c.timings.grammar_seconds += r.grammar_seconds;

@@ -151,6 +151,8 @@ struct ChatServiceOptions {
   int64_t context_size = 0;                  // 0: the model's max_position_embeddings
   uint64_t cache_bytes = uint64_t(4) << 30;  // memory budget of the session cache
   size_t grammar_cache_entries = 32;         // compiled grammars kept (schemas, tool sets)
+  Backend* backend = nullptr;                // run here instead of on the engine's backend (tests: a
+                                             // wrapped one); the engine's model and config stay
 };
 
 class ChatService {
@@ -189,6 +191,7 @@ class ChatService {
   CompletionResult finish(Completion& c, FinishReason reason);
 
   Engine& engine_;
+  Backend& backend_;  // the engine's, or ChatServiceOptions::backend
   Tokenizer tokenizer_;
   int64_t context_size_;
   PrefixCache cache_;

@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cstdlib>
 
+#include "candidate_backends.h"
 #include "runtime/chat_service.h"
 
 namespace lily {
@@ -20,11 +21,19 @@ const std::string kBackend = std::getenv("LILY_TEST_BACKEND") ? std::getenv("LIL
 
 struct Fixture {
   std::unique_ptr<Engine> engine;
+  std::unique_ptr<test::WrappedBackend> chained;  // the engine's backend with chains on the host
   std::unique_ptr<ChatService> service;
-  Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30, const std::string& model = kModelDir) {
+  // chain: decode on test::HostChain (Backend::chain_tokens as the GPU does it) over the engine's
+  // backend, whatever that offers itself.
+  Fixture(int64_t context = 1024, uint64_t cache_bytes = uint64_t(1) << 30, const std::string& model = kModelDir,
+          bool chain = false) {
     engine = Engine::load(EngineOptions{model, kBackend, 0});
-    service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(model),
-                                            ChatServiceOptions{context, cache_bytes});
+    ChatServiceOptions options{context, cache_bytes};
+    if (chain) {
+      chained = std::make_unique<test::WrappedBackend>(engine->backend(), test::WrappedBackend::Mode::chained);
+      options.backend = chained.get();
+    }
+    service = std::make_unique<ChatService>(*engine, Tokenizer::load_from_model_dir(model), options);
   }
 };
 
@@ -325,6 +334,56 @@ TEST(ChatService, CancellingStopsAtTheNextToken) {
   EXPECT_TRUE(res.cancelled);
   EXPECT_EQ(calls, 3);
   EXPECT_LT(res.usage.completion_tokens, 50);
+}
+
+// The session cache with chained decoding: a reply that ends on a stop token leaves it in the
+// state (the chain's step ahead fed it), a cancelled one its last token. Conversations of
+// lily-tiny (its replies end on <|im_end|>) and of the random model, greedy and sampled, with a
+// tool grammar, a cancel and a stop string in the middle: every reply's tokens, cached counts and
+// finish equal those of the same service stepping one token at a time.
+TEST(ChatService, ChainedDecodingKeepsEveryReplyAndTheCacheExact) {
+  for (const std::string& model : {kLilyTiny, kModelDir}) {
+    SCOPED_TRACE(model);
+    Fixture stepwise(1024, uint64_t(1) << 30, model), chained(1024, uint64_t(1) << 30, model, true);
+    json messages = json::array({json{{"role", "user"}, {"content", "What is the weather in Paris?"}}});
+    const char* follow_ups[] = {"And in Oslo?", "Thanks. Count to five.", "Bye."};
+    int stops = 0;
+    for (int turn = 0; turn < 4; ++turn) {
+      SCOPED_TRACE(testing::Message() << "turn " << turn);
+      ChatRequest r = greedy_request(messages, 48);
+      if (turn == 1) r.options.sampling = SamplingParams{0.8f, 20, 0.95f, 0.0f, 1.5f, 0.0f, 1.0f, 42};
+      if (turn == 2) r.tools = weather_tools(), r.tool_choice = {ToolChoice::Mode::required, ""};
+      std::vector<CompletionResult> results;
+      for (Fixture* f : {&stepwise, &chained}) {
+        int deltas = 0;
+        results.push_back(f->service->complete_chat(r, [&](const ChatDelta&) { return turn != 3 || ++deltas < 4; }));
+      }
+      const CompletionResult &want = results[0], &got = results[1];
+      EXPECT_EQ(got.tokens, want.tokens);
+      EXPECT_EQ(got.content, want.content);
+      EXPECT_EQ(got.reasoning, want.reasoning);
+      EXPECT_EQ(got.finish_reason, want.finish_reason);
+      EXPECT_EQ(got.cancelled, want.cancelled);
+      EXPECT_EQ(got.usage.cached_tokens, want.usage.cached_tokens);
+      EXPECT_EQ(got.usage.prompt_tokens, want.usage.prompt_tokens);
+      stops += got.finish_reason != "length" && !got.cancelled;
+      if (turn == 3) {
+        EXPECT_TRUE(got.cancelled);
+        break;
+      }
+      messages.push_back(assistant_turn(want));
+      messages.push_back(json{{"role", "user"}, {"content", follow_ups[turn]}});
+    }
+    EXPECT_GT(chained.chained->chains, 0);
+    if (model == kLilyTiny) {
+      EXPECT_GT(stops, 0) << "a reply ended on a stop token";
+    }
+    // After the cancel: the same request again, from the cache, as stepwise.
+    ChatRequest again = greedy_request(messages, 24);
+    const CompletionResult a = run(*stepwise.service, again), b = run(*chained.service, again);
+    EXPECT_EQ(b.tokens, a.tokens);
+    EXPECT_EQ(b.usage.cached_tokens, a.usage.cached_tokens);
+  }
 }
 
 TEST(ChatService, TextCompletionOfTokenIds) {
