@@ -146,11 +146,12 @@ class Backend {
   // streaming it to a client, overlaps the next step): step 1 appends `token`, each later step
   // the token chosen (`choice`) by the one before; next() returns the chosen tokens in order, at
   // most `steps`, and throws when a step has no token to choose (every logit it may choose NaN,
-  // or -inf under a mask). A chain runs one step ahead of the host: when next() returns a token, the step
-  // that appends it is already running (unless it was the chain's last). So while a chain lives
-  // the state is the chain's (nothing else may touch it), and once it is destroyed the state holds
-  // `token` and every token next() returned, all but the last of a chain run to its end.
-  // The default returns null (not offered): the caller steps with forward_candidates instead.
+  // or -inf under a mask). A chain runs one step ahead of the host: when next() returns a token,
+  // the step that appends it is already running (unless it was the chain's last). So while a
+  // chain lives the state is the chain's (nothing else may touch it), and once it is destroyed
+  // the state holds `token` and every token next() returned, all but the last of a chain run to
+  // its end. The default returns null (not offered): the caller steps with forward_candidates
+  // instead.
   virtual std::unique_ptr<TokenChain> chain_tokens(SequenceState& state, int32_t token, int64_t steps,
                                                    const ChainChoice& choice) {
     (void)state, (void)token, (void)steps, (void)choice;
