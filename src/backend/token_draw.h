@@ -9,9 +9,10 @@
 //              counter (splitmix64 of seed + i·golden), so any draw can be made without the
 //              draws before it
 //   w_j      = exp((l_j - l_0) / T) over candidates l_0 >= l_1 >= ... (candidate_weight)
-//   p_j      = w_j / sum(w); the cut (draw_cut): top-p keeps the smallest prefix whose mass
+//   p_j      = w_j / sum(w); the cut (filter_cut): top-p keeps the smallest prefix whose mass
 //              reaches top_p, min-p stops before the first p_j < min_p · p_0; the smaller cut wins
-//   token    = the first j with w_0 + ... + w_j > u · (w_0 + ... + w_{cut-1}) (pick_weighted)
+//   token    = the first j with w_0 + ... + w_j > u · (w_0 + ... + w_{cut-1}) (draw_index;
+//              pick_weighted both)
 //
 // Plain arithmetic in double, in candidate order: the host and the device compute the same sums
 // (exp may differ in its last bit between the two libraries, moving a draw only when u falls
@@ -72,11 +73,9 @@ LILY_HOST_DEVICE inline double candidate_weight(float logit, float best, float t
   return ::exp((double(logit) - double(best)) / double(temperature));
 }
 
-// Where top-p and min-p cut candidates of weights w[0 .. n) (w[0] the best, descending): the
-// number kept, in [1, n].
-LILY_HOST_DEVICE inline int draw_cut(const double* w, int n, float top_p, float min_p) {
-  double total = 0;
-  for (int j = 0; j < n; ++j) total += w[j];
+// Where top-p and min-p cut candidates of weights w[0 .. n) (w[0] the best, descending) whose
+// probabilities are w / total: the number kept, or 0 when neither filter cuts inside the n.
+LILY_HOST_DEVICE inline int filter_cut(const double* w, int n, double total, float top_p, float min_p) {
   const double p0 = w[0] / total;
   double mass = 0;
   for (int j = 0; j < n; ++j) {
@@ -85,21 +84,29 @@ LILY_HOST_DEVICE inline int draw_cut(const double* w, int n, float top_p, float 
     mass += p;
     if (top_p < 1.0f && mass >= double(top_p)) return j + 1;
   }
-  return n;
+  return 0;
+}
+
+// The index u in [0, 1) draws among weights w[0 .. n): the first whose running sum passes u times
+// their sum.
+LILY_HOST_DEVICE inline int draw_index(const double* w, int n, double u) {
+  double kept = 0;
+  for (int j = 0; j < n; ++j) kept += w[j];
+  const double target = u * kept;
+  double acc = 0;
+  for (int j = 0; j < n; ++j) {
+    acc += w[j];
+    if (acc > target) return j;
+  }
+  return n - 1;  // u · kept within rounding of the sum
 }
 
 // The candidate drawn by u in [0, 1) among w[0 .. n) after the filters' cut.
 LILY_HOST_DEVICE inline int pick_weighted(const double* w, int n, const DrawParams& p, double u) {
-  const int cut = draw_cut(w, n, p.top_p, p.min_p);
-  double kept = 0;
-  for (int j = 0; j < cut; ++j) kept += w[j];
-  const double target = u * kept;
-  double acc = 0;
-  for (int j = 0; j < cut; ++j) {
-    acc += w[j];
-    if (acc > target) return j;
-  }
-  return cut - 1;  // u · kept within rounding of the sum
+  double total = 0;
+  for (int j = 0; j < n; ++j) total += w[j];
+  const int cut = filter_cut(w, n, total, p.top_p, p.min_p);
+  return draw_index(w, cut > 0 ? cut : n, u);
 }
 
 }  // namespace lily

@@ -80,20 +80,6 @@ void best_tokens(std::span<const float> logits, int32_t n, size_t count, float b
   ids.resize(count);
 }
 
-// Where top-p and min-p cut candidates of descending probabilities (probs[0] the best): top-p
-// keeps the smallest prefix whose mass reaches top_p, min-p stops before the first token below
-// min_p x probs[0]; the smaller cut wins. 0: neither filter cuts inside `probs`.
-size_t filter_cut(std::span<const double> probs, float top_p, float min_p) {
-  const double floor = min_p * probs[0];
-  double mass = 0;
-  for (size_t i = 0; i < probs.size(); ++i) {
-    if (min_p > 0.0f && i > 0 && probs[i] < floor) return i;
-    mass += probs[i];
-    if (top_p < 1.0f && mass >= top_p) return i + 1;
-  }
-  return 0;
-}
-
 }  // namespace
 
 Sampler::Sampler(const SamplingParams& params, int32_t vocab_limit) : params_(params), vocab_limit_(vocab_limit) {
@@ -174,23 +160,14 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
     best_tokens(logits, n, want, best, ids_);
     probs.resize(ids_.size());
     for (size_t i = 0; i < ids_.size(); ++i) probs[i] = double(weights_[size_t(ids_[i])]) / total;
-    cut = filter_cut(probs, params_.top_p, params_.min_p);
+    cut = size_t(filter_cut(probs.data(), int(probs.size()), 1.0, params_.top_p, params_.min_p));
     if (cut > 0) break;
     if (want == size_t(n) || ids_.size() < want) {  // everything sorted (NaN and -inf logits aside)
       cut = ids_.size();
       break;
     }
   }
-  // The draw among the cut's tokens (probs descending): the first whose running mass passes u.
-  double kept = 0;
-  for (size_t i = 0; i < cut; ++i) kept += probs[i];
-  const double target = next_uniform() * kept;
-  double acc = 0;
-  for (size_t i = 0; i < cut; ++i) {
-    acc += probs[i];
-    if (acc > target) return ids_[i];
-  }
-  return ids_[cut - 1];
+  return ids_[size_t(draw_index(probs.data(), int(cut), next_uniform()))];  // the cut's tokens, descending
 }
 
 namespace {
