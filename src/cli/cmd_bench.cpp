@@ -341,9 +341,9 @@ class StepwiseOnly final : public Backend {
 
 // Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
 // thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95): on a backend's chain when it
-// has one (each token drawn where the logits are, the host a step behind), or, `stepwise`, each step's candidates (or
-// logits) to the host and the draw there. `fill` puts D tokens of context into a fresh state.
-// Time per token: the decode loop's time over its n - 1 steps.
+// has one (each token drawn where the logits are, the host a step behind), or, `stepwise`, each
+// step's candidates (or logits) to the host and the draw there. `fill` puts D tokens of context
+// into a fresh state. Time per token: the decode loop's time over its n - 1 steps.
 std::vector<Row> bench_decode_generate(Backend& chained, const std::vector<int32_t>& depths, int n, int repeats,
                                        double peak_bytes_per_second,
                                        const std::function<void(SequenceState&, int32_t)>& fill, bool stepwise) {

@@ -32,13 +32,16 @@ std::string bench(const std::string& args) {
          "/models/tiny-a/mlx-q4 --backend cpu --prefill-lengths none --decode-tokens 2 --repeats 1 " + args;
 }
 
+// The table rows of `lily bench ... --json` with `args` (none, and a failure, if it fails).
+nlohmann::json json_rows(const std::string& args) {
+  auto [status, out] = run(bench(args + " --json 2>/dev/null"));
+  EXPECT_EQ(status, 0) << args << ": " << out;
+  return status == 0 ? nlohmann::json::parse(out)["rows"] : nlohmann::json::array();
+}
+
 TEST(BenchRows, StepsOfFourRowsAgainstTheirBytes) {
   if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
-  auto [one_status, one_out] = run(bench("--decode-depths 16,32 --json 2>/dev/null"));
-  ASSERT_EQ(one_status, 0) << one_out;
-  auto [status, out] = run(bench("--decode-depths 16,32 --decode-rows 4 --json 2>/dev/null"));
-  ASSERT_EQ(status, 0) << out;
-  const auto one = nlohmann::json::parse(one_out)["rows"], four = nlohmann::json::parse(out)["rows"];
+  const auto one = json_rows("--decode-depths 16,32"), four = json_rows("--decode-depths 16,32 --decode-rows 4");
   ASSERT_EQ(one.size(), 2u);
   ASSERT_EQ(four.size(), 2u);
   for (size_t i = 0; i < 2; ++i) {
@@ -63,11 +66,9 @@ TEST(BenchRows, StepsOfFourRowsAgainstTheirBytes) {
 // than 3 rows of one sequence (every sequence's own state and cache), reported as batch3.
 TEST(BenchRows, StepsOfThreeSequencesAgainstTheirBytes) {
   if (!std::filesystem::exists(LILY_BINARY)) GTEST_SKIP() << "no lily binary at " << LILY_BINARY;
-  auto [rows_status, rows_out] = run(bench("--decode-depths 16 --decode-rows 3 --json 2>/dev/null"));
-  ASSERT_EQ(rows_status, 0) << rows_out;
-  auto [status, out] = run(bench("--decode-depths 16 --decode-rows 3 --decode-batch --json 2>/dev/null"));
-  ASSERT_EQ(status, 0) << out;
-  const auto rows = nlohmann::json::parse(rows_out)["rows"], batch = nlohmann::json::parse(out)["rows"];
+  const auto rows = json_rows("--decode-depths 16 --decode-rows 3"),
+             batch = json_rows("--decode-depths 16 --decode-rows 3 --decode-batch");
+  ASSERT_EQ(rows.size(), 1u);
   ASSERT_EQ(batch.size(), 1u);
   EXPECT_EQ(batch[0]["kind"], "batch");
   EXPECT_EQ(batch[0]["rows"], 3);

@@ -68,7 +68,8 @@ class HostChain final : public TokenChain {
   }
   ChainedToken next() override {
     LILY_CHECK(returned_ < steps_, "a chain of {} steps asked for token {}", steps_, returned_ + 1);
-    const std::vector<float> raw = row_;
+    std::vector<float> raw;  // the row before the penalties, for its logprobs
+    if (choice_.top_logprobs >= 0) raw = row_;
     ChainedToken out;
     out.id = choose();
     if (choice_.top_logprobs >= 0) {
