@@ -340,10 +340,10 @@ class StepwiseOnly final : public Backend {
 };
 
 // Decode as a request of `lily serve` runs it: runtime generate() with Qwen's recommended
-// thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95): on a backend's chain when it
-// has one (each token drawn where the logits are, the host a step behind), or, `stepwise`, each
-// step's candidates (or logits) to the host and the draw there. `fill` puts D tokens of context
-// into a fresh state. Time per token: the decode loop's time over its n - 1 steps.
+// thinking-mode sampling (temperature 0.6, top-k 20, top-p 0.95): on a backend's chain (the
+// GPU draws each token, the host a step behind), or, `stepwise`, each step's candidates (or
+// logits) to the host and the draw there. `fill` puts D tokens of context into a fresh state.
+// Time per token: the decode loop's time over its n - 1 steps.
 std::vector<Row> bench_decode_generate(Backend& chained, const std::vector<int32_t>& depths, int n, int repeats,
                                        double peak_bytes_per_second,
                                        const std::function<void(SequenceState&, int32_t)>& fill, bool stepwise) {
@@ -570,9 +570,9 @@ CommandRegistration bench_command{
            ->capture_default_str();
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
-                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6; on a backend "
-                      "with chains, each token drawn where the logits are); stepwise: that loop with each step's "
-                      "candidates drawn on the host (no chain)")
+                      "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6; on the GPU the "
+                      "steps chained, each token drawn there); stepwise: that loop with each step's candidates "
+                      "drawn on the host (no chain)")
            ->check(CLI::IsMember({"graph", "generate", "stepwise"}))
            ->capture_default_str();
        sub.add_option("--decode-skip", a->decode_skip,

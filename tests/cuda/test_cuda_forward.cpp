@@ -8,10 +8,12 @@
 #include <cmath>
 #include <fstream>
 #include <iterator>
+#include <map>
 
 #include <nlohmann/json.hpp>
 
 #include "../model/fixture.h"
+#include "../runtime/candidate_backends.h"
 #include "backend/backend.h"
 #include "backend/cuda/bench/cuda_bench.h"
 #include "backend/cuda/cuda_backend.h"
@@ -279,6 +281,115 @@ TEST(CudaForwardLilyTiny, Greedy64MatchesCpu) {
     }
   std::printf("lily-tiny greedy 64: first divergence at %d\n", first_diff);
   EXPECT_EQ(g, c);
+}
+
+// Backend::chain_tokens on the GPU (steps chained there, each token chosen by choose_token)
+// against the same steps one at a time on the host (each step's logits, the penalties, the
+// selection and draw of candidate_backends.h: what generate() does without chains): the same
+// tokens, greedy and sampled, with and without penalties, over the whole vocabulary and below a
+// limit. A chain left early leaves the state holding its first token and every token returned:
+// a probe token then gives the logits of a sequence stepped through exactly those.
+TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
+  REQUIRE_GPU();
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  auto gpu = make_cuda_backend(weights);
+  const int32_t V = weights->config.vocab_size;
+  const std::vector<int32_t> prompt = {11, 882, 198, 1532, 3, 220, 24, 19, 22, 10, 18, 22};
+  const int steps = 40;
+  auto start = [&] {
+    auto s = gpu->new_sequence(256);
+    std::vector<float> unused;
+    gpu->forward(*s, prompt, LogitsWanted::none, unused);
+    return s;
+  };
+  auto choice = [](int count, int32_t limit, DrawParams draw, uint64_t seed, uint64_t first_draw,
+                   Penalties penalties = {}, std::vector<int32_t> history = {}, int top_logprobs = -1) {
+    return ChainChoice{count, limit, draw, seed, first_draw, penalties, std::move(history), nullptr, top_logprobs};
+  };
+  struct Case {
+    const char* name;
+    ChainChoice choice;
+  };
+  const Case cases[] = {
+      {"greedy", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0)},
+      {"greedy below 1000", choice(1, 1000, {0.0f, 1.0f, 0.0f}, 0, 0)},
+      {"qwen", choice(20, V, {0.6f, 0.95f, 0.0f}, 1234, 1)},
+      {"hot, below 1500", choice(50, 1500, {2.0f, 1.0f, 0.0f}, 99, 5)},
+      {"wide", choice(256, V, {1.5f, 1.0f, 0.01f}, 7, 1)},
+      {"qwen, presence 1.5", choice(20, V, {1.0f, 0.95f, 0.0f}, 3, 1, {1.5f, 0.0f, 1.0f}, {1532})},
+      {"greedy, presence -5", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {-5.0f, 0.0f, 1.0f}, {1532, 9, 9})},
+      {"greedy, repetition", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {0.0f, 0.5f, 1.3f}, {})},
+      {"qwen, presence, 5 logprobs", choice(20, 1500, {1.0f, 0.95f, 0.0f}, 3, 1, {1.5f, 0.0f, 1.0f}, {1532}, 5)},
+      {"greedy, 0 logprobs", choice(1, V, {0.0f, 1.0f, 0.0f}, 0, 0, {}, {}, 0)},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.name);
+    const int32_t first = 1532;
+    // One step at a time, on the host.
+    auto ref = start();
+    std::vector<int32_t> want;
+    std::map<int32_t, int> counts;
+    for (int32_t t : c.choice.history) ++counts[t];
+    int32_t token = first;
+    std::vector<float> row;
+    std::vector<std::vector<float>> raw_rows;  // each step's logits before the penalties
+    for (int i = 0; i < steps; ++i) {
+      gpu->forward(*ref, std::span<const int32_t>(&token, 1), LogitsWanted::last, row);
+      raw_rows.push_back(row);
+      if (c.choice.penalties.any())
+        for (auto [id, n] : counts) row[size_t(id)] = penalized_logit(row[size_t(id)], n, c.choice.penalties);
+      token = test::choose_candidate(test::select_candidates(row, c.choice.count, c.choice.vocab_limit), c.choice,
+                                     uint64_t(i));
+      ++counts[token];
+      want.push_back(token);
+    }
+    // Chained, to the end.
+    auto s = start();
+    std::vector<int32_t> got;
+    {
+      auto chain = gpu->chain_tokens(*s, first, steps, c.choice);
+      ASSERT_NE(chain, nullptr);
+      for (int i = 0; i < steps; ++i) {
+        const ChainedToken t = chain->next();
+        got.push_back(t.id);
+        if (c.choice.top_logprobs < 0 || t.id != want[size_t(i)]) continue;
+        // The raw row's log-softmax (a host loop in double): the pick's and the best ones'.
+        const std::vector<float>& raw = raw_rows[size_t(i)];
+        const int32_t n = c.choice.vocab_limit;
+        const double best = *std::max_element(raw.begin(), raw.begin() + n);
+        double total = 0;
+        for (int32_t j = 0; j < n; ++j) total += std::exp(double(raw[size_t(j)]) - best);
+        const double log_z = best + std::log(total);
+        EXPECT_NEAR(t.logprob, double(raw[size_t(t.id)]) - log_z, 2e-5) << "token " << i;
+        const auto best_ids = test::select_candidates(raw, c.choice.top_logprobs, n);
+        ASSERT_EQ(t.top.size(), best_ids.size());
+        for (size_t j = 0; j < best_ids.size(); ++j) {
+          EXPECT_EQ(t.top[j].token, best_ids[j].token);
+          EXPECT_NEAR(t.top[j].logit, double(best_ids[j].logit) - log_z, 2e-5);
+        }
+      }
+      EXPECT_THROW(chain->next(), Error) << "past its steps";
+    }
+    EXPECT_EQ(got, want);
+    EXPECT_EQ(s->length(), int64_t(prompt.size()) + steps) << "the first token and all but the last returned";
+    for (int32_t t : got) EXPECT_LT(t, c.choice.vocab_limit);
+    // Left after 5 tokens: the state holds the first and those 5.
+    auto early = start();
+    {
+      auto chain = gpu->chain_tokens(*early, first, steps, c.choice);
+      for (int i = 0; i < 5; ++i) ASSERT_EQ(chain->next().id, want[size_t(i)]);
+    }
+    ASSERT_EQ(early->length(), int64_t(prompt.size()) + 6);
+    auto stepped = start();
+    std::vector<float> a, b;
+    std::vector<int32_t> fed = {first};
+    fed.insert(fed.end(), want.begin(), want.begin() + 5);
+    for (int32_t t : fed) gpu->forward(*stepped, std::span<const int32_t>(&t, 1), LogitsWanted::none, a);
+    const int32_t probe = 77;
+    gpu->forward(*stepped, std::span<const int32_t>(&probe, 1), LogitsWanted::last, a);
+    gpu->forward(*early, std::span<const int32_t>(&probe, 1), LogitsWanted::last, b);
+    EXPECT_EQ(a, b);
+  }
 }
 
 // The tensor-core prefill (bf16 GEMM inputs, grouped MoE) against the CPU backend on the same

@@ -374,10 +374,9 @@ TEST(ConstrainedGenerate, TheThinkingBlockIsTheModelsOwn) {
               std::size(kEveryPath) * every_setting().size());
 }
 
-// The backend's own decode under a grammar (under LILY_TEST_BACKEND=cuda the GPU's chain when
-// the backend offers one: the mask filled while the step runs, uploaded, read by the masked
-// top_candidates, the token drawn there, penalties counted there; else its masked candidates)
-// against the same backend's whole row: the same tokens, greedy,
+// The backend's own decode under a grammar (under LILY_TEST_BACKEND=cuda the GPU's chain: the
+// mask filled while the step runs, uploaded, read by the masked top_candidates, the token drawn
+// there, penalties counted there) against the same backend's whole row: the same tokens, greedy,
 // sampled and penalised, for a schema and a grammar allowing fewer tokens than top_k. On the CPU
 // backend (no candidates or chains of its own) both runs take the whole row: the comparison is
 // the GPU's.

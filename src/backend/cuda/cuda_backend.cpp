@@ -101,6 +101,17 @@ class CudaBackendImpl final : public CudaBackend {
     return true;
   }
 
+  // Decode steps chained on the GPU, each token chosen there (top_candidates, choose_token), the
+  // host a step behind (Backend::chain_tokens).
+  std::unique_ptr<TokenChain> chain_tokens(SequenceState& state, int32_t token, int64_t steps,
+                                           const ChainChoice& choice) override {
+    if (choice.count < 1 || choice.count > kMaxTopCandidates) return nullptr;
+    auto& s = as_cuda(state);
+    check_room(s, steps);
+    check_token(token);
+    return graph_.chain(s, token, steps, choice);
+  }
+
   std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {
     auto& s = as_cuda(state);
     LILY_CHECK(count >= 0, "decode of {} tokens", count);
