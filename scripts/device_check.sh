@@ -13,8 +13,7 @@
 #   SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
 #   steps at DEPTH (default 4096) with ncu, one at a time (tools/ncu_summary.py); "timeline"
 #   traces 8 steps as they run in the graph with nsys (tools/nsys_timeline.py: in-graph
-#   durations and the gaps between kernels); "persistent" runs the persistent decode kernel's tests
-#   and bench_persistent_step at DEPTHS (default "4096 32768 131072")
+#   durations and the gaps between kernels)
 # Sourcing it with PHASES="" only sets up the environment (LD_LIBRARY_PATH, /work/main).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -94,18 +93,6 @@ run_sanitize() {
   cat "$OUT/sanitizer.txt"
 }
 
-run_persistent() {
-  # Issue 16: the persistent decode kernel's tests (the cores, then the whole step against the chain;
-  # a hang shows as exit 124), then the step against the chain at depths (bench_persistent_step).
-  for t in cuda_test_persistent_deltanet cuda_test_persistent_attention cuda_test_persistent_decode; do
-    echo "-- $t"; timeout ${TEST_TIMEOUT:-120} ".carry/tests/$t" 2>&1 | grep -vE "^\[ RUN|^\[       OK" | head -n 100
-    echo "exit ${PIPESTATUS[0]}"
-  done > "$OUT/persistent.txt" 2>&1
-  timeout ${BENCH_TIMEOUT:-150} .carry/bench/bench_persistent_step ${DEPTHS:-4096 32768 131072} >> "$OUT/persistent.txt" 2>&1
-  echo "bench exit $?" >> "$OUT/persistent.txt"
-  cat "$OUT/persistent.txt"
-}
-
 run_kernels() {
   timeout ${NCU_TIMEOUT:-150} ncu --profile-from-start off --clock-control none --graph-profiling node \
     --metrics gpu__time_duration.sum --csv .carry/lily bench --synthetic --prefill-lengths none \
@@ -132,7 +119,6 @@ for phase in ${PHASES-tests bench sanitize}; do
     ab) run_ab ;;
     kernels) run_kernels ;;
     timeline) run_timeline ;;
-    persistent) run_persistent ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

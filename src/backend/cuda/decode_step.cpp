@@ -23,7 +23,6 @@
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/moe_decode.h"
 #include "backend/cuda/layer_params.h"
-#include "backend/cuda/persistent/persistent_decode.h"
 
 namespace lily::cuda {
 
@@ -77,9 +76,6 @@ DecodeStep::DecodeStep(const GpuWeights& w, const DecodePlan& plan) : w_(w), c_(
   logits_ = DeviceBuffer(uint64_t(c_.vocab_size) * 4);
   attention_scratch_ = DeviceBuffer(attention_scratch_bytes(c_));
   attention_scratch_.zero();
-  if (plan.persistent)
-    persistent_ = std::make_unique<persistent::PersistentDecode>(
-        w, persistent::persistent_decode_tiling(c_, multiprocessor_count()), token(), logits());
   CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -87,10 +83,6 @@ DecodeStep::~DecodeStep() = default;
 
 void DecodeStep::record(CudaSequenceState& s, cudaStream_t stream) {
   stream_ = stream;
-  if (persistent_) {  // the whole step in one launch (issue 16); the observer's parts do not apply
-    persistent_->record(s, stream);
-    return;
-  }
   mark(DecodePart::embed);
   // h = embed[token]
   embed_tokens(w_.embed_tokens, token(), 1, h_.as<float>(), stream);

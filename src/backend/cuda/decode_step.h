@@ -1,7 +1,6 @@
 // decode_step.h: the model for one token on the GPU (T = 1), launch by launch, with the kernels
 // the plan picked (kernel_plan.h). It reads like backend/cpu/forward.cpp; the decode graph
-// (decode_graph.h) captures it once per sequence and replays it. Where the plan says so the whole
-// step is one persistent kernel instead (persistent/persistent_decode.h), with the same buffers.
+// (decode_graph.h) captures it once per sequence and replays it.
 #pragma once
 
 #include <cstdint>
@@ -11,10 +10,6 @@
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/sequence_state.h"
-
-namespace lily::cuda::persistent {
-class PersistentDecode;
-}
 
 namespace lily::cuda {
 
@@ -78,7 +73,6 @@ class DecodeStep {
   DeviceBuffer act_;                // [k + 1, I]
   DeviceBuffer logits_;             // [V]
   DeviceBuffer attention_scratch_;  // split-KV partials (zeroed once; the kernels reset them)
-  std::unique_ptr<persistent::PersistentDecode> persistent_;  // the step as one kernel (plan.persistent)
 };
 
 }  // namespace lily::cuda

@@ -8,7 +8,6 @@
 
 #include "backend/cuda/decode/moe_route_rows.h"
 #include "backend/cuda/layer_params.h"
-#include "backend/cuda/persistent/persistent_decode.h"
 #include "backend/cuda/prefill/gemm_q4.h"
 #include "backend/cuda/prefill/gemm_w4_wgmma.h"
 #include "base/error.h"
@@ -16,10 +15,6 @@
 namespace lily::cuda {
 
 namespace {
-
-// The decode step as one persistent kernel where it takes the weights (issue 16): off until it
-// measures faster than the chain of kernels at every depth (docs/perf.md).
-constexpr bool kPersistentDecode = false;
 
 std::string format_of(const QMatrix& W) { return fmt::format("[{}, {}] q{}", W.rows, W.cols, W.bits); }
 
@@ -150,8 +145,6 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
     plan.decode.layers.push_back(
         with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
   plan.decode.lm_head = plan_rms_norm_gemv(w.lm_head, device, "lm_head");
-  plan.decode.persistent = kPersistentDecode && device.compute_capability >= 90 &&
-                           persistent::persistent_decode_refusal(w).empty();
   check_prefill_projection(w.lm_head, "lm_head");
   plan.prefill.chunk_tokens = prefill_chunk_tokens;
   plan.prefill.dense_rows_up_to = dense_rows_take(w) ? kGemvRowsMaxT : 0;
@@ -184,18 +177,14 @@ std::string KernelPlan::describe() const {
     layers_of[text].push_back(i);
   }
   std::string out;
-  if (decode.persistent) {
-    out = "decode step: persistent_decode_kernel (one launch walking a task list), argmax\n";
-  } else {
-    out = fmt::format("decode step ({} launches in one graph):\n  embed_tokens\n", decode.launches());
-    for (const std::string& text : kinds) {
-      const size_t newline = text.find('\n');
-      out += fmt::format("  {} layers {}:\n{}", text.substr(0, newline), fmt::join(layers_of[text], ","),
-                         text.substr(newline + 1));
-    }
-    out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
-                       format_of(decode.lm_head.W));
+  out = fmt::format("decode step ({} launches in one graph):\n  embed_tokens\n", decode.launches());
+  for (const std::string& text : kinds) {
+    const size_t newline = text.find('\n');
+    out += fmt::format("  {} layers {}:\n{}", text.substr(0, newline), fmt::join(layers_of[text], ","),
+                       text.substr(newline + 1));
   }
+  out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
+                     format_of(decode.lm_head.W));
   out += fmt::format(
       "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + {} projections "
       "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "

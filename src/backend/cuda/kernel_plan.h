@@ -23,8 +23,8 @@
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
 //   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
 //                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
-//   decode step      the chain of kernels below; the persistent kernel (issue 16) is built and
-//                    tested but not the default until it is faster at every depth
+//   decode step      the chain of kernels below (one persistent kernel for the whole step measured
+//                    1.36x slower and was removed: docs/perf.md, sessions 16-18)
 //   prefill GEMM     the projections of passes of 256 tokens and more: wgmma (gemm_w4_wgmma.h)
 //                    on an sm_90 device where every one of them is 4-bit group 64 (2.5x gemm_q4 on
 //                    the input projections at 4K; below 256 tokens out_proj is slower than
@@ -72,10 +72,6 @@ struct DecodeLayerPlan {
 };
 
 struct DecodePlan {
-  // The whole step as one persistent kernel (persistent/persistent_decode.h) instead of the chain
-  // of kernels below: where it takes the weights and, until it measures faster, never by default
-  // (kPersistentDecode); tests turn it on to compare the two.
-  bool persistent = false;
   std::vector<DecodeLayerPlan> layers;
   PlannedGemv lm_head;   // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
   int launches() const;  // kernels of one step, argmax included

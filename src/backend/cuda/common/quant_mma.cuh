@@ -53,20 +53,17 @@ __host__ __device__ constexpr int pairs_per_warp(int pairs, int warps, int step)
 // Shared-memory size of the x fragments for `cols` columns: [chunk][part][4 uint4].
 __host__ __device__ constexpr int fragment_uint4s(int cols) { return cols / 32 * 2 * kFragU4PerChunk; }
 
-// Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers;
-// BIASED: bf16x2(128 + q[8w + j], 128 + q[8w + j + 4]), the subtraction left out (dot_tile_biased
-// takes the 128 back out per group).
+// Word w of a chunk -> a[j] = bf16x2(q[8w + j], q[8w + j + 4]) (low half first), exact integers:
 // (w >> 4j & 0x000F000F) | 128.0 is one lop3 with the mask as its immediate and the magic in a
-// register (written in C, the two constants made it two instructions, ncu 2026-12-03).
-template <bool BIASED = false>
+// register (written in C, the two constants made it two instructions, ncu 2026-12-03), then 128
+// subtracted.
 __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
   constexpr uint32_t kMagic = 0x43004300u;  // bf16 128.0 in both halves; 128 + q is exact
 #pragma unroll
   for (int j = 0; j < 4; ++j) {
     uint32_t v;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * j)), "n"(0x000F000Fu), "r"(kMagic));
-    if constexpr (BIASED) a[j] = v;
-    else asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
+    asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
   }
 }
 
@@ -115,33 +112,6 @@ __device__ __forceinline__ void stage_x_fragments(const float* x, int cols, uint
       if (lane == 0 && grp < ngroups) group_sum[grp] = v[r];
     }
   }
-}
-
-// Columns 8i .. 8i + 7 of an input row, y[0..8), into the fragments frag (this file's layout:
-// they make pairs 4 (i % 4) + j, j = 0..3, of chunk i / 4: columns j and j + 4) as bf16 hi + lo
-// parts, and the sums of their group of 64 columns (8 consecutive i) into group_sum (of y) and
-// group_sum_hl (of hi + lo: dot_tile_biased takes 128 times it back out). One thread's 8 columns
-// instead of stage_x_fragments' block-wide pass (the persistent decode kernel's staging). Every
-// lane of the warp calls it (the group's shuffles); `mine`: whether i is a column block of the row.
-__device__ __forceinline__ void store_fragments8(int i, bool mine, const float (&y)[8], uint4* frag, float* group_sum,
-                                                 float* group_sum_hl) {
-  uint32_t* f = reinterpret_cast<uint32_t*>(frag);
-  const int chunk = i / 4, k0 = 4 * (i % 4);
-  float sum = 0.f, sum_hl = 0.f;
-#pragma unroll
-  for (int j = 0; j < 4; ++j) {
-    uint32_t hi, lo;
-    ptx::split_bf16(y[j], y[j + 4], hi, lo);
-    if (mine) f[(chunk * 2 + 0) * 16 + k0 + j] = hi, f[(chunk * 2 + 1) * 16 + k0 + j] = lo;
-    sum += y[j] + y[j + 4];
-    sum_hl += (ptx::bf16_lo(hi) + ptx::bf16_lo(lo)) + (ptx::bf16_hi(hi) + ptx::bf16_hi(lo));
-  }
-#pragma unroll
-  for (int m = 1; m < 8; m *= 2) {
-    sum += __shfl_xor_sync(0xffffffffu, sum, m);
-    sum_hl += __shfl_xor_sync(0xffffffffu, sum_hl, m);
-  }
-  if (mine && i % 8 == 0) group_sum[i / 8] = sum, group_sum_hl[i / 8] = sum_hl;
 }
 
 // Block-wide (every thread calls it; the caller syncs after): the input row x [cols] (NORM:
@@ -229,14 +199,11 @@ __device__ __forceinline__ void prefetch_tile_l2(const uint4* codes, const uint1
   }
 }
 
-namespace detail {
-
-// dot_tile and dot_tile_biased: BIASED dequantizes the codes as 128 + q and takes 128 times the
-// group's sum_hl off its dot.
-template <int NPAIR, bool BIASED>
+// y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
+// sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
+template <int NPAIR>
 __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
-                                         const float* group_sum_hl, const uint4* zero, int cpr, int pair0, float& y_g,
-                                         float& y_g8) {
+                                         const uint4* zero, int cpr, int pair0, float& y_g, float& y_g8) {
   const int lane = threadIdx.x % 32, g = lane / 4, t4 = lane % 4, gpr = cpr / 2;
   const bool feeds = (t4 >> 1) == ((g >> 1) & 1);  // chunk t is in column g's group
 #pragma unroll
@@ -257,8 +224,8 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
 #pragma unroll
       for (int w = 0; w < 4; ++w) {
         uint32_t ag[4], ag8[4];
-        dequant_word<BIASED>(wg[w], ag);
-        dequant_word<BIASED>(wg8[w], ag8);
+        dequant_word(wg[w], ag);
+        dequant_word(wg8[w], ag8);
         const uint32_t a0[4] = {ag[0], ag8[0], ag[1], ag8[1]};
         const uint32_t a1[4] = {ag[2], ag8[2], ag[3], ag8[3]};
         ptx::mma_bf16(d[b], a0, bw[4 * w], bw[4 * w + 1]);
@@ -268,38 +235,9 @@ __device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* 
     const int grp = 4 * (pair0 + p) + t4;
     const float xs = grp < gpr ? group_sum[grp] : 0.f;
     const float dg = (d[0][0] + d[0][1]) + (d[1][0] + d[1][1]), dg8 = (d[0][2] + d[0][3]) + (d[1][2] + d[1][3]);
-    if constexpr (BIASED) {
-      const float hl = grp < gpr ? 128.f * group_sum_hl[grp] : 0.f;
-      y_g = fmaf(t.scale[p][0], dg - hl, fmaf(t.bias[p][0], xs, y_g));
-      y_g8 = fmaf(t.scale[p][1], dg8 - hl, fmaf(t.bias[p][1], xs, y_g8));
-    } else {
-      y_g = fmaf(t.scale[p][0], dg, fmaf(t.bias[p][0], xs, y_g));
-      y_g8 = fmaf(t.scale[p][1], dg8, fmaf(t.bias[p][1], xs, y_g8));
-    }
+    y_g = fmaf(t.scale[p][0], dg, fmaf(t.bias[p][0], xs, y_g));
+    y_g8 = fmaf(t.scale[p][1], dg8, fmaf(t.bias[p][1], xs, y_g8));
   }
-}
-
-}  // namespace detail
-
-// y_g, y_g8 += this lane's groups' share of rows g and g + 8 over the loaded pairs (the caller
-// sums the quad). frag, group_sum: stage_x_fragments' output; zero: 4 uint4 of zeros (shared).
-template <int NPAIR>
-__device__ __forceinline__ void dot_tile(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
-                                         const uint4* zero, int cpr, int pair0, float& y_g, float& y_g8) {
-  detail::dot_tile<NPAIR, false>(t, frag, group_sum, nullptr, zero, cpr, pair0, y_g, y_g8);
-}
-
-// dot_tile with the codes as 128 + q (dequant_word<true>: a third fewer instructions a weight).
-// The tensor cores then sum 128 (hi + lo) over each group besides q (hi + lo); the caller's
-// group_sum_hl [cols / 64] holds the sum of hi + lo of each group (as the fragments represent x),
-// and 128 scale of it comes off:  y += scale (dg - 128 sum_hl) + bias sum_x. The products stay
-// exact in fp32 (8-bit by 8-bit significands); the sums carry 128 + q instead of q, ~10x their
-// rounding, still ~1e-6 of a row's magnitude.
-template <int NPAIR>
-__device__ __forceinline__ void dot_tile_biased(const TileLoad<NPAIR>& t, const uint4* frag, const float* group_sum,
-                                                const float* group_sum_hl, const uint4* zero, int cpr, int pair0,
-                                                float& y_g, float& y_g8) {
-  detail::dot_tile<NPAIR, true>(t, frag, group_sum, group_sum_hl, zero, cpr, pair0, y_g, y_g8);
 }
 
 // Sum over the quad (lanes 4 g .. 4 g + 3); every lane of the warp calls it.

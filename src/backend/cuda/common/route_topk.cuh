@@ -68,7 +68,7 @@ __device__ __forceinline__ int warp_route_next(float (&v)[kRouteMaxExperts / 32]
 // through L2 (an earlier kernel of the step wrote them; this SM's L1 may hold an older step's).
 // All of a lane's loads are issued before its stores: a store between them (logits_s may alias
 // logits, for all the compiler knows) made each load wait for the one before, eight L2 round
-// trips in a row (the persistent step's trace, 2026-12-03).
+// trips in a row (a whole-step kernel's trace, 2026-12-03).
 __device__ __forceinline__ void warp_load_logits(const float* logits, int E, float* logits_s) {
   const int lane = threadIdx.x % 32;
   float v[kRouteMaxExperts / 32];
