@@ -50,11 +50,12 @@ struct BenchArgs {
   bool decode_batch = false;    // with decode_rows: one token of each of that many sequences instead
   int repeats = 3;
   bool json = false;
-  std::string plot;                   // PNG path, empty: no plot
-  std::string decode_loop = "graph";  // graph | generate | stepwise (see the option's help)
-  std::string decode_skip;            // parts left out of the decode step (measurement only)
-  std::string decode_trace;           // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
-  bool prefill_split = false;         // where each prefill length's pass spends its time (CUDA)
+  std::string plot;                      // PNG path, empty: no plot
+  std::string decode_loop = "graph";     // graph | generate | stepwise (see the option's help)
+  std::string decode_skip;               // parts left out of the decode step (measurement only)
+  std::string decode_trace;              // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
+  std::vector<std::string> kernel_plan;  // --kernel-plan NAME=VALUE edits (CUDA)
+  bool prefill_split = false;            // where each prefill length's pass spends its time (CUDA)
 };
 
 double now_seconds() {
@@ -421,6 +422,8 @@ int run_bench(BenchArgs a) {
   LILY_CHECK(a.decode_rows == 1 || (a.decode_loop == "graph" && a.decode_skip.empty() && a.decode_trace.empty()),
              "--decode-rows takes none of --decode-loop generate, --decode-skip, --decode-trace");
   LILY_CHECK(!a.decode_batch || a.decode_rows > 1, "--decode-batch needs --decode-rows of 2 or more");
+  LILY_CHECK(a.kernel_plan.empty() || on_gpu,
+             "--kernel-plan edits the CUDA backend's plan; this bench runs on the CPU");
   const bool generate_loop = a.decode_loop == "generate" || a.decode_loop == "stepwise";
   const bool stepwise = a.decode_loop == "stepwise";
   LILY_CHECK(!generate_loop || a.decode_trace.empty(),
@@ -438,13 +441,16 @@ int run_bench(BenchArgs a) {
     LILY_CHECK(cuda_backend_available(), "lily bench --synthetic needs a CUDA GPU");
     peak = cuda::bench::measure_device_copy_bandwidth();
     std::unique_ptr<CudaBackend> backend;
+    CudaBackendOptions options = CudaBackendOptions::from_environment();
+    options.plan_edits = a.kernel_plan;
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
-      backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42));
+      backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42), options);
       title = "Qwen3.6-35B-A3B geometry, random 4-bit weights (--synthetic)";
     } else {
       auto engine = a.model.load_engine();
-      backend = make_cuda_backend(std::shared_ptr<const ModelWeights>(&engine->weights(), [](const ModelWeights*) {}));
+      backend = make_cuda_backend(std::shared_ptr<const ModelWeights>(&engine->weights(), [](const ModelWeights*) {}),
+                                  options);
       title = a.model.resolved_model_dir();
     }
     title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
@@ -586,6 +592,9 @@ CommandRegistration bench_command{
        sub.add_flag("--prefill-split", a->prefill_split,
                     "CUDA: after the prefill timings, one more pass of each length with phase marks: the device "
                     "and host time of each phase (projections, cores, experts, ...) (stderr)");
+       sub.add_option("--kernel-plan", a->kernel_plan,
+                      "CUDA, measurement: set a threshold of the kernel plan, NAME=VALUE (e.g. moe_slots_up_to=8; "
+                      "repeatable); the plan printed at the start shows the result");
        sub.add_flag("--json", a->json, "Print JSON instead of a table");
        sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
        return [a] { return run_bench(*a); };

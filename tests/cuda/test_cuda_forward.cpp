@@ -443,29 +443,43 @@ TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
   EXPECT_LE(*std::max_element(dp.begin(), dp.end()), 2e-2 * max_cpu) << "passes of 64 tokens against one pass";
 
   // Passes of 2 to 16 tokens (the few-row kernels, programmatic launches), every row against the
-  // CPU's at the same bounds.
-  auto s = gpu->new_sequence(T + 1);
-  std::vector<float> rows;
-  const size_t lengths[] = {5, 16, 2, 9, 12, 3, 8, 15, 4, 7, 11};
-  size_t t = 0, short_agree = 0;
-  double short_diff = 0;
-  for (size_t piece = 0; t < 240; ++piece) {
-    const size_t n = lengths[piece % std::size(lengths)];
-    gpu->forward(*s, std::span<const int32_t>(ids.data() + t, n), LogitsWanted::all, rows);
-    ASSERT_EQ(rows.size(), n * size_t(V));
-    for (size_t i = 0; i < n; ++i) {
-      const float* g_row = &rows[i * size_t(V)];
-      const float* c_row = &c[(t + i) * size_t(V)];
-      for (int64_t v = 0; v < V; ++v) short_diff = std::max(short_diff, double(std::fabs(g_row[v] - c_row[v])));
-      short_agree += argmax(g_row, V) == argmax(c_row, V);
+  // CPU's at the same bounds; again with the MoE of every pass on the decode kernels, the rows a
+  // grid dimension (the plan's moe_slots_up_to), and with the passes replayed as captured graphs
+  // (pass_graphs_up_to; each length comes back two or three times: replays of one graph).
+  const std::pair<const char*, std::vector<std::string>> variants[] = {
+      {"passes of 2-16 tokens", {}},
+      {"passes of 2-16 tokens, MoE slots", {"moe_slots_up_to=16"}},
+      {"passes of 2-16 tokens, graphs", {"pass_graphs_up_to=16"}},
+      {"passes of 2-16 tokens, graphs and MoE slots", {"pass_graphs_up_to=16", "moe_slots_up_to=16"}},
+  };
+  for (const auto& [what, edits] : variants) {
+    SCOPED_TRACE(what);
+    CudaBackendOptions variant;
+    variant.plan_edits = edits;
+    auto b = make_cuda_backend(weights, variant);
+    auto s = b->new_sequence(T + 1);
+    std::vector<float> rows;
+    const size_t lengths[] = {5, 16, 2, 9, 12, 3, 8, 15, 4, 7, 11};
+    size_t t = 0, short_agree = 0;
+    double short_diff = 0;
+    for (size_t piece = 0; t < 240; ++piece) {
+      const size_t n = lengths[piece % std::size(lengths)];
+      b->forward(*s, std::span<const int32_t>(ids.data() + t, n), LogitsWanted::all, rows);
+      ASSERT_EQ(rows.size(), n * size_t(V));
+      for (size_t i = 0; i < n; ++i) {
+        const float* g_row = &rows[i * size_t(V)];
+        const float* c_row = &c[(t + i) * size_t(V)];
+        for (int64_t v = 0; v < V; ++v) short_diff = std::max(short_diff, double(std::fabs(g_row[v] - c_row[v])));
+        short_agree += argmax(g_row, V) == argmax(c_row, V);
+      }
+      t += n;
     }
-    t += n;
+    std::printf("[lily-tiny, %s] gpu vs cpu over %zu tokens: max |diff| %.4g (%.4g of max |cpu|), arg max agreement "
+                "%zu/%zu\n",
+                what, t, short_diff, short_diff / max_cpu, short_agree, t);
+    EXPECT_LE(short_diff, 2e-2 * max_cpu);
+    EXPECT_GE(double(short_agree), 0.99 * double(t));
   }
-  std::printf("[lily-tiny, passes of 2-16 tokens] gpu vs cpu over %zu tokens: max |diff| %.4g (%.4g of max |cpu|), "
-              "arg max agreement %zu/%zu\n",
-              t, short_diff, short_diff / max_cpu, short_agree, t);
-  EXPECT_LE(short_diff, 2e-2 * max_cpu);
-  EXPECT_GE(double(short_agree), 0.99 * double(t));
 }
 
 // Counts the kernels of each captured decode step, after `inner` (decode-skip) has edited it.

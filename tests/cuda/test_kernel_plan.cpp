@@ -167,5 +167,34 @@ TEST(KernelPlan, RefusesWhatNoKernelTakes) {
   for (int chunk : {0, 63, 100, 32768}) EXPECT_THROW(cuda::plan_kernels(*Weights(c).w, kH200, chunk), Error) << chunk;
 }
 
+// The thresholds tests and `lily bench --kernel-plan` may set: off by default (the MoE slots and
+// the pass graphs until they have run on a GPU), set within what the weights allow, anything
+// else refused with the names that can be set.
+TEST(KernelPlan, EditsSetThresholdsWithinWhatTheWeightsAllow) {
+  const Weights w(qwen36_35b_a3b_config());
+  cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
+  EXPECT_EQ(plan.prefill.moe_slots_up_to, 0);
+  EXPECT_EQ(plan.prefill.pass_graphs_up_to, 0);
+  EXPECT_FALSE(plan.prefill.moe_slots(2));
+  cuda::edit_plan(plan, "moe_slots_up_to=8");
+  cuda::edit_plan(plan, "pass_graphs_up_to=16");
+  cuda::edit_plan(plan, "split_attention_up_to=0");
+  EXPECT_EQ(plan.prefill.moe_slots_up_to, 8);
+  EXPECT_TRUE(plan.prefill.moe_slots(8));
+  EXPECT_FALSE(plan.prefill.moe_slots(9));
+  EXPECT_EQ(plan.prefill.pass_graphs_up_to, 16);
+  EXPECT_EQ(plan.prefill.split_attention_up_to, 0);
+  EXPECT_NE(plan.describe().find("graphs up to 16"), std::string::npos) << plan.describe();
+  for (const char* bad : {"moe_slots_up_to=17", "pass_graphs_up_to=17", "moe_slots_up_to=-1", "moe_slots_up_to=8x",
+                          "moe_slots_up_to=", "moe_slots_up_to", "=8", "no_such_threshold=1"})
+    EXPECT_THROW(cuda::edit_plan(plan, bad), Error) << bad;
+  EXPECT_EQ(plan.prefill.moe_slots_up_to, 8) << "a refused edit changes nothing";
+  try {
+    cuda::edit_plan(plan, "no_such_threshold=1");
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("moe_slots_up_to"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lily::test

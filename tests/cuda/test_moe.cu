@@ -8,10 +8,12 @@
 // order), seen through what gate/up and down compute; logits with ties. Experts: both gate/up
 // kernels by name at the model's shape and at edges (rows not a multiple of 16, partial 256-column
 // pairs, k = 1 .. 8, E = k), down at edge widths; outputs poisoned (NaN) or pre-filled (down adds).
+// Slots: the block of T = 1 .. 16 rows on the same kernels against each row alone.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/decode/moe_decode.h"
 
 #include <algorithm>
+#include <cstring>
 #include <numeric>
 
 #include "backend/cpu/ops.h"
@@ -288,6 +290,71 @@ TEST(CudaMoe, WholeBlockMatchesCpu) {
   check_block(TestMoe(16, 128, 64, 64, 1), 4, 1);  // mma gate/up
   check_block(TestMoe(16, 512, 64, 64, 2), 4, 2);  // staged gate/up
   check_block(model_block(), 8, 3);                // the model
+}
+
+// The block of T rows on the decode kernels (moe_slots_accumulate: the rows a grid dimension)
+// against each row alone: h[t] + cpu::sparse_moe(RMSNorm(h[t])), the rows' routings checked
+// first against the CPU's rule on the GPU's logits (a near-tie shows as such). h is pre-filled
+// (down adds), x poisoned; the scratch poisoned too, so every slot's act must be written.
+void check_slots(const TestMoe& m, int k, int T, uint32_t seed) {
+  const int E = m.E, H = m.H;
+  SCOPED_TRACE(testing::Message() << "slots E " << E << " k " << k << " H " << H << " I " << m.I << " T " << T);
+  const auto h = random_floats(size_t(T) * H, seed, 3.f);
+  auto gain = random_floats(size_t(H), seed + 1, 0.2f);
+  for (auto& g : gain) g += 1.f;
+  std::vector<float> x(h.size()), expected(h), cpu_logits(size_t(T) * E);
+  cpu::rms_norm(h.data(), gain.data(), T, H, 1e-6f, x.data());
+  cpu::linear(m.router.cpu(), x.data(), T, cpu_logits.data());
+  ModelConfig c;
+  c.hidden_size = H, c.num_experts = E, c.num_experts_per_tok = k, c.moe_intermediate_size = m.I;
+  c.shared_expert_intermediate_size = m.Is;
+  std::vector<float> row(static_cast<size_t>(H));
+  for (int t = 0; t < T; ++t) {  // each row alone
+    cpu::sparse_moe(m.cpu(), c, x.data() + size_t(t) * H, 1, row.data());
+    for (int i = 0; i < H; ++i) expected[size_t(t) * H + size_t(i)] += row[size_t(i)];
+  }
+
+  const cuda::GpuMoe w = m.gpu();
+  const GateUpKernel gate_up = cuda::moe_decode_supports(w, k, GateUpKernel::staged) ? GateUpKernel::staged
+                                                                                     : GateUpKernel::mma;
+  DeviceArray<float> dh(h), dgain(gain), dx(h.size());
+  DeviceArray<uint8_t> scratch(cuda::moe_slots_scratch_bytes(w, T, k));
+  dx.poison(), scratch.poison();
+  cuda::moe_slots_accumulate(gate_up, w, dh.get(), dgain.get(), 1e-6f, T, k, scratch.get(), dx.get(), nullptr);
+  CUDA_OK(cudaDeviceSynchronize());
+  EXPECT_LT(relative_error(dx.download(), x), 1e-5) << "normed x";
+  // The GPU's logits are the scratch's first T * E floats (moe_slots.cpp's layout).
+  const std::vector<uint8_t> bytes = scratch.download();
+  std::vector<float> gpu_logits(size_t(T) * E);
+  std::memcpy(gpu_logits.data(), bytes.data(), gpu_logits.size() * 4);
+  for (int t = 0; t < T; ++t) {
+    const auto at = [&](const std::vector<float>& l) {
+      return std::vector<float>(l.begin() + ptrdiff_t(t) * E, l.begin() + ptrdiff_t(t + 1) * E);
+    };
+    ASSERT_EQ(host_choice(at(gpu_logits), k).ids, host_choice(at(cpu_logits), k).ids)
+        << "row " << t << ": routing differs (near-tie?)";
+  }
+  const std::vector<float> got = dh.download();
+  for (int t = 0; t < T; ++t) {
+    const std::vector<float> g(got.begin() + ptrdiff_t(t) * H, got.begin() + ptrdiff_t(t + 1) * H),
+        e(expected.begin() + ptrdiff_t(t) * H, expected.begin() + ptrdiff_t(t + 1) * H);
+    EXPECT_LT(relative_error(g, e), 1e-4) << "row " << t;
+  }
+}
+
+TEST(CudaMoe, SlotsMatchEachRowAlone) {
+  REQUIRE_GPU();
+  const TestMoe tiny(16, 128, 64, 64, 11, 0.5f), staged(16, 512, 64, 64, 12, 0.5f);
+  for (int T : {1, 2, 3, 8, 16}) {
+    check_slots(tiny, 4, T, uint32_t(100 + T));    // mma gate/up
+    check_slots(staged, 4, T, uint32_t(200 + T));  // staged gate/up
+  }
+  for (int T : {1, 4, 8}) check_slots(model_block(), 8, T, uint32_t(300 + T));  // the model
+  // Rows past what the launches take are refused before anything runs.
+  const cuda::GpuMoe w = tiny.gpu();
+  EXPECT_THROW(cuda::moe_slots_accumulate(GateUpKernel::mma, w, nullptr, nullptr, 1e-6f, cuda::kMoeSlotsMaxRows + 1, 4,
+                                          nullptr, nullptr, nullptr),
+               Error);
 }
 
 // Which kernels take which block (a host check: no GPU needed): both gate/up kernels the model's,

@@ -3,10 +3,12 @@
 //   kernel_plan.h     which kernel runs each part, decided here, once, from the device and weights
 //   decode_step.h     the model for one token             decode_graph.h  captured and replayed
 //   prefill_pass.h    the model for up to 8192 tokens     sequence_state.h  caches, state, position
+//   pass_graph.h      short passes captured and replayed
 //
 // forward() with one token replays the decode graph, and with a few (below the plan's
-// prefill.decode_steps_below) replays it token by token; with more, runs prefill passes (the
-// last row's logits, or all rows', copied to the host as they are computed).
+// prefill.decode_steps_below) replays it token by token; up to the plan's pass_graphs_up_to,
+// replays the pass's graph; with more, runs prefill passes (the last row's logits, or all
+// rows', copied to the host as they are computed).
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -19,6 +21,7 @@
 #include "backend/cuda/decode_step.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/pass_graph.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
 #include "model/weights.h"
@@ -34,11 +37,12 @@ class CudaBackendImpl final : public CudaBackend {
   CudaBackendImpl(std::unique_ptr<GpuWeights> weights, const CudaBackendOptions& options)
       : w_(std::move(weights)),
         c_(w_->config()),
-        plan_(plan_kernels(*w_, current_device_limits(), options.prefill_chunk_tokens)),
+        plan_(planned(*w_, options)),
         stream_(make_stream()),
         step_(*w_, plan_.decode),
         graph_(step_, c_.vocab_size, options.pdl, stream_),
-        prefill_(*w_, plan_) {}
+        prefill_(*w_, plan_),
+        pass_graph_(prefill_, c_.vocab_size, kMaxPassGraphTokens, stream_) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
 
   std::string name() const override { return "cuda"; }
@@ -69,6 +73,12 @@ class CudaBackendImpl final : public CudaBackend {
                                                                   : nullptr;
         graph_.step(s, tokens[size_t(t)], row);
       }
+      return;
+    }
+    if (T <= plan_.prefill.pass_graphs_up_to) {  // a short pass: its captured graph
+      const int n = int(T);
+      const int first_row = wanted == LogitsWanted::all ? 0 : wanted == LogitsWanted::last ? n - 1 : n;
+      pass_graph_.run(s, tokens.data(), n, first_row, logits.data());
       return;
     }
     const int chunk = plan_.prefill.chunk_tokens;
@@ -121,6 +131,11 @@ class CudaBackendImpl final : public CudaBackend {
   }
 
  private:
+  static KernelPlan planned(const GpuWeights& w, const CudaBackendOptions& options) {
+    KernelPlan plan = plan_kernels(w, current_device_limits(), options.prefill_chunk_tokens);
+    for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
+    return plan;
+  }
   static cudaStream_t make_stream() {
     cudaStream_t stream = nullptr;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -141,6 +156,7 @@ class CudaBackendImpl final : public CudaBackend {
   DecodeStep step_;
   DecodeGraph graph_;
   PrefillPass prefill_;
+  PassGraph pass_graph_;
 };
 
 }  // namespace

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <map>
 
 #include "backend/cuda/decode/moe_route_rows.h"
@@ -152,6 +153,10 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
     return moe_rows_supports(layer.moe) && moe_route_rows_supports(layer.moe);
   });
   plan.prefill.moe_rows_up_to = moe_rows ? kGemvRowsMaxT : 0;
+  const bool moe_slots = std::all_of(w.layers.begin(), w.layers.end(), [&](const GpuLayer& layer) {
+    return moe_route_rows_supports(layer.moe);  // gate/up and down: the decode step's, checked above
+  });
+  plan.prefill.moe_slots_limit = moe_slots ? kMoeSlotsMaxRows : 0;
   plan.prefill.logit_rows_up_to = gemv_rows_supports(w.lm_head, true) ? kGemvRowsMaxT : 0;
   if (device.compute_capability == 90 && wgmma_takes(w)) {
     plan.prefill.wgmma_from = 256;  // measured: below, out_proj [2048, 4096] is slower than on gemm_q4's split K
@@ -163,6 +168,47 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
                                ? AttentionPrefillKernel::flash
                                : AttentionPrefillKernel::simple;
   return plan;
+}
+
+namespace {
+
+// The thresholds edit_plan may set, with the most each may be (what the weights allow).
+struct PlanField {
+  const char* name;
+  int PrefillPlan::*field;
+  int PrefillPlan::*limit;  // null: any value >= 0
+};
+
+constexpr PlanField kPlanFields[] = {
+    {"decode_steps_below", &PrefillPlan::decode_steps_below, nullptr},
+    {"programmatic_below", &PrefillPlan::programmatic_below, nullptr},
+    {"chunked_delta_rule_from", &PrefillPlan::chunked_delta_rule_from, nullptr},
+    {"moe_slots_up_to", &PrefillPlan::moe_slots_up_to, &PrefillPlan::moe_slots_limit},
+    {"pass_graphs_up_to", &PrefillPlan::pass_graphs_up_to, &PrefillPlan::pass_graphs_limit},
+    {"split_attention_up_to", &PrefillPlan::split_attention_up_to, nullptr},
+};
+
+}  // namespace
+
+void edit_plan(KernelPlan& plan, const std::string& edit) {
+  const size_t eq = edit.find('=');
+  LILY_CHECK(eq != std::string::npos, "kernel plan edit '{}': NAME=VALUE", edit);
+  const std::string name = edit.substr(0, eq), text = edit.substr(eq + 1);
+  char* end = nullptr;
+  const long value = std::strtol(text.c_str(), &end, 10);
+  LILY_CHECK(!text.empty() && *end == '\0' && value >= 0 && value <= PrefillPlan::kNever,
+             "kernel plan edit '{}': the value must be a whole number >= 0", edit);
+  for (const PlanField& f : kPlanFields) {
+    if (name != f.name) continue;
+    if (f.limit)
+      LILY_CHECK(value <= plan.prefill.*f.limit, "kernel plan edit '{}': these weights allow at most {}", edit,
+                 plan.prefill.*f.limit);
+    plan.prefill.*f.field = int(value);
+    return;
+  }
+  std::string names;
+  for (const PlanField& f : kPlanFields) names += fmt::format("{}{}", names.empty() ? "" : ", ", f.name);
+  fail("kernel plan edit '{}': no such threshold (the ones that can be set: {})", edit, names);
 }
 
 std::string KernelPlan::describe() const {
@@ -185,26 +231,28 @@ std::string KernelPlan::describe() const {
   }
   out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
                      format_of(decode.lm_head.W));
-  out += fmt::format(
-      "prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}): rms_norm + {} projections "
-      "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "
-      "else {}; DeltaNet {} up to {} "
-      "tokens, {} below {} "
-      "tokens, else {}; MoE "
-      "gemm_exact router, moe_topk, "
-      "moe_plan, "
-      "grouped {} experts, moe_combine; the last row's logits on the decode lm_head kernel, up to {} rows "
-      "on gemv_rows\n",
-      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
-      prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
-      prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::split),
-      prefill.split_attention_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
-      prefill.deltanet_rows_up_to, kernel_name(DeltaRulePrefill::recurrent), prefill.chunked_delta_rule_from,
-      kernel_name(DeltaRulePrefill::chunked),
-      prefill.wgmma_experts_from < PrefillPlan::kNever
-          ? fmt::format("gemm_w4_wgmma from {} tokens, else gemm_q4", prefill.wgmma_experts_from)
-          : std::string("gemm_q4"),
-      prefill.logit_rows_up_to);
+  out += fmt::format("prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}; graphs up to {}): "
+                     "rms_norm + {} projections "
+                     "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "
+                     "else {}; DeltaNet {} up to {} "
+                     "tokens, {} below {} "
+                     "tokens, else {}; MoE "
+                     "gemm_exact router, moe_topk, "
+                     "moe_plan, "
+                     "grouped {} experts, moe_combine (up to {} tokens the decode MoE kernels, rows a grid dimension); "
+                     "the last row's logits on the decode lm_head kernel, up to {} rows "
+                     "on gemv_rows\n",
+                     prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
+                     prefill.pass_graphs_up_to,
+                     prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
+                     prefill.dense_rows_up_to, prefill.moe_rows_up_to, kernel_name(AttentionPrefillKernel::split),
+                     prefill.split_attention_up_to, kernel_name(prefill.attention), kernel_name(DeltaRulePrefill::rows),
+                     prefill.deltanet_rows_up_to, kernel_name(DeltaRulePrefill::recurrent),
+                     prefill.chunked_delta_rule_from, kernel_name(DeltaRulePrefill::chunked),
+                     prefill.wgmma_experts_from < PrefillPlan::kNever
+                         ? fmt::format("gemm_w4_wgmma from {} tokens, else gemm_q4", prefill.wgmma_experts_from)
+                         : std::string("gemm_q4"),
+                     prefill.moe_slots_up_to, prefill.logit_rows_up_to);
   return out;
 }
 

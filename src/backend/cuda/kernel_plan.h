@@ -21,6 +21,11 @@
 //   MoE rows         and the MoE block as moe_rows_accumulate (moe_grouped.h: the route in one
 //                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
+//   pass graphs      passes of up to pass_graphs_up_to tokens replayed as CUDA graphs captured per
+//                    sequence (pass_graph.h); off (0) until it has run on a GPU
+//   MoE slots        passes of up to moe_slots_up_to tokens: the block on the decode kernels, the
+//                    rows a grid dimension (moe_decode.h's moe_slots_accumulate: three launches,
+//                    no plan, no combine); off (0) until it has run on a GPU
 //   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
 //                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
 //   decode step      the chain of kernels below (one persistent kernel for the whole step measured
@@ -77,6 +82,8 @@ struct DecodePlan {
   int launches() const;  // kernels of one step, argmax included
 };
 
+constexpr int kMaxPassGraphTokens = 16;  // the longest pass a graph may replay (its logits in pinned memory)
+
 struct PrefillPlan {
   int decode_steps_below = 2;                     // forwards of fewer tokens run as decode steps
   int programmatic_below = 33;                    // passes of fewer tokens launch with PDL (pdl_launch.cuh)
@@ -85,6 +92,10 @@ struct PrefillPlan {
   int deltanet_rows_up_to = kDeltaNetDecodeMaxT;  // passes of at most this many tokens: the decode kernel
   int dense_rows_up_to = 0;                       // passes of at most this many tokens: gemv_rows projections
   int moe_rows_up_to = 0;                         // passes of at most this many tokens: gemv_rows experts
+  int moe_slots_up_to = 0;                        //   or the decode MoE kernels, rows a grid dimension
+  int moe_slots_limit = 0;                        // the most moe_slots_up_to may be (what the weights allow)
+  int pass_graphs_up_to = 0;                      // passes of at most this many tokens: a captured graph
+  int pass_graphs_limit = kMaxPassGraphTokens;    // the most pass_graphs_up_to may be
   int logit_rows_up_to = 0;                       // at most this many rows of logits: gemv_rows lm_head
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
   int split_attention_up_to = 32;   // passes of at most this many tokens: the split kernel
@@ -92,6 +103,7 @@ struct PrefillPlan {
   int wgmma_experts_from = kNever;  //   and the experts
   static constexpr int kNever = 1 << 30;
   bool dense_rows(int T) const { return T <= dense_rows_up_to; }
+  bool moe_slots(int T) const { return T <= moe_slots_up_to; }
   bool wgmma(int T) const { return T >= wgmma_from; }
   AttentionPrefillKernel attention_kernel(int T) const {
     return T <= split_attention_up_to ? AttentionPrefillKernel::split : attention;
@@ -118,5 +130,11 @@ constexpr int kMaxPrefillChunkTokens = 16384;
 // Throws lily::Error when some part of the model has no kernel, naming the part and its format.
 // prefill_chunk_tokens: a multiple of 64 in [64, kMaxPrefillChunkTokens].
 KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens);
+
+// For measurement and tests (`lily bench --kernel-plan`, CudaBackendOptions::plan_edits): sets one
+// of the prefill plan's thresholds, "NAME=VALUE" with NAME a field of PrefillPlan (moe_slots_up_to,
+// dense_rows_up_to, ...). Throws on an unknown name, a malformed value, or a value the weights
+// do not allow (a kernel that does not take them).
+void edit_plan(KernelPlan& plan, const std::string& edit);
 
 }  // namespace lily::cuda

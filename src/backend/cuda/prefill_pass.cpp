@@ -33,6 +33,7 @@
 #include "backend/cuda/common/programmatic_launches.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/gemv_rows.h"
+#include "backend/cuda/decode/moe_decode.h"
 #include "backend/cuda/layer_params.h"
 #include "backend/cuda/prefill/attention_prefill.h"
 #include "backend/cuda/prefill/deltanet_prefill.h"
@@ -41,13 +42,6 @@
 #include "backend/cuda/prefill/moe_grouped.h"
 
 namespace lily::cuda {
-
-namespace {
-
-// Rows of logits computed (and copied to the host) at once: lm_head output is 1 MB per row.
-constexpr int kLogitRows = 64;
-
-}  // namespace
 
 PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c_(w.config()), plan_(plan) {
   const uint64_t T = uint64_t(plan.prefill.chunk_tokens), H = uint64_t(c_.hidden_size);
@@ -65,7 +59,9 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
   mixer_out_ = DeviceBuffer(T * std::max<uint64_t>(value_dim, c_.attention_q_width()) * 4);
   if (plan.prefill.wgmma_from <= plan.prefill.chunk_tokens)
     xp_ = DeviceBuffer(T * std::max({H, value_dim, uint64_t(c_.attention_q_width())}) * 2);
-  moe_scratch_ = DeviceBuffer(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c_.num_experts_per_tok));
+  moe_scratch_ = DeviceBuffer(
+      std::max(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c_.num_experts_per_tok),
+               moe_slots_scratch_bytes(w.layers.at(0).moe, kMoeSlotsMaxRows, c_.num_experts_per_tok)));
   for (const GpuLayer& layer : w.layers)  // the chunked form's is the larger
     if (layer.kind == LayerKind::linear_attention) {
       deltanet_scratch_ = DeviceBuffer(
@@ -89,17 +85,30 @@ void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int fi
                       cudaStream_t stream) {
   LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
              "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
-  stream_ = stream;
-  const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
   phases::mark("embed", stream);
   CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
+  pass(s, T, first_row, host_logits, stream);
+}
+
+void PrefillPass::record(CudaSequenceState& s, int T, int first_row, cudaStream_t stream) {
+  LILY_CHECK(
+      T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T && T - first_row <= kLogitRows,
+      "a recorded pass of {} tokens (at most {}), logits from row {} (at most {} rows)", T, plan_.prefill.chunk_tokens,
+      first_row, kLogitRows);
+  pass(s, T, first_row, nullptr, stream);
+}
+
+void PrefillPass::pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream) {
+  stream_ = stream;
+  const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
   // h = embed[tokens]
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
   size_t attention_index = 0, deltanet_index = 0;
-  for (const GpuLayer& layer : w_.layers) {
+  for (size_t i = 0; i < w_.layers.size(); ++i) {
+    const GpuLayer& layer = w_.layers[i];
     if (layer.kind == LayerKind::full_attention) gated_attention(layer, s, attention_index++, T);
     else gated_deltanet(layer, s, deltanet_index++, T);
-    sparse_moe(layer, T);
+    sparse_moe(layer, plan_.decode.layers[i], T);
   }
   advance_position(s.position(), T, stream);
   if (first_row < T) logits(first_row, T, host_logits);
@@ -235,9 +244,16 @@ void PrefillPass::gemm_accumulate(const QMatrix& W, const GemmInput& in, float* 
 }
 
 // h += routed experts + gated shared expert of x = RMSNorm(h): routing on the GPU, grouped GEMMs
-void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
+void PrefillPass::sparse_moe(const GpuLayer& layer, const DecodeLayerPlan& plan, int T) {
   float* x = normed_.as<float>();
   const int k = c_.num_experts_per_tok;
+  if (plan_.prefill.moe_slots(T)) {
+    // x = RMSNorm(h); the same sum on the decode MoE kernels, the T rows a grid dimension
+    phases::mark("moe.slots", stream_);
+    moe_slots_accumulate(plan.gate_up, layer.moe, h_.as<float>(), layer.post_attention_layernorm, c_.rms_norm_eps, T, k,
+                         moe_scratch_.get(), x, stream_);
+    return;
+  }
   if (plan_.prefill.moe_experts(T) == MoeExpertKernels::rows) {
     // x = RMSNorm(h); h += sum_s w_s * expert_s(x) + sigmoid(x . w_sg) * shared(x), the norm in the route
     moe_rows_accumulate(layer.moe, h_.as<float>(), layer.post_attention_layernorm, c_.rms_norm_eps, T, k,
@@ -259,7 +275,8 @@ void PrefillPass::sparse_moe(const GpuLayer& layer, int T) {
   moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get(), kernels, xp);
 }
 
-// logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host.
+// logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host (host_logits null: left in
+// logits_, at most kLogitRows rows).
 void PrefillPass::logits(int first_row, int T, float* host_logits) {
   const int H = c_.hidden_size, rows = T - first_row;
   const size_t V = size_t(c_.vocab_size);
@@ -269,12 +286,13 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
   if (rows == 1) {  // the decode step's lm_head kernel
     const PlannedGemv& lm_head = plan_.decode.lm_head;
     rms_norm_gemv(lm_head.kernel, lm_head.W, h, w_.final_norm, c_.rms_norm_eps, logits, stream_);
-    CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, V * 4, cudaMemcpyDeviceToHost, stream_));
+    if (host_logits) CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, V * 4, cudaMemcpyDeviceToHost, stream_));
     return;
   }
   if (rows <= plan_.prefill.logit_rows_up_to) {  // the weights read once for the rows
     rms_norm_gemv_rows(w_.lm_head, h, rows, w_.final_norm, c_.rms_norm_eps, RowsOutput::whole(logits, int(V)), stream_);
-    CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, stream_));
+    if (host_logits)
+      CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, stream_));
     return;
   }
   float* x = normed_.as<float>();
@@ -282,8 +300,9 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
   for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
     const int n = std::min(kLogitRows, rows - r0);
     gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_, split_.get());
-    CUDA_CHECK(
-        cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost, stream_));
+    if (host_logits)
+      CUDA_CHECK(
+          cudaMemcpyAsync(host_logits + size_t(r0) * V, logits, size_t(n) * V * 4, cudaMemcpyDeviceToHost, stream_));
   }
 }
 

@@ -23,6 +23,14 @@ class PrefillPass {
   // first_row == T: no logits.
   void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits, cudaStream_t stream);
 
+  // The same pass from tokens already in device_tokens(), its logits left in device_logits()
+  // ([T - first_row, V], at most kLogitRows rows): no host memory touched, so a graph can
+  // capture it (pass_graph.h).
+  void record(CudaSequenceState& s, int T, int first_row, cudaStream_t stream);
+  int32_t* device_tokens() const { return tokens_.as<int32_t>(); }
+  const float* device_logits() const { return logits_.as<float>(); }
+  static constexpr int kLogitRows = 64;  // rows of logits computed (and copied to the host) at once
+
  private:
   void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
   void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
@@ -40,7 +48,8 @@ class PrefillPass {
   bool fused_gemm(const QMatrix& fused, const GemmInput& in) const;              // one wgmma launch for its parts
   void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T
   void gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T);  // y += x @ W^T
-  void sparse_moe(const GpuLayer& layer, int T);
+  void sparse_moe(const GpuLayer& layer, const DecodeLayerPlan& plan, int T);
+  void pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream);
   void logits(int first_row, int T, float* host_logits);
 
   const GpuWeights& w_;
@@ -59,7 +68,7 @@ class PrefillPass {
   DeviceBuffer moe_scratch_;        // routing, plan and intermediates of the grouped MoE
   DeviceBuffer deltanet_scratch_;   // conv outputs and the chunked rule's intermediates
   DeviceBuffer attention_scratch_;  // the split attention's partial states (short passes)
-  DeviceBuffer logits_;             // [64, V]: rows of logits on their way to the host
+  DeviceBuffer logits_;             // [kLogitRows, V]: rows of logits on their way to the host
   SplitKScratch split_;             // the short passes' split-K products (split_k.h)
 };
 

@@ -52,6 +52,8 @@ CudaSequenceState::CudaSequenceState(const ModelConfig& c, int64_t capacity) : c
 
 CudaSequenceState::~CudaSequenceState() {
   if (step_graph) cudaGraphExecDestroy(step_graph);
+  for (auto& [key, graph] : pass_graphs)
+    if (graph) cudaGraphExecDestroy(graph);
 }
 
 uint64_t CudaSequenceState::memory_bytes() const {

@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "backend/backend.h"
@@ -57,8 +59,10 @@ class CudaSequenceState final : public SequenceState {
   int32_t* position() const { return position_.as<int32_t>(); }
   uint64_t kv_cache_bytes(size_t i) const { return k_cache_[i].bytes(); }
 
-  // The decode step captured for this sequence's buffers (decode_graph.h); destroyed with it.
+  // The decode step captured for this sequence's buffers (decode_graph.h), and its short passes
+  // by (tokens, first row of logits) (pass_graph.h); destroyed with it.
   cudaGraphExec_t step_graph = nullptr;
+  std::map<std::pair<int, int>, cudaGraphExec_t> pass_graphs;
 
  private:
   void copy_recurrent_from(const std::vector<DeviceBuffer>& conv, const std::vector<DeviceBuffer>& ssm);

@@ -2,12 +2,12 @@
 // projections, weighted and added into the residual, for one token.
 //
 //   (e_s, w_s) = top-k(softmax(logits)), renormalised (route_topk.cuh);  slot k: the shared
-//   expert with w_k = shared_weight
+//   expert with w_k = shared_weight (or its sigmoid, when the route left the logit)
 //   h[r] += sum_{s <= k} w_s * (D_{e_s}[r] . act[s])          (the slots summed in slot order)
-// Shapes:   down: stack [E, H, I] 4-bit group 64 · shared_down [H, I] · act [k + 1, I] fp32 ·
-//           logits [E] · h [H] fp32.  I a multiple of 64 with the staged activations of all slots
-//           within kDownMmaMaxSmem (I <= 2,800 at k = 8).
-// Layout:   grid H / 16, one warp per slot (k + 1 warps): warp 0 chooses the experts and their
+// Shapes:   down: stack [E, H, I] 4-bit group 64 · shared_down [H, I] · act [T, k + 1, I] fp32 ·
+//           logits [T, E] · shared_weight [T] · h [T, H] fp32 (T rows; a decode step: 1).  I a multiple of 64 with the
+//           staged activations of all slots within kDownMmaMaxSmem (I <= 2,800 at k = 8).
+// Layout:   grid (H / 16, T), one warp per slot (k + 1 warps): warp 0 chooses the experts and their
 //           weights from the logits BEFORE the PDL wait (route wrote them two launches back), and
 //           every warp loads its first weights then; after the wait act of all slots comes into
 //           shared memory in one round of loads and is staged as bf16 hi + lo mma fragments
@@ -36,11 +36,12 @@ constexpr size_t kDownMmaMaxSmem = 200 * 1024;
 struct DownParams {
   QView down;                  // routed stack [E, H, I]
   QView shared_down;           // the shared expert [H, I] (slot k)
-  const float* act;            // [k + 1, I]
-  const float* logits;         // [E] router logits
-  const float* shared_weight;  // [1] the shared expert's gate
+  const float* act;            // [T, k + 1, I]
+  const float* logits;         // [T, E] router logits
+  const float* shared_weight;  // [T] the shared expert's gate
   int E, H, I, k;
-  float* out;  // [H] the residual stream, added to
+  bool gate_logit;  // shared_weight holds x . w_sg: its sigmoid is the weight
+  float* out;       // [T, H] the residual stream, added to
 };
 
 __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) {
@@ -57,7 +58,11 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   __shared__ int32_t choice_ids[kMaxK + 1];
   __shared__ float choice_weights[kMaxK + 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int s = warp;  // this warp's slot
+  const int s = warp;            // this warp's slot
+  const int64_t t = blockIdx.y;  // the block's row (token)
+  const float* act = p.act + t * slots * p.I;
+  const float* logits = p.logits + t * p.E;
+  float* out = p.out + t * p.H;
   const bool shared = s == p.k;
   const QView down = shared ? p.shared_down : p.down;
   const int cpr = p.I / 32, pairs = (p.I + kPairCols - 1) / kPairCols;
@@ -71,9 +76,12 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   // router two launches back; read through L2: this SM's L1 may hold an older step's), and every
   // slot's first weights.
   if (warp == 0) {
-    warp_load_logits(p.logits, p.E, choice_logits);
+    warp_load_logits(logits, p.E, choice_logits);
     warp_route_topk(choice_logits, p.E, p.k, choice_ids, choice_weights);
-    if (lane == 0) choice_ids[p.k] = 0, choice_weights[p.k] = __ldcg(p.shared_weight);
+    if (lane == 0) {
+      const float gate = __ldcg(p.shared_weight + t);
+      choice_ids[p.k] = 0, choice_weights[p.k] = p.gate_logit ? 1.f / (1.f + expf(-gate)) : gate;
+    }
   }
   __syncthreads();
   trace.mark(3);  // the choice made (before the wait)
@@ -88,7 +96,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   // straight from global memory cost a memory latency per slot: 9 in a row), then the fragments
   // from there.
   {
-    const float4* act4 = reinterpret_cast<const float4*>(p.act);
+    const float4* act4 = reinterpret_cast<const float4*>(act);
     float4* act_s4 = reinterpret_cast<float4*>(act_s);
     const int n4 = slots * p.I / 4;
     constexpr int kBatch = 4;  // float4s per thread per round: one round at k = 8, I = 512
@@ -127,7 +135,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
     const int row = blockIdx.x * 16 + threadIdx.x;
     float sum = 0.f;
     for (int j = 0; j < slots; ++j) sum = fmaf(choice_weights[j], partial[j][threadIdx.x], sum);
-    if (row < p.H) p.out[row] += sum;
+    if (row < p.H) out[row] += sum;
   }
 }
 
@@ -162,6 +170,7 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
   LILY_CHECK(down_supports(w, a.k), "moe_down: [{}, {}, {}] q{} experts, k {}: not supported", D.batch, D.rows, D.cols,
              D.bits, a.k);
   check_aligned(a.buffers.act, "moe_down: act");
+  LILY_CHECK(a.rows >= 1 && a.rows <= kMoeSlotsMaxRows, "moe_down: {} rows (1 to {})", a.rows, kMoeSlotsMaxRows);
   static const bool configured = [] {  // once: allow more than 48 KB
     CUDA_CHECK(
         cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDownMmaMaxSmem)));
@@ -169,8 +178,10 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
   }();
   (void)configured;
   const MoeDecodeBuffers& b = a.buffers;
-  const DownParams p{view(D), view(w.shared_down), b.act, b.logits, b.shared_weight, D.batch, D.rows, D.cols, a.k, b.h};
-  moe_down_mma_kernel<<<unsigned((D.rows + 15) / 16), 32 * (a.k + 1), down_mma_smem(a.k + 1, D.cols), stream>>>(p);
+  const DownParams p{view(D), view(w.shared_down), b.act, b.logits, b.shared_weight, D.batch, D.rows, D.cols,
+                     a.k,     a.shared_gate_logit, b.h};
+  const dim3 grid(unsigned((D.rows + 15) / 16), unsigned(a.rows));
+  moe_down_mma_kernel<<<grid, 32 * (a.k + 1), down_mma_smem(a.k + 1, D.cols), stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -4,8 +4,9 @@
 //   slot s < k: e = rank s of top-k(softmax(logits)) (route_topk.cuh);  slot k: the shared expert
 //   act[s, i] = silu(G_e[i] . x) * (U_e[i] . x)
 // Shapes:   gate, up: stacks [E, I, H] 4-bit group 64 (mlx layout) · shared_gate, shared_up [I, H]
-//           · x [H] fp32 · logits [E] fp32 · act [k + 1, I] fp32.  H <= 4096, I multiples of 64.
-// Layout:   grid (I / 16, k + 1), 4 warps: a block owns 16 rows of G and the same 16 of U of its
+//           · x [T, H] fp32 · logits [T, E] fp32 · act [T, k + 1, I] fp32.  H <= 4096, I multiples
+//           of 64, T <= kMoeSlotsMaxRows (a decode step: 1).
+// Layout:   grid (I / 16, k + 1, T), 4 warps: a block owns 16 rows of G and the same 16 of U of its
 //           slot's expert, the warps split H in pairs of 256 columns (quant_mma.cuh: codes exact in
 //           bf16, x as bf16 hi + lo, fp32-level accuracy; 8 uint4 loads of G and U in flight per
 //           lane); x is staged as mma fragments; the warps' partial rows are summed in shared
@@ -36,10 +37,10 @@ constexpr int kGateUpMmaPairs = 2;  // pairs of 128-column blocks per load step 
 struct GateUpParams {
   QView gate, up;                // routed stacks [E, I, H]
   QView shared_gate, shared_up;  // the shared expert [I, H] (slot k)
-  const float* x;                // [H]
-  const float* logits;           // [E] router logits: each routed block chooses its expert
+  const float* x;                // [T, H]
+  const float* logits;           // [T, E] router logits: each routed block chooses its expert
   int E, I, H, k;
-  float* act;  // [k + 1, I]
+  float* act;  // [T, k + 1, I]
 };
 
 __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kernel(GateUpParams p) {
@@ -52,7 +53,11 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   __shared__ float choice_logits[kMaxExperts];
   __shared__ int choice_id;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int s = blockIdx.y;  // this block's slot
+  const int s = blockIdx.y;      // this block's slot
+  const int64_t t = blockIdx.z;  // its row
+  const float* x = p.x + t * p.H;
+  const float* logits = p.logits + t * p.E;
+  float* act = p.act + t * (p.k + 1) * p.I;
   const bool shared = s == p.k;
   const QView gate = shared ? p.shared_gate : p.gate;
   const QView up = shared ? p.shared_up : p.up;
@@ -82,7 +87,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   int e = 0;
   if (!shared) {  // this block's expert: rank s of the logits' top-k
     if (warp == 0) {
-      warp_load_logits(p.logits, p.E, choice_logits);
+      warp_load_logits(logits, p.E, choice_logits);
       const int chosen = warp_route_rank(choice_logits, p.E, s);
       if (lane == 0) choice_id = chosen;
     }
@@ -92,7 +97,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   if (pair_begin < pair_end) load(e, pair_begin);
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  stage_x_fragments(p.x, p.H, frag, gsum);
+  stage_x_fragments(x, p.H, frag, gsum);
   __syncthreads();
 
   float yg[2] = {0.f, 0.f}, yu[2] = {0.f, 0.f};  // rows g, g + 8
@@ -113,7 +118,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
     float gs = 0.f, us = 0.f;
 #pragma unroll
     for (int w = 0; w < kGateUpMmaWarps; ++w) gs += partial[w][threadIdx.x], us += partial[w][16 + threadIdx.x];
-    if (i < p.I) p.act[int64_t(s) * p.I + i] = silu(gs) * us;
+    if (i < p.I) act[int64_t(s) * p.I + i] = silu(gs) * us;
   }
 }
 
@@ -123,7 +128,7 @@ void launch_mma(const MoeDecodeArgs& a, cudaStream_t stream) {
       view(w.experts_gate), view(w.experts_up),   view(w.shared_gate), view(w.shared_up),   a.buffers.x,
       a.buffers.logits,     w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols, a.k,
       a.buffers.act};
-  const dim3 grid(unsigned((w.experts_gate.rows + 15) / 16), unsigned(a.k + 1));
+  const dim3 grid(unsigned((w.experts_gate.rows + 15) / 16), unsigned(a.k + 1), unsigned(a.rows));
   moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
@@ -153,9 +158,10 @@ void moe_gate_up(GateUpKernel kernel, const MoeDecodeArgs& a, cudaStream_t strea
              "moe_gate_up: the {} kernel does not take [{}, {}, {}] q{} experts, k {}", kernel_name(kernel),
              w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols, w.experts_gate.bits, a.k);
   check_aligned(a.buffers.x, "moe_gate_up: x");
+  LILY_CHECK(a.rows >= 1 && a.rows <= kMoeSlotsMaxRows, "moe_gate_up: {} rows (1 to {})", a.rows, kMoeSlotsMaxRows);
   if (kernel == GateUpKernel::staged)
     moe_gate_up_staged(w.experts_gate, w.experts_up, w.shared_gate, w.shared_up, a.buffers.x, a.buffers.logits, a.k,
-                       a.buffers.act, stream);
+                       a.rows, a.buffers.act, stream);
   else launch_mma(a, stream);
 }
 

@@ -4,8 +4,9 @@
 //   slot s < k: e = rank s of top-k(softmax(logits));  slot k: the shared expert
 //   act[s, i] = silu(G_e[i] . x) * (U_e[i] . x)        i in the block's 16 rows
 // Shapes:   gate, up: stacks [E, I, H] 4-bit group 64 (mlx layout) · shared_gate, shared_up [I, H]
-//           · x [H] fp32 (moe_route's normed row) · logits [E] fp32 · act [k + 1, I] fp32.
-// Layout:   grid (I / 16, k + 1), 4 warps. Thread 0 copies the block's 16 rows of G and of U
+//           · x [T, H] fp32 (moe_route's normed rows) · logits [T, E] fp32 · act [T, k + 1, I]
+//           fp32; T = 1 in a decode step.
+// Layout:   grid (I / 16, k + 1, T), 4 warps. Thread 0 copies the block's 16 rows of G and of U
 //           (codes, scales, biases: six contiguous ranges, 36 KB at H = 2048) into dynamic shared
 //           memory on one mbarrier: the shared expert's before the PDL wait, a routed expert's
 //           as soon as warp 0 has chosen it. Meanwhile the block stages x as bf16 hi/lo mma
@@ -50,10 +51,10 @@ struct StagedMatrix {
 struct StagedGateUpParams {
   StagedMatrix routed[2];  // G, U stacks [E, I, H]
   StagedMatrix shared[2];  // the shared expert's G, U [I, H] (slot k)
-  const float* x;          // [H]
-  const float* logits;     // [E] router logits: each routed block chooses its expert
+  const float* x;          // [T, H]
+  const float* logits;     // [T, E] router logits: each routed block chooses its expert
   int E, I, H, k;
-  float* act;  // [k + 1, I]
+  float* act;  // [T, k + 1, I]
 };
 
 // Dynamic shared memory: G then U, each codes | scales | biases of kRows rows.
@@ -70,6 +71,10 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   __shared__ __align__(8) uint64_t copied;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = blockIdx.y, row0 = blockIdx.x * kRows;
+  const int64_t t = blockIdx.z;  // the block's row (token)
+  const float* x = p.x + t * p.H;
+  const float* logits = p.logits + t * p.E;
+  float* act = p.act + t * (p.k + 1) * p.I;
   const bool shared = s == p.k;
   const int H = p.H, cpr = H / 32, gpr = H / 64, pairs = H / kPairCols;
   const uint32_t code_bytes = uint32_t(kRows) * uint32_t(H / 2), scale_bytes = uint32_t(kRows) * uint32_t(gpr) * 2u;
@@ -97,13 +102,13 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
 
   // A routed slot: warp 0 chooses the expert and its lane 0 starts the copies at once.
   if (!shared && warp == 0) {
-    warp_load_logits(p.logits, p.E, choice_logits);
+    warp_load_logits(logits, p.E, choice_logits);
     const int e = min(max(warp_route_rank(choice_logits, p.E, s), 0), p.E - 1);
     if (lane == 0) issue(p.routed, int64_t(e) * p.I + row0);
   }
   // While the rows arrive: x as mma fragments.
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  stage_x_fragments(p.x, H, frag, gsum);
+  stage_x_fragments(x, H, frag, gsum);
   __syncthreads();  // the fragments, zero, and the barrier's init
   trace.mark(2);
   ptx::mbarrier_wait(&copied, 0);
@@ -131,7 +136,7 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   if (threadIdx.x < kRows) {
     float g = 0.f, up = 0.f;
     for (int j = 0; j < pairs; ++j) g += unit_sum[0][j][threadIdx.x], up += unit_sum[1][j][threadIdx.x];
-    p.act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
+    act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
   }
 }
 
@@ -157,8 +162,8 @@ bool moe_gate_up_staged_supports(const QMatrix& gate, const QMatrix& up, const Q
 }
 
 void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
-                        const float* x, const float* router_logits, int k, float* act, cudaStream_t stream) {
-  LILY_CHECK(moe_gate_up_staged_supports(gate, up, shared_gate, shared_up, k) && aligned16(x),
+                        const float* x, const float* router_logits, int k, int T, float* act, cudaStream_t stream) {
+  LILY_CHECK(moe_gate_up_staged_supports(gate, up, shared_gate, shared_up, k) && aligned16(x) && T >= 1,
              "moe_gate_up_staged: [{}, {}, {}] q{} experts, k {}: not supported", gate.batch, gate.rows, gate.cols,
              gate.bits, k);
   static const bool configured = [] {  // once: allow more than 48 KB (72 KB at H = 4096)
@@ -176,7 +181,7 @@ void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& s
                              gate.cols,
                              k,
                              act};
-  const dim3 grid(unsigned(gate.rows / kRows), unsigned(k + 1));
+  const dim3 grid(unsigned(gate.rows / kRows), unsigned(k + 1), unsigned(T));
   moe_gate_up_staged_kernel<<<grid, kThreads, 2 * matrix_bytes(gate.cols), stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }

@@ -12,9 +12,10 @@ namespace lily::cuda {
 bool moe_gate_up_staged_supports(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate,
                                  const QMatrix& shared_up, int k);
 
-// act[s, :] = silu(G_s x) * (U_s x) for the k routed slots and the shared expert (slot k), one
-// token; slot s's expert is rank s of router_logits' top-k (warp_route_rank).
+// act[t, s, :] = silu(G_s x[t]) * (U_s x[t]) for the k routed slots and the shared expert (slot
+// k) of each of T rows; slot s's expert is rank s of router_logits[t]'s top-k (warp_route_rank).
+//   x: [T, H], router_logits: [T, E], act: [T, k + 1, I].
 void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& shared_gate, const QMatrix& shared_up,
-                        const float* x, const float* router_logits, int k, float* act, cudaStream_t stream);
+                        const float* x, const float* router_logits, int k, int T, float* act, cudaStream_t stream);
 
 }  // namespace lily::cuda

@@ -175,6 +175,7 @@ void moe_route(const MoeDecodeArgs& a, cudaStream_t stream) {
   LILY_CHECK(route_supports(w), "moe_route: router [{}, {}] q{}, shared expert gate [{}, {}] q{} not supported",
              w.router.rows, w.router.cols, w.router.bits, w.shared_expert_gate.rows, w.shared_expert_gate.cols,
              w.shared_expert_gate.bits);
+  LILY_CHECK(a.rows == 1 && !a.shared_gate_logit, "moe_route: one row with the gate's sigmoid (rows: moe_route_rows)");
   const MoeDecodeBuffers& b = a.buffers;
   check_aligned(b.h, "moe_route: h");
   check_aligned(a.gain, "moe_route: gain");

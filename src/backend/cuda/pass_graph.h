@@ -1,0 +1,38 @@
+// pass_graph.h: short prefill passes as CUDA graphs (a draft's verification, a chat turn's or a
+// tool result's few tokens): the pass of T tokens (prefill_pass.h, recorded from device tokens
+// to device logits) captured once per sequence, T and first row of logits, between a copy of
+// the tokens in and a copy of the logits out through pinned memory, then replayed. A pass of a
+// few tokens is ~350 launches of a few microseconds each: replayed as a graph the host launches
+// none of them. The graph bakes in the sequence's caches and state, as the decode step's does
+// (its position lives on the device); the plan's pass_graphs_up_to says which T take it.
+#pragma once
+
+#include <cstdint>
+
+#include "backend/cuda/prefill_pass.h"
+#include "backend/cuda/sequence_state.h"
+
+namespace lily::cuda {
+
+class PassGraph {
+ public:
+  PassGraph(PrefillPass& pass, int vocab_size, int max_tokens, cudaStream_t stream);
+  ~PassGraph();
+  PassGraph(const PassGraph&) = delete;
+  PassGraph& operator=(const PassGraph&) = delete;
+
+  // tokens [T] (host, T <= max_tokens) through the model, appended to s; the logits of rows
+  // [first_row, T) into host_logits ([T - first_row, V]; first_row == T: none). Synchronizes.
+  void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits);
+
+ private:
+  cudaGraphExec_t capture(CudaSequenceState& s, int T, int first_row);
+
+  PrefillPass& pass_;
+  const int vocab_size_, max_tokens_;
+  cudaStream_t stream_;
+  int32_t* host_tokens_ = nullptr;  // pinned [max_tokens]
+  float* host_logits_ = nullptr;    // pinned [max_tokens, V]
+};
+
+}  // namespace lily::cuda
