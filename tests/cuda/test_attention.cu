@@ -275,5 +275,80 @@ TEST(CudaAttention, DecodeScratchSharedAcrossCaches) {
   }
 }
 
+// A batch step (gated_attention_decode_rows): one new token of each of N sequences, each over its
+// own cache, length and capacity (lengths 0, 1, 63, 64, 65, 700 and one at capacity - 1), against
+// the host reference row by row; outputs poisoned, every row's appended cache row compared. N = 1
+// and the full set, then the full set again one step later (the tables unchanged, each position
+// advanced by the test as the batch step's advance_positions would).
+TEST(CudaAttention, RowsOfSeveralSequences) {
+  REQUIRE_GPU();
+  const int nq = 16, nkv = 2;
+  const std::vector<std::pair<int, int>> shapes = {{0, 64},   {1, 130},    {63, 512},   {64, 512},
+                                                   {65, 100}, {700, 4096}, {4099, 4100}};  // (length, capacity)
+  for (size_t N : {size_t(1), shapes.size()}) {
+    SCOPED_TRACE(testing::Message() << N << " rows");
+    std::vector<std::unique_ptr<Attn>> attn;
+    std::vector<std::unique_ptr<GpuAttn>> gpu;
+    std::vector<int> P;
+    for (size_t r = 0; r < N; ++r) {
+      attn.push_back(std::make_unique<Attn>(nq, nkv, shapes[r].second, 40));  // one layer: the same norms
+      attn[r]->fill(shapes[r].first, 50 + uint32_t(r));
+      gpu.push_back(std::make_unique<GpuAttn>(*attn[r]));
+      P.push_back(shapes[r].first);
+    }
+    // The tables, as batch_rows.h lays them out for one layer.
+    std::vector<int32_t*> positions;
+    std::vector<int32_t> capacities;
+    std::vector<bf16*> k_caches, v_caches;
+    for (size_t r = 0; r < N; ++r) {
+      positions.push_back(gpu[r]->position.get()), capacities.push_back(shapes[r].second);
+      k_caches.push_back(gpu[r]->kc.get()), v_caches.push_back(gpu[r]->vc.get());
+    }
+    DeviceArray<int32_t*> d_positions(positions);
+    DeviceArray<int32_t> d_capacities(capacities);
+    DeviceArray<bf16*> d_k(k_caches), d_v(v_caches);
+    const cuda::AttentionRows rows{d_positions.get(), d_capacities.get(), d_k.get(), d_v.get()};
+    cuda::AttentionParams p = gpu[0]->params(1);
+    p.position = nullptr, p.capacity = 0;  // the rows' own, from the tables
+    DeviceArray<char> scratch(cuda::attention_decode_rows_scratch_bytes(p, int(N)));
+    scratch.poison();
+    for (int step = 0; step < 2; ++step) {
+      std::vector<Inputs> in;
+      std::vector<float> qg, k, v, want;
+      for (size_t r = 0; r < N; ++r) {
+        in.emplace_back(*attn[r], 1, 60 + uint32_t(r) * 3 + uint32_t(step) * 100);
+        gpu[r]->position.upload({P[r]});
+        qg.insert(qg.end(), in[r].qg.begin(), in[r].qg.end());
+        k.insert(k.end(), in[r].k.begin(), in[r].k.end());
+        v.insert(v.end(), in[r].v.begin(), in[r].v.end());
+        const auto w = reference(*attn[r], P[r], 1, in[r]);
+        want.insert(want.end(), w.begin(), w.end());
+      }
+      DeviceArray<float> d_qg(qg), d_kin(k), d_vin(v), out(want.size());
+      out.poison();
+      cuda::gated_attention_decode_rows(p, rows, int(N), d_qg.get(), d_kin.get(), d_vin.get(), out.get(), scratch.get(),
+                                        nullptr);
+      CUDA_OK(cudaDeviceSynchronize());
+      const std::vector<float> got = out.download();
+      const size_t row = size_t(nq) * kD;
+      for (size_t r = 0; r < N; ++r) {
+        SCOPED_TRACE(testing::Message() << "row " << r << " length " << P[r] << " capacity " << shapes[r].second
+                                        << " step " << step);
+        const std::vector<float> g(got.begin() + long(r * row), got.begin() + long((r + 1) * row)),
+            w(want.begin() + long(r * row), want.begin() + long((r + 1) * row));
+        EXPECT_LT(relative_error(g, w), kOutTolerance) << "out";
+        const size_t begin = size_t(P[r]) * nkv * kD, end = begin + size_t(nkv) * kD;
+        const std::vector<float> want_k(attn[r]->kc.begin() + long(begin), attn[r]->kc.begin() + long(end));
+        EXPECT_LT(relative_error(to_float_vector(gpu[r]->kc.download(), begin, end), want_k), kCacheTolerance)
+            << "k cache";
+        EXPECT_EQ(gpu[r]->position.download()[0], P[r]) << "the kernel must not move the position";
+      }
+      for (size_t r = 0; r < N; ++r) P[r] = std::min(P[r] + 1, shapes[r].second - 1);
+      // A row that reached its capacity - 1 (the last) stays at its last position: its step
+      // writes that row again, as the reference does.
+    }
+  }
+}
+
 }  // namespace
 }  // namespace lily::test

@@ -10,6 +10,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <memory>
 #include <vector>
 
 #include "backend/cpu/ops.h"
@@ -393,6 +394,57 @@ TEST(CudaDeltaNet, RecurrentPrefill) {
   for (int T : {2, 63, 64, 65, 513}) check_blocks(2, 4, {T}, 35 + uint32_t(T), Mode::recurrent);
   for (int T : {2, 65, 200}) check_blocks(16, 32, {T}, 37 + uint32_t(T), Mode::recurrent);
   check_blocks(2, 4, {65, 1, 100, 1}, 39, Mode::recurrent);
+}
+
+// A batch step (gated_deltanet_decode_rows): one token of each of N sequences, each with its own
+// random conv and recurrent state (from tables), against the host reference row by row: every
+// row's y and both its states after the step, then a second step on the states the first left.
+// N = 1, 3 and 16 (the most a step takes), at the model's heads (Hk 16, Hv 32) and two v-heads to a
+// key head's smaller layer.
+TEST(CudaDeltaNet, RowsOfSeveralSequences) {
+  REQUIRE_GPU();
+  for (const auto& [Hk, Hv] : {std::pair{16, 32}, std::pair{2, 4}})
+    for (int N : {1, 3, 16}) {
+      SCOPED_TRACE(testing::Message() << "Hk " << Hk << " Hv " << Hv << " rows " << N);
+      const Layer layer(Hk, Hv, 70);
+      std::vector<State> host;
+      std::vector<std::unique_ptr<GpuLayer>> gpu;
+      for (int r = 0; r < N; ++r) {
+        host.push_back(random_state(layer, 80 + uint32_t(r) * 2));
+        gpu.push_back(std::make_unique<GpuLayer>(layer, host.back()));
+      }
+      std::vector<float*> convs, ssms;
+      for (auto& g : gpu) convs.push_back(g->conv.get()), ssms.push_back(g->ssm.get());
+      DeviceArray<float*> d_conv(convs), d_ssm(ssms);
+      const cuda::DeltaNetRows rows{d_conv.get(), d_ssm.get()};
+      for (int step = 0; step < 2; ++step) {
+        std::vector<float> mixed, z, b, a, want;
+        for (int r = 0; r < N; ++r) {
+          const Inputs in(layer, 1, 200 + uint32_t(r) * 5 + uint32_t(step) * 1000);
+          mixed.insert(mixed.end(), in.mixed.begin(), in.mixed.end());
+          z.insert(z.end(), in.z.begin(), in.z.end());
+          b.insert(b.end(), in.b.begin(), in.b.end());
+          a.insert(a.end(), in.a.begin(), in.a.end());
+          const auto w = reference(layer, host[size_t(r)], in, 1);
+          want.insert(want.end(), w.begin(), w.end());
+        }
+        DeviceArray<float> d_mixed(mixed), d_z(z), d_b(b), d_a(a), y(want.size());
+        y.poison();
+        cuda::gated_deltanet_decode_rows(gpu[0]->params(1), rows, N, d_mixed.get(), d_z.get(), d_b.get(), d_a.get(),
+                                         y.get(), nullptr);
+        CUDA_OK(cudaDeviceSynchronize());
+        const std::vector<float> got = y.download();
+        const size_t width = size_t(Hv) * kD;
+        for (int r = 0; r < N; ++r) {
+          SCOPED_TRACE(testing::Message() << "row " << r << " step " << step);
+          const std::vector<float> g(got.begin() + long(size_t(r) * width), got.begin() + long(size_t(r + 1) * width)),
+              w(want.begin() + long(size_t(r) * width), want.begin() + long(size_t(r + 1) * width));
+          EXPECT_LT(relative_error(g, w), kTolerance) << "y";
+          EXPECT_LT(relative_error(gpu[size_t(r)]->conv.download(), host[size_t(r)].conv), kTolerance) << "conv state";
+          EXPECT_LT(relative_error(gpu[size_t(r)]->ssm.download(), host[size_t(r)].ssm), kTolerance) << "ssm state";
+        }
+      }
+    }
 }
 
 }  // namespace

@@ -42,7 +42,7 @@ class CudaBackendImpl final : public CudaBackend {
         step_(*w_, plan_.decode),
         graph_(step_, c_.vocab_size, options.pdl, stream_),
         prefill_(*w_, plan_),
-        pass_graph_(prefill_, c_.vocab_size, kMaxPassGraphTokens, stream_) {}
+        pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
 
   std::string name() const override { return "cuda"; }
@@ -120,6 +120,23 @@ class CudaBackendImpl final : public CudaBackend {
     check_room(s, steps);
     check_token(token);
     return graph_.chain(s, token, steps, choice);
+  }
+
+  // One token of each of several sequences in one step (Backend::forward_batch): up to the plan's
+  // batch_rows_up_to sequences as one batch step's graph (the weights read once for the rows),
+  // else one after another.
+  void forward_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
+                     std::vector<float>& logits) override {
+    check_batch(states, tokens);
+    const size_t N = states.size();
+    if (N < 2 || N > size_t(plan_.prefill.batch_rows_up_to)) {
+      Backend::forward_batch(states, tokens, logits);
+      return;
+    }
+    std::vector<CudaSequenceState*> rows;
+    for (SequenceState* s : states) rows.push_back(&as_cuda(*s));
+    logits.resize(N * size_t(c_.vocab_size));
+    pass_graph_.run_batch(rows, tokens.data(), logits.data());
   }
 
   std::vector<int32_t> decode_greedy(SequenceState& state, int32_t first_token, int count) override {

@@ -185,6 +185,7 @@ constexpr PlanField kPlanFields[] = {
     {"chunked_delta_rule_from", &PrefillPlan::chunked_delta_rule_from, nullptr},
     {"moe_slots_up_to", &PrefillPlan::moe_slots_up_to, &PrefillPlan::moe_slots_limit},
     {"pass_graphs_up_to", &PrefillPlan::pass_graphs_up_to, &PrefillPlan::pass_graphs_limit},
+    {"batch_rows_up_to", &PrefillPlan::batch_rows_up_to, &PrefillPlan::batch_rows_limit},
     {"split_attention_up_to", &PrefillPlan::split_attention_up_to, nullptr},
 };
 
@@ -241,7 +242,7 @@ std::string KernelPlan::describe() const {
                      "moe_plan, "
                      "grouped {} experts, moe_combine (up to {} tokens the decode MoE kernels, rows a grid dimension); "
                      "the last row's logits on the decode lm_head kernel, up to {} rows "
-                     "on gemv_rows\n",
+                     "on gemv_rows; batch steps of up to {} sequences as one graph\n",
                      prefill.decode_steps_below, prefill.chunk_tokens, prefill.programmatic_below,
                      prefill.pass_graphs_up_to,
                      prefill.wgmma_from < PrefillPlan::kNever ? "gemm_w4_wgmma" : "gemm_q4 (split K on small grids)",
@@ -252,7 +253,7 @@ std::string KernelPlan::describe() const {
                      prefill.wgmma_experts_from < PrefillPlan::kNever
                          ? fmt::format("gemm_w4_wgmma from {} tokens, else gemm_q4", prefill.wgmma_experts_from)
                          : std::string("gemm_q4"),
-                     prefill.moe_slots_up_to, prefill.logit_rows_up_to);
+                     prefill.moe_slots_up_to, prefill.logit_rows_up_to, prefill.batch_rows_up_to);
   return out;
 }
 

@@ -23,6 +23,9 @@
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
 //   pass graphs      passes of up to pass_graphs_up_to tokens replayed as CUDA graphs captured per
 //                    sequence (pass_graph.h); off (0) until it has run on a GPU
+//   batch steps      one token of each of up to batch_rows_up_to sequences (forward_batch) as one
+//                    graph of the short pass with each row's attention and DeltaNet on its own
+//                    state (batch_rows.h); off (0: the sequences one after another) until run
 //   MoE slots        passes of up to moe_slots_up_to tokens: the block on the decode kernels, the
 //                    rows a grid dimension (moe_decode.h's moe_slots_accumulate: three launches,
 //                    no plan, no combine); off (0) until it has run on a GPU
@@ -50,6 +53,7 @@
 #include <vector>
 
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/row_tables.h"
 #include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/gemv_rows.h"
@@ -96,6 +100,8 @@ struct PrefillPlan {
   int moe_slots_limit = 0;                        // the most moe_slots_up_to may be (what the weights allow)
   int pass_graphs_up_to = 0;                      // passes of at most this many tokens: a captured graph
   int pass_graphs_limit = kMaxPassGraphTokens;    // the most pass_graphs_up_to may be
+  int batch_rows_up_to = 0;                       // batch steps of at most this many sequences: one graph
+  int batch_rows_limit = kMaxBatchRows;           // the most batch_rows_up_to may be
   int logit_rows_up_to = 0;                       // at most this many rows of logits: gemv_rows lm_head
   AttentionPrefillKernel attention = AttentionPrefillKernel::flash;  // of longer passes
   int split_attention_up_to = 32;   // passes of at most this many tokens: the split kernel

@@ -8,7 +8,10 @@
 #pragma once
 
 #include <cstdint>
+#include <map>
+#include <span>
 
+#include "backend/cuda/batch_rows.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
 
@@ -16,7 +19,7 @@ namespace lily::cuda {
 
 class PassGraph {
  public:
-  PassGraph(PrefillPass& pass, int vocab_size, int max_tokens, cudaStream_t stream);
+  PassGraph(PrefillPass& pass, const ModelConfig& c, int max_tokens, cudaStream_t stream);
   ~PassGraph();
   PassGraph(const PassGraph&) = delete;
   PassGraph& operator=(const PassGraph&) = delete;
@@ -25,14 +28,23 @@ class PassGraph {
   // [first_row, T) into host_logits ([T - first_row, V]; first_row == T: none). Synchronizes.
   void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits);
 
+  // A batch step (PrefillPass::record_batch): tokens[r] appended to *states[r], each row's logits
+  // into host_logits [N, V]; the graph of N rows, captured once, reads the rows' tables (their
+  // copy in is its first node), so it serves any N sequences. Synchronizes.
+  void run_batch(std::span<CudaSequenceState* const> states, const int32_t* tokens, float* host_logits);
+
  private:
-  cudaGraphExec_t capture(CudaSequenceState& s, int T, int first_row);
+  // The tokens' and the tables' copies in, `record`, the logits' copy out (rows of them).
+  template <typename Record>
+  cudaGraphExec_t capture(int T, int logit_rows, bool tables, const Record& record);
 
   PrefillPass& pass_;
   const int vocab_size_, max_tokens_;
   cudaStream_t stream_;
-  int32_t* host_tokens_ = nullptr;  // pinned [max_tokens]
-  float* host_logits_ = nullptr;    // pinned [max_tokens, V]
+  int32_t* host_tokens_ = nullptr;               // pinned [max_tokens]
+  float* host_logits_ = nullptr;                 // pinned [max_tokens, V]
+  BatchRows rows_;                               // a batch step's tables
+  std::map<int, cudaGraphExec_t> batch_graphs_;  // by rows
 };
 
 }  // namespace lily::cuda

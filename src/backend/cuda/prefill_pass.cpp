@@ -31,6 +31,8 @@
 #include "backend/cuda/common/norm.h"
 #include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/programmatic_launches.h"
+#include "backend/cuda/decode/attention_decode.h"
+#include "backend/cuda/decode/deltanet_decode.h"
 #include "backend/cuda/decode/gemv.h"
 #include "backend/cuda/decode/gemv_rows.h"
 #include "backend/cuda/decode/moe_decode.h"
@@ -77,6 +79,13 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
                                                              attention_params(c_, layer.attention, n, 1, nullptr)));
       break;
     }
+  for (const GpuLayer& layer : w.layers)  // a batch step's rows' partials
+    if (layer.kind == LayerKind::full_attention) {
+      attention_bytes = std::max(
+          attention_bytes,
+          attention_decode_rows_scratch_bytes(attention_params(c_, layer.attention, 1, 1, nullptr), kMaxBatchRows));
+      break;
+    }
   if (attention_bytes > 0) attention_scratch_ = DeviceBuffer(attention_bytes);
   logits_ = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
 }
@@ -103,6 +112,26 @@ void PrefillPass::pass(CudaSequenceState& s, int T, int first_row, float* host_l
   const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
   // h = embed[tokens]
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
+  layers(&s, T);
+  advance_position(s.position(), T, stream);
+  if (first_row < T) logits(first_row, T, host_logits);
+  phases::mark("end", stream);
+}
+
+void PrefillPass::record_batch(const BatchRows& rows, int N, cudaStream_t stream) {
+  LILY_CHECK(N >= 1 && N <= kMaxBatchRows && N <= kLogitRows, "a batch step of {} rows (1 to {})", N, kMaxBatchRows);
+  stream_ = stream;
+  batch_ = &rows;
+  const ProgrammaticLaunches programmatic(N < plan_.prefill.programmatic_below);
+  // h[r] = embed[token r]
+  embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), N, h_.as<float>(), stream);
+  layers(nullptr, N);
+  advance_positions(rows.positions(), N, stream);
+  logits(0, N, nullptr);
+  batch_ = nullptr;
+}
+
+void PrefillPass::layers(CudaSequenceState* s, int T) {
   size_t attention_index = 0, deltanet_index = 0;
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const GpuLayer& layer = w_.layers[i];
@@ -110,13 +139,10 @@ void PrefillPass::pass(CudaSequenceState& s, int T, int first_row, float* host_l
     else gated_deltanet(layer, s, deltanet_index++, T);
     sparse_moe(layer, plan_.decode.layers[i], T);
   }
-  advance_position(s.position(), T, stream);
-  if (first_row < T) logits(first_row, T, host_logits);
-  phases::mark("end", stream);
 }
 
 // h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
-void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T) {
   const GpuAttention& a = layer.attention;
   if (plan_.prefill.dense_rows(T)) {
     // [q, gate], k, v = RMSNorm(h) @ [Wq; Wk; Wv]^T, one launch
@@ -135,19 +161,26 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState& s, s
       gemm(a.v_proj, in, v_.as<float>(), T);
     }
   }
-  // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
   phases::mark("attention.core", stream_);
-  const AttentionParams p = attention_params(c_, a, T, int(s.capacity()), s.position());
-  gated_attention_prefill(plan_.prefill.attention_kernel(T), p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
-                          s.k_cache(index), s.v_cache(index), mixer_out_.as<float>(), stream_,
-                          attention_scratch_.get());
+  if (batch_) {
+    // o[r] = softmax(q[r] K_r^T / 16) V_r * sigmoid(gate[r]) over row r's own cache, k[r] and v[r] appended
+    gated_attention_decode_rows(attention_params(c_, a, 1, 1, nullptr), batch_->attention(index), T, wide_.as<float>(),
+                                k_.as<float>(), v_.as<float>(), mixer_out_.as<float>(), attention_scratch_.get(),
+                                stream_);
+  } else {
+    // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
+    const AttentionParams p = attention_params(c_, a, T, int(s->capacity()), s->position());
+    gated_attention_prefill(plan_.prefill.attention_kernel(T), p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
+                            s->k_cache(index), s->v_cache(index), mixer_out_.as<float>(), stream_,
+                            attention_scratch_.get());
+  }
   // h += o @ o_proj^T
   phases::mark("attention.o_proj", stream_);
   output_projection(a.o_proj, T);
 }
 
 // h += gated_deltanet(RMSNorm(h)): the input projections, the core, out_proj (cpu::gated_deltanet)
-void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T) {
+void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T) {
   const GpuDeltaNet& d = layer.deltanet;
   if (plan_.prefill.dense_rows(T)) {
     // qkv, z, b, a = RMSNorm(h) @ [W_qkv; W_z; W_b; W_a]^T, one launch
@@ -168,13 +201,21 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, si
       gemm(d.in_proj_a, in, a_.as<float>(), T);
     }
   }
-  // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   phases::mark("deltanet.core", stream_);
+  if (batch_) {
+    // y[r] = gated_rms_norm(delta_rule(conv(qkv[r]), b[r], a[r]), z[r]) on row r's own state
+    gated_deltanet_decode_rows(deltanet_params(c_, d, 1), batch_->deltanet(index), T, wide_.as<float>(), z_.as<float>(),
+                               b_.as<float>(), a_.as<float>(), mixer_out_.as<float>(), stream_);
+    phases::mark("deltanet.out_proj", stream_);
+    output_projection(d.out_proj, T);
+    return;
+  }
+  // y = gated_rms_norm(delta_rule(conv(qkv), b, a), z); the conv and recurrent state updated
   const DeltaRulePrefill form = plan_.prefill.delta_rule(T);
   // y also in bf16 for a wgmma out_proj: written by the gated norm, no conversion after it
   bf16* y_bf16 = plan_.prefill.wgmma(T) && form != DeltaRulePrefill::rows ? xp_.as<bf16>() : nullptr;
   gated_deltanet_prefill(form, deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(), b_.as<float>(),
-                         a_.as<float>(), s.conv(index), s.ssm(index), mixer_out_.as<float>(), deltanet_scratch_.get(),
+                         a_.as<float>(), s->conv(index), s->ssm(index), mixer_out_.as<float>(), deltanet_scratch_.get(),
                          stream_, y_bf16);
   // h += y @ out_proj^T
   phases::mark("deltanet.out_proj", stream_);

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 
+#include "backend/cuda/batch_rows.h"
 #include "backend/cuda/common/device_buffer.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
@@ -27,13 +28,20 @@ class PrefillPass {
   // ([T - first_row, V], at most kLogitRows rows): no host memory touched, so a graph can
   // capture it (pass_graph.h).
   void record(CudaSequenceState& s, int T, int first_row, cudaStream_t stream);
+  // A batch step: token r of device_tokens() appended to row r's sequence (rows' tables, N <=
+  // kMaxBatchRows), each row's next-token logits left in device_logits() [N, V]. The projections,
+  // experts and logits are the pass's for N tokens (they treat every token alone); the attention
+  // and DeltaNet cores read each row's own state (gated_attention_decode_rows,
+  // gated_deltanet_decode_rows), and each row's position advances by one.
+  void record_batch(const BatchRows& rows, int N, cudaStream_t stream);
   int32_t* device_tokens() const { return tokens_.as<int32_t>(); }
   const float* device_logits() const { return logits_.as<float>(); }
   static constexpr int kLogitRows = 64;  // rows of logits computed (and copied to the host) at once
 
  private:
-  void gated_attention(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
-  void gated_deltanet(const GpuLayer& layer, CudaSequenceState& s, size_t index, int T);
+  void layers(CudaSequenceState* s, int T);  // every layer; s null: a batch step (batch_)
+  void gated_attention(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T);
+  void gated_deltanet(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T);
   void output_projection(const QMatrix& W, int T, const bf16* xp = nullptr);
   // The pass's GEMMs on the plan's kernel: x [T, K] fp32 for gemm_q4, or converted once into
   // xp_ (bf16 in the wgmma GEMM's K order) for every product that reads it.
@@ -57,19 +65,20 @@ class PrefillPass {
   const KernelPlan& plan_;
   cudaStream_t stream_ = nullptr;  // of the pass being run
   // Activations of one pass of up to chunk_tokens rows (device).
-  DeviceBuffer tokens_;             // int32 [T]
-  DeviceBuffer h_, normed_;         // [T, H]
-  DeviceBuffer wide_;               // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
-  DeviceBuffer z_;                  // [T, Hv * 128]
-  DeviceBuffer b_, a_;              // [T, Hv]
-  DeviceBuffer k_, v_;              // [T, nkv * hd]
-  DeviceBuffer mixer_out_;          // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
-  DeviceBuffer xp_;                 // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
-  DeviceBuffer moe_scratch_;        // routing, plan and intermediates of the grouped MoE
-  DeviceBuffer deltanet_scratch_;   // conv outputs and the chunked rule's intermediates
-  DeviceBuffer attention_scratch_;  // the split attention's partial states (short passes)
-  DeviceBuffer logits_;             // [kLogitRows, V]: rows of logits on their way to the host
-  SplitKScratch split_;             // the short passes' split-K products (split_k.h)
+  DeviceBuffer tokens_;               // int32 [T]
+  DeviceBuffer h_, normed_;           // [T, H]
+  DeviceBuffer wide_;                 // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
+  DeviceBuffer z_;                    // [T, Hv * 128]
+  DeviceBuffer b_, a_;                // [T, Hv]
+  DeviceBuffer k_, v_;                // [T, nkv * hd]
+  DeviceBuffer mixer_out_;            // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
+  DeviceBuffer xp_;                   // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
+  DeviceBuffer moe_scratch_;          // routing, plan and intermediates of the grouped MoE
+  DeviceBuffer deltanet_scratch_;     // conv outputs and the chunked rule's intermediates
+  DeviceBuffer attention_scratch_;    // the split attention's partial states (short passes, batch steps)
+  const BatchRows* batch_ = nullptr;  // the rows of the batch step being recorded
+  DeviceBuffer logits_;               // [kLogitRows, V]: rows of logits on their way to the host
+  SplitKScratch split_;               // the short passes' split-K products (split_k.h)
 };
 
 }  // namespace lily::cuda

@@ -78,11 +78,12 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int max_spli
   return r;
 }
 
-__global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs p, int max_splits) {
+__global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs args, int max_splits) {
   trace::BlockTrace trace(trace::kind_attention_split);
   pdl_wait();
   pdl_launch_dependents();
   trace.mark(1);
+  const AttnArgs p = row_args(args, blockIdx.z, gridDim.x);  // a batch step's row (else args)
   extern __shared__ uint4 split_smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);      // [kStages][64 keys][kRowStride]
   uint16_t* Vs = Ks + kStages * kTileElems;                    // [kStages][64 keys][kRowStride]
@@ -267,16 +268,17 @@ __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnA
   }
 }
 
-__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S, int max_splits) {
+__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs args, int S, int max_splits) {
   trace::BlockTrace trace(trace::kind_attention_combine);
   pdl_wait();
   pdl_launch_dependents();
   trace.mark(1);
-  extern __shared__ float w_s[];  // [S] weights 2^(m_s - M)
+  const AttnArgs p = row_args(args, blockIdx.z / 2, S);  // z: the row's two halves of the dims
+  extern __shared__ float w_s[];                         // [S] weights 2^(m_s - M)
   __shared__ float red_s[kCombineWarps][kCombineDims];
   __shared__ float part_s[kCombineWarps];
   __shared__ float M_s, den_s;
-  const int h = blockIdx.x, kv = blockIdx.y, d0 = blockIdx.z * kCombineDims;
+  const int h = blockIdx.x, kv = blockIdx.y, d0 = (blockIdx.z % 2) * kCombineDims;
   if (h >= p.group) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int L = min(*p.position + 1, p.capacity);
@@ -336,6 +338,22 @@ int num_splits(const AttentionParams& p) {
   return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
 }
 
+// The splits that run at once: one per SM of a KV head's share.
+int max_active_splits(int S, int nkv) { return std::min(S, std::max(1, multiprocessor_count() / nkv)); }
+
+// A row of a batch step has at most max_active_splits splits with keys whatever its length
+// (split_range: each holds at least L / max_splits keys), so its partials need no more.
+int row_splits(const AttentionParams& p) { return max_active_splits(kMaxSplits, p.num_kv_heads); }
+
+void configure_split_kernel() {
+  static const bool configured = [] {  // once: the shared memory opt-in
+    CUDA_CHECK(
+        cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
+    return true;
+  }();
+  (void)configured;
+}
+
 }  // namespace
 
 size_t attention_decode_scratch_bytes(const AttentionParams& p) {
@@ -347,23 +365,45 @@ void gated_attention_decode(const AttentionParams& p, const float* qg, const flo
   check_attention_params(p);
   LILY_CHECK(p.T == 1, "gated_attention_decode: one token, {} given", p.T);
   LILY_CHECK(scratch != nullptr, "gated_attention_decode: no scratch");
-  static const bool configured = [] {  // once: the shared memory opt-in
-    CUDA_CHECK(
-        cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
-    return true;
-  }();
-  (void)configured;
+  configure_split_kernel();
   const int S = num_splits(p);
   AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
   args.part_acc = static_cast<float*>(scratch);
   args.part_ml = args.part_acc + size_t(p.num_kv_heads) * S * kGroup * kHeadDim;
-  // The splits that run at once: one per SM of a KV head's share.
-  const int max_splits = std::min(S, std::max(1, multiprocessor_count() / args.nkv));
+  const int max_splits = max_active_splits(S, args.nkv);
   attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
                                                                                                        max_splits);
   CUDA_CHECK_LAUNCH();
   attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(kHeadDim / kCombineDims)),
                              32 * kCombineWarps, size_t(S) * sizeof(float), stream>>>(args, S, max_splits);
+  CUDA_CHECK_LAUNCH();
+}
+
+size_t attention_decode_rows_scratch_bytes(const AttentionParams& p, int N) {
+  return size_t(N) * size_t(p.num_kv_heads) * row_splits(p) * kGroup * (kHeadDim + 2) * sizeof(float);
+}
+
+void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& rows, int N, const float* qg,
+                                 const float* k, const float* v, float* out, void* scratch, cudaStream_t stream) {
+  check_attention_params(p);
+  LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows, "gated_attention_decode_rows: {} rows of {} token(s)", N, p.T);
+  LILY_CHECK(scratch != nullptr && rows.position && rows.capacity && rows.k_cache && rows.v_cache,
+             "gated_attention_decode_rows: no scratch or no tables");
+  configure_split_kernel();
+  const int S = row_splits(p);
+  AttnArgs args = attn_args(p, qg, k, v, nullptr, nullptr, out);
+  args.part_acc = static_cast<float*>(scratch);
+  args.part_ml = args.part_acc + size_t(N) * p.num_kv_heads * S * kGroup * kHeadDim;
+  // row_args offsets each row's ml partials from part_ml by its own share: lay them after all
+  // rows' accumulators, row by row.
+  args.row_position = rows.position, args.row_capacity = rows.capacity;
+  args.row_k_cache = reinterpret_cast<uint16_t* const*>(rows.k_cache);
+  args.row_v_cache = reinterpret_cast<uint16_t* const*>(rows.v_cache);
+  attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv), unsigned(N)), kSplitThreads, kSplitSmem, stream>>>(
+      args, S);
+  CUDA_CHECK_LAUNCH();
+  attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(2 * N)), 32 * kCombineWarps,
+                             size_t(S) * sizeof(float), stream>>>(args, S, S);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -5,6 +5,7 @@
 #include <cstddef>
 
 #include "backend/cuda/common/attention.h"
+#include "backend/cuda/common/row_tables.h"
 
 namespace lily::cuda {
 
@@ -21,5 +22,15 @@ size_t attention_decode_scratch_bytes(const AttentionParams& p);
 // kernels leave their counters at zero again).
 void gated_attention_decode(const AttentionParams& p, const float* qg, const float* k, const float* v, bf16* k_cache,
                             bf16* v_cache, float* out, void* scratch, cudaStream_t stream);
+
+// A batch step's attention: one new token of each of N sequences (N <= kMaxBatchRows), row r
+// over its own cache and position (rows' tables; p's position and capacity are not read):
+// qg [N, nq * 512], k, v [N, nkv * 256], out [N, nq * 256], as gated_attention_decode row by row.
+// The grid's splits are the ones that can run at once (the SMs of a KV head's share), whatever
+// the rows' capacities. scratch: attention_decode_rows_scratch_bytes(p, N), as that of the
+// one-row form.
+size_t attention_decode_rows_scratch_bytes(const AttentionParams& p, int N);
+void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& rows, int N, const float* qg,
+                                 const float* k, const float* v, float* out, void* scratch, cudaStream_t stream);
 
 }  // namespace lily::cuda

@@ -40,8 +40,20 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace deltanet_detail;
 
+// The arguments of row r of a decode-rows launch (args itself without tables).
+__device__ __forceinline__ CoreArgs row_args(const CoreArgs& args, int r) {
+  if (!args.row_ssm) return args;
+  CoreArgs p = args;
+  const int width = p.Hv * kHeadDim;
+  p.conv_state = args.row_conv[r], p.ssm_state = args.row_ssm[r];
+  p.mixed += size_t(r) * p.C, p.z += size_t(r) * width, p.y += size_t(r) * width;
+  p.b += size_t(r) * p.Hv, p.a += size_t(r) * p.Hv;
+  return p;
+}
+
 template <int K, int MAXT>
-__global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
+__global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs args) {
+  const CoreArgs p = row_args(args, blockIdx.y);  // a batch step's row (else args)
   trace::BlockTrace trace(trace::kind_deltanet);
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ __align__(16) float q_s[MAXT][kHeadDim], k_s[MAXT][kHeadDim];
@@ -177,16 +189,10 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
   cluster.sync();  // keep this block's shared memory alive until the others have read it
 }
 
-}  // namespace
-
-void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
-                           float* conv_state, float* ssm_state, float* y, cudaStream_t stream) {
-  check_deltanet_params(p);
-  LILY_CHECK(p.T >= 1 && p.T <= kDeltaNetDecodeMaxT, "gated_deltanet_decode: {} tokens (1 .. {})", p.T,
-             kDeltaNetDecodeMaxT);
-  const CoreArgs args = core_args(p, mixed, z, b, a, conv_state, ssm_state, y, nullptr);
+// The kernel for p.T tokens a row, `rows` rows (grid y).
+void launch_decode(const DeltaNetParams& p, const CoreArgs& args, int rows, cudaStream_t stream) {
   cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(unsigned(p.num_value_heads * kSlices));
+  config.gridDim = dim3(unsigned(p.num_value_heads * kSlices), unsigned(rows));
   config.blockDim = dim3(kThreads);
   config.stream = stream;
   cudaLaunchAttribute attribute[2];
@@ -204,6 +210,27 @@ void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const fl
                  : p.T <= 8 ? deltanet_decode_kernel<kConvK, 8>
                             : deltanet_decode_kernel<kConvK, kDeltaNetDecodeMaxT>;
   CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+}
+
+}  // namespace
+
+void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
+                           float* conv_state, float* ssm_state, float* y, cudaStream_t stream) {
+  check_deltanet_params(p);
+  LILY_CHECK(p.T >= 1 && p.T <= kDeltaNetDecodeMaxT, "gated_deltanet_decode: {} tokens (1 .. {})", p.T,
+             kDeltaNetDecodeMaxT);
+  launch_decode(p, core_args(p, mixed, z, b, a, conv_state, ssm_state, y, nullptr), 1, stream);
+}
+
+void gated_deltanet_decode_rows(const DeltaNetParams& p, const DeltaNetRows& rows, int N, const float* mixed,
+                                const float* z, const float* b, const float* a, float* y, cudaStream_t stream) {
+  check_deltanet_params(p);
+  LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows && rows.conv && rows.ssm,
+             "gated_deltanet_decode_rows: {} rows of {} token(s) (1 token, 1 .. {} rows, with tables)", N, p.T,
+             kMaxBatchRows);
+  CoreArgs args = core_args(p, mixed, z, b, a, nullptr, nullptr, y, nullptr);
+  args.row_conv = rows.conv, args.row_ssm = rows.ssm;
+  launch_decode(p, args, N, stream);
 }
 
 }  // namespace lily::cuda

@@ -3,6 +3,7 @@
 #pragma once
 
 #include "backend/cuda/common/deltanet.h"
+#include "backend/cuda/common/row_tables.h"
 
 namespace lily::cuda {
 
@@ -16,5 +17,11 @@ constexpr int kDeltaNetDecodeMaxT = 16;
 // 1 <= p.T <= kDeltaNetDecodeMaxT; the tokens in order, each after the one before.
 void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
                            float* conv_state, float* ssm_state, float* y, cudaStream_t stream);
+
+// A batch step's DeltaNet core: one token of each of N sequences (N <= kMaxBatchRows, p.T = 1),
+// row r with its own conv and recurrent state from rows' tables: mixed [N, conv_dim], z, y
+// [N, Hv*128], b, a [N, Hv], as gated_deltanet_decode row by row, in one launch (grid row r).
+void gated_deltanet_decode_rows(const DeltaNetParams& p, const DeltaNetRows& rows, int N, const float* mixed,
+                                const float* z, const float* b, const float* a, float* y, cudaStream_t stream);
 
 }  // namespace lily::cuda
