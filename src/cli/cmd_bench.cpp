@@ -127,7 +127,7 @@ std::vector<Row> bench_prefill(Backend& backend, const std::vector<int32_t>& len
     // One untimed pass first: a length can be the first to launch some kernels (the few-token
     // forms, other tiles), and CUDA loads each on its first launch (lazy module loading). Timed,
     // that pass was the reported time of --repeats 2, whose median is the slower of the two
-    // (docs/perf.md, lily serve's call 4: the first length's row).
+    // (docs/perf-log/2026-12.md, session 14, call 4: the first length's row).
     time_prefill_pass(backend, *state, tokens, logits, false);
     std::vector<double> times;
     for (int r = 0; r < repeats; ++r)

@@ -218,7 +218,7 @@ bool GrammarMatcher::accept_token(int32_t id) {
 // A partly allowed word is a select per logit, not a branch per bit: in string content most
 // words have a few forbidden ids at unpredictable places, and the branch per bit cost 130-200 us
 // over 248,320 logits (800 us on a random half mask); the select vectorizes (AVX2, AVX-512
-// clones): ~22 us whatever the mask (bench_constrained_step, docs/perf.md).
+// clones): ~22 us whatever the mask (bench_constrained_step, docs/perf-log/2026-12.md).
 LILY_CPU_CLONES void apply_token_bitmask(std::span<float> logits, std::span<const uint64_t> mask) {
   const float minus_inf = -std::numeric_limits<float>::infinity();
   for (size_t begin = 0, w = 0; begin < logits.size(); begin += 64, ++w) {

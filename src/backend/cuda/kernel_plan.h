@@ -10,11 +10,12 @@
 //   decode gate/up   staged (rows in shared memory) where H is a multiple of 512 and I of 16 (the
 //                    model), else mma (the small test models)
 //   prefill rule     the token loop below 48 tokens, the chunked rule from there (measured:
-//                    docs/perf.md)
+//                    docs/perf-log/2026-11.md, session 3's chunked DeltaNet table)
 //   short passes     one token runs as a decode step (the captured graph), from 2 tokens a
 //                    pass (2 tokens 3.0 ms, 4: 3.5, against 3.6 and 7.1 as decode steps);
 //                    passes of up to 32 tokens launch with PDL (-8% at 5 tokens, -6% at 16,
-//                    -2% at 32, but +3% at 47, +5% at 64, +2.5% at 4K) (H200, docs/perf.md)
+//                    -2% at 32, but +3% at 47, +5% at 64, +2.5% at 4K)
+//                    (H200, docs/perf-log/2026-12.md, sessions 9, 11, 14)
 //   dense rows       passes of up to 16 tokens run the attention / DeltaNet projections as
 //                    few-row GEMVs (gemv_rows.h: RMSNorm and residual fused, the fused input
 //                    matrix in one launch) where every layer's matrices are 4-bit group 64
@@ -32,14 +33,14 @@
 //   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
 //                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
 //   decode step      the chain of kernels below (one persistent kernel for the whole step measured
-//                    1.36x slower and was removed: docs/perf.md, sessions 16-18)
+//                    1.36x slower and was removed: docs/perf-log/2026-12.md, sessions 16-19)
 //   prefill GEMM     the projections of passes of 256 tokens and more: wgmma (gemm_w4_wgmma.h)
 //                    on an sm_90 device where every one of them is 4-bit group 64 (2.5x gemm_q4 on
 //                    the input projections at 4K; below 256 tokens out_proj is slower than
 //                    gemm_q4's split K), else mma.sync (gemm_q4.h); the routed and shared experts
 //                    on wgmma from 512 tokens (their 64-token tiles match gemm_q4 at 512, 1.1-2x
 //                    at 4K); the router and the shared expert's gate (8-bit) stay on gemm_exact /
-//                    gemm_q4 (H200, docs/perf.md)
+//                    gemm_q4 (H200, docs/perf-log/2026-12.md, session 14)
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel;
 //                    passes of up to 32 tokens the split kernel (a token and KV head's keys over
 //                    S blocks, then a merge: flash had 4 of 64 query rows a block at 16 tokens,

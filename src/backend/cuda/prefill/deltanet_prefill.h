@@ -11,8 +11,8 @@
 namespace lily::cuda {
 
 // Tokens of one chunk of gated_deltanet_prefill: each chunk launches its six kernels once (their
-// fixed costs fell from 8 to 1 times a layer at 4096 tokens: docs/perf.md, session 19), and its
-// scratch holds one chunk.
+// fixed costs fell from 8 to 1 times a layer at 4096 tokens: docs/perf-log/2026-12.md, session
+// 19), and its scratch holds one chunk.
 constexpr int kDeltaNetPrefillChunk = 4096;
 
 // How the delta rule runs over a chunk: the whole core of a few tokens in the decode kernel

@@ -484,8 +484,9 @@ bool gemm_q4_supports(const QMatrix& W) {
   return (W.bits == 4 || W.bits == 8) && W.group_size == 64 && W.cols > 0 && W.cols % 64 == 0 && W.rows > 0;
 }
 
-// The next tile up from the rows: bench_moe_grouped (H200, docs/perf.md) has the whole expert
-// block fastest with 16-row tiles at 8 rows per expert, 32 at 16 and 64 from 32 rows on.
+// The next tile up from the rows: bench_moe_grouped (H200, docs/perf-log/2026-11.md, issue 7's
+// ablations) has the whole expert block fastest with 16-row tiles at 8 rows per expert, 32 at 16
+// and 64 from 32 rows on.
 int gemm_q4_tile_rows(double rows) { return rows < 12 ? 16 : rows < 24 ? 32 : 64; }
 
 void gemm_q4(const QMatrix& W, const float* x, float* y, int T, cudaStream_t stream, const SplitK* split) {

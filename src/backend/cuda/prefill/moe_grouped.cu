@@ -26,7 +26,8 @@
 //           tiles where the experts average 96 rows or more, else 64: x and act each converted once
 //           to bf16 in the GEMM's K order (xp, act_p; xp may come from the caller, written with the
 //           norm by rms_norm_bf16_permuted); the shared expert's down stays on gemm_q4 (K = 512: as
-//           fast). Outputs in bf16 from the GEMMs' epilogues measured slower (docs/perf.md, session 19).
+//           fast). Outputs in bf16 from the GEMMs' epilogues measured slower
+//           (docs/perf-log/2026-12.md, session 19).
 // Tested:   tests/cuda/test_moe_grouped.cu (each piece against host references; the block
 //           against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
