@@ -577,8 +577,9 @@ CommandRegistration bench_command{
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
                       "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6; on the GPU the "
-                      "steps chained, each token drawn there); stepwise: that loop with each step's candidates "
-                      "drawn on the host (no chain)")
+                      "steps chained, each token drawn there, where the plan has chains: --kernel-plan chain=1 "
+                      "until they are on by default); stepwise: that loop with each step's candidates drawn on the "
+                      "host (no chain)")
            ->check(CLI::IsMember({"graph", "generate", "stepwise"}))
            ->capture_default_str();
        sub.add_option("--decode-skip", a->decode_skip,

@@ -175,7 +175,12 @@ TEST(KernelPlan, EditsSetThresholdsWithinWhatTheWeightsAllow) {
   cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
   EXPECT_EQ(plan.prefill.moe_slots_up_to, 0);
   EXPECT_EQ(plan.prefill.pass_graphs_up_to, 0);
+  EXPECT_EQ(plan.prefill.batch_rows_up_to, 0);
+  EXPECT_FALSE(plan.decode.chain);
   EXPECT_FALSE(plan.prefill.moe_slots(2));
+  cuda::edit_plan(plan, "chain=1");
+  EXPECT_TRUE(plan.decode.chain);
+  EXPECT_THROW(cuda::edit_plan(plan, "chain=2"), Error);
   cuda::edit_plan(plan, "moe_slots_up_to=8");
   cuda::edit_plan(plan, "pass_graphs_up_to=16");
   cuda::edit_plan(plan, "split_attention_up_to=0");

@@ -115,7 +115,7 @@ class CudaBackendImpl final : public CudaBackend {
   // host a step behind (Backend::chain_tokens).
   std::unique_ptr<TokenChain> chain_tokens(SequenceState& state, int32_t token, int64_t steps,
                                            const ChainChoice& choice) override {
-    if (choice.count < 1 || choice.count > kMaxTopCandidates) return nullptr;
+    if (!plan_.decode.chain || choice.count < 1 || choice.count > kMaxTopCandidates) return nullptr;
     auto& s = as_cuda(state);
     check_room(s, steps);
     check_token(token);
@@ -188,6 +188,16 @@ CudaBackendOptions CudaBackendOptions::from_environment() {
     LILY_CHECK(end != v && *end == '\0' && n >= 64 && n <= kMaxPrefillChunkTokens && n % 64 == 0,
                "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
     o.prefill_chunk_tokens = int(n);
+  }
+  // LILY_KERNEL_PLAN=NAME=VALUE,NAME=VALUE: plan edits for measurement and tests (the runtime's
+  // tests and lily serve on the device run a plan's unrun parts this way, without a rebuild).
+  if (const char* v = std::getenv("LILY_KERNEL_PLAN")) {
+    const std::string list = v;
+    for (size_t begin = 0; begin <= list.size();) {
+      const size_t end = std::min(list.find(',', begin), list.size());
+      if (end > begin) o.plan_edits.push_back(list.substr(begin, end - begin));
+      begin = end + 1;
+    }
   }
   return o;
 }

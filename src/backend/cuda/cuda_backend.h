@@ -38,11 +38,12 @@ struct CudaBackendOptions {
   bool pdl = true;                  // the decode graph's kernel-to-kernel edges programmatic (PDL)
   int prefill_chunk_tokens = 8192;  // tokens per prefill pass: a multiple of 64 up to 16384; the
                                     // scratch grows ~0.2 MB per token (8192: ~1.6 GB)
-  // Measurement and tests only: the kernel plan's thresholds changed after it is made, each
+  // Measurement and tests only: the kernel plan's settings changed after it is made, each
   // "NAME=VALUE" (kernel_plan.h's edit_plan; `lily bench --kernel-plan`).
   std::vector<std::string> plan_edits;
-  // The defaults, with LILY_PDL=0 and LILY_PREFILL_CHUNK=N from the environment where set (the
-  // one place below the CLI that reads it). Throws on a malformed value.
+  // The defaults, with LILY_PDL=0, LILY_PREFILL_CHUNK=N and LILY_KERNEL_PLAN=NAME=VALUE,... (plan
+  // edits) from the environment where set (the one place below the CLI that reads it). Throws on
+  // a malformed value (a bad plan edit: when the backend is built).
   static CudaBackendOptions from_environment();
 };
 

@@ -172,21 +172,32 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
 
 namespace {
 
-// The thresholds edit_plan may set, with the most each may be (what the weights allow).
+// The settings edit_plan may change: each one's setter and the most it may be (what the weights
+// allow).
 struct PlanField {
   const char* name;
-  int PrefillPlan::*field;
-  int PrefillPlan::*limit;  // null: any value >= 0
+  void (*set)(KernelPlan&, int);
+  int (*limit)(const KernelPlan&);
 };
 
+constexpr int kAny = PrefillPlan::kNever;
+
 constexpr PlanField kPlanFields[] = {
-    {"decode_steps_below", &PrefillPlan::decode_steps_below, nullptr},
-    {"programmatic_below", &PrefillPlan::programmatic_below, nullptr},
-    {"chunked_delta_rule_from", &PrefillPlan::chunked_delta_rule_from, nullptr},
-    {"moe_slots_up_to", &PrefillPlan::moe_slots_up_to, &PrefillPlan::moe_slots_limit},
-    {"pass_graphs_up_to", &PrefillPlan::pass_graphs_up_to, &PrefillPlan::pass_graphs_limit},
-    {"batch_rows_up_to", &PrefillPlan::batch_rows_up_to, &PrefillPlan::batch_rows_limit},
-    {"split_attention_up_to", &PrefillPlan::split_attention_up_to, nullptr},
+    {"chain", [](KernelPlan& p, int v) { p.decode.chain = v != 0; }, [](const KernelPlan&) { return 1; }},
+    {"decode_steps_below", [](KernelPlan& p, int v) { p.prefill.decode_steps_below = v; },
+     [](const KernelPlan&) { return kAny; }},
+    {"programmatic_below", [](KernelPlan& p, int v) { p.prefill.programmatic_below = v; },
+     [](const KernelPlan&) { return kAny; }},
+    {"chunked_delta_rule_from", [](KernelPlan& p, int v) { p.prefill.chunked_delta_rule_from = v; },
+     [](const KernelPlan&) { return kAny; }},
+    {"moe_slots_up_to", [](KernelPlan& p, int v) { p.prefill.moe_slots_up_to = v; },
+     [](const KernelPlan& p) { return p.prefill.moe_slots_limit; }},
+    {"pass_graphs_up_to", [](KernelPlan& p, int v) { p.prefill.pass_graphs_up_to = v; },
+     [](const KernelPlan& p) { return p.prefill.pass_graphs_limit; }},
+    {"batch_rows_up_to", [](KernelPlan& p, int v) { p.prefill.batch_rows_up_to = v; },
+     [](const KernelPlan& p) { return p.prefill.batch_rows_limit; }},
+    {"split_attention_up_to", [](KernelPlan& p, int v) { p.prefill.split_attention_up_to = v; },
+     [](const KernelPlan&) { return kAny; }},
 };
 
 }  // namespace
@@ -201,10 +212,9 @@ void edit_plan(KernelPlan& plan, const std::string& edit) {
              "kernel plan edit '{}': the value must be a whole number >= 0", edit);
   for (const PlanField& f : kPlanFields) {
     if (name != f.name) continue;
-    if (f.limit)
-      LILY_CHECK(value <= plan.prefill.*f.limit, "kernel plan edit '{}': these weights allow at most {}", edit,
-                 plan.prefill.*f.limit);
-    plan.prefill.*f.field = int(value);
+    LILY_CHECK(value <= f.limit(plan), "kernel plan edit '{}': at most {} (what these weights allow)", edit,
+               f.limit(plan));
+    f.set(plan, int(value));
     return;
   }
   std::string names;
@@ -232,6 +242,8 @@ std::string KernelPlan::describe() const {
   }
   out += fmt::format("  advance_position, lm_head {} {}, argmax\n", kernel_name(decode.lm_head.kernel),
                      format_of(decode.lm_head.W));
+  out += decode.chain ? "  chains: each step's token chosen on the GPU (top_candidates, choose_token)\n"
+                      : "  chains: off (each step's candidates to the host)\n";
   out += fmt::format("prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}; graphs up to {}): "
                      "rms_norm + {} projections "
                      "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "

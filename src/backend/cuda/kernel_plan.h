@@ -83,7 +83,10 @@ struct DecodeLayerPlan {
 
 struct DecodePlan {
   std::vector<DecodeLayerPlan> layers;
-  PlannedGemv lm_head;   // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
+  PlannedGemv lm_head;  // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
+  // Steps chained on the GPU, each token chosen there (Backend::chain_tokens, decode_graph.h);
+  // off until it has run on a GPU: generate() then steps with forward_candidates.
+  bool chain = false;
   int launches() const;  // kernels of one step, argmax included
 };
 
@@ -139,9 +142,9 @@ constexpr int kMaxPrefillChunkTokens = 16384;
 KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens);
 
 // For measurement and tests (`lily bench --kernel-plan`, CudaBackendOptions::plan_edits): sets one
-// of the prefill plan's thresholds, "NAME=VALUE" with NAME a field of PrefillPlan (moe_slots_up_to,
-// dense_rows_up_to, ...). Throws on an unknown name, a malformed value, or a value the weights
-// do not allow (a kernel that does not take them).
+// setting of the plan, "NAME=VALUE": chain (0 or 1) or a threshold of PrefillPlan
+// (moe_slots_up_to, pass_graphs_up_to, ...). Throws on an unknown name, a malformed value, or a
+// value the weights do not allow (a kernel that does not take them).
 void edit_plan(KernelPlan& plan, const std::string& edit);
 
 }  // namespace lily::cuda
