@@ -309,7 +309,7 @@ TEST(CudaAttention, RowsOfSeveralSequences) {
     DeviceArray<bf16*> d_k(k_caches), d_v(v_caches);
     const cuda::AttentionRows rows{d_positions.get(), d_capacities.get(), d_k.get(), d_v.get()};
     cuda::AttentionParams p = gpu[0]->params(1);
-    p.position = nullptr, p.capacity = 0;  // the rows' own, from the tables
+    p.position = nullptr, p.capacity = 1;  // not read: the rows' own come from the tables
     DeviceArray<char> scratch(cuda::attention_decode_rows_scratch_bytes(p, int(N)));
     scratch.poison();
     for (int step = 0; step < 2; ++step) {
