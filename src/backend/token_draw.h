@@ -1,5 +1,5 @@
 // token_draw.h: the draw of a sampled token from its best candidates, one function for the host
-// sampler (runtime/sampler.cpp) and the GPU's chained decode steps (cuda/decode/choose_token.cu),
+// sampler (runtime/sampler.cpp) and the GPU's chained decode steps (cuda/sampling/choose_token.cu),
 // so that a seed gives the same tokens wherever the draw runs; and the penalties applied to the
 // logits of the tokens generated so far before the candidates are selected.
 //

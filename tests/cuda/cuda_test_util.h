@@ -139,7 +139,7 @@ inline void expect_within(const std::vector<float>& got, const std::vector<doubl
                         << bound[at];
 }
 
-// A product as the tensor-core kernels compute it (prefill/gemm_q4.h, decode/gemv_rows.h):
+// A product as the tensor-core kernels compute it (gemm/gemm_q4.h, gemv/gemv_rows.h):
 // y[t, n] = sum_k bf16(x[t, k]) * bf16(s * q + b), with l1[t, n] = sum_k |x w| (the scale of
 // the rounding error) and max_term[t, n] = max_k |x w|.
 struct Bf16Reference {

@@ -1,5 +1,5 @@
-// test_attention.cu: the gated attention cores (decode/attention_decode.h,
-// prefill/attention_prefill.h: both prefill kernels by name) against a host reference built from
+// test_attention.cu: the gated attention cores (attention/attention_decode.h,
+// attention/attention_prefill.h: both prefill kernels by name) against a host reference built from
 // backend/cpu (rms_norm, apply_rope) with the cache rounded to bf16 as the GPU stores it: decode at
 // lengths on both sides of the split-KV threshold, prefill at several positions, and prefill then
 // decode with the cache carried. Outputs are poisoned before each launch; the written cache rows
@@ -12,8 +12,8 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/decode/attention_decode.h"
-#include "backend/cuda/prefill/attention_prefill.h"
+#include "backend/cuda/attention/attention_decode.h"
+#include "backend/cuda/attention/attention_prefill.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {

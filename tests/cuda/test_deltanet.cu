@@ -1,4 +1,4 @@
-// test_deltanet.cu: the Gated DeltaNet cores (decode/deltanet_decode.h, prefill/deltanet_prefill.h)
+// test_deltanet.cu: the Gated DeltaNet cores (deltanet/deltanet_decode.h, deltanet/deltanet_prefill.h)
 // against a host reference built from backend/cpu (delta_rule_recurrent, gated_rms_norm; conv and
 // l2norm written out below as in deltanet.cpp), for decode (T = 1), prefill of odd and
 // chunk-crossing lengths (a prefill of one token too), and prefill then decode, with random initial
@@ -14,9 +14,9 @@
 #include <vector>
 
 #include "backend/cpu/ops.h"
-#include "backend/cuda/decode/deltanet_decode.h"
-#include "backend/cuda/prefill/deltanet_prefill.h"
-#include "backend/cuda/prefill/gemm_w4_wgmma.h"
+#include "backend/cuda/deltanet/deltanet_decode.h"
+#include "backend/cuda/deltanet/deltanet_prefill.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma.h"
 #include "cuda_test_util.h"
 
 namespace lily::test {

@@ -7,10 +7,10 @@
 // bf16 (one part instead of hi + lo) fails it, and an indexing error misses it by orders of
 // magnitude. Edge sizes: T around the 64-row tiles (1, 15, 63, 64, 65, 200), N around the
 // 64-row tiles (1, 8, 63, 64, 65, 256), K of 1, 2 and 32 groups, 4 and 8 bits; outputs
-// poisoned (NaN) before each launch. Split K (prefill/split_k.h): the same bound with a
+// poisoned (NaN) before each launch. Split K (gemm/split_k.h): the same bound with a
 // workspace at few rows (the groups split over up to 32 blocks), the same bits run to run.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/gemm_exact.h"
+#include "backend/cuda/gemm/gemm_exact.h"
 
 #include "base/bf16.h"
 #include "cuda_test_util.h"

@@ -10,12 +10,12 @@
 // Edge sizes: T around the 16/32/64-row tiles (1, 15, 16, 17, 64, 65, 300), N around the 64/128
 // weight-row tiles and below one tile (1, 31, 64, 65, 200), K of 1, 2, 9 and 32 K tiles (the
 // pipeline's prologue and ring wrap), 4 and 8 bits; outputs poisoned (NaN) before each launch.
-// Split K (prefill/split_k.h): the same checks with a workspace at the few-token sizes where the
+// Split K (gemm/split_k.h): the same checks with a workspace at the few-token sizes where the
 // grid is split, the split outputs equal bit for bit from run to run (and the tickets reset:
 // every later product of the test reuses the workspace), and different in their last bits from
 // the unsplit ones (the split path really ran).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/gemm_q4.h"
+#include "backend/cuda/gemm/gemm_q4.h"
 
 #include <cstring>
 

@@ -1,4 +1,4 @@
-// test_gemm_w4_wgmma.cu: the wgmma W4A16 GEMM (backend/cuda/prefill/gemm_w4_wgmma.cu) against the
+// test_gemm_w4_wgmma.cu: the wgmma W4A16 GEMM (backend/cuda/gemm/gemm_w4_wgmma.cu) against the
 // kernel's own arithmetic on the host, as test_gemm_q4.cu checks gemm_q4: x rounded to bf16,
 // every weight bf16(s*q + b), products summed in double; each output within 2e-4 * sum_k |x w|
 // (an indexing error is off by ~|y|, hundreds of times that). Outputs poisoned (NaN) first.
@@ -7,8 +7,8 @@
 // scales copied plainly below 8 or off a multiple of 8) and 8, 32 and 64 groups (past the ring); the grouped forms with
 // empty, 1-row, full and split experts and gathered rows. x_to_bf16_permuted against the host permutation, bit for bit.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/gemm_w4_wgmma.h"
-#include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma_layout.h"
 
 #include <cstring>
 #include <memory>

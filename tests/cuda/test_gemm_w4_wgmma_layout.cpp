@@ -1,5 +1,5 @@
 // test_gemm_w4_wgmma_layout.cpp: the K order and tile addressing of the wgmma W4A16 GEMM
-// (backend/cuda/prefill/gemm_w4_wgmma_layout.h), on the CPU.
+// (backend/cuda/gemm/gemm_w4_wgmma_layout.h), on the CPU.
 //
 // The kernel's rules (which code nibbles a thread turns into which A register, where the producer
 // puts each 16-byte piece of x) are run here for a whole warpgroup and read back through the
@@ -15,7 +15,7 @@
 #include <set>
 #include <vector>
 
-#include "backend/cuda/prefill/gemm_w4_wgmma_layout.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma_layout.h"
 #include "base/bf16.h"
 #include "model/quant.h"
 

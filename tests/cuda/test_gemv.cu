@@ -1,4 +1,4 @@
-// test_gemv.cu: the decode GEMVs (backend/cuda/decode/gemv.h), every kernel by name, against
+// test_gemv.cu: the decode GEMVs (backend/cuda/gemv/gemv.h), every kernel by name, against
 // cpu::linear and cpu::rms_norm.
 //
 // Edge sizes: rows around the 4-row groups, the 16-row tiles and the prefetch kernel's block
@@ -6,7 +6,7 @@
 // several load steps (2048, 3072, 4096); 4-bit (prefetch, mma) and 8-bit (fp32) weights; outputs
 // poisoned (NaN) before each launch and guard values past the rows.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/gemv/gemv.h"
 
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"

@@ -1,4 +1,4 @@
-// test_gemv_rows.cu: the few-row projections (backend/cuda/decode/gemv_rows.h) against the
+// test_gemv_rows.cu: the few-row projections (backend/cuda/gemv/gemv_rows.h) against the
 // tensor-core kernels' own arithmetic on the host (cuda_test_util.h's bf16_reference).
 //
 // Reference: x rounded to bf16 (the RMSNorm form: cpu::rms_norm's x * inv * gain rounded, as the
@@ -12,7 +12,7 @@
 // widest (64, 192, 576, 2048, 4096 for the accumulating form), the shapes of the ring kernel;
 // outputs NaN-poisoned before each launch, guard values after every output part.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/gemv_rows.h"
+#include "backend/cuda/gemv/gemv_rows.h"
 
 #include "backend/cpu/ops.h"
 #include "cuda_test_util.h"

@@ -1,4 +1,4 @@
-// test_moe.cu: the decode MoE's three launches (backend/cuda/decode/moe_decode.h) against host
+// test_moe.cu: the decode MoE's three launches (backend/cuda/moe/moe_decode.h) against host
 // references built from cpu::rms_norm and cpu::linear, and the whole block against
 // cpu::sparse_moe.
 //
@@ -10,7 +10,7 @@
 // pairs, k = 1 .. 8, E = k), down at edge widths; outputs poisoned (NaN) or pre-filled (down adds).
 // Slots: the block of T = 1 .. 16 rows on the same kernels against each row alone.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/moe/moe_decode.h"
 
 #include <algorithm>
 #include <cstring>

@@ -7,9 +7,9 @@
 // 300} crosses the 16/32/64-row tiles. Tolerance for the expert products: max |gpu - cpu| <=
 // 1e-2 * max |cpu| (bf16 inputs to the tensor cores, fp32 sums; see gemm_q4.h).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/prefill/moe_grouped.h"
+#include "backend/cuda/moe/moe_grouped.h"
 
-#include "backend/cuda/decode/moe_route_rows.h"
+#include "backend/cuda/moe/moe_route_rows.h"
 
 #include <algorithm>
 #include <numeric>
@@ -201,7 +201,7 @@ TEST(CudaMoeGrouped, ExpertsUnevenLoads) {
     for (int T : {1, 17, 300}) check_experts(wide, T, 8, load);
 }
 
-// Passes of at most 16 tokens on the few-row kernels (decode/gemv_rows.h): the same checks,
+// Passes of at most 16 tokens on the few-row kernels (gemv/gemv_rows.h): the same checks,
 // T across their 8-token tiles, H from 128 (8 tiles a task) to the model's 2048. The model's
 // expert widths (full: gate/up 2048 -> 512, down 512 -> 2048) and mid's gate/up (1024 -> 256)
 // take the shared-memory ring kernel (gemv_rows_ring.cu), the rest the register form.
@@ -294,7 +294,7 @@ TEST(CudaMoeGrouped, WholeBlockMatchesCpu) {
     }
 }
 
-// The route of a short pass in one launch (decode/moe_route_rows.h): x, logits and the shared
+// The route of a short pass in one launch (moe/moe_route_rows.h): x, logits and the shared
 // gate's logit against cpu::rms_norm and cpu::linear (fp32 both sides), T across 1..16.
 TEST(CudaMoeGrouped, RouteRows) {
   REQUIRE_GPU();

@@ -1,8 +1,8 @@
-// test_norm.cu: embed_tokens, rms_norm (common/norm.cu) and argmax (decode/argmax.cu) against host
+// test_norm.cu: embed_tokens, rms_norm (common/norm.cu) and argmax (sampling/argmax.cu) against host
 // references (Matrix::dequantize_row, cpu::rms_norm, a plain loop).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "backend/cuda/common/norm.h"
-#include "backend/cuda/decode/next_token.h"
+#include "backend/cuda/sampling/next_token.h"
 
 #include <algorithm>
 #include <limits>

@@ -9,7 +9,7 @@
 // greedy, the filters, many uniforms, candidates cut short by NaN, none at all; the counts of a
 // chain's tokens and the penalties on their logits against host loops.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
-#include "backend/cuda/decode/next_token.h"
+#include "backend/cuda/sampling/next_token.h"
 
 #include "cuda_test_util.h"
 

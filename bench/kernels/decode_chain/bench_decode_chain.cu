@@ -16,7 +16,7 @@
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_graph.h"
-#include "backend/cuda/decode/gemv.h"
+#include "backend/cuda/gemv/gemv.h"
 
 #include <algorithm>
 #include <cstdio>

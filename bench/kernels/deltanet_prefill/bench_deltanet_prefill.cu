@@ -7,7 +7,7 @@
 // The kernels one by one: nsys profile --stats=true, or ncu -k regex:'conv|gated_norm|chunk'.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/median_ms.cuh"
-#include "backend/cuda/prefill/deltanet_prefill.h"
+#include "backend/cuda/deltanet/deltanet_prefill.h"
 
 #include <algorithm>
 #include <cstdio>

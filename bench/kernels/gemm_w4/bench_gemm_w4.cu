@@ -1,4 +1,4 @@
-// bench_gemm_w4.cu: issue 19's first question for the wgmma W4A16 GEMM (prefill/gemm_w4_wgmma.cu):
+// bench_gemm_w4.cu: issue 19's first question for the wgmma W4A16 GEMM (gemm/gemm_w4_wgmma.cu):
 // how many TFLOP/s each prefill product of the full-size model reaches on it, against gemm_q4
 // (mma.sync, weights dequantized into shared memory) on the same shapes and tokens.
 //
@@ -12,8 +12,8 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/prefill/gemm_w4_wgmma.h"
+#include "backend/cuda/gemm/gemm_q4.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -1,5 +1,5 @@
-// bench_gemv.cu: times the decode GEMVs (decode/gemv.h, every kernel by name where it takes the
-// shape) and the decode MoE's three launches (decode/moe_decode.h) at the model's full sizes, each
+// bench_gemv.cu: times the decode GEMVs (gemv/gemv.h, every kernel by name where it takes the
+// shape) and the decode MoE's three launches (moe/moe_decode.h) at the model's full sizes, each
 // launch alone, and reports achieved bandwidth against 4.3 TB/s (bytes = codes + scales + biases
 // actually read; x, y and act are ignored). Random codes, scales around 0.01; median of 200
 // launches after 20 warm-ups, each launch timed with events; weights rotate over enough copies to
@@ -7,8 +7,8 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/decode/gemv.h"
-#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/gemv/gemv.h"
+#include "backend/cuda/moe/moe_decode.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -14,8 +14,8 @@
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
 #include "../common/median_ms.cuh"
 #include "../common/random_qmatrix.cuh"
-#include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/prefill/moe_grouped.h"
+#include "backend/cuda/gemm/gemm_q4.h"
+#include "backend/cuda/moe/moe_grouped.h"
 
 #include <algorithm>
 #include <cstdio>

@@ -12,8 +12,8 @@
 
 #include "backend/backend.h"
 #include "backend/cuda/common/device_buffer.h"
-#include "backend/cuda/decode/next_token.h"
 #include "backend/cuda/decode_step.h"
+#include "backend/cuda/sampling/next_token.h"
 #include "backend/cuda/sequence_state.h"
 
 namespace lily::cuda {

@@ -16,13 +16,13 @@
 
 #include <algorithm>
 
+#include "backend/cuda/attention/attention_decode.h"
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/norm.h"
-#include "backend/cuda/decode/attention_decode.h"
-#include "backend/cuda/decode/deltanet_decode.h"
-#include "backend/cuda/decode/gemv.h"
-#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/deltanet/deltanet_decode.h"
+#include "backend/cuda/gemv/gemv.h"
 #include "backend/cuda/layer_params.h"
+#include "backend/cuda/moe/moe_decode.h"
 
 namespace lily::cuda {
 

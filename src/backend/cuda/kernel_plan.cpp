@@ -7,10 +7,10 @@
 #include <cstdlib>
 #include <map>
 
-#include "backend/cuda/decode/moe_route_rows.h"
+#include "backend/cuda/gemm/gemm_q4.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma.h"
 #include "backend/cuda/layer_params.h"
-#include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/prefill/gemm_w4_wgmma.h"
+#include "backend/cuda/moe/moe_route_rows.h"
 #include "base/error.h"
 
 namespace lily::cuda {

@@ -53,16 +53,16 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/attention/attention_prefill.h"
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/row_tables.h"
-#include "backend/cuda/decode/deltanet_decode.h"
-#include "backend/cuda/decode/gemv.h"
-#include "backend/cuda/decode/gemv_rows.h"
-#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/deltanet/deltanet_decode.h"
+#include "backend/cuda/deltanet/deltanet_prefill.h"
+#include "backend/cuda/gemv/gemv.h"
+#include "backend/cuda/gemv/gemv_rows.h"
 #include "backend/cuda/gpu_weights.h"
-#include "backend/cuda/prefill/attention_prefill.h"
-#include "backend/cuda/prefill/deltanet_prefill.h"
-#include "backend/cuda/prefill/moe_grouped.h"
+#include "backend/cuda/moe/moe_decode.h"
+#include "backend/cuda/moe/moe_grouped.h"
 
 namespace lily::cuda {
 

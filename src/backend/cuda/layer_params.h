@@ -2,8 +2,8 @@
 // as the decode step, the prefill pass and the kernel plan pass them to the launchers.
 #pragma once
 
-#include "backend/cuda/common/attention.h"
-#include "backend/cuda/common/deltanet.h"
+#include "backend/cuda/attention/attention.h"
+#include "backend/cuda/deltanet/deltanet.h"
 #include "backend/cuda/gpu_weights.h"
 #include "model/config.h"
 

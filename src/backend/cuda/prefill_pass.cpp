@@ -18,9 +18,9 @@
 // written as bf16 by the norm itself, rms_norm_bf16_permuted; DeltaNet's y by its gated norm). Both take x in
 // bf16 and sum in fp32; the router is fp32-accurate
 // (gemm_exact), as in decode. In a pass of a few tokens the dense products split K over more
-// blocks (prefill/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
+// blocks (gemm/split_k.h): their grids alone would leave most SMs idle. Passes of up to the
 // plan's dense_rows_up_to tokens run the attention / DeltaNet projections as few-row GEMVs
-// instead (decode/gemv_rows.h): the RMSNorm folded into the fused input projection's one
+// instead (gemv/gemv_rows.h): the RMSNorm folded into the fused input projection's one
 // launch, the residual add into out_proj / o_proj's; and the experts (moe_rows_up_to). Passes of fewer than
 // the plan's programmatic_below tokens launch their kernels with programmatic dependent launch
 // (common/pdl_launch.cuh).
@@ -28,20 +28,20 @@
 
 #include <algorithm>
 
+#include "backend/cuda/attention/attention_decode.h"
+#include "backend/cuda/attention/attention_prefill.h"
 #include "backend/cuda/common/norm.h"
 #include "backend/cuda/common/phase_marks.h"
 #include "backend/cuda/common/programmatic_launches.h"
-#include "backend/cuda/decode/attention_decode.h"
-#include "backend/cuda/decode/deltanet_decode.h"
-#include "backend/cuda/decode/gemv.h"
-#include "backend/cuda/decode/gemv_rows.h"
-#include "backend/cuda/decode/moe_decode.h"
+#include "backend/cuda/deltanet/deltanet_decode.h"
+#include "backend/cuda/deltanet/deltanet_prefill.h"
+#include "backend/cuda/gemm/gemm_q4.h"
+#include "backend/cuda/gemm/gemm_w4_wgmma.h"
+#include "backend/cuda/gemv/gemv.h"
+#include "backend/cuda/gemv/gemv_rows.h"
 #include "backend/cuda/layer_params.h"
-#include "backend/cuda/prefill/attention_prefill.h"
-#include "backend/cuda/prefill/deltanet_prefill.h"
-#include "backend/cuda/prefill/gemm_q4.h"
-#include "backend/cuda/prefill/gemm_w4_wgmma.h"
-#include "backend/cuda/prefill/moe_grouped.h"
+#include "backend/cuda/moe/moe_decode.h"
+#include "backend/cuda/moe/moe_grouped.h"
 
 namespace lily::cuda {
 

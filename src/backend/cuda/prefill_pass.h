@@ -7,9 +7,9 @@
 
 #include "backend/cuda/batch_rows.h"
 #include "backend/cuda/common/device_buffer.h"
+#include "backend/cuda/gemm/split_k.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
-#include "backend/cuda/prefill/split_k.h"
 #include "backend/cuda/sequence_state.h"
 
 namespace lily::cuda {

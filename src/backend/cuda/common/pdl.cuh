@@ -21,7 +21,7 @@
 //     (__ldcg): this SM's L1 may still hold an older step's copy;
 //   - pdl_launch_dependents() comes right after pdl_wait(), never before it (the rule above
 //     holds only then).
-// decode/moe_decode.h lists what the MoE's three launches read on which side of their wait.
+// moe/moe_decode.h lists what the MoE's three launches read on which side of their wait.
 #pragma once
 
 namespace lily::cuda {

@@ -1,4 +1,4 @@
-// quant_dot.cuh: the pieces the FP32 decode kernels (decode/gemv.cu, moe_route.cu) share for dot products of
+// quant_dot.cuh: the pieces the FP32 decode kernels (gemv/gemv.cu, moe_route.cu) share for dot products of
 // affine-quantized rows (mlx layout, spec §5b) with fp32 vectors: streaming loads of 16-byte code chunks, codes to
 // floats, one chunk's dot product, the matching x values, the shared-memory swizzle of a staged
 // x, the sum over a lane group, and the host-side dispatch over bits and lanes per row. Internal to backend/cuda.

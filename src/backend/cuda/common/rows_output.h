@@ -1,6 +1,6 @@
 // rows_output.h: where the rows of a fused matrix's product go ([qkv; z; b; a], [q; k; v]): each
 // part of the output to its own buffer, so that one launch serves the fused matrix. Taken by the
-// few-row GEMVs (decode/gemv_rows.h) and the prefill GEMM (prefill/gemm_w4_wgmma.h).
+// few-row GEMVs (gemv/gemv_rows.h) and the prefill GEMM (gemm/gemm_w4_wgmma.h).
 #pragma once
 
 namespace lily::cuda {
