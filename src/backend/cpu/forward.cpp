@@ -92,6 +92,10 @@ class CpuSequenceState final : public SequenceState {
 
   AttentionCache& attention_cache(int layer) { return attention[size_t(layer_slot_[size_t(layer)])]; }
   DeltaNetCache& deltanet_cache(int layer) { return deltanet[size_t(layer_slot_[size_t(layer)])]; }
+  cpu::LayerCache layer_cache(int layer) {
+    if (config_->layer_types[size_t(layer)] == LayerKind::full_attention) return {.attention = &attention_cache(layer)};
+    return {.deltanet = &deltanet_cache(layer)};
+  }
   void advance(int64_t n) { length_ += n; }
 
  private:
@@ -141,34 +145,17 @@ class CpuBackend final : public Backend {
   void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
-    std::vector<float> h(size_t(T * H)), normed(size_t(T * H)), mixed(size_t(T * H));  // [T, H]
+    std::vector<float> h(size_t(T * H));  // [T, H] the residual stream
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
 
-    for (int i = 0; i < c.num_layers; ++i) {
-      const LayerWeights& layer = w_->layers[size_t(i)];
-      decoder_layer(layer, s, i, h.data(), T, normed.data(), mixed.data());
-    }
+    for (int i = 0; i < c.num_layers; ++i)
+      cpu::decoder_layer(w_->layers[size_t(i)], c, s.layer_cache(i), s.length(), h.data(), T);
     s.advance(T);
     if (!logits) return;
     const int64_t rows = T - first_row;
+    std::vector<float> normed(size_t(rows * H));  // [rows, H]
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
     cpu::linear(w_->lm_head, normed.data(), rows, logits);
-  }
-
-  // h += mixer(norm(h)); h += moe(norm(h))   (spec §2.3). scratch: normed, mixed [T, H].
-  void decoder_layer(const LayerWeights& layer, CpuSequenceState& s, int i, float* h, int64_t T, float* normed,
-                     float* mixed) {
-    const ModelConfig& c = w_->config;
-    const int64_t H = c.hidden_size;
-    cpu::rms_norm(h, layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed);
-    if (layer.kind == LayerKind::full_attention)
-      cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed, T, mixed);
-    else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed, T, mixed);
-    for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[j];
-
-    cpu::rms_norm(h, layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed);
-    cpu::sparse_moe(layer.moe, c, normed, T, mixed);
-    for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[j];
   }
 
   std::shared_ptr<const ModelWeights> w_;

@@ -68,6 +68,18 @@ void route_top_k(const float* logits, int64_t E, int64_t k, int* experts, float*
 // Sparse MoE with the gated shared expert (spec §2.7). x: [T, H] (normed) -> out: [T, H].
 void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out);
 
+// The cache a decoder layer reads and appends to: its mixer's (the other is null).
+struct LayerCache {
+  AttentionCache* attention = nullptr;  // a full-attention layer
+  DeltaNetCache* deltanet = nullptr;    // a Gated DeltaNet layer
+};
+
+// One decoder layer (spec §2.3) on the residual stream h: [T, H], in place, at positions
+// first_position + t:
+//   h += mixer(RMSNorm_zc(h; input_layernorm));  h += sparse_moe(RMSNorm_zc(h; post_attention_layernorm))
+void decoder_layer(const LayerWeights& layer, const ModelConfig& c, const LayerCache& cache, int64_t first_position,
+                   float* h, int64_t T);
+
 // ---- The gated delta rule (spec §3), one value head ------------------------------------
 
 struct DeltaRuleInputs {
