@@ -1,11 +1,12 @@
 // The MTP head in the CPU reference backend (spec §6, backend.h's forward_hidden / forward_mtp):
 // its pieces against hand computations on tiny weights, the hidden rows it takes (after the final
-// norm), its KV cache through clone / snapshot / restore / reset, and a model or backend without
-// it.
+// norm), its KV cache through clone / snapshot / restore / reset, a model or backend without it,
+// and its logits against the PyTorch reference of tools/mtp_reference.py when that file exists.
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <random>
 
 #include "backend/backend.h"
@@ -509,6 +510,82 @@ TEST(MtpBackend, ABackendWithoutTheHeadSaysSo) {
   EXPECT_EQ(seq->length(), 0);
   EXPECT_EQ(seq->mtp_length(), 0);
 }
+
+// ---- Against the PyTorch reference (tools/mtp_reference.py) -------------------------------
+//
+// Tolerance as the golden logits tests (test_golden.cpp): max |lily - reference| <= 1e-3 * max
+// |reference| over the rows, and the same argmax in every row.
+
+struct ReferenceCase {
+  const char* layout;
+  const char* mtp_dir;    // LoadOptions::mtp_dir under tiny-a ("" for the model's own)
+  const char* reference;  // the JSON tools/mtp_reference.py writes, under tiny-a
+  const char* command;    // what makes it
+};
+
+class MtpReference : public ::testing::TestWithParam<ReferenceCase> {};
+
+TEST_P(MtpReference, LogitsMatchThePyTorchReference) {
+  const ReferenceCase rc = GetParam();
+  const std::string json_path = kTiny + "/" + rc.reference;
+  if (!std::filesystem::exists(json_path))
+    GTEST_SKIP() << json_path
+                 << " is missing; make it where torch and transformers are (the device machine): " << rc.command;
+  const nlohmann::json ref = test::read_json(json_path);
+  LoadOptions options;
+  if (*rc.mtp_dir) options.mtp_dir = kTiny + "/" + rc.mtp_dir;
+  Fixture f = load_fixture(rc.layout, options);
+  const auto ids = ref["ids"].get<std::vector<int32_t>>();
+  const auto chain_tokens = ref["chain"]["tokens"].get<std::vector<int32_t>>();
+  const auto drafted = ref["chain"]["drafted"].get<std::vector<int32_t>>();
+  const int64_t T = int64_t(ids.size()), K = int64_t(chain_tokens.size());
+  ASSERT_EQ(ref["vocab_size"].get<int64_t>(), f.V);
+  const std::vector<float> want = test::read_f32(kTiny + "/" + ref["logits"].get<std::string>());
+  ASSERT_EQ(int64_t(want.size()), (T - 1 + K) * f.V) << "the reference's shape";
+
+  auto seq = f.backend->new_sequence(4096);
+  std::vector<float> hidden;
+  std::vector<float> got = prefill_with_mtp(f, *seq, ids, &hidden);
+  std::vector<float> h = rows(hidden, f.H, T - 1, 1);
+  std::vector<int32_t> lily_drafted;
+  for (int32_t token : chain_tokens) {
+    auto [logits, m] = mtp_step(f, *seq, h, token);
+    lily_drafted.push_back(int32_t(std::max_element(logits.begin(), logits.end()) - logits.begin()));
+    got.insert(got.end(), logits.begin(), logits.end());
+    h = m;
+  }
+  ASSERT_EQ(got.size(), want.size());
+  const double diff = max_diff(got, want), scale = max_abs(want);
+  int64_t argmax_mismatches = 0;
+  for (int64_t r = 0; r < T - 1 + K; ++r) {
+    auto row = [&](const std::vector<float>& v) { return v.begin() + r * f.V; };
+    argmax_mismatches += (std::max_element(row(got), row(got) + f.V) - row(got)) !=
+                         (std::max_element(row(want), row(want) + f.V) - row(want));
+  }
+  std::printf("[%s] MTP: max |diff| = %.3g, max |ref| = %.3g, relative %.3g, argmax mismatches %lld of %lld rows\n",
+              rc.layout, diff, scale, diff / scale, (long long)argmax_mismatches, (long long)(T - 1 + K));
+  EXPECT_LE(diff, 1e-3 * scale);
+  EXPECT_EQ(argmax_mismatches, 0);
+  EXPECT_EQ(lily_drafted, drafted);
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Layouts, MtpReference,
+    ::testing::Values(
+        ReferenceCase{"hf-fused", "", "mtp-logits-hf.json",
+                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --out "
+                      "tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
+        ReferenceCase{"hf-per-expert", "", "mtp-logits-hf.json",
+                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --out "
+                      "tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
+        ReferenceCase{"mlx-q4", "hf-fused", "mtp-logits-mlx.json",
+                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/mlx-q4 --mtp "
+                      "tests/fixtures/models/tiny-a/hf-fused --out tests/fixtures/models/tiny-a/mtp-logits-mlx.f32"}),
+    [](const auto& info) {
+      std::string n = info.param.layout;
+      std::replace(n.begin(), n.end(), '-', '_');
+      return n;
+    });
 
 }  // namespace
 }  // namespace lily
