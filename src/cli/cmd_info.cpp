@@ -47,9 +47,9 @@ int run_info(const ModelOptions& options) {
     std::printf("  %-8s   %.3f B parameters, %.3f GB\n", format.c_str(), double(v.first) / 1e9, double(v.second) / 1e9);
   std::printf("memory       %.3f GB of weights\n", double(w->weight_bytes()) / 1e9);
   if (w->mtp)
-    std::printf("mtp          MTP head from %s: %.3f GB (fc %s, experts %s)\n", w->mtp_dir.c_str(),
-                double(w->mtp_weight_bytes()) / 1e9, w->mtp->fc.describe().c_str(),
-                w->mtp->layer.moe.experts.gate_proj[0].describe().c_str());
+    std::printf("mtp          MTP head from %s: %.3f GB (fc %s, experts %s), %d bytes of KV cache per token (bf16)\n",
+                w->mtp_dir.c_str(), double(w->mtp_weight_bytes()) / 1e9, w->mtp->fc.describe().c_str(),
+                w->mtp->layer.moe.experts.gate_proj[0].describe().c_str(), 2 * c.num_key_value_heads * c.head_dim * 2);
   else std::printf("mtp          none (no mtp.* tensors; --mtp DIR reads them from another checkpoint)\n");
   const double kv_per_token = 2.0 * c.num_key_value_heads * c.head_dim * 2 * c.num_layers_of(LayerKind::full_attention);
   const double recurrent = double(c.num_layers_of(LayerKind::linear_attention)) *
