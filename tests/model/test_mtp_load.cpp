@@ -74,7 +74,8 @@ void write_tensors(const std::string& path, const std::vector<RawTensor>& tensor
         {"dtype", t.dtype}, {"shape", t.shape}, {"data_offsets", {data.size(), data.size() + t.bytes.size()}}};
     data += t.bytes;
   }
-  const std::string json = header.dump();
+  std::string json = header.dump();
+  json.resize((json.size() + 7) / 8 * 8, ' ');  // as safetensors writers pad: 8-byte aligned data
   std::string out(8, '\0');
   for (int i = 0; i < 8; ++i) out[size_t(i)] = char((uint64_t(json.size()) >> (8 * i)) & 0xff);
   std::ofstream(path, std::ios::binary | std::ios::trunc) << out << json << data;
