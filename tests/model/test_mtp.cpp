@@ -202,10 +202,12 @@ TEST(MtpBlock, RowsAtOnceEqualRowsOneByOne) {
 
 // ---- On the tiny fixture (hf-fused: the published layout with mtp.*) ----------------------
 
+// The model, its reference backend and a prompt: the first 48 of reference.json's ids (few, so
+// that the tests stay quick under the sanitizers).
 struct Fixture {
   std::shared_ptr<ModelWeights> weights;
   std::unique_ptr<Backend> backend;
-  std::vector<int32_t> ids;
+  std::vector<int32_t> ids;  // [48]
   int64_t H = 0, V = 0;
 };
 
@@ -214,6 +216,7 @@ Fixture load_fixture(const std::string& layout = "hf-fused", const LoadOptions& 
   f.weights = load_model(kTiny + "/" + layout, options);
   f.backend = make_cpu_backend(f.weights);
   f.ids = test::read_json(kTiny + "/reference.json")["ids"].get<std::vector<int32_t>>();
+  f.ids.resize(48);
   f.H = f.weights->config.hidden_size;
   f.V = f.weights->config.vocab_size;
   return f;
@@ -295,28 +298,38 @@ TEST(MtpBackend, LogitsAreTheHeadsRowThroughLmHead) {
 }
 
 // Rows appended in pieces (across the 256-row chunk of the backend) equal rows appended at once.
+// The head needs no main-model rows beyond the hidden rows it is given: 300 rows made of the
+// prompt's post-norm rows over and over.
 TEST(MtpBackend, RowsInPiecesEqualRowsAtOnce) {
   Fixture f = load_fixture();
-  std::vector<int32_t> ids(f.ids);
-  ids.insert(ids.end(), f.ids.begin(), f.ids.end());  // 300 tokens
-  const int64_t T = int64_t(ids.size());
-  auto whole = f.backend->new_sequence(4096);
+  auto main = f.backend->new_sequence(4096);
+  std::vector<float> logits, prompt_hidden;
+  f.backend->forward_hidden(*main, f.ids, LogitsWanted::none, logits, LogitsWanted::all, prompt_hidden);
+  const int64_t T = 300, P = int64_t(f.ids.size());
   std::vector<float> hidden;
-  const std::vector<float> at_once = prefill_with_mtp(f, *whole, ids, &hidden);
-  EXPECT_EQ(whole->mtp_length(), T - 1);
+  std::vector<int32_t> tokens;
+  for (int64_t t = 0; t < T; ++t) {
+    const std::vector<float> row = rows(prompt_hidden, f.H, t % P, 1);
+    hidden.insert(hidden.end(), row.begin(), row.end());
+    tokens.push_back(f.ids[size_t((t + 1) % P)]);
+  }
+  auto whole = f.backend->new_sequence(4096);
+  std::vector<float> at_once, m;
+  f.backend->forward_mtp(*whole, hidden, tokens, LogitsWanted::all, at_once, m);
+  EXPECT_EQ(whole->mtp_length(), T);
+  EXPECT_EQ(whole->length(), 0);
 
   auto pieces = f.backend->new_sequence(4096);
-  std::vector<float> ignored, got, logits, m;
-  f.backend->forward(*pieces, ids, LogitsWanted::none, ignored);
+  std::vector<float> got;
   int64_t row = 0;
-  for (int64_t n : {1, 62, 200, 1, 35}) {
+  for (int64_t n : {1, 62, 200, 1, 36}) {
     f.backend->forward_mtp(*pieces, std::span<const float>(hidden).subspan(size_t(row * f.H), size_t(n * f.H)),
-                           std::span<const int32_t>(ids).subspan(size_t(row + 1), size_t(n)), LogitsWanted::all, logits,
+                           std::span<const int32_t>(tokens).subspan(size_t(row), size_t(n)), LogitsWanted::all, logits,
                            m);
     got.insert(got.end(), logits.begin(), logits.end());
     row += n;
   }
-  ASSERT_EQ(row, T - 1);
+  ASSERT_EQ(row, T);
   EXPECT_LE(max_diff(got, at_once), 1e-5 * max_abs(at_once));
 }
 
@@ -351,7 +364,7 @@ MtpRun fresh_run(Fixture& f, int64_t n) {
 
 TEST(MtpCache, FollowsClone) {
   Fixture f = load_fixture();
-  const int64_t n = 70;
+  const int64_t n = 30;
   const MtpRun want = fresh_run(f, n);
   auto seq = f.backend->new_sequence(4096);
   std::vector<float> hidden;
@@ -369,7 +382,7 @@ TEST(MtpCache, FollowsClone) {
 // fresh sequence fed the same tokens gives, bit for bit.
 TEST(MtpCache, FollowsSnapshotAndRestore) {
   Fixture f = load_fixture();
-  const int64_t n = 70;
+  const int64_t n = 30;
   const MtpRun want = fresh_run(f, n);
   auto seq = f.backend->new_sequence(4096);
   std::vector<float> hidden;
@@ -379,8 +392,8 @@ TEST(MtpCache, FollowsSnapshotAndRestore) {
   const uint64_t bytes = seq->memory_bytes();
   // Diverge: a chain of drafts, then more tokens through the main model and the head.
   chain_after(f, *seq, last);
-  prefill_with_mtp(f, *seq, std::span<const int32_t>(f.ids).subspan(size_t(n), 20));
-  EXPECT_EQ(seq->mtp_length(), n - 1 + 3 + 19);
+  prefill_with_mtp(f, *seq, std::span<const int32_t>(f.ids).subspan(size_t(n), 15));
+  EXPECT_EQ(seq->mtp_length(), n - 1 + 3 + 14);
   seq->restore(*snap);
   EXPECT_EQ(seq->length(), n);
   EXPECT_EQ(seq->mtp_length(), n - 1);
@@ -409,10 +422,10 @@ TEST(MtpCache, RestorePastItsLengthIsRefused) {
 
 TEST(MtpCache, FollowsReset) {
   Fixture f = load_fixture();
-  const int64_t n = 70;
+  const int64_t n = 30;
   const MtpRun want = fresh_run(f, n);
   auto seq = f.backend->new_sequence(4096);
-  prefill_with_mtp(f, *seq, std::span<const int32_t>(f.ids).subspan(30, 50));  // other tokens first
+  prefill_with_mtp(f, *seq, std::span<const int32_t>(f.ids).subspan(10, 38));  // other tokens first
   const uint64_t empty_bytes = f.backend->new_sequence(4096)->memory_bytes();
   seq->reset();
   EXPECT_EQ(seq->mtp_length(), 0);
