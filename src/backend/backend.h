@@ -2,9 +2,9 @@
 //
 // A backend owns the whole forward of the model: it receives token ids and returns logits,
 // so it is free to fuse and schedule layers its own way. The state of one sequence (KV cache
-// of the attention layers, conv and recurrent state of the DeltaNet layers, spec §4) lives
-// in a SequenceState that the backend creates; the runtime only appends to it, copies it
-// and rolls it back to snapshots.
+// of the attention layers, conv and recurrent state of the DeltaNet layers, spec §4; the MTP
+// head's KV cache, spec §6) lives in a SequenceState that the backend creates; the runtime only
+// appends to it, copies it and rolls it back to snapshots.
 #pragma once
 
 #include <algorithm>
@@ -46,6 +46,13 @@ class SequenceState {
   // snapshot.length() tokens): KV cut to that length, recurrent state copied back.
   virtual void restore(const RecurrentSnapshot& snapshot) = 0;
   virtual void reset() = 0;  // back to the empty sequence
+
+  // Positions the MTP head has appended (Backend::forward_mtp; = its next position), 0 where the
+  // backend has none. Its KV cache is append-only like the main one and goes with the state:
+  // clone() copies it, snapshot() records this length, restore() cuts the cache back to it (it
+  // must not be past the current one), reset() empties it. It may run ahead of length() by the
+  // chained drafts.
+  virtual int64_t mtp_length() const { return 0; }
 };
 
 enum class LogitsWanted { none, last, all };
@@ -122,11 +129,49 @@ class Backend {
 
   virtual std::unique_ptr<SequenceState> new_sequence(int64_t capacity) = 0;
 
+  // The MTP head (spec §6), for the drafts of speculative decoding.
+  //
+  // Row i of the head takes h_i, the main model's hidden row at position i AFTER its final norm
+  // (Backend::forward_hidden), and x_{i+1}, the token after it; it runs at position i and returns
+  // the logits of x_{i+2} and m_i, its own post-norm row. A chained draft step feeds m_i back as
+  // the hidden row, with the drafted token, at position i + 1. The head attends over every
+  // position it has processed, so its cache is filled in order, without gaps: over a prompt
+  // x_0..x_{n-1} the runtime appends rows 0..n-2 (hidden rows 0..n-2, tokens x_1..x_{n-1}), then
+  // row n-1 with the sampled x_n.
+  //
+  // Empty when the backend runs the model's MTP head (forward_mtp); else why it cannot, a
+  // sentence for the user: the model has no mtp.* weights, or the backend does not run the head
+  // (the default).
+  virtual std::string mtp_unavailable() const { return "the " + name() + " backend does not run the MTP head"; }
+  bool has_mtp() const { return mtp_unavailable().empty(); }
+
   // Appends `tokens` to the sequence (a prefill of any length, processed in bounded chunks,
   // or a single decode token). Writes float32 logits into `logits`, resized to
   // [rows, vocab_size]: no rows, the last token's row, or one row per token.
   virtual void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                        std::vector<float>& logits) = 0;
+
+  // forward() that also writes the hidden rows after the final norm (h_i of the MTP head) into
+  // `hidden`, resized to [rows, hidden_size] for `hidden_rows` (none, the last token's, every
+  // token's), independently of `wanted`. A backend that runs the head offers it; the default
+  // throws mtp_unavailable() before touching the state.
+  virtual void forward_hidden(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+                              std::vector<float>& logits, LogitsWanted hidden_rows, std::vector<float>& hidden) {
+    (void)state, (void)tokens, (void)wanted, (void)logits, (void)hidden_rows, (void)hidden;
+    fail("{}", mtp_unavailable());
+  }
+
+  // Appends T = tokens.size() rows to the MTP head's cache in `state`, at positions
+  // state.mtp_length() + t: row t takes hidden[t] ([T, hidden_size]: post-norm rows of
+  // forward_hidden, or the `mtp_hidden` of a previous call, to chain) and tokens[t] (the token
+  // after that row's position). Writes the head's logits into `logits` ([rows, vocab_size]) and
+  // its post-norm rows m into `mtp_hidden` ([rows, hidden_size]) for the rows `wanted`. Where
+  // has_mtp() is false it throws mtp_unavailable() before touching the state (the default).
+  virtual void forward_mtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> tokens,
+                           LogitsWanted wanted, std::vector<float>& logits, std::vector<float>& mtp_hidden) {
+    (void)state, (void)hidden, (void)tokens, (void)wanted, (void)logits, (void)mtp_hidden;
+    fail("{}", mtp_unavailable());
+  }
 
   // One decode step for samplers that need only the best few logits (Sampler::candidates_needed):
   // appends `token`, then writes the `count` largest logits of the next token over ids

@@ -17,10 +17,10 @@ void count_matrix(const Matrix& m, std::map<std::string, std::pair<uint64_t, uin
 }
 
 int run_info(const ModelOptions& options) {
-  auto w = load_model(options.resolved_model_dir(), LoadOptions{options.quantize == "q4" ? 4 : 0});
+  auto w = load_model(options.resolved_model_dir(), options.load_options());
   const ModelConfig& c = w->config;
   std::printf("model        %s\n", w->model_dir.c_str());
-  std::printf("layout       %s%s\n", to_string(w->layout).c_str(), w->has_mtp ? " (with MTP head, not used yet)" : "");
+  std::printf("layout       %s\n", to_string(w->layout).c_str());
   std::printf("architecture %s: %d layers (%d Gated DeltaNet, %d gated attention), hidden %d, vocab %d\n",
               c.model_type.c_str(), c.num_layers, c.num_layers_of(LayerKind::linear_attention),
               c.num_layers_of(LayerKind::full_attention), c.hidden_size, c.vocab_size);
@@ -46,6 +46,11 @@ int run_info(const ModelOptions& options) {
   for (auto& [format, v] : by_format)
     std::printf("  %-8s   %.3f B parameters, %.3f GB\n", format.c_str(), double(v.first) / 1e9, double(v.second) / 1e9);
   std::printf("memory       %.3f GB of weights\n", double(w->weight_bytes()) / 1e9);
+  if (w->mtp)
+    std::printf("mtp          MTP head from %s: %.3f GB (fc %s, experts %s), %d bytes of KV cache per token (bf16)\n",
+                w->mtp_dir.c_str(), double(w->mtp_weight_bytes()) / 1e9, w->mtp->fc.describe().c_str(),
+                w->mtp->layer.moe.experts.gate_proj[0].describe().c_str(), 2 * c.num_key_value_heads * c.head_dim * 2);
+  else std::printf("mtp          none (no mtp.* tensors; --mtp DIR reads them from another checkpoint)\n");
   const double kv_per_token = 2.0 * c.num_key_value_heads * c.head_dim * 2 * c.num_layers_of(LayerKind::full_attention);
   const double recurrent = double(c.num_layers_of(LayerKind::linear_attention)) *
                            (double(c.linear_num_value_heads) * 128 * 128 * 4 +

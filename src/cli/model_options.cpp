@@ -17,6 +17,17 @@ void ModelOptions::add_to(CLI::App& app) {
       ->check(CLI::IsMember({"auto", "cpu", "reference", "cuda"}));
   app.add_option("--quantize", quantize, "Quantize bf16 weights at load: none or q4")
       ->check(CLI::IsMember({"none", "q4"}));
+  app.add_option("--mtp", mtp_dir,
+                 "Read the MTP head (mtp.*, for speculative decoding) from this directory: the Hugging Face "
+                 "checkpoint beside an mlx-community model, which drops it (bf16 unless --quantize q4)")
+      ->check(CLI::ExistingDirectory);
+}
+
+LoadOptions ModelOptions::load_options() const {
+  LoadOptions options;
+  options.quantize_bits = quantize == "q4" ? 4 : 0;
+  options.mtp_dir = mtp_dir;
+  return options;
 }
 
 std::string ModelOptions::resolved_model_dir() const { return model_dir.empty() ? default_model_dir() : model_dir; }
@@ -26,6 +37,7 @@ std::unique_ptr<Engine> ModelOptions::load_engine() const {
   options.model_dir = resolved_model_dir();
   options.backend = backend;
   options.quantize_bits = quantize == "q4" ? 4 : 0;
+  options.mtp_dir = mtp_dir;
   auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "loading %s ...\n", options.model_dir.c_str());
   auto engine = Engine::load(options);

@@ -1,4 +1,5 @@
-// model_options.h: the options every model-running subcommand shares (-m, --backend, --quantize).
+// model_options.h: the options every model-running subcommand shares (-m, --backend, --quantize,
+// --mtp).
 #pragma once
 
 #include <CLI/CLI.hpp>
@@ -7,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "model/checkpoint/load.h"
 #include "runtime/engine.h"
 
 namespace lily::cli {
@@ -15,9 +17,11 @@ struct ModelOptions {
   std::string model_dir;
   std::string backend = "auto";
   std::string quantize = "none";
+  std::string mtp_dir;  // --mtp: the MTP head from another directory (LoadOptions::mtp_dir)
 
   void add_to(CLI::App& app);
   std::unique_ptr<Engine> load_engine() const;  // prints progress on stderr
+  LoadOptions load_options() const;             // --quantize and --mtp, for load_model
   std::string resolved_model_dir() const;
 };
 

@@ -58,39 +58,44 @@ std::string to_string(CheckpointLayout layout) { return layout == CheckpointLayo
 
 namespace {
 template <typename Fn>
+void for_each_layer_matrix(const LayerWeights& l, Fn&& fn) {
+  if (l.kind == LayerKind::full_attention) {
+    for (const Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj}) fn(*m);
+  } else {
+    const DeltaNetWeights& d = l.deltanet;
+    for (const Matrix* m : {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj}) fn(*m);
+  }
+  const MoeWeights& m = l.moe;
+  for (const Matrix* x :
+       {&m.router, &m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj, &m.shared_expert_gate})
+    fn(*x);
+  for (const auto* list : {&m.experts.gate_proj, &m.experts.up_proj, &m.experts.down_proj})
+    for (const Matrix& x : *list) fn(x);
+}
+
+template <typename Fn>
+void for_each_layer_vector(const LayerWeights& l, Fn&& fn) {
+  fn(l.input_layernorm);
+  fn(l.post_attention_layernorm);
+  if (l.kind == LayerKind::full_attention) {
+    fn(l.attention.q_norm);
+    fn(l.attention.k_norm);
+  } else {
+    for (const auto* v : {&l.deltanet.conv1d, &l.deltanet.A_log, &l.deltanet.dt_bias, &l.deltanet.norm}) fn(*v);
+  }
+}
+
+template <typename Fn>
 void for_each_matrix(const ModelWeights& w, Fn&& fn) {
   fn(w.embed_tokens);
   if (w.lm_head.data != w.embed_tokens.data) fn(w.lm_head);
-  for (const LayerWeights& l : w.layers) {
-    if (l.kind == LayerKind::full_attention) {
-      for (const Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj})
-        fn(*m);
-    } else {
-      const DeltaNetWeights& d = l.deltanet;
-      for (const Matrix* m : {&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a, &d.out_proj}) fn(*m);
-    }
-    const MoeWeights& m = l.moe;
-    for (const Matrix* x :
-         {&m.router, &m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj, &m.shared_expert_gate})
-      fn(*x);
-    for (const auto* list : {&m.experts.gate_proj, &m.experts.up_proj, &m.experts.down_proj})
-      for (const Matrix& x : *list) fn(x);
-  }
+  for (const LayerWeights& l : w.layers) for_each_layer_matrix(l, fn);
 }
 
 template <typename Fn>
 void for_each_vector(const ModelWeights& w, Fn&& fn) {
   fn(w.final_norm);
-  for (const LayerWeights& l : w.layers) {
-    fn(l.input_layernorm);
-    fn(l.post_attention_layernorm);
-    if (l.kind == LayerKind::full_attention) {
-      fn(l.attention.q_norm);
-      fn(l.attention.k_norm);
-    } else {
-      for (const auto* v : {&l.deltanet.conv1d, &l.deltanet.A_log, &l.deltanet.dt_bias, &l.deltanet.norm}) fn(*v);
-    }
-  }
+  for (const LayerWeights& l : w.layers) for_each_layer_vector(l, fn);
 }
 }  // namespace
 
@@ -105,6 +110,15 @@ uint64_t ModelWeights::weight_bytes() const {
   uint64_t n = 0;
   for_each_matrix(*this, [&](const Matrix& m) { n += m.bytes(); });
   for_each_vector(*this, [&](const std::vector<float>& v) { n += v.size() * 4; });
+  return n;
+}
+
+uint64_t ModelWeights::mtp_weight_bytes() const {
+  if (!mtp) return 0;
+  uint64_t n = mtp->fc.bytes();
+  for_each_layer_matrix(mtp->layer, [&](const Matrix& m) { n += m.bytes(); });
+  for_each_layer_vector(mtp->layer, [&](const std::vector<float>& v) { n += v.size() * 4; });
+  for (const auto* v : {&mtp->pre_fc_norm_embedding, &mtp->pre_fc_norm_hidden, &mtp->norm}) n += v->size() * 4;
   return n;
 }
 

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -87,6 +88,17 @@ struct LayerWeights {
   MoeWeights moe;
 };
 
+// The multi-token-prediction head (spec §5a, §6): one full-attention MoE decoder layer between
+// two input norms and its own final norm. It has no embedding or lm_head of its own: it reads
+// the main model's embed_tokens and lm_head.
+struct MtpWeights {
+  Matrix fc;                                 // mtp.fc [H, 2H]: columns [0, H) the embedding, [H, 2H) the hidden
+  std::vector<float> pre_fc_norm_embedding;  // [H] effective gain (1 + w)
+  std::vector<float> pre_fc_norm_hidden;     // [H] effective gain (1 + w)
+  LayerWeights layer;                        // mtp.layers.0, kind full_attention
+  std::vector<float> norm;                   // mtp.norm [H] effective gain (1 + w)
+};
+
 // Where the weights came from.
 enum class CheckpointLayout { hf, mlx };
 std::string to_string(CheckpointLayout layout);
@@ -96,18 +108,25 @@ struct ModelWeights {
   GenerationConfig generation;
   CheckpointLayout layout = CheckpointLayout::hf;
   std::string model_dir;
-  bool has_mtp = false;  // mtp.* tensors were present (kept for speculative decoding later)
 
   Matrix embed_tokens;  // [vocab, H]
   std::vector<LayerWeights> layers;
   std::vector<float> final_norm;  // [H] effective gain
   Matrix lm_head;                 // [vocab, H]
 
+  // The MTP head when the checkpoint (or LoadOptions::mtp_dir) has mtp.*; absent otherwise
+  // (mlx-community conversions drop it). mtp_dir: the directory it was read from.
+  std::optional<MtpWeights> mtp;
+  std::string mtp_dir;
+
   // Keeps the mapped files and any converted buffers alive.
   std::vector<std::shared_ptr<void>> storage;
 
-  uint64_t parameter_count() const;  // text decoder parameters (dequantized count)
-  uint64_t weight_bytes() const;     // bytes of all matrices and vectors as held in memory
+  // The main text decoder's parameters (dequantized count) and bytes as held in memory, without
+  // the MTP head (a decode step reads none of it); mtp_weight_bytes(): the MTP head's (0 when absent).
+  uint64_t parameter_count() const;
+  uint64_t weight_bytes() const;
+  uint64_t mtp_weight_bytes() const;
 };
 
 }  // namespace lily

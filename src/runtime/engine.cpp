@@ -33,6 +33,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
 
   LoadOptions load_options;
   load_options.quantize_bits = options.quantize_bits;
+  load_options.mtp_dir = options.mtp_dir;
   auto engine = std::unique_ptr<Engine>(new Engine());
   engine->weights_ = load_model(options.model_dir, load_options);
   const std::string tokenizer_path = options.model_dir + "/tokenizer.json";

@@ -162,7 +162,8 @@ TEST(GoldenLoad, LayoutsAreRecognised) {
   auto hf = load_model(test::fixture_dir("tiny-a") + "/hf-fused");
   auto mlx = load_model(test::fixture_dir("tiny-a") + "/mlx-q4");
   EXPECT_EQ(hf->layout, CheckpointLayout::hf);
-  EXPECT_TRUE(hf->has_mtp);
+  EXPECT_TRUE(hf->mtp.has_value());
+  EXPECT_FALSE(mlx->mtp.has_value());  // mlx conversions drop mtp.*
   EXPECT_FALSE(hf->layers[0].moe.experts.gate_proj[0].quantized());
   EXPECT_EQ(mlx->layout, CheckpointLayout::mlx);
   EXPECT_TRUE(mlx->layers[0].moe.experts.gate_proj[0].quantized());

@@ -5,10 +5,12 @@
 //                    h += sparse_moe(RMSNorm_zc(h))
 //   logits = RMSNorm_zc(h; norm) @ lm_head^T
 // Prompts are processed in chunks of kChunkTokens so scratch memory stays bounded; the
-// caches carry the context from one chunk to the next.
+// caches carry the context from one chunk to the next. The MTP head (mtp.cpp) runs on the
+// rows RMSNorm_zc(h; norm) that forward_hidden hands back, with its own cache (mtp_cache.h).
 #include <algorithm>
 
 #include "backend/backend.h"
+#include "backend/cpu/mtp_cache.h"
 #include "backend/cpu/ops.h"
 #include "base/error.h"
 #include "model/weights.h"
@@ -24,6 +26,7 @@ constexpr int64_t kChunkTokens = 256;
 
 struct CpuRecurrentSnapshot final : RecurrentSnapshot {
   int64_t length_ = 0;
+  int64_t mtp_length = 0;  // the MTP cache's length then
   std::vector<DeltaNetCache> deltanet;
   int64_t length() const override { return length_; }
   uint64_t memory_bytes() const override {
@@ -35,7 +38,7 @@ struct CpuRecurrentSnapshot final : RecurrentSnapshot {
 
 class CpuSequenceState final : public SequenceState {
  public:
-  CpuSequenceState(const ModelConfig& c, int64_t capacity) : config_(&c), capacity_(capacity) {
+  CpuSequenceState(const ModelConfig& c, int64_t capacity) : config_(&c), capacity_(capacity), mtp_(c) {
     layer_slot_.resize(size_t(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i) {
       if (c.layer_types[size_t(i)] == LayerKind::full_attention) {
@@ -55,12 +58,13 @@ class CpuSequenceState final : public SequenceState {
     uint64_t n = 0;
     for (auto& a : attention) n += (a.k.size() + a.v.size()) * 4;
     for (auto& d : deltanet) n += (d.conv.size() + d.ssm.size()) * 4;
-    return n;
+    return n + mtp_.memory_bytes();
   }
   std::unique_ptr<SequenceState> clone() const override { return std::make_unique<CpuSequenceState>(*this); }
   std::unique_ptr<RecurrentSnapshot> snapshot() const override {
     auto s = std::make_unique<CpuRecurrentSnapshot>();
     s->length_ = length_;
+    s->mtp_length = mtp_.length();
     s->deltanet = deltanet;
     return s;
   }
@@ -69,6 +73,7 @@ class CpuSequenceState final : public SequenceState {
     LILY_CHECK(s, "restore: snapshot is not from the CPU backend");
     LILY_CHECK(s->length_ <= length_, "restore: snapshot at {} tokens is past this sequence's {} tokens", s->length_,
                length_);
+    mtp_.cut(s->mtp_length);  // checks that it is not past this sequence's: before anything changes
     const int64_t row = int64_t(config_->num_key_value_heads) * config_->head_dim;
     for (auto& a : attention) {
       a.k.resize(size_t(s->length_ * row));
@@ -87,11 +92,18 @@ class CpuSequenceState final : public SequenceState {
       d.conv.assign(size_t((c.linear_conv_kernel_dim - 1) * c.linear_conv_dim()), 0.f);
       d.ssm.assign(size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.f);
     }
+    mtp_.clear();
     length_ = 0;
   }
+  int64_t mtp_length() const override { return mtp_.length(); }
 
   AttentionCache& attention_cache(int layer) { return attention[size_t(layer_slot_[size_t(layer)])]; }
   DeltaNetCache& deltanet_cache(int layer) { return deltanet[size_t(layer_slot_[size_t(layer)])]; }
+  cpu::LayerCache layer_cache(int layer) {
+    if (config_->layer_types[size_t(layer)] == LayerKind::full_attention) return {.attention = &attention_cache(layer)};
+    return {.deltanet = &deltanet_cache(layer)};
+  }
+  cpu::MtpCache& mtp() { return mtp_; }
   void advance(int64_t n) { length_ += n; }
 
  private:
@@ -101,7 +113,36 @@ class CpuSequenceState final : public SequenceState {
   std::vector<int> layer_slot_;  // layer -> index into attention or deltanet
   std::vector<AttentionCache> attention;
   std::vector<DeltaNetCache> deltanet;
+  cpu::MtpCache mtp_;
 };
+
+// Where a chunk's rows of a per-token output go: rows [first_row, n) of the chunk into `out`
+// (null: none of them).
+struct ChunkRows {
+  float* out = nullptr;
+  int64_t first_row = 0;
+};
+
+// The rows `wanted` of chunk [t0, t0 + n) of T tokens, in `buffer` of `width` values a row.
+ChunkRows chunk_rows(LogitsWanted wanted, std::vector<float>& buffer, int64_t width, int64_t t0, int64_t n, int64_t T) {
+  if (wanted == LogitsWanted::all) return {buffer.data() + t0 * width, 0};
+  if (wanted == LogitsWanted::last && t0 + n == T) return {buffer.data(), n - 1};
+  return {};
+}
+
+int64_t rows_of(LogitsWanted wanted, int64_t T) {
+  return wanted == LogitsWanted::all ? T : wanted == LogitsWanted::last && T > 0 ? 1 : 0;
+}
+
+void check_tokens(std::span<const int32_t> tokens, int64_t V) {
+  for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
+}
+
+CpuSequenceState& cpu_sequence(SequenceState& state, const char* what) {
+  auto* s = dynamic_cast<CpuSequenceState*>(&state);
+  LILY_CHECK(s, "{}: sequence state is not from the CPU backend", what);
+  return *s;
+}
 
 class CpuBackend final : public Backend {
  public:
@@ -115,60 +156,83 @@ class CpuBackend final : public Backend {
     return std::make_unique<CpuSequenceState>(w_->config, capacity);
   }
 
+  std::string mtp_unavailable() const override {
+    if (w_->mtp) return "";
+    return fmt::format(
+        "the model has no MTP head: {} has no mtp.* tensors (mlx-community conversions drop them; --mtp DIR "
+        "reads them from the Hugging Face checkpoint)",
+        w_->model_dir);
+  }
+
   void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                std::vector<float>& logits) override {
-    auto* s = dynamic_cast<CpuSequenceState*>(&state);
-    LILY_CHECK(s, "forward: sequence state is not from the CPU backend");
+    std::vector<float> no_hidden;
+    forward_hidden(state, tokens, wanted, logits, LogitsWanted::none, no_hidden);
+  }
+
+  void forward_hidden(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+                      std::vector<float>& logits, LogitsWanted hidden_rows, std::vector<float>& hidden) override {
+    CpuSequenceState& s = cpu_sequence(state, "forward");
     const ModelConfig& c = w_->config;
-    const int64_t T = int64_t(tokens.size()), V = c.vocab_size;
-    LILY_CHECK(s->length() + T <= s->capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
-               s->length(), T, s->capacity());
-    for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-    logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+    const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
+    LILY_CHECK(s.length() + T <= s.capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
+               s.length(), T, s.capacity());
+    check_tokens(tokens, V);
+    logits.assign(size_t(rows_of(wanted, T) * V), 0.f);
+    hidden.assign(size_t(rows_of(hidden_rows, T) * H), 0.f);
     for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
       const int64_t n = std::min(kChunkTokens, T - t0);
-      const bool is_last_chunk = t0 + n == T;
-      float* out = nullptr;
-      int64_t first_row = 0;
-      if (wanted == LogitsWanted::all) out = logits.data() + t0 * V;
-      else if (wanted == LogitsWanted::last && is_last_chunk) out = logits.data(), first_row = n - 1;
-      forward_chunk(*s, tokens.subspan(size_t(t0), size_t(n)), out, first_row);
+      forward_chunk(s, tokens.subspan(size_t(t0), size_t(n)), chunk_rows(wanted, logits, V, t0, n, T),
+                    chunk_rows(hidden_rows, hidden, H, t0, n, T));
+    }
+  }
+
+  void forward_mtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> tokens,
+                   LogitsWanted wanted, std::vector<float>& logits, std::vector<float>& mtp_hidden) override {
+    LILY_CHECK(w_->mtp, "{}", mtp_unavailable());
+    CpuSequenceState& s = cpu_sequence(state, "forward_mtp");
+    const ModelConfig& c = w_->config;
+    const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
+    LILY_CHECK(int64_t(hidden.size()) == T * H,
+               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
+               hidden.size(), T, T, H);
+    LILY_CHECK(s.mtp_length() + T <= s.capacity(),
+               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
+               s.mtp_length(), T, s.capacity());
+    check_tokens(tokens, V);
+    logits.assign(size_t(rows_of(wanted, T) * V), 0.f);
+    mtp_hidden.assign(size_t(rows_of(wanted, T) * H), 0.f);
+    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
+      const int64_t n = std::min(kChunkTokens, T - t0);
+      std::vector<float> m(size_t(n * H));  // [n, H] the head's post-norm rows
+      cpu::mtp_block(*w_->mtp, w_->embed_tokens, c, s.mtp().attention(), s.mtp_length(), hidden.data() + t0 * H,
+                     tokens.data() + t0, n, m.data());
+      const ChunkRows m_rows = chunk_rows(wanted, mtp_hidden, H, t0, n, T);
+      if (m_rows.out) std::copy(m.begin() + m_rows.first_row * H, m.end(), m_rows.out);
+      const ChunkRows logit_rows = chunk_rows(wanted, logits, V, t0, n, T);
+      if (logit_rows.out)
+        cpu::linear(w_->lm_head, m.data() + logit_rows.first_row * H, n - logit_rows.first_row, logit_rows.out);
     }
   }
 
  private:
-  // One block of tokens through every layer; logits of rows [first_row, n) into `logits`.
-  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
+  // One block of tokens through every layer; the logits and post-norm hidden rows each asks for.
+  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, ChunkRows logits, ChunkRows hidden) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
-    std::vector<float> h(size_t(T * H)), normed(size_t(T * H)), mixed(size_t(T * H));  // [T, H]
+    std::vector<float> h(size_t(T * H));  // [T, H] the residual stream
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
 
-    for (int i = 0; i < c.num_layers; ++i) {
-      const LayerWeights& layer = w_->layers[size_t(i)];
-      decoder_layer(layer, s, i, h.data(), T, normed.data(), mixed.data());
-    }
+    for (int i = 0; i < c.num_layers; ++i)
+      cpu::decoder_layer(w_->layers[size_t(i)], c, s.layer_cache(i), s.length(), h.data(), T);
     s.advance(T);
-    if (!logits) return;
-    const int64_t rows = T - first_row;
-    cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
-    cpu::linear(w_->lm_head, normed.data(), rows, logits);
-  }
-
-  // h += mixer(norm(h)); h += moe(norm(h))   (spec §2.3). scratch: normed, mixed [T, H].
-  void decoder_layer(const LayerWeights& layer, CpuSequenceState& s, int i, float* h, int64_t T, float* normed,
-                     float* mixed) {
-    const ModelConfig& c = w_->config;
-    const int64_t H = c.hidden_size;
-    cpu::rms_norm(h, layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed);
-    if (layer.kind == LayerKind::full_attention)
-      cpu::gated_attention(layer.attention, c, s.attention_cache(i), s.length(), normed, T, mixed);
-    else cpu::gated_deltanet(layer.deltanet, c, s.deltanet_cache(i), normed, T, mixed);
-    for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[j];
-
-    cpu::rms_norm(h, layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed);
-    cpu::sparse_moe(layer.moe, c, normed, T, mixed);
-    for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[j];
+    if (!logits.out && !hidden.out) return;
+    // RMSNorm_zc(h; norm) from the first row either output wants.
+    const int64_t first = std::min(logits.out ? logits.first_row : T, hidden.out ? hidden.first_row : T);
+    std::vector<float> normed(size_t(T * H));  // [T, H] rows [first, T) set
+    cpu::rms_norm(h.data() + first * H, w_->final_norm.data(), T - first, H, c.rms_norm_eps, normed.data() + first * H);
+    if (hidden.out) std::copy(normed.begin() + hidden.first_row * H, normed.end(), hidden.out);
+    if (logits.out) cpu::linear(w_->lm_head, normed.data() + logits.first_row * H, T - logits.first_row, logits.out);
   }
 
   std::shared_ptr<const ModelWeights> w_;

@@ -68,6 +68,32 @@ void route_top_k(const float* logits, int64_t E, int64_t k, int* experts, float*
 // Sparse MoE with the gated shared expert (spec §2.7). x: [T, H] (normed) -> out: [T, H].
 void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out);
 
+// The cache a decoder layer reads and appends to: its mixer's (the other is null).
+struct LayerCache {
+  AttentionCache* attention = nullptr;  // a full-attention layer
+  DeltaNetCache* deltanet = nullptr;    // a Gated DeltaNet layer
+};
+
+// One decoder layer (spec §2.3) on the residual stream h: [T, H], in place, at positions
+// first_position + t:
+//   h += mixer(RMSNorm_zc(h; input_layernorm));  h += sparse_moe(RMSNorm_zc(h; post_attention_layernorm))
+void decoder_layer(const LayerWeights& layer, const ModelConfig& c, const LayerCache& cache, int64_t first_position,
+                   float* h, int64_t T);
+
+// ---- The MTP head (spec §6, mtp.cpp) ------------------------------------------------------
+
+// Its input for T rows: u[T, H] = concat(e, hh) @ fc^T, embedding first, then hidden, with
+//   e = RMSNorm_zc(embed_tokens[tokens[t]]; pre_fc_norm_embedding)
+//   hh = RMSNorm_zc(hidden[t]; pre_fc_norm_hidden)      hidden: [T, H], post final norm
+void mtp_input(const MtpWeights& w, const Matrix& embed_tokens, const ModelConfig& c, const float* hidden,
+               const int32_t* tokens, int64_t T, float* u);
+
+// The whole block for T rows at positions first_position + t (the cache holds exactly
+// first_position rows; T are appended): m[T, H] = RMSNorm_zc(decoder_layer(mtp_input); mtp.norm).
+// The head's logits are m @ lm_head^T; m is also the hidden input of a chained next step.
+void mtp_block(const MtpWeights& w, const Matrix& embed_tokens, const ModelConfig& c, AttentionCache& cache,
+               int64_t first_position, const float* hidden, const int32_t* tokens, int64_t T, float* m);
+
 // ---- The gated delta rule (spec §3), one value head ------------------------------------
 
 struct DeltaRuleInputs {

@@ -119,6 +119,10 @@ class FastCpuBackend final : public Backend {
     return std::make_unique<FastSequenceState>(w_->config, capacity);
   }
 
+  std::string mtp_unavailable() const override {
+    return "the fast CPU backend (--backend cpu) does not run the MTP head yet; --backend reference does";
+  }
+
   void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                std::vector<float>& logits) override {
     std::lock_guard lock(mu_);  // the buffers below are the backend's, one set

@@ -18,10 +18,26 @@ namespace lily {
 namespace {
 
 // Reads tensors by HF-relative name ("layers.3.mlp.gate") from one checkpoint, whatever its
-// prefix, and converts them into the in-memory forms of weights.h.
+// prefix, and converts them into the in-memory forms of weights.h. `quantization` (config.json's,
+// when the checkpoint has one) must agree with the shapes of quantized tensors.
 class TensorReader {
  public:
-  TensorReader(const Checkpoint& ckpt, ModelWeights& out) : ckpt_(ckpt), out_(out) { detect_layout(); }
+  // The decoder's tensors: prefix and layout detected from the checkpoint's embedding.
+  TensorReader(const Checkpoint& ckpt, const std::optional<QuantizationConfig>& quantization)
+      : ckpt_(ckpt), quantization_(quantization) {
+    detect_layout();
+  }
+  // The tensors under `prefix` ("mtp."), stored in `layout`.
+  TensorReader(const Checkpoint& ckpt, const std::optional<QuantizationConfig>& quantization, std::string prefix,
+               CheckpointLayout layout)
+      : ckpt_(ckpt), quantization_(quantization), prefix_(std::move(prefix)), layout_(layout) {}
+
+  // Whether `ckpt` holds a decoder's embedding under one of the prefixes detect_layout knows.
+  static bool has_embedding(const Checkpoint& ckpt) {
+    for (const auto& c : kPrefixes)
+      if (ckpt.contains(std::string(c.prefix) + "embed_tokens.weight")) return true;
+    return false;
+  }
 
   CheckpointLayout layout() const { return layout_; }
 
@@ -104,17 +120,18 @@ class TensorReader {
   }
 
  private:
+  struct Candidate {
+    const char* prefix;
+    const char* lm_head;
+  };
+  static constexpr Candidate kPrefixes[] = {
+      {"language_model.model.", "language_model.lm_head"},  // mlx-lm / mlx-vlm conversions
+      {"model.language_model.", "lm_head"},                 // official HF (multimodal wrapper)
+      {"model.", "lm_head"},                                // flat text-only export
+  };
+
   void detect_layout() {
-    struct Candidate {
-      const char* prefix;
-      const char* lm_head;
-    };
-    const Candidate candidates[] = {
-        {"language_model.model.", "language_model.lm_head"},  // mlx-lm / mlx-vlm conversions
-        {"model.language_model.", "lm_head"},                 // official HF (multimodal wrapper)
-        {"model.", "lm_head"},                                // flat text-only export
-    };
-    for (const auto& c : candidates) {
+    for (const auto& c : kPrefixes) {
       if (ckpt_.contains(std::string(c.prefix) + "embed_tokens.weight")) {
         prefix_ = c.prefix;
         lm_head_name_ = c.lm_head;
@@ -182,7 +199,7 @@ class TensorReader {
     const int bits = int(word_cols * 32 / cols);
     const int group_size = int(cols / group_cols);
     // The config's quantization entry (per-module override, else global) must agree with the shapes.
-    if (const auto& q = out_.config.quantization) {
+    if (const auto& q = quantization_) {
       std::optional<QuantSpec> spec = q->for_module(base);
       if (spec && (spec->bits != bits || spec->group_size != group_size))
         fail("tensor '{}': shapes say {}-bit group {}, but config.json quantization says {}-bit group {}", base, bits,
@@ -209,7 +226,7 @@ class TensorReader {
   }
 
   const Checkpoint& ckpt_;
-  ModelWeights& out_;
+  std::optional<QuantizationConfig> quantization_;
   std::string prefix_, lm_head_name_;
   CheckpointLayout layout_ = CheckpointLayout::hf;
 };
@@ -298,16 +315,68 @@ MoeWeights load_moe(const TensorReader& r, const ModelConfig& c, const std::stri
   return m;
 }
 
-LayerWeights load_layer(const TensorReader& r, const ModelConfig& c, int i) {
+// A decoder layer under `p` ("layers.3.", or the MTP head's "layers.0.") of the given kind.
+LayerWeights load_layer(const TensorReader& r, const ModelConfig& c, const std::string& p, LayerKind kind) {
   LayerWeights l;
-  const std::string p = fmt::format("layers.{}.", i);
-  l.kind = c.layer_types[size_t(i)];
+  l.kind = kind;
   l.input_layernorm = r.vector(p + "input_layernorm.weight", {c.hidden_size}, zero_centred_shift(r));
   l.post_attention_layernorm = r.vector(p + "post_attention_layernorm.weight", {c.hidden_size}, zero_centred_shift(r));
   if (l.kind == LayerKind::full_attention) l.attention = load_attention(r, c, p + "self_attn.");
   else l.deltanet = load_deltanet(r, c, p + "linear_attn.");
   l.moe = load_moe(r, c, p + "mlp.");
   return l;
+}
+
+// The MTP head (spec §5a, §6), from a reader with the prefix "mtp.": fc, the three mtp norms
+// (zero-centred like every other) and layers.0, a full-attention MoE layer whose experts may be
+// per expert (the published layout), fused or stacked (repacks), as load_experts reads them.
+MtpWeights load_mtp(const TensorReader& r, const ModelConfig& c) {
+  MtpWeights m;
+  const int64_t H = c.hidden_size;
+  for (const std::string& name : r.checkpoint().names()) {
+    const std::string p = r.prefix() + "layers.";
+    if (name.starts_with(p) && !name.starts_with(p + "0."))
+      fail("tensor '{}': lily runs a one-layer MTP head (mtp.layers.0, spec §6); this checkpoint has more", name);
+  }
+  m.fc = r.matrix("fc", H, 2 * H);
+  m.pre_fc_norm_embedding = r.vector("pre_fc_norm_embedding.weight", {H}, zero_centred_shift(r));
+  m.pre_fc_norm_hidden = r.vector("pre_fc_norm_hidden.weight", {H}, zero_centred_shift(r));
+  m.layer = load_layer(r, c, "layers.0.", LayerKind::full_attention);
+  m.norm = r.vector("norm.weight", {H}, zero_centred_shift(r));
+  return m;
+}
+
+bool has_mtp_tensors(const Checkpoint& ckpt) {
+  for (const std::string& name : ckpt.names())
+    if (name.starts_with("mtp.")) return true;
+  return false;
+}
+
+// The layout MTP tensors read from `ckpt` are stored in: that of its decoder when it has one
+// (an mlx conversion pre-shifts its norms), else HF (a directory of the published mtp.* alone).
+CheckpointLayout mtp_layout(const Checkpoint& ckpt, const std::optional<QuantizationConfig>& quantization) {
+  if (!TensorReader::has_embedding(ckpt)) return CheckpointLayout::hf;
+  return TensorReader(ckpt, quantization).layout();
+}
+
+// LoadOptions::mtp_dir: the MTP head from another directory (the HF checkpoint beside an mlx
+// conversion, which dropped it). Its config.json, when it has one, gives the quantization its
+// tensors are checked against; its mtp.* shapes must fit the model's config.
+void load_mtp_from(const std::string& dir, ModelWeights& w) {
+  with_context("reading the MTP head from " + dir, [&] {
+    auto ckpt = std::make_shared<Checkpoint>(dir);
+    if (!has_mtp_tensors(*ckpt))
+      fail("{} holds no mtp.* tensors; --mtp names a checkpoint with the MTP head (the Hugging Face "
+           "Qwen/Qwen3.6-35B-A3B has it)",
+           dir);
+    std::optional<QuantizationConfig> quantization;
+    if (std::filesystem::exists(std::filesystem::path(dir) / "config.json"))
+      quantization = load_model_config(dir).quantization;
+    TensorReader r(*ckpt, quantization, "mtp.", mtp_layout(*ckpt, quantization));
+    w.mtp = load_mtp(r, w.config);
+    w.mtp_dir = dir;
+    w.storage.push_back(ckpt);
+  });
 }
 
 // Quantizes one plain matrix in place (its new bytes are owned by `storage`).
@@ -326,25 +395,36 @@ void quantize_matrix(Matrix& m, int bits, std::vector<std::shared_ptr<void>>& st
   storage.push_back(q);
 }
 
-// --quantize q4: the mlx scheme (4-bit g64; router and shared_expert_gate at 8 bits).
+using QuantizeJobs = std::vector<std::pair<Matrix*, int>>;  // a matrix and its bits
+
+// One layer's matrices for quantize_weights: `bits` for all but the router and
+// shared_expert_gate, 8 for those.
+void add_layer_jobs(LayerWeights& l, int bits, QuantizeJobs& jobs) {
+  if (l.kind == LayerKind::full_attention)
+    for (Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj})
+      jobs.push_back({m, bits});
+  else
+    for (Matrix* m : {&l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
+                      &l.deltanet.out_proj})
+      jobs.push_back({m, bits});
+  MoeWeights& m = l.moe;
+  jobs.push_back({&m.router, 8});
+  jobs.push_back({&m.shared_expert_gate, 8});
+  for (Matrix* x : {&m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj}) jobs.push_back({x, bits});
+  for (auto* list : {&m.experts.gate_proj, &m.experts.up_proj, &m.experts.down_proj})
+    for (Matrix& x : *list) jobs.push_back({&x, bits});
+}
+
+// --quantize q4: the mlx scheme (4-bit g64; router and shared_expert_gate at 8 bits), the MTP
+// head's matrices (fc and its layer) included. Matrices already quantized are left as they are.
 void quantize_weights(ModelWeights& w, int bits) {
-  std::vector<std::pair<Matrix*, int>> jobs;
+  QuantizeJobs jobs;
   jobs.push_back({&w.embed_tokens, bits});
   if (w.lm_head.data != w.embed_tokens.data) jobs.push_back({&w.lm_head, bits});
-  for (LayerWeights& l : w.layers) {
-    if (l.kind == LayerKind::full_attention)
-      for (Matrix* m : {&l.attention.q_proj, &l.attention.k_proj, &l.attention.v_proj, &l.attention.o_proj})
-        jobs.push_back({m, bits});
-    else
-      for (Matrix* m : {&l.deltanet.in_proj_qkv, &l.deltanet.in_proj_z, &l.deltanet.in_proj_b, &l.deltanet.in_proj_a,
-                        &l.deltanet.out_proj})
-        jobs.push_back({m, bits});
-    MoeWeights& m = l.moe;
-    jobs.push_back({&m.router, 8});
-    jobs.push_back({&m.shared_expert_gate, 8});
-    for (Matrix* x : {&m.shared_gate_proj, &m.shared_up_proj, &m.shared_down_proj}) jobs.push_back({x, bits});
-    for (auto* list : {&m.experts.gate_proj, &m.experts.up_proj, &m.experts.down_proj})
-      for (Matrix& x : *list) jobs.push_back({&x, bits});
+  for (LayerWeights& l : w.layers) add_layer_jobs(l, bits, jobs);
+  if (w.mtp) {
+    jobs.push_back({&w.mtp->fc, bits});
+    add_layer_jobs(w.mtp->layer, bits, jobs);
   }
   std::mutex mu;
   parallel_for(int64_t(jobs.size()), 1, [&](int64_t b, int64_t e) {
@@ -407,7 +487,7 @@ std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const Loa
     check_token_ids(*w);
     auto ckpt = std::make_shared<Checkpoint>(model_dir);
     w->storage.push_back(ckpt);
-    TensorReader r(*ckpt, *w);
+    TensorReader r(*ckpt, w->config.quantization);
     w->layout = r.layout();
     const ModelConfig& c = w->config;
     w->embed_tokens = r.matrix("embed_tokens", c.vocab_size, c.hidden_size);
@@ -415,12 +495,15 @@ std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const Loa
     w->lm_head = r.has_lm_head() || !c.tie_word_embeddings ? r.lm_head(c.vocab_size, c.hidden_size) : w->embed_tokens;
     w->layers.resize(size_t(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i)
-      w->layers[size_t(i)] = with_context(fmt::format("layer {}", i), [&] { return load_layer(r, c, i); });
-    for (const std::string& name : ckpt->names())
-      if (name.starts_with("mtp.")) {
-        w->has_mtp = true;
-        break;
-      }
+      w->layers[size_t(i)] = with_context(fmt::format("layer {}", i), [&] {
+        return load_layer(r, c, fmt::format("layers.{}.", i), c.layer_types[size_t(i)]);
+      });
+    if (!options.mtp_dir.empty()) load_mtp_from(options.mtp_dir, *w);
+    else if (has_mtp_tensors(*ckpt))
+      with_context("the MTP head (mtp.*)", [&] {
+        w->mtp = load_mtp(TensorReader(*ckpt, c.quantization, "mtp.", w->layout), c);
+        w->mtp_dir = model_dir;
+      });
     if (options.quantize_bits) {
       LILY_CHECK(options.quantize_bits == 4 || options.quantize_bits == 8, "--quantize supports q4 and q8, not {} bits",
                  options.quantize_bits);
