@@ -1,5 +1,7 @@
 #include "runtime/generate.h"
 
+#include "runtime/decode_token.h"
+
 #include <algorithm>
 #include <chrono>
 #include <cmath>
@@ -56,25 +58,6 @@ bool grammar_ended(const grammar::GrammarMatcher* grammar) {
   return grammar && (grammar->must_stop() || grammar->is_finished());
 }
 
-// Hands a generated token to the caller; false when the generation ends with it (a stop token,
-// the grammar's end, the caller's refusal), result.finish then set.
-bool deliver(const GeneratedToken& token, const GenerateRequest& request, const TokenCallback& on_token,
-             GenerateResult& result) {
-  result.tokens.push_back(token.id);
-  const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
-                           request.stop_tokens.end() ||
-                       grammar_ended(request.grammar);
-  if (!on_token(token)) {
-    result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
-    return false;
-  }
-  if (is_stop) {
-    result.finish = FinishReason::stop;
-    return false;
-  }
-  return true;
-}
-
 // The decode after the first token on a chain of the backend's (Backend::chain_tokens): the
 // tokens chosen where the logits are (penalties included; under a grammar among the ids it
 // allows, its mask filled while the step computes), the host one step behind. Offered for what
@@ -107,7 +90,7 @@ bool decode_chained(Backend& backend, SequenceState& state, const GenerateReques
       for (const TokenLogit& alt : chained.top) token.top.push_back({alt.token, alt.logit});
     }
     if (request.grammar) advance(*request.grammar, token.id);  // before the next step's mask
-    if (!deliver(token, request, on_token, result)) break;
+    if (!decode_token::deliver(token, request, on_token, result)) break;
   }
   return true;
 }
@@ -117,29 +100,14 @@ bool decode_chained(Backend& backend, SequenceState& state, const GenerateReques
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                         const TokenCallback& on_token) {
   GenerateResult result;
+  const int32_t limit = decode_token::check_request(backend, state, request);
   const int64_t cached = state.length();
-  const int64_t prompt_len = int64_t(request.prompt.size());
-  LILY_CHECK(cached <= prompt_len, "internal: the state holds {} tokens, more than the prompt's {}", cached,
-             prompt_len);
-  LILY_CHECK(cached < prompt_len, "the prompt must have at least one token not already processed");
-  LILY_CHECK(prompt_len + request.max_new_tokens <= state.capacity(),
-             "prompt of {} tokens plus {} new tokens exceeds the context size of {}", prompt_len,
-             request.max_new_tokens, state.capacity());
-  result.prompt_tokens = prompt_len;
+  result.prompt_tokens = int64_t(request.prompt.size());
   result.cached_tokens = cached;
-  const int32_t vocab = backend.config().vocab_size;
-  const int32_t limit = request.vocab_limit > 0 ? std::min(request.vocab_limit, vocab) : vocab;
-  if (request.grammar) {
-    const int32_t grammar_ids = request.grammar->compiled().vocabulary().size();
-    LILY_CHECK(grammar_ids >= limit,
-               "constrained decoding: the grammar's vocabulary has {} ids, fewer than the {} sampled", grammar_ids,
-               limit);
-    LILY_CHECK(!grammar_ended(request.grammar), "constrained decoding: the grammar has already ended");
-  }
 
   auto t0 = std::chrono::steady_clock::now();
   std::vector<float> logits;
-  std::span<const int32_t> fresh(request.prompt.data() + cached, size_t(prompt_len - cached));
+  std::span<const int32_t> fresh(request.prompt.data() + cached, request.prompt.size() - size_t(cached));
   backend.forward(state, fresh, LogitsWanted::last, logits);
   result.prefill_seconds = seconds_since(t0);
 
@@ -171,16 +139,9 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
       token.id = sampler.sample_candidates(candidates);
       if (request.grammar) advance(*request.grammar, token.id);
     } else {
-      if (request.top_logprobs >= 0) {  // log-probabilities of the model's distribution, before sampling filters
-        token.top = top_logprobs(logits, request.top_logprobs, limit);
-      }
-      std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
-      if (request.grammar) result.grammar_seconds += mask_logits(*request.grammar, mask, logits);
-      token.id = sampler.sample(logits, result.tokens);
-      if (request.grammar) advance(*request.grammar, token.id);
-      if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
+      token = decode_token::sample_row(sampler, logits, request, limit, mask, result);
     }
-    if (!deliver(token, request, on_token, result)) break;
+    if (!decode_token::deliver(token, request, on_token, result)) break;
     if (i + 1 == request.max_new_tokens) break;
     // After the first token (drawn from the prefill's logits, delivered before any step runs:
     // the caller may snapshot the state there), the rest on a chain where the backend has one.
@@ -195,5 +156,60 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   result.decode_seconds = seconds_since(t1);
   return result;
 }
+
+namespace decode_token {
+
+int32_t check_request(const Backend& backend, const SequenceState& state, const GenerateRequest& request) {
+  const int64_t cached = state.length();
+  const int64_t prompt_len = int64_t(request.prompt.size());
+  LILY_CHECK(cached <= prompt_len, "internal: the state holds {} tokens, more than the prompt's {}", cached,
+             prompt_len);
+  LILY_CHECK(cached < prompt_len, "the prompt must have at least one token not already processed");
+  LILY_CHECK(prompt_len + request.max_new_tokens <= state.capacity(),
+             "prompt of {} tokens plus {} new tokens exceeds the context size of {}", prompt_len,
+             request.max_new_tokens, state.capacity());
+  const int32_t vocab = backend.config().vocab_size;
+  const int32_t limit = request.vocab_limit > 0 ? std::min(request.vocab_limit, vocab) : vocab;
+  if (request.grammar) {
+    const int32_t grammar_ids = request.grammar->compiled().vocabulary().size();
+    LILY_CHECK(grammar_ids >= limit,
+               "constrained decoding: the grammar's vocabulary has {} ids, fewer than the {} sampled", grammar_ids,
+               limit);
+    LILY_CHECK(!grammar_ended(request.grammar), "constrained decoding: the grammar has already ended");
+  }
+  return limit;
+}
+
+GeneratedToken sample_row(Sampler& sampler, std::vector<float>& logits, const GenerateRequest& request, int32_t limit,
+                          std::vector<uint64_t>& mask, GenerateResult& result) {
+  GeneratedToken token;
+  if (request.top_logprobs >= 0)  // log-probabilities of the model's distribution, before sampling filters
+    token.top = top_logprobs(logits, request.top_logprobs, limit);
+  std::vector<float> raw = request.top_logprobs >= 0 ? logits : std::vector<float>{};
+  if (request.grammar) result.grammar_seconds += mask_logits(*request.grammar, mask, logits);
+  token.id = sampler.sample(logits, result.tokens);
+  if (request.grammar) advance(*request.grammar, token.id);
+  if (request.top_logprobs >= 0) token.logprob = token_logprob(raw, token.id, limit);
+  return token;
+}
+
+bool deliver(const GeneratedToken& token, const GenerateRequest& request, const TokenCallback& on_token,
+             GenerateResult& result) {
+  result.tokens.push_back(token.id);
+  const bool is_stop = std::find(request.stop_tokens.begin(), request.stop_tokens.end(), token.id) !=
+                           request.stop_tokens.end() ||
+                       grammar_ended(request.grammar);
+  if (!on_token(token)) {
+    result.finish = is_stop ? FinishReason::stop : FinishReason::cancelled;
+    return false;
+  }
+  if (is_stop) {
+    result.finish = FinishReason::stop;
+    return false;
+  }
+  return true;
+}
+
+}  // namespace decode_token
 
 }  // namespace lily

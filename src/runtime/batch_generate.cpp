@@ -1,0 +1,176 @@
+// batch_generate.cpp: see batch_generate.h.
+#include "runtime/batch_generate.h"
+
+#include <algorithm>
+#include <chrono>
+#include <span>
+#include <utility>
+
+#include "base/error.h"
+#include "runtime/decode_token.h"
+
+namespace lily {
+
+namespace {
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+// One request's generation: where its prompt's prefill is, the row its next token is drawn from,
+// the token the next batch step appends.
+struct BatchGenerator::Request {
+  Request(uint64_t id_, const GenerateRequest& request_, SequenceState& state_, TokenCallback on_token_,
+          int32_t limit_)
+      : id(id_),
+        request(request_),
+        state(&state_),
+        on_token(std::move(on_token_)),
+        limit(limit_),
+        sampler(request_.sampling, limit_) {}
+
+  uint64_t id;
+  GenerateRequest request;
+  SequenceState* state;
+  TokenCallback on_token;
+  int32_t limit;  // ids sampled over
+  Sampler sampler;
+  GenerateResult result;
+  std::vector<float> logits;  // the row the next token is drawn from
+  std::vector<uint64_t> mask;
+  int32_t pending = -1;  // the token the next batch step appends (-1: none)
+  bool ended = false;
+  std::exception_ptr error;
+  std::chrono::steady_clock::time_point decode_start;
+
+  bool prefilling() const { return !ended && state->length() < int64_t(request.prompt.size()); }
+
+  // The next token from `logits`, handed over; true while the request goes on (its token then
+  // pending for the next step).
+  bool draw() {
+    const GeneratedToken token = decode_token::sample_row(sampler, logits, request, limit, mask, result);
+    if (!decode_token::deliver(token, request, on_token, result)) return false;  // result.finish set
+    if (int64_t(result.tokens.size()) == request.max_new_tokens) return false;   // length
+    pending = token.id;
+    return true;
+  }
+};
+
+BatchGenerator::BatchGenerator(Backend& backend, BatchGenerateOptions options) : backend_(backend), options_(options) {
+  LILY_CHECK(options.max_running >= 1, "a batch of {} running requests (at least 1)", options.max_running);
+  LILY_CHECK(options.prefill_chunk >= 1, "prefill chunks of {} tokens (at least 1)", options.prefill_chunk);
+}
+
+BatchGenerator::~BatchGenerator() = default;
+
+uint64_t BatchGenerator::add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token) {
+  const int32_t limit = decode_token::check_request(backend_, state, request);
+  auto r = std::make_unique<Request>(next_id_++, request, state, std::move(on_token), limit);
+  r->result.prompt_tokens = int64_t(request.prompt.size());
+  r->result.cached_tokens = state.length();
+  const uint64_t id = r->id;
+  waiting_.push_back(std::move(r));
+  return id;
+}
+
+bool BatchGenerator::step() {
+  admit();
+  prefill_chunk();
+  decode_step();
+  retire_ended();
+  admit();
+  return !running_.empty() || !waiting_.empty();
+}
+
+std::optional<BatchOutcome> BatchGenerator::take(uint64_t id) {
+  auto it = done_.find(id);
+  if (it == done_.end()) return std::nullopt;
+  BatchOutcome outcome = std::move(it->second);
+  done_.erase(it);
+  return outcome;
+}
+
+// The line's first requests into the free slots, in order.
+void BatchGenerator::admit() {
+  while (int(running_.size()) < options_.max_running && !waiting_.empty()) {
+    running_.push_back(std::move(waiting_.front()));
+    waiting_.pop_front();
+  }
+}
+
+// One chunk of the oldest request still prefilling; its last chunk gives the row of its first
+// token, drawn at once (so the request joins this round's batch step).
+void BatchGenerator::prefill_chunk() {
+  auto it = std::find_if(running_.begin(), running_.end(), [](const auto& r) { return r->prefilling(); });
+  if (it == running_.end()) return;
+  Request& r = **it;
+  const auto t0 = std::chrono::steady_clock::now();
+  try {
+    const int64_t done = r.state->length(), total = int64_t(r.request.prompt.size());
+    const int64_t n = std::min(options_.prefill_chunk, total - done);
+    const bool last = done + n == total;
+    backend_.forward(*r.state, std::span<const int32_t>(r.request.prompt.data() + done, size_t(n)),
+                     last ? LogitsWanted::last : LogitsWanted::none, r.logits);
+    r.result.prefill_seconds += seconds_since(t0);
+    if (!last) return;
+    r.decode_start = std::chrono::steady_clock::now();
+    if (r.request.max_new_tokens == 0 || !r.draw()) end(r, r.result.finish);
+  } catch (...) {
+    fail(r, std::current_exception());
+  }
+}
+
+// One token of every request past its prefill, in one batch step; each draws its next token
+// from its row.
+void BatchGenerator::decode_step() {
+  std::vector<Request*> rows;
+  for (auto& r : running_)
+    if (!r->ended && r->pending >= 0) rows.push_back(r.get());
+  if (rows.empty()) return;
+  std::vector<SequenceState*> states;
+  std::vector<int32_t> tokens;
+  for (Request* r : rows) states.push_back(r->state), tokens.push_back(r->pending);
+  std::vector<float> logits;
+  try {
+    backend_.forward_batch(states, tokens, logits);
+  } catch (...) {
+    for (Request* r : rows) fail(*r, std::current_exception());
+    return;
+  }
+  ++steps_;
+  const size_t V = size_t(backend_.config().vocab_size);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    Request& r = *rows[i];
+    r.pending = -1;
+    r.logits.assign(logits.begin() + ptrdiff_t(i * V), logits.begin() + ptrdiff_t((i + 1) * V));
+    try {
+      if (!r.draw()) end(r, r.result.finish);
+    } catch (...) {
+      fail(r, std::current_exception());
+    }
+  }
+}
+
+// reason: what decode_token::deliver set (stop, cancelled), else length (GenerateResult's default).
+void BatchGenerator::end(Request& r, FinishReason reason) {
+  r.ended = true;
+  r.pending = -1;
+  r.result.finish = reason;
+  if (r.decode_start != std::chrono::steady_clock::time_point{}) r.result.decode_seconds = seconds_since(r.decode_start);
+}
+
+void BatchGenerator::fail(Request& r, std::exception_ptr error) {
+  end(r, r.result.finish);
+  r.error = std::move(error);
+}
+
+// Ended requests leave their slots; their outcomes wait for take().
+void BatchGenerator::retire_ended() {
+  for (auto& r : running_)
+    if (r->ended) done_[r->id] = BatchOutcome{std::move(r->result), r->error};
+  std::erase_if(running_, [](const auto& r) { return r->ended; });
+}
+
+}  // namespace lily
