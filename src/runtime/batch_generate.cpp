@@ -22,8 +22,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // One request's generation: where its prompt's prefill is, the row its next token is drawn from,
 // the token the next batch step appends.
 struct BatchGenerator::Request {
-  Request(uint64_t id_, const GenerateRequest& request_, SequenceState& state_, TokenCallback on_token_,
-          int32_t limit_)
+  Request(uint64_t id_, const GenerateRequest& request_, SequenceState& state_, TokenCallback on_token_, int32_t limit_)
       : id(id_),
         request(request_),
         state(&state_),
@@ -158,7 +157,8 @@ void BatchGenerator::end(Request& r, FinishReason reason) {
   r.ended = true;
   r.pending = -1;
   r.result.finish = reason;
-  if (r.decode_start != std::chrono::steady_clock::time_point{}) r.result.decode_seconds = seconds_since(r.decode_start);
+  if (r.decode_start != std::chrono::steady_clock::time_point{})
+    r.result.decode_seconds = seconds_since(r.decode_start);
 }
 
 void BatchGenerator::fail(Request& r, std::exception_ptr error) {

@@ -65,8 +65,8 @@ class BatchGenerator {
   std::optional<BatchOutcome> take(uint64_t id);
 
   size_t running() const { return running_.size(); }  // holding a slot
-  size_t waiting() const { return waiting_.size(); }   // in line behind the slots
-  int64_t steps() const { return steps_; }             // batch steps run so far
+  size_t waiting() const { return waiting_.size(); }  // in line behind the slots
+  int64_t steps() const { return steps_; }            // batch steps run so far
 
  private:
   struct Request;  // one request's generation (batch_generate.cpp)

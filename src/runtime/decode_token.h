@@ -22,8 +22,8 @@ int32_t check_request(const Backend& backend, const SequenceState& state, const 
 // asked, the grammar's forbidden ids at -inf, the sampler's draw (penalties over result.tokens),
 // the grammar advanced by it (a token it refuses: no allowed logit was usable). mask: reused
 // scratch; the grammar's time goes to result.grammar_seconds.
-GeneratedToken sample_row(Sampler& sampler, std::vector<float>& logits, const GenerateRequest& request,
-                          int32_t limit, std::vector<uint64_t>& mask, GenerateResult& result);
+GeneratedToken sample_row(Sampler& sampler, std::vector<float>& logits, const GenerateRequest& request, int32_t limit,
+                          std::vector<uint64_t>& mask, GenerateResult& result);
 
 // Hands a generated token to the caller; false when the generation ends with it (a stop token,
 // the grammar's end, the caller's refusal), result.finish then set.

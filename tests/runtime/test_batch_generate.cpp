@@ -100,7 +100,8 @@ void expect_same(const GenerateResult& got, const std::vector<GeneratedToken>& g
       EXPECT_FLOAT_EQ(got_tokens[i].logprob->logprob, want_tokens[i].logprob->logprob);
     }
     ASSERT_EQ(got_tokens[i].top.size(), want_tokens[i].top.size());
-    for (size_t j = 0; j < got_tokens[i].top.size(); ++j) EXPECT_EQ(got_tokens[i].top[j].token, want_tokens[i].top[j].token);
+    for (size_t j = 0; j < got_tokens[i].top.size(); ++j)
+      EXPECT_EQ(got_tokens[i].top[j].token, want_tokens[i].top[j].token);
   }
 }
 
@@ -178,11 +179,11 @@ TEST(BatchGenerate, SamplingLogprobsStopsAndTheLineMatchOneAtATime) {
   wide.temperature = 1.3f, wide.min_p = 0.05f;
   std::vector<Spec> specs = {
       {9, 0, 20, 0, qwen()},
-      {64, 20, 16, 0, penalised},           // partly cached
-      {1, 0, 1, 1, greedy()},               // one token: no step
-      {200, 0, 10, 2, wide, 3},             // a long prompt, logprobs
-      {33, 0, 0, 2, greedy()},              // no tokens at all
-      {17, 16, 25, 5, qwen(), 0},           // one prompt token left
+      {64, 20, 16, 0, penalised},                              // partly cached
+      {1, 0, 1, 1, greedy()},                                  // one token: no step
+      {200, 0, 10, 2, wide, 3},                                // a long prompt, logprobs
+      {33, 0, 0, 2, greedy()},                                 // no tokens at all
+      {17, 16, 25, 5, qwen(), 0},                              // one prompt token left
       {40, 0, 30, 6, greedy(), -1, {0, 1, 2, 3, 4, 5, 6, 7}},  // stop tokens
   };
   check_against_alone(specs, 3, 16);  // more requests than slots: a line
@@ -292,8 +293,8 @@ TEST(BatchGenerate, AnExceptionEndsItsRequestAlone) {
     ASSERT_TRUE(o.has_value());
     EXPECT_FALSE(o->error);
     auto alone_state = state_of(b, requests[size_t(i)], 0);
-    const GenerateResult alone =
-        generate(b, *alone_state, requests[size_t(i)], [](const GeneratedToken&) { return true; });
+    const GenerateResult alone = generate(b, *alone_state, requests[size_t(i)],
+                                          [](const GeneratedToken&) { return true; });
     EXPECT_EQ(o->result.tokens, alone.tokens) << "request " << i;
   }
 }
