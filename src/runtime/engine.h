@@ -47,7 +47,8 @@ class Engine {
 // for (tokenizer.vocab_size() > config.vocab_size). `what` names the tokenizer in the message.
 void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config, const std::string& what);
 
-// Names of the backends this build can run ("cpu", and "cuda" where compiled in and a GPU is present).
+// Whether the CUDA backend can run: compiled into this build and a GPU visible. --backend auto
+// picks it then, the CPU backend otherwise.
 bool cuda_backend_available();
 
 }  // namespace lily

@@ -10,19 +10,6 @@
 namespace lily::server {
 namespace {
 
-std::string at(const std::string& path, size_t i) { return fmt::format("{}[{}]", path, i); }
-
-const json* member(const json& object, const char* name) {
-  auto it = object.find(name);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string string_member(const json& object, const char* name, const std::string& path) {
-  const json* v = member(object, name);
-  if (!v || !v->is_string()) bad_request(fmt::format("{}.{} must be a string", path, name), path + "." + name);
-  return v->get<std::string>();
-}
-
 // A content block's "type"; the block must be an object.
 std::string block_type(const json& block, const std::string& path) {
   if (!block.is_object()) bad_request(path + " must be an object", path);
@@ -43,7 +30,7 @@ std::string text_or_blocks(const json& value, const std::string& path, const cha
   if (!value.is_array()) bad_request(path + " must be a string or an array of text blocks", path);
   std::string text;
   for (size_t i = 0; i < value.size(); ++i) {
-    const std::string block = at(path, i);
+    const std::string block = item_path(path, i);
     const std::string type = block_type(value[i], block);
     if (type != "text") refuse_block(type, block, "text");
     if (i > 0) text += separator;
@@ -62,7 +49,7 @@ void add_user_message(const json& content, const std::string& path, json& messag
   std::string text;
   bool has_text = false;
   for (size_t i = 0; i < content.size(); ++i) {
-    const std::string block = at(path, i);
+    const std::string block = item_path(path, i);
     const std::string type = block_type(content[i], block);
     if (type == "text") {
       text += string_member(content[i], "text", block);
@@ -94,7 +81,7 @@ void add_assistant_message(const json& content, const std::string& path, json& m
   std::string text, reasoning;
   json calls = json::array();
   for (size_t i = 0; i < content.size(); ++i) {
-    const std::string block = at(path, i);
+    const std::string block = item_path(path, i);
     const std::string type = block_type(content[i], block);
     if (type == "text") {
       text += string_member(content[i], "text", block);
@@ -124,7 +111,7 @@ json read_messages(const json& in, const std::optional<std::string>& system) {
   json messages = json::array();
   if (system) messages.push_back(json{{"role", "system"}, {"content", *system}});
   for (size_t i = 0; i < in.size(); ++i) {
-    const std::string path = at("messages", i);
+    const std::string path = item_path("messages", i);
     if (!in[i].is_object()) bad_request(path + " must be an object", path);
     const std::string role = string_member(in[i], "role", path);
     const json* content = member(in[i], "content");
@@ -152,29 +139,19 @@ json read_messages(const json& in, const std::optional<std::string>& system) {
 json read_tools(const json& in) {
   json tools = json::array();
   for (size_t i = 0; i < in.size(); ++i) {
-    const std::string path = at("tools", i);
+    const std::string path = item_path("tools", i);
     if (!in[i].is_object()) bad_request(path + " must be an object", path);
     if (const json* type = member(in[i], "type"); type && *type != "custom") {
       bad_request(fmt::format("{}.type {} is a server tool; lily runs none (custom tools only)", path, dump(*type)),
                   path + ".type");
     }
-    const std::string name = string_member(in[i], "name", path);
-    if (name.empty()) bad_request(path + ".name must not be empty", path + ".name");
-    json function{{"name", name}};
-    if (const json* description = member(in[i], "description")) {
-      if (!description->is_string()) bad_request(path + ".description must be a string", path + ".description");
-      function["description"] = *description;
-    }
-    const json* schema = member(in[i], "input_schema");
-    if (schema && !schema->is_object()) bad_request(path + ".input_schema must be an object", path + ".input_schema");
-    function["parameters"] = schema ? *schema : json{{"type", "object"}, {"properties", json::object()}};
-    tools.push_back(json{{"type", "function"}, {"function", std::move(function)}});
+    json tool = function_tool(in[i], path, "input_schema");
+    // input_schema: required by Anthropic; a tool without one takes no arguments here.
+    if (!tool["function"].contains("parameters"))
+      tool["function"]["parameters"] = json{{"type", "object"}, {"properties", json::object()}};
+    tools.push_back(std::move(tool));
   }
   return tools;
-}
-
-bool has_tool(const json& tools, const std::string& name) {
-  return std::any_of(tools.begin(), tools.end(), [&](const json& t) { return t["function"]["name"] == name; });
 }
 
 // tool_choice: {type: auto | any | tool (name) | none, disable_parallel_tool_use}.
@@ -198,13 +175,7 @@ ToolChoice read_tool_choice(const json& in, const json& tools) {
     choice.mode = ToolChoice::Mode::required;
     return choice;
   }
-  choice.mode = ToolChoice::Mode::function;
-  choice.function = string_member(in, "name", "tool_choice");
-  if (!has_tool(tools, choice.function)) {
-    bad_request(fmt::format("tool_choice names the tool \"{}\", which is not in tools", choice.function),
-                "tool_choice.name");
-  }
-  return choice;
+  return named_tool_choice(in, tools, "tool");
 }
 
 // thinking: {type: "enabled", budget_tokens} | {type: "adaptive"} | {type: "disabled"}.

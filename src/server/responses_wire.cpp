@@ -8,26 +8,13 @@
 namespace lily::server {
 namespace {
 
-std::string at(const std::string& path, size_t i) { return fmt::format("{}[{}]", path, i); }
-
-const json* member(const json& object, const char* name) {
-  auto it = object.find(name);
-  return it == object.end() || it->is_null() ? nullptr : &*it;
-}
-
-std::string string_member(const json& object, const char* name, const std::string& path) {
-  const json* v = member(object, name);
-  if (!v || !v->is_string()) bad_request(fmt::format("{}.{} must be a string", path, name), path + "." + name);
-  return v->get<std::string>();
-}
-
 // A message's content: a string, or parts of the given text types (joined).
 std::string content_text(const json& content, const std::string& path, std::initializer_list<const char*> types) {
   if (content.is_string()) return content.get<std::string>();
   if (!content.is_array()) bad_request(path + " must be a string or an array of content parts", path);
   std::string text;
   for (size_t i = 0; i < content.size(); ++i) {
-    const std::string part = at(path, i);
+    const std::string part = item_path(path, i);
     if (!content[i].is_object()) bad_request(part + " must be an object", part);
     const std::string type = string_member(content[i], "type", part);
     if (type == "input_image" || type == "input_file" || type == "input_audio") {
@@ -134,7 +121,7 @@ json read_input(const json& input, const std::optional<std::string>& instruction
     messages.push_back(json{{"role", "user"}, {"content", input}});
   } else if (input.is_array()) {
     InputReader reader(messages);
-    for (size_t i = 0; i < input.size(); ++i) reader.item(input[i], at("input", i));
+    for (size_t i = 0; i < input.size(); ++i) reader.item(input[i], item_path("input", i));
   } else {
     bad_request("input must be a string or an array of input items", "input");
   }
@@ -159,28 +146,17 @@ json read_input(const json& input, const std::optional<std::string>& instruction
 json read_tools(const json& in) {
   json tools = json::array();
   for (size_t i = 0; i < in.size(); ++i) {
-    const std::string path = at("tools", i);
+    const std::string path = item_path("tools", i);
     if (!in[i].is_object()) bad_request(path + " must be an object", path);
     const std::string type = string_member(in[i], "type", path);
     if (type != "function") {
       bad_request(fmt::format("{}.type \"{}\" is a hosted tool; lily runs none (function tools only)", path, type),
                   path + ".type");
     }
-    const std::string name = string_member(in[i], "name", path);
-    if (name.empty()) bad_request(path + ".name must not be empty", path + ".name");
-    json function{{"name", name}};
-    if (const json* d = member(in[i], "description")) {
-      if (!d->is_string()) bad_request(path + ".description must be a string", path + ".description");
-      function["description"] = *d;
-    }
-    if (const json* p = member(in[i], "parameters")) {
-      if (!p->is_object()) bad_request(path + ".parameters must be an object", path + ".parameters");
-      function["parameters"] = *p;
-    }
     if (const json* strict = member(in[i], "strict"); strict && !strict->is_boolean()) {
       bad_request(path + ".strict must be a boolean", path + ".strict");
     }
-    tools.push_back(json{{"type", "function"}, {"function", std::move(function)}});
+    tools.push_back(function_tool(in[i], path, "parameters"));
   }
   return tools;
 }
@@ -202,15 +178,7 @@ ToolChoice read_tool_choice(const json& v, const json& tools) {
   if (type != "function") {
     bad_request(fmt::format("tool_choice type \"{}\" is not supported (function only)", type), "tool_choice.type");
   }
-  choice.mode = ToolChoice::Mode::function;
-  choice.function = string_member(v, "name", "tool_choice");
-  const bool known = std::any_of(tools.begin(), tools.end(),
-                                 [&](const json& t) { return t["function"]["name"] == choice.function; });
-  if (!known) {
-    bad_request(fmt::format("tool_choice names the function \"{}\", which is not in tools", choice.function),
-                "tool_choice.name");
-  }
-  return choice;
+  return named_tool_choice(v, tools, "function");
 }
 
 // reasoning: {effort, summary}: effort "none" turns Qwen's thinking off.
@@ -246,16 +214,7 @@ ResponseFormat read_text_format(const json* text) {
     bad_request(fmt::format("text.format.type must be \"text\", \"json_object\" or \"json_schema\", not \"{}\"", type),
                 "text.format.type");
   }
-  if (spec->contains("name") && !(*spec)["name"].is_string())
-    bad_request("text.format.name must be a string", "text.format.name");
-  if (spec->contains("strict") && !(*spec)["strict"].is_boolean() && !(*spec)["strict"].is_null())
-    bad_request("text.format.strict must be a boolean", "text.format.strict");
-  format.type = ResponseFormat::Type::json_schema;
-  if (auto schema = spec->find("schema"); schema != spec->end() && !schema->is_null()) {
-    if (!schema->is_object()) bad_request("text.format.schema must be a JSON schema object", "text.format.schema");
-    format.schema = *schema;
-  }
-  return format;
+  return json_schema_format(*spec, "text.format");
 }
 
 // The refusals of a stateless server.

@@ -1,5 +1,6 @@
 #include "server/wire.h"
 
+#include <algorithm>
 #include <cmath>
 #include <random>
 
@@ -171,21 +172,67 @@ ResponseFormat read_response_format(const Fields& f) {
   if (spec == o->end() || !spec->is_object()) {
     bad_request("response_format.json_schema must be an object with the schema", "response_format.json_schema");
   }
+  return json_schema_format(*spec, "response_format.json_schema");
+}
+
+ResponseFormat json_schema_format(const json& spec, const std::string& path) {
   // name: string, required by OpenAI (a-z, A-Z, 0-9, _ and -, at most 64): lily only checks the type.
-  if (spec->contains("name") && !(*spec)["name"].is_string())
-    bad_request("response_format.json_schema.name must be a string", "response_format.json_schema.name");
+  if (spec.contains("name") && !spec["name"].is_string()) bad_request(path + ".name must be a string", path + ".name");
   // strict: boolean or null. lily holds the reply to the schema either way.
-  if (spec->contains("strict") && !(*spec)["strict"].is_boolean() && !(*spec)["strict"].is_null())
-    bad_request("response_format.json_schema.strict must be a boolean", "response_format.json_schema.strict");
+  if (spec.contains("strict") && !spec["strict"].is_boolean() && !spec["strict"].is_null())
+    bad_request(path + ".strict must be a boolean", path + ".strict");
   // schema: object. The schema for the response format, described as a JSON Schema object.
+  ResponseFormat format;
   format.type = ResponseFormat::Type::json_schema;
-  if (auto schema = spec->find("schema"); schema != spec->end() && !schema->is_null()) {
-    if (!schema->is_object())
-      bad_request("response_format.json_schema.schema must be a JSON schema object",
-                  "response_format.json_schema.schema");
+  if (auto schema = spec.find("schema"); schema != spec.end() && !schema->is_null()) {
+    if (!schema->is_object()) bad_request(path + ".schema must be a JSON schema object", path + ".schema");
     format.schema = *schema;
   }
   return format;
+}
+
+std::string item_path(const std::string& path, size_t i) { return fmt::format("{}[{}]", path, i); }
+
+const json* member(const json& object, const char* name) {
+  auto it = object.find(name);
+  return it == object.end() || it->is_null() ? nullptr : &*it;
+}
+
+std::string string_member(const json& object, const char* name, const std::string& path) {
+  const json* v = member(object, name);
+  if (!v || !v->is_string()) bad_request(fmt::format("{}.{} must be a string", path, name), path + "." + name);
+  return v->get<std::string>();
+}
+
+json function_tool(const json& tool, const std::string& path, const char* schema_key) {
+  const std::string name = string_member(tool, "name", path);
+  if (name.empty()) bad_request(path + ".name must not be empty", path + ".name");
+  json function{{"name", name}};
+  if (const json* description = member(tool, "description")) {
+    if (!description->is_string()) bad_request(path + ".description must be a string", path + ".description");
+    function["description"] = *description;
+  }
+  if (const json* schema = member(tool, schema_key)) {
+    const std::string at = path + "." + schema_key;
+    if (!schema->is_object()) bad_request(at + " must be an object", at);
+    function["parameters"] = *schema;
+  }
+  return json{{"type", "function"}, {"function", std::move(function)}};
+}
+
+bool has_function_tool(const json& tools, const std::string& name) {
+  return std::any_of(tools.begin(), tools.end(), [&](const json& t) { return t["function"]["name"] == name; });
+}
+
+ToolChoice named_tool_choice(const json& choice_object, const json& tools, const char* noun) {
+  ToolChoice choice;
+  choice.mode = ToolChoice::Mode::function;
+  choice.function = string_member(choice_object, "name", "tool_choice");
+  if (!has_function_tool(tools, choice.function)) {
+    bad_request(fmt::format("tool_choice names the {} \"{}\", which is not in tools", noun, choice.function),
+                "tool_choice.name");
+  }
+  return choice;
 }
 
 std::string dump(const json& j) { return j.dump(-1, ' ', false, json::error_handler_t::replace); }

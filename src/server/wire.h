@@ -52,6 +52,24 @@ bool read_include_usage(const Fields& f, bool stream);
 // keyword lily does not support).
 ResponseFormat read_response_format(const Fields& f);
 
+// Reading parts of a request that Fields does not reach (the items of an array), each error a
+// 400 naming the JSON path of what it refuses ("messages[2].content").
+std::string item_path(const std::string& path, size_t i);  // "path[i]"
+const json* member(const json& object, const char* name);  // nullptr when absent or null
+// object[name] as a string; a 400 naming path.name when it is absent or not a string.
+std::string string_member(const json& object, const char* name, const std::string& path);
+// A function tool of the Anthropic and Responses APIs ({name, description, <schema_key>}) as a chat
+// tool: {"type": "function", "function": {name, description, parameters}}. The name must be a
+// non-empty string, the description a string, the schema an object; absent ones are left out.
+json function_tool(const json& tool, const std::string& path, const char* schema_key);
+bool has_function_tool(const json& tools, const std::string& name);  // among function_tool()'s results
+// A tool_choice object that names one of `tools` ({..., name}); `noun` as the API calls it in the
+// 400 when the name is not among them ("tool", "function").
+ToolChoice named_tool_choice(const json& choice, const json& tools, const char* noun);
+// The json_schema form of a response format, its spec at `path` ({name, strict, schema}, as both
+// chat's response_format.json_schema and the Responses API's text.format carry them).
+ResponseFormat json_schema_format(const json& spec, const std::string& path);
+
 // One-line JSON; invalid UTF-8 (never expected) becomes U+FFFD instead of throwing.
 std::string dump(const json& j);
 

@@ -66,11 +66,11 @@ struct SplitPretokenizer::Compiled {
   ~Compiled() { pcre2_code_free(code); }
 };
 
-SplitPretokenizer::SplitPretokenizer(const std::string& pattern)
-    : pcre2_pattern_(rewrite_whitespace_classes(pattern)), compiled_(std::make_unique<Compiled>()) {
+SplitPretokenizer::SplitPretokenizer(const std::string& pattern) : compiled_(std::make_unique<Compiled>()) {
+  const std::string rewritten = rewrite_whitespace_classes(pattern);  // \s as Python's re means it
   int error_code = 0;
   PCRE2_SIZE error_offset = 0;
-  compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pcre2_pattern_.data()), pcre2_pattern_.size(),
+  compiled_->code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(rewritten.data()), rewritten.size(),
                                   PCRE2_UTF | PCRE2_UCP, &error_code, &error_offset, nullptr);
   if (!compiled_->code) {
     PCRE2_UCHAR message[256];

@@ -25,12 +25,8 @@ class SplitPretokenizer {
   // every stretch between matches ("isolated"). Appends them to `pieces`. Thread-safe.
   void split(std::string_view text, std::vector<std::string_view>& pieces) const;
 
-  // The pattern as given to PCRE2 (after the \s rewrite); for tests and error messages.
-  const std::string& pcre2_pattern() const { return pcre2_pattern_; }
-
  private:
   struct Compiled;
-  std::string pcre2_pattern_;
   std::unique_ptr<Compiled> compiled_;
 };
 

@@ -142,6 +142,52 @@ TEST(Wire, StreamOptionsNeedStream) {
   EXPECT_EQ(refused_param([&] { read_include_usage(Fields(bad), true); }), "stream_options.include_usage");
 }
 
+// The request helpers the Anthropic and Responses readers share (wire.h).
+TEST(Wire, FunctionToolsAreCheckedAndConverted) {
+  const json tool = json::parse(R"({"name": "f", "description": "d", "input_schema": {"type": "object"}})");
+  const json chat = function_tool(tool, "tools[3]", "input_schema");
+  EXPECT_EQ(chat, json::parse(R"({"type": "function", "function": {"name": "f", "description": "d",
+      "parameters": {"type": "object"}}})"));
+  // Absent (or null) fields are left out; the schema is read under the key the API names.
+  EXPECT_EQ(function_tool(json::parse(R"({"name": "g", "description": null})"), "tools[0]", "parameters"),
+            json::parse(R"({"type": "function", "function": {"name": "g"}})"));
+  EXPECT_FALSE(function_tool(tool, "tools[0]", "parameters")["function"].contains("parameters"));
+  auto refused = [](const char* body) {
+    return refused_param([&] { function_tool(json::parse(body), "tools[3]", "input_schema"); });
+  };
+  EXPECT_EQ(refused(R"({"description": "no name"})"), "tools[3].name");
+  EXPECT_EQ(refused(R"({"name": 7})"), "tools[3].name");
+  EXPECT_EQ(refused(R"({"name": ""})"), "tools[3].name");
+  EXPECT_EQ(refused(R"({"name": "f", "description": ["d"]})"), "tools[3].description");
+  EXPECT_EQ(refused(R"({"name": "f", "input_schema": "{}"})"), "tools[3].input_schema");
+
+  const json tools = json::array({chat, function_tool(json::parse(R"({"name": "h"})"), "tools[1]", "x")});
+  EXPECT_TRUE(has_function_tool(tools, "f"));
+  EXPECT_TRUE(has_function_tool(tools, "h"));
+  EXPECT_FALSE(has_function_tool(tools, "g"));
+  const ToolChoice choice = named_tool_choice(json::parse(R"({"type": "tool", "name": "h"})"), tools, "tool");
+  EXPECT_EQ(choice.mode, ToolChoice::Mode::function);
+  EXPECT_EQ(choice.function, "h");
+  EXPECT_EQ(refused_param([&] { named_tool_choice(json::parse(R"({"name": "g"})"), tools, "tool"); }),
+            "tool_choice.name");
+  EXPECT_EQ(refused_param([&] { named_tool_choice(json::parse(R"({"type": "tool"})"), tools, "tool"); }),
+            "tool_choice.name");
+}
+
+TEST(Wire, JsonSchemaFormatsNameTheirPath) {
+  const ResponseFormat format = json_schema_format(
+      json::parse(R"({"name": "n", "strict": null, "schema": {"type": "integer"}})"), "text.format");
+  EXPECT_EQ(format.type, ResponseFormat::Type::json_schema);
+  EXPECT_EQ(format.schema.dump(), R"({"type":"integer"})");
+  auto refused = [](const char* spec) {
+    return refused_param([&] { json_schema_format(json::parse(spec), "text.format"); });
+  };
+  EXPECT_EQ(refused(R"({"name": 1})"), "text.format.name");
+  EXPECT_EQ(refused(R"({"strict": "yes"})"), "text.format.strict");
+  EXPECT_EQ(refused(R"({"schema": []})"), "text.format.schema");
+  EXPECT_EQ(refused(R"({"schema": null})"), "");
+}
+
 TEST(Wire, ErrorObjectShape) {
   json e = error_json(400, "bad", "temperature", "");
   EXPECT_EQ(e.dump(),
