@@ -40,23 +40,26 @@ struct AttnArgs {
   float* out;       // [T, nq, 256]
   float* part_acc;  // decode: [nkv, S, 8, 256] unnormalised accumulators
   float* part_ml;   // decode: [nkv, S, 8, 2]  (max, sum) in log2 units
-  // Decode rows (a batch step, batch_rows.h): row r's position, capacity and caches from these
-  // tables instead of the fields above; its qg, k, v, out and partials at r times their size.
-  int32_t* const* row_position = nullptr;  // [N]
-  const int32_t* row_capacity = nullptr;   // [N]
-  uint16_t* const* row_k_cache = nullptr;  // [N]
-  uint16_t* const* row_v_cache = nullptr;  // [N]
 };
 
-// The arguments of row r of a decode-rows launch (p itself without tables): its state from the
-// tables, its vectors and partials offset. S: the splits a row's partials hold.
-__device__ __forceinline__ AttnArgs row_args(const AttnArgs& p, int r, int S) {
-  if (!p.row_position) return p;
+// A batch step's rows (one token of each of N sequences, batch_rows.h): row r's position,
+// capacity and caches, entry r of each table. Only the rows kernels take them: the one-row
+// kernels' arguments are AttnArgs alone.
+struct AttnRowTables {
+  int32_t* const* position;  // [N]
+  const int32_t* capacity;   // [N]
+  uint16_t* const* k_cache;  // [N]
+  uint16_t* const* v_cache;  // [N]
+};
+
+// The arguments of row r of a rows launch: its state from the tables, its qg, k, v, out and
+// partials at r times their size. S: the splits a row's partials hold.
+__device__ __forceinline__ AttnArgs row_args(const AttnArgs& p, const AttnRowTables& rows, int r, int S) {
   AttnArgs a = p;
-  a.position = p.row_position[r];
-  a.capacity = p.row_capacity[r];
-  a.k_cache = p.row_k_cache[r];
-  a.v_cache = p.row_v_cache[r];
+  a.position = rows.position[r];
+  a.capacity = rows.capacity[r];
+  a.k_cache = rows.k_cache[r];
+  a.v_cache = rows.v_cache[r];
   a.qg = p.qg + size_t(r) * p.nq * 2 * kHeadDim;
   a.k = p.k + size_t(r) * p.nkv * kHeadDim;
   a.v = p.v + size_t(r) * p.nkv * kHeadDim;

@@ -31,6 +31,10 @@
 //             the weights 2^(m - M) of every active split in shared memory, then the 8 warps sum
 //             disjoint ranges of splits (lane: 4 dims, float4 loads), summed across warps in a
 //             fixed order; times sigmoid(gate) into out.
+//           attention_split_rows_kernel, attention_combine_rows_kernel: the same two over the N
+//             rows of a batch step (grid z: the row), each row's position, capacity and caches
+//             from its tables (AttnRowTables), its vectors and partials at its offset. The
+//             one-row kernels are the same code without the tables.
 // Tested:   tests/cuda/test_attention.cu (decode at lengths on both sides of the split size,
 //           many steps, small capacities, 69K keys, the caller's scratch).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
@@ -78,12 +82,8 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int max_spli
   return r;
 }
 
-__global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs args, int max_splits) {
-  trace::BlockTrace trace(trace::kind_attention_split);
-  pdl_wait();
-  pdl_launch_dependents();
-  trace.mark(1);
-  const AttnArgs p = row_args(args, blockIdx.z, gridDim.x);  // a batch step's row (else args)
+// Split blockIdx.x of KV head blockIdx.y (the kernels below, after their PDL wait).
+__device__ __forceinline__ void attention_split(const AttnArgs& p, int max_splits, trace::BlockTrace& trace) {
   extern __shared__ uint4 split_smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);      // [kStages][64 keys][kRowStride]
   uint16_t* Vs = Ks + kStages * kTileElems;                    // [kStages][64 keys][kRowStride]
@@ -268,17 +268,13 @@ __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnA
   }
 }
 
-__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs args, int S, int max_splits) {
-  trace::BlockTrace trace(trace::kind_attention_combine);
-  pdl_wait();
-  pdl_launch_dependents();
-  trace.mark(1);
-  const AttnArgs p = row_args(args, blockIdx.z / 2, S);  // z: the row's two halves of the dims
-  extern __shared__ float w_s[];                         // [S] weights 2^(m_s - M)
+// Head slot blockIdx.x of KV head blockIdx.y, dims [half * 128, half * 128 + 128).
+__device__ __forceinline__ void attention_combine(const AttnArgs& p, int S, int max_splits, int half) {
+  extern __shared__ float w_s[];  // [S] weights 2^(m_s - M)
   __shared__ float red_s[kCombineWarps][kCombineDims];
   __shared__ float part_s[kCombineWarps];
   __shared__ float M_s, den_s;
-  const int h = blockIdx.x, kv = blockIdx.y, d0 = (blockIdx.z % 2) * kCombineDims;
+  const int h = blockIdx.x, kv = blockIdx.y, d0 = half * kCombineDims;
   if (h >= p.group) return;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int L = min(*p.position + 1, p.capacity);
@@ -334,6 +330,43 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
   }
 }
 
+// The one-row kernels (a decode step: grid (S, nkv) and (8, nkv, 2)) and the rows kernels of a
+// batch step (grid z: the row, its two halves of the dims for the combine), each row on its own
+// state and partials (row_args).
+__global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs p, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_split);
+  pdl_wait();
+  pdl_launch_dependents();
+  trace.mark(1);
+  attention_split(p, max_splits, trace);
+}
+
+__global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_combine);
+  pdl_wait();
+  pdl_launch_dependents();
+  trace.mark(1);
+  attention_combine(p, S, max_splits, blockIdx.z);
+}
+
+__global__ void __launch_bounds__(kSplitThreads, 1)
+    attention_split_rows_kernel(AttnArgs args, AttnRowTables rows, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_split);
+  pdl_wait();
+  pdl_launch_dependents();
+  trace.mark(1);
+  attention_split(row_args(args, rows, blockIdx.z, gridDim.x), max_splits, trace);
+}
+
+__global__ void __launch_bounds__(32 * kCombineWarps)
+    attention_combine_rows_kernel(AttnArgs args, AttnRowTables rows, int S, int max_splits) {
+  trace::BlockTrace trace(trace::kind_attention_combine);
+  pdl_wait();
+  pdl_launch_dependents();
+  trace.mark(1);
+  attention_combine(row_args(args, rows, blockIdx.z / 2, S), S, max_splits, blockIdx.z % 2);
+}
+
 int num_splits(const AttentionParams& p) {
   return std::clamp((p.capacity + kSplitMinRows - 1) / kSplitMinRows, 1, kMaxSplits);
 }
@@ -347,8 +380,10 @@ int row_splits(const AttentionParams& p) { return max_active_splits(kMaxSplits, 
 
 void configure_split_kernel() {
   static const bool configured = [] {  // once: the shared memory opt-in
-    CUDA_CHECK(
-        cudaFuncSetAttribute(attention_split_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
+    for (const void* kernel : {reinterpret_cast<const void*>(attention_split_kernel),
+                               reinterpret_cast<const void*>(attention_split_rows_kernel)}) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
+    }
     return true;
   }();
   (void)configured;
@@ -396,14 +431,13 @@ void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& 
   args.part_ml = args.part_acc + size_t(N) * p.num_kv_heads * S * kGroup * kHeadDim;
   // row_args offsets each row's ml partials from part_ml by its own share: lay them after all
   // rows' accumulators, row by row.
-  args.row_position = rows.position, args.row_capacity = rows.capacity;
-  args.row_k_cache = reinterpret_cast<uint16_t* const*>(rows.k_cache);
-  args.row_v_cache = reinterpret_cast<uint16_t* const*>(rows.v_cache);
-  attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv), unsigned(N)), kSplitThreads, kSplitSmem, stream>>>(
-      args, S);
+  const AttnRowTables tables{rows.position, rows.capacity, reinterpret_cast<uint16_t* const*>(rows.k_cache),
+                             reinterpret_cast<uint16_t* const*>(rows.v_cache)};
+  attention_split_rows_kernel<<<dim3(unsigned(S), unsigned(args.nkv), unsigned(N)), kSplitThreads, kSplitSmem,
+                                stream>>>(args, tables, S);
   CUDA_CHECK_LAUNCH();
-  attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(2 * N)), 32 * kCombineWarps,
-                             size_t(S) * sizeof(float), stream>>>(args, S, S);
+  attention_combine_rows_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(2 * N)), 32 * kCombineWarps,
+                                  size_t(S) * sizeof(float), stream>>>(args, tables, S, S);
   CUDA_CHECK_LAUNCH();
 }
 

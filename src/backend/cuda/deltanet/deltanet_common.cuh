@@ -38,11 +38,6 @@ struct CoreArgs {
   float* ssm_state;          // [Hv, 128, 128]
   float* y;                  // [T, Hv*128]
   float* u;                  // prefill scratch [chunk, C]
-  // Decode rows (a batch step, row_tables.h): row r (blockIdx.y) is one token of its own
-  // sequence, its states from these tables instead of conv_state / ssm_state, its mixed, z, b,
-  // a and y at r times a token's size (T = 1).
-  float* const* row_conv = nullptr;  // [N]
-  float* const* row_ssm = nullptr;   // [N]
 };
 
 inline CoreArgs core_args(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,

@@ -22,6 +22,8 @@
 //           barrier, which also orders the q/k conv-state write (by the cluster's rank 0) after
 //           every block of the cluster has read it; the v channels' conv state is written by the
 //           one block that owns them. Grid Hv * 4 blocks; reads and writes the 2 MB state once.
+//           deltanet_decode_rows_kernel<K>: one token of each of N sequences (grid y: the row), each
+//           row's conv and recurrent state from the tables (DeltaNetRows), the same code.
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm),
 //           decode steps alone and after prefills, passes of 1 .. 16 tokens through this kernel.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
@@ -40,20 +42,20 @@ namespace {
 namespace cg = cooperative_groups;
 using namespace deltanet_detail;
 
-// The arguments of row r of a decode-rows launch (args itself without tables).
-__device__ __forceinline__ CoreArgs row_args(const CoreArgs& args, int r) {
-  if (!args.row_ssm) return args;
+// The arguments of row r of a batch step (row_tables.h: one token of each of N sequences): its
+// states from the tables, its mixed, z, b, a and y at r times a token's size.
+__device__ __forceinline__ CoreArgs row_args(const CoreArgs& args, const DeltaNetRows& rows, int r) {
   CoreArgs p = args;
   const int width = p.Hv * kHeadDim;
-  p.conv_state = args.row_conv[r], p.ssm_state = args.row_ssm[r];
+  p.conv_state = rows.conv[r], p.ssm_state = rows.ssm[r];
   p.mixed += size_t(r) * p.C, p.z += size_t(r) * width, p.y += size_t(r) * width;
   p.b += size_t(r) * p.Hv, p.a += size_t(r) * p.Hv;
   return p;
 }
 
+// The core of p.T <= MAXT tokens of one sequence (the kernels below).
 template <int K, int MAXT>
-__global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs args) {
-  const CoreArgs p = row_args(args, blockIdx.y);  // a batch step's row (else args)
+__device__ __forceinline__ void deltanet_decode(const CoreArgs& p) {
   trace::BlockTrace trace(trace::kind_deltanet);
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ __align__(16) float q_s[MAXT][kHeadDim], k_s[MAXT][kHeadDim];
@@ -189,8 +191,20 @@ __global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs args
   cluster.sync();  // keep this block's shared memory alive until the others have read it
 }
 
-// The kernel for p.T tokens a row, `rows` rows (grid y).
-void launch_decode(const DeltaNetParams& p, const CoreArgs& args, int rows, cudaStream_t stream) {
+// A decode step or a short pass of one sequence; a batch step, one token a row (grid y).
+template <int K, int MAXT>
+__global__ void __launch_bounds__(kThreads) deltanet_decode_kernel(CoreArgs p) {
+  deltanet_decode<K, MAXT>(p);
+}
+
+template <int K>
+__global__ void __launch_bounds__(kThreads) deltanet_decode_rows_kernel(CoreArgs args, DeltaNetRows rows) {
+  deltanet_decode<K, 1>(row_args(args, rows, blockIdx.y));
+}
+
+// `kernel` for p.T tokens a row, `rows` rows (grid y).
+template <typename Kernel, typename... Args>
+void launch_decode(const DeltaNetParams& p, int rows, cudaStream_t stream, Kernel kernel, Args... args) {
   cudaLaunchConfig_t config = {};
   config.gridDim = dim3(unsigned(p.num_value_heads * kSlices), unsigned(rows));
   config.blockDim = dim3(kThreads);
@@ -206,10 +220,7 @@ void launch_decode(const DeltaNetParams& p, const CoreArgs& args, int rows, cuda
   attribute[1].val.programmaticStreamSerializationAllowed = 1;
   config.attrs = attribute;
   config.numAttrs = ProgrammaticLaunches::on() ? 2 : 1;
-  auto* kernel = p.T == 1   ? deltanet_decode_kernel<kConvK, 1>
-                 : p.T <= 8 ? deltanet_decode_kernel<kConvK, 8>
-                            : deltanet_decode_kernel<kConvK, kDeltaNetDecodeMaxT>;
-  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args));
+  CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, args...));
 }
 
 }  // namespace
@@ -219,7 +230,10 @@ void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const fl
   check_deltanet_params(p);
   LILY_CHECK(p.T >= 1 && p.T <= kDeltaNetDecodeMaxT, "gated_deltanet_decode: {} tokens (1 .. {})", p.T,
              kDeltaNetDecodeMaxT);
-  launch_decode(p, core_args(p, mixed, z, b, a, conv_state, ssm_state, y, nullptr), 1, stream);
+  auto* kernel = p.T == 1   ? deltanet_decode_kernel<kConvK, 1>
+                 : p.T <= 8 ? deltanet_decode_kernel<kConvK, 8>
+                            : deltanet_decode_kernel<kConvK, kDeltaNetDecodeMaxT>;
+  launch_decode(p, 1, stream, kernel, core_args(p, mixed, z, b, a, conv_state, ssm_state, y, nullptr));
 }
 
 void gated_deltanet_decode_rows(const DeltaNetParams& p, const DeltaNetRows& rows, int N, const float* mixed,
@@ -228,9 +242,8 @@ void gated_deltanet_decode_rows(const DeltaNetParams& p, const DeltaNetRows& row
   LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows && rows.conv && rows.ssm,
              "gated_deltanet_decode_rows: {} rows of {} token(s) (1 token, 1 .. {} rows, with tables)", N, p.T,
              kMaxBatchRows);
-  CoreArgs args = core_args(p, mixed, z, b, a, nullptr, nullptr, y, nullptr);
-  args.row_conv = rows.conv, args.row_ssm = rows.ssm;
-  launch_decode(p, args, N, stream);
+  launch_decode(p, N, stream, deltanet_decode_rows_kernel<kConvK>,
+                core_args(p, mixed, z, b, a, nullptr, nullptr, y, nullptr), rows);
 }
 
 }  // namespace lily::cuda

@@ -74,6 +74,15 @@ __device__ __forceinline__ void rows_dot(const QRow (&w)[NR], const float* x, in
   }
 }
 
+// The gate/up parameters of row t of a step of several tokens (grid z): its x, logits and act.
+template <typename Params>
+__device__ __forceinline__ Params gate_up_row(Params p, int64_t t) {
+  p.x += t * p.H;
+  p.logits += t * p.E;
+  p.act += t * (p.k + 1) * p.I;
+  return p;
+}
+
 __device__ __forceinline__ float silu(float g) { return g / (1.f + expf(-g)); }
 
 // x . w for a one-row quantized vector [1, H] (4 or 8 bits), by one warp. Every lane's chunks

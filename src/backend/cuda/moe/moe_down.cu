@@ -40,11 +40,18 @@ struct DownParams {
   const float* logits;         // [T, E] router logits
   const float* shared_weight;  // [T] the shared expert's gate
   int E, H, I, k;
-  bool gate_logit;  // shared_weight holds x . w_sg: its sigmoid is the weight
-  float* out;       // [T, H] the residual stream, added to
+  float* out;  // [T, H] the residual stream, added to
 };
 
-__global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) {
+// The shared expert's weight: *w, or its sigmoid where the route left the logit x . w_sg (the
+// rows' route, moe_route_rows.h). Read through L2 (written two launches back).
+__device__ __forceinline__ float shared_expert_weight(const float* w, bool logit) {
+  const float v = __ldcg(w);
+  return logit ? 1.f / (1.f + expf(-v)) : v;
+}
+
+// Rows blockIdx.x of one token (the kernels below).
+__device__ __forceinline__ void moe_down_mma(const DownParams& p, bool gate_logit) {
   trace::BlockTrace trace(trace::kind_moe_down);
   using namespace quant_mma;
   extern __shared__ uint4 down_smem[];
@@ -58,11 +65,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   __shared__ int32_t choice_ids[kMaxK + 1];
   __shared__ float choice_weights[kMaxK + 1];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int s = warp;            // this warp's slot
-  const int64_t t = blockIdx.y;  // the block's row (token)
-  const float* act = p.act + t * slots * p.I;
-  const float* logits = p.logits + t * p.E;
-  float* out = p.out + t * p.H;
+  const int s = warp;  // this warp's slot
   const bool shared = s == p.k;
   const QView down = shared ? p.shared_down : p.down;
   const int cpr = p.I / 32, pairs = (p.I + kPairCols - 1) / kPairCols;
@@ -76,12 +79,9 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   // router two launches back; read through L2: this SM's L1 may hold an older step's), and every
   // slot's first weights.
   if (warp == 0) {
-    warp_load_logits(logits, p.E, choice_logits);
+    warp_load_logits(p.logits, p.E, choice_logits);
     warp_route_topk(choice_logits, p.E, p.k, choice_ids, choice_weights);
-    if (lane == 0) {
-      const float gate = __ldcg(p.shared_weight + t);
-      choice_ids[p.k] = 0, choice_weights[p.k] = p.gate_logit ? 1.f / (1.f + expf(-gate)) : gate;
-    }
+    if (lane == 0) choice_ids[p.k] = 0, choice_weights[p.k] = shared_expert_weight(p.shared_weight, gate_logit);
   }
   __syncthreads();
   trace.mark(3);  // the choice made (before the wait)
@@ -96,7 +96,7 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
   // straight from global memory cost a memory latency per slot: 9 in a row), then the fragments
   // from there.
   {
-    const float4* act4 = reinterpret_cast<const float4*>(act);
+    const float4* act4 = reinterpret_cast<const float4*>(p.act);
     float4* act_s4 = reinterpret_cast<float4*>(act_s);
     const int n4 = slots * p.I / 4;
     constexpr int kBatch = 4;  // float4s per thread per round: one round at k = 8, I = 512
@@ -135,8 +135,17 @@ __global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownPara
     const int row = blockIdx.x * 16 + threadIdx.x;
     float sum = 0.f;
     for (int j = 0; j < slots; ++j) sum = fmaf(choice_weights[j], partial[j][threadIdx.x], sum);
-    if (row < p.H) out[row] += sum;
+    if (row < p.H) p.out[row] += sum;
   }
+}
+
+// One token (a decode step); a step of several, token blockIdx.y, the gate a logit or not.
+__global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_kernel(DownParams p) { moe_down_mma(p, false); }
+
+__global__ void __launch_bounds__(32 * (kMaxK + 1)) moe_down_mma_rows_kernel(DownParams p, bool gate_logit) {
+  const int64_t t = blockIdx.y;  // the block's token
+  p.act += t * (p.k + 1) * p.I, p.logits += t * p.E, p.shared_weight += t, p.out += t * p.H;
+  moe_down_mma(p, gate_logit);
 }
 
 // Dynamic shared memory of moe_down_mma_kernel: the fragments (4 bytes per activation), the
@@ -172,16 +181,19 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
   check_aligned(a.buffers.act, "moe_down: act");
   LILY_CHECK(a.rows >= 1 && a.rows <= kMoeSlotsMaxRows, "moe_down: {} rows (1 to {})", a.rows, kMoeSlotsMaxRows);
   static const bool configured = [] {  // once: allow more than 48 KB
-    CUDA_CHECK(
-        cudaFuncSetAttribute(moe_down_mma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDownMmaMaxSmem)));
+    for (const void* kernel : {reinterpret_cast<const void*>(moe_down_mma_kernel),
+                               reinterpret_cast<const void*>(moe_down_mma_rows_kernel)}) {
+      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDownMmaMaxSmem)));
+    }
     return true;
   }();
   (void)configured;
   const MoeDecodeBuffers& b = a.buffers;
-  const DownParams p{view(D), view(w.shared_down), b.act, b.logits, b.shared_weight, D.batch, D.rows, D.cols,
-                     a.k,     a.shared_gate_logit, b.h};
+  const DownParams p{view(D), view(w.shared_down), b.act, b.logits, b.shared_weight, D.batch, D.rows, D.cols, a.k, b.h};
   const dim3 grid(unsigned((D.rows + 15) / 16), unsigned(a.rows));
-  moe_down_mma_kernel<<<grid, 32 * (a.k + 1), down_mma_smem(a.k + 1, D.cols), stream>>>(p);
+  const size_t smem = down_mma_smem(a.k + 1, D.cols);
+  if (a.rows == 1 && !a.shared_gate_logit) moe_down_mma_kernel<<<grid, 32 * (a.k + 1), smem, stream>>>(p);
+  else moe_down_mma_rows_kernel<<<grid, 32 * (a.k + 1), smem, stream>>>(p, a.shared_gate_logit);
   CUDA_CHECK_LAUNCH();
 }
 

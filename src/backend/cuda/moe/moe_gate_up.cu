@@ -43,6 +43,9 @@ struct GateUpParams {
   float* act;  // [T, k + 1, I]
 };
 
+// Slot blockIdx.y's rows blockIdx.x of one token; kManyRows: token blockIdx.z of a step of
+// several (x, logits and act offset by it), else the one token of a decode step.
+template <bool kManyRows>
 __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kernel(GateUpParams p) {
   trace::BlockTrace trace(trace::kind_moe_gate_up);
   using namespace quant_mma;
@@ -53,11 +56,8 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   __shared__ float choice_logits[kMaxExperts];
   __shared__ int choice_id;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4;
-  const int s = blockIdx.y;      // this block's slot
-  const int64_t t = blockIdx.z;  // its row
-  const float* x = p.x + t * p.H;
-  const float* logits = p.logits + t * p.E;
-  float* act = p.act + t * (p.k + 1) * p.I;
+  const int s = blockIdx.y;                      // this block's slot
+  const int64_t t = kManyRows ? blockIdx.z : 0;  // its token
   const bool shared = s == p.k;
   const QView gate = shared ? p.shared_gate : p.gate;
   const QView up = shared ? p.shared_up : p.up;
@@ -87,7 +87,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   int e = 0;
   if (!shared) {  // this block's expert: rank s of the logits' top-k
     if (warp == 0) {
-      warp_load_logits(logits, p.E, choice_logits);
+      warp_load_logits(p.logits + t * p.E, p.E, choice_logits);
       const int chosen = warp_route_rank(choice_logits, p.E, s);
       if (lane == 0) choice_id = chosen;
     }
@@ -97,7 +97,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
   if (pair_begin < pair_end) load(e, pair_begin);
 
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  stage_x_fragments(x, p.H, frag, gsum);
+  stage_x_fragments(p.x + t * p.H, p.H, frag, gsum);
   __syncthreads();
 
   float yg[2] = {0.f, 0.f}, yu[2] = {0.f, 0.f};  // rows g, g + 8
@@ -118,7 +118,7 @@ __global__ void __launch_bounds__(32 * kGateUpMmaWarps, 3) moe_gate_up_mma_kerne
     float gs = 0.f, us = 0.f;
 #pragma unroll
     for (int w = 0; w < kGateUpMmaWarps; ++w) gs += partial[w][threadIdx.x], us += partial[w][16 + threadIdx.x];
-    if (i < p.I) act[int64_t(s) * p.I + i] = silu(gs) * us;
+    if (i < p.I) p.act[(t * (p.k + 1) + s) * p.I + i] = silu(gs) * us;
   }
 }
 
@@ -129,7 +129,8 @@ void launch_mma(const MoeDecodeArgs& a, cudaStream_t stream) {
       a.buffers.logits,     w.experts_gate.batch, w.experts_gate.rows, w.experts_gate.cols, a.k,
       a.buffers.act};
   const dim3 grid(unsigned((w.experts_gate.rows + 15) / 16), unsigned(a.k + 1), unsigned(a.rows));
-  moe_gate_up_mma_kernel<<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+  if (a.rows == 1) moe_gate_up_mma_kernel<false><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
+  else moe_gate_up_mma_kernel<true><<<grid, 32 * kGateUpMmaWarps, 0, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 

@@ -60,7 +60,8 @@ struct StagedGateUpParams {
 // Dynamic shared memory: G then U, each codes | scales | biases of kRows rows.
 __host__ __device__ constexpr uint32_t matrix_bytes(int H) { return uint32_t(kRows) * uint32_t(H / 2 + H / 64 * 4); }
 
-__global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGateUpParams p) {
+// Slot blockIdx.y's rows blockIdx.x of one token (the kernels below).
+__device__ __forceinline__ void moe_gate_up_staged_block(StagedGateUpParams p) {
   trace::BlockTrace trace(trace::kind_moe_gate_up);
   extern __shared__ __align__(128) uint4 weights_s[];
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
@@ -71,10 +72,6 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   __shared__ __align__(8) uint64_t copied;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int s = blockIdx.y, row0 = blockIdx.x * kRows;
-  const int64_t t = blockIdx.z;  // the block's row (token)
-  const float* x = p.x + t * p.H;
-  const float* logits = p.logits + t * p.E;
-  float* act = p.act + t * (p.k + 1) * p.I;
   const bool shared = s == p.k;
   const int H = p.H, cpr = H / 32, gpr = H / 64, pairs = H / kPairCols;
   const uint32_t code_bytes = uint32_t(kRows) * uint32_t(H / 2), scale_bytes = uint32_t(kRows) * uint32_t(gpr) * 2u;
@@ -102,13 +99,13 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
 
   // A routed slot: warp 0 chooses the expert and its lane 0 starts the copies at once.
   if (!shared && warp == 0) {
-    warp_load_logits(logits, p.E, choice_logits);
+    warp_load_logits(p.logits, p.E, choice_logits);
     const int e = min(max(warp_route_rank(choice_logits, p.E, s), 0), p.E - 1);
     if (lane == 0) issue(p.routed, int64_t(e) * p.I + row0);
   }
   // While the rows arrive: x as mma fragments.
   if (threadIdx.x < kFragU4PerChunk) zero[threadIdx.x] = make_uint4(0, 0, 0, 0);
-  stage_x_fragments(x, H, frag, gsum);
+  stage_x_fragments(p.x, H, frag, gsum);
   __syncthreads();  // the fragments, zero, and the barrier's init
   trace.mark(2);
   ptx::mbarrier_wait(&copied, 0);
@@ -136,8 +133,17 @@ __global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGate
   if (threadIdx.x < kRows) {
     float g = 0.f, up = 0.f;
     for (int j = 0; j < pairs; ++j) g += unit_sum[0][j][threadIdx.x], up += unit_sum[1][j][threadIdx.x];
-    act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
+    p.act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
   }
+}
+
+// One token (a decode step); a step of several, token blockIdx.z.
+__global__ void __launch_bounds__(kThreads) moe_gate_up_staged_kernel(StagedGateUpParams p) {
+  moe_gate_up_staged_block(p);
+}
+
+__global__ void __launch_bounds__(kThreads) moe_gate_up_staged_rows_kernel(StagedGateUpParams p) {
+  moe_gate_up_staged_block(moe_detail::gate_up_row(p, blockIdx.z));
 }
 
 StagedMatrix bytes_of(const QMatrix& m) {
@@ -167,8 +173,11 @@ void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& s
              "moe_gate_up_staged: [{}, {}, {}] q{} experts, k {}: not supported", gate.batch, gate.rows, gate.cols,
              gate.bits, k);
   static const bool configured = [] {  // once: allow more than 48 KB (72 KB at H = 4096)
-    CUDA_CHECK(cudaFuncSetAttribute(moe_gate_up_staged_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(2 * matrix_bytes(kMaxHidden))));
+    for (const void* kernel : {reinterpret_cast<const void*>(moe_gate_up_staged_kernel),
+                               reinterpret_cast<const void*>(moe_gate_up_staged_rows_kernel)}) {
+      CUDA_CHECK(
+          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * matrix_bytes(kMaxHidden))));
+    }
     return true;
   }();
   (void)configured;
@@ -182,7 +191,8 @@ void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& s
                              k,
                              act};
   const dim3 grid(unsigned(gate.rows / kRows), unsigned(k + 1), unsigned(T));
-  moe_gate_up_staged_kernel<<<grid, kThreads, 2 * matrix_bytes(gate.cols), stream>>>(p);
+  if (T == 1) moe_gate_up_staged_kernel<<<grid, kThreads, 2 * matrix_bytes(gate.cols), stream>>>(p);
+  else moe_gate_up_staged_rows_kernel<<<grid, kThreads, 2 * matrix_bytes(gate.cols), stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
 
