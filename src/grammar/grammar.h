@@ -97,7 +97,9 @@ class GrammarBuilder {
   // NFA states so far: callers bound how much they inline with it.
   size_t size() const { return states_.size(); }
 
-  // The grammar; throws lily::Error (see the header comment) naming the rule.
+  // The grammar; throws lily::Error (see the header comment) naming the rule. The passes, in
+  // order: the alphabet (byte classes), each rule's DFA (subset construction), the dead states
+  // trimmed, the left-recursion check.
   Grammar build() const;
 
  private:
@@ -110,6 +112,10 @@ class GrammarBuilder {
     std::string name;
     Fragment body;
   };
+  // Passes of build(): g's byte classes from every byte edge; g's rules as DFAs.
+  void make_alphabet(Grammar& g) const;
+  void determinize(Grammar& g) const;
+
   std::vector<State> states_;
   std::vector<RuleBody> rules_;
 };
