@@ -60,6 +60,14 @@ int32_t GrammarBuilder::add_rule(std::string name) {
 
 void GrammarBuilder::set_body(int32_t rule, Fragment body) { rules_.at(size_t(rule)).body = body; }
 
+int32_t GrammarBuilder::shared_rule(const std::string& name, const std::function<Fragment()>& make_body) {
+  if (auto it = shared_.find(name); it != shared_.end()) return it->second;
+  const int32_t rule = add_rule(name);
+  shared_[name] = rule;
+  set_body(rule, make_body());
+  return rule;
+}
+
 int32_t GrammarBuilder::new_state() {
   LILY_CHECK(states_.size() < kMaxNfaStates,
              "grammar: more than {} automaton states (bounds such as maxLength or maxItems too large)", kMaxNfaStates);
@@ -301,9 +309,15 @@ void GrammarBuilder::determinize(Grammar& g) const {
   for (int b = 255; b >= 0; --b) representative[g.byte_class[size_t(b)]] = b;
   EpsilonClosure closure(states_);
 
+  // Only the rules the root reaches through calls: the others (a compiler's fragments made to
+  // check a schema and never used) become a state without edges.
   size_t total = 0;
   g.rules.resize(rules_.size());
-  for (size_t r = 0; r < rules_.size(); ++r) {
+  std::vector<uint8_t> reached(rules_.size(), 0);
+  std::vector<size_t> work{0};
+  reached[0] = 1;
+  for (size_t w = 0; w < work.size(); ++w) {
+    const size_t r = work[w];
     const RuleBody& body = rules_[r];
     LILY_CHECK(body.body.start >= 0, "grammar: rule '{}' has no body", body.name);
     Rule& rule = g.rules[r];
@@ -346,6 +360,17 @@ void GrammarBuilder::determinize(Grammar& g) const {
       rule.calls.insert(rule.calls.end(), c.begin(), c.end());
       rule.call_begin.push_back(uint32_t(rule.calls.size()));
     }
+    for (const CallEdge& e : rule.calls)
+      if (!reached[size_t(e.rule)]) reached[size_t(e.rule)] = 1, work.push_back(size_t(e.rule));
+  }
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    if (reached[r]) continue;
+    Rule& rule = g.rules[r];
+    rule.name = rules_[r].name;
+    rule.num_states = 1;
+    rule.next.assign(nc, -1);
+    rule.flags.assign(1, 0);
+    rule.call_begin.assign(2, 0);
   }
 }
 

@@ -16,6 +16,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +79,9 @@ class GrammarBuilder {
   // A new rule; its body is set with set_body once it is built (it may call itself meanwhile).
   int32_t add_rule(std::string name);
   void set_body(int32_t rule, Fragment body);
+  // The rule named `name`, its body made by make_body() on the first request (later requests,
+  // from any compiler on this builder, call the same rule): a piece used in many places, built once.
+  int32_t shared_rule(const std::string& name, const std::function<Fragment()>& make_body);
 
   int32_t new_state();
   // Edges between states (of the same rule's fragments).
@@ -118,6 +123,7 @@ class GrammarBuilder {
 
   std::vector<State> states_;
   std::vector<RuleBody> rules_;
+  std::map<std::string, int32_t> shared_;  // shared_rule: name -> rule
 };
 
 }  // namespace lily::grammar
