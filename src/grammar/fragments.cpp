@@ -3,6 +3,7 @@
 
 #include <array>
 #include <map>
+#include <tuple>
 
 #include "base/error.h"
 
@@ -49,6 +50,19 @@ int32_t repeat(GrammarBuilder& b, int32_t from, const ByteSet& set, int count) {
     from = next;
   }
   return from;
+}
+
+// 0..count bytes of `set` from `from`; returns the state after them (reached after any number).
+int32_t upto(GrammarBuilder& b, int32_t from, const ByteSet& set, int count) {
+  const int32_t end = b.new_state();
+  for (int i = 0; i < count; ++i) {
+    b.epsilon(from, end);
+    const int32_t next = b.new_state();
+    b.bytes(from, set, next);
+    from = next;
+  }
+  b.epsilon(from, end);
+  return end;
 }
 
 // The UTF-8 decoder as a byte automaton, for keys: 0 is a character boundary, -1 an error.
@@ -127,17 +141,20 @@ struct PatternAutomaton {
 
 }  // namespace
 
-Fragment json_whitespace(GrammarBuilder& b, int max) {
-  const ByteSet ws = ByteSet::of(" \t\n\r");
+Fragment json_whitespace(GrammarBuilder& b, int max_indent) {
   Fragment f{b.new_state(), b.new_state()};
+  b.epsilon(f.start, f.end);
+  if (max_indent < 0) return f;
+  b.bytes(f.start, byte(' '), f.end);
+  const int32_t indent = b.new_state();  // after the newlines: spaces and tabs only
   int32_t cur = f.start;
-  for (int i = 0; i < max; ++i) {
-    b.epsilon(cur, f.end);
+  for (int i = 0; i < kMaxNewlines; ++i) {
     const int32_t next = b.new_state();
-    b.bytes(cur, ws, next);
+    b.bytes(cur, byte('\n'), next);
+    b.epsilon(next, indent);
     cur = next;
   }
-  b.epsilon(cur, f.end);
+  b.epsilon(upto(b, indent, ByteSet::of(" \t"), max_indent), f.end);
   return f;
 }
 
@@ -166,27 +183,20 @@ Fragment json_string_char(GrammarBuilder& b, bool raw_lt) {
 }
 
 Fragment json_string(GrammarBuilder& b, int min, int max, bool raw_lt) {
+  LILY_CHECK(min >= 0 && min <= max, "grammar: a string of {}..{} characters", min, max);
   Fragment f = b.literal("\"");
-  int32_t cur = f.end;
-  for (int i = 0; i < min; ++i) {
-    Fragment c = json_string_char(b, raw_lt);
-    b.epsilon(cur, c.start);
-    cur = c.end;
-  }
+  for (int i = 0; i < min; ++i) f = b.sequence({f, json_string_char(b, raw_lt)});
+  return b.sequence({f, json_string_rest(b, max - min, raw_lt)});
+}
+
+Fragment json_string_rest(GrammarBuilder& b, int max, bool raw_lt) {
+  Fragment f = b.empty();
   const int32_t close = b.new_state();
-  if (max < 0) {
-    Fragment c = json_string_char(b, raw_lt);
-    b.epsilon(cur, c.start);
-    b.epsilon(c.end, cur);
-  } else {
-    for (int i = min; i < max; ++i) {
-      b.epsilon(cur, close);
-      Fragment c = json_string_char(b, raw_lt);
-      b.epsilon(cur, c.start);
-      cur = c.end;
-    }
+  for (int i = 0; i < max; ++i) {
+    b.epsilon(f.end, close);
+    f = b.sequence({f, json_string_char(b, raw_lt)});
   }
-  b.epsilon(cur, close);
+  b.epsilon(f.end, close);
   const int32_t end = b.new_state();
   b.bytes(close, byte('"'), end);
   return {f.start, end};
@@ -208,26 +218,30 @@ Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excl
   }
   const ByteSet ascii_ok = ByteSet::range(0x20, 0x7F) - ByteSet::of(raw_lt ? "\"\\" : "\"\\<");
   constexpr int32_t kFree = -1;
+  // (trie node or kFree, UTF-8 state, characters begun) -> NFA state
+  using Key = std::tuple<int32_t, int, int>;
   Fragment f = b.literal("\"");
   const int32_t end = b.new_state();
-  std::map<std::pair<int32_t, int>, int32_t> states;  // (trie node or kFree, UTF-8 state) -> NFA state
-  std::vector<std::pair<int32_t, int>> work{{0, 0}};
-  states[{0, 0}] = f.end;
+  std::map<Key, int32_t> states;
+  std::vector<Key> work{{0, 0, 0}};
+  states[{0, 0, 0}] = f.end;
   while (!work.empty()) {
-    const auto [node, u] = work.back();
+    const auto [node, u, chars] = work.back();
     work.pop_back();
-    const int32_t from = states[{node, u}];
+    const int32_t from = states[{node, u, chars}];
     std::map<int32_t, ByteSet> edges;
     for (int c = 0; c < 256; ++c) {
       const int u2 = utf8_next(u, c, ascii_ok);
       if (u2 < 0) continue;
+      const int chars2 = u == 0 ? chars + 1 : chars;  // a byte at a boundary begins a character
+      if (chars2 > kMaxFreeKeyChars) continue;
       int32_t node2 = kFree;
       if (node != kFree) {
         auto it = trie[size_t(node)].find(c);
         if (it != trie[size_t(node)].end()) node2 = it->second;
       }
-      auto [it, fresh] = states.try_emplace({node2, u2}, 0);
-      if (fresh) it->second = b.new_state(), work.push_back({node2, u2});
+      auto [it, fresh] = states.try_emplace({node2, u2, chars2}, 0);
+      if (fresh) it->second = b.new_state(), work.push_back({node2, u2, chars2});
       edges[it->second].set(c);
     }
     for (const auto& [to, set] : edges) b.bytes(from, set, to);
@@ -243,8 +257,7 @@ Fragment json_number(GrammarBuilder& b, bool integer_only) {
   b.bytes(f.start, byte('-'), sign);
   b.bytes(sign, byte('0'), integer);
   b.bytes(sign, ByteSet::range('1', '9'), digits);
-  b.bytes(digits, kDigit, digits);
-  b.epsilon(digits, integer);
+  b.epsilon(upto(b, digits, kDigit, kMaxIntegerDigits - 1), integer);
   if (integer_only) {
     b.epsilon(integer, f.end);
     return f;
@@ -253,16 +266,14 @@ Fragment json_number(GrammarBuilder& b, bool integer_only) {
   const int32_t e1 = b.new_state(), e2 = b.new_state(), e3 = b.new_state();
   b.bytes(integer, byte('.'), dot);
   b.bytes(dot, kDigit, frac);
-  b.bytes(frac, kDigit, frac);
   b.epsilon(integer, exp);
-  b.epsilon(frac, exp);
+  b.epsilon(upto(b, frac, kDigit, kMaxFractionDigits - 1), exp);
   b.epsilon(exp, f.end);
   b.bytes(exp, ByteSet::of("eE"), e1);
   b.bytes(e1, ByteSet::of("+-"), e2);
   b.epsilon(e1, e2);
   b.bytes(e2, kDigit, e3);
-  b.bytes(e3, kDigit, e3);
-  b.epsilon(e3, f.end);
+  b.epsilon(upto(b, e3, kDigit, kMaxExponentDigits - 1), f.end);
   return f;
 }
 

@@ -12,8 +12,20 @@
 
 namespace lily::grammar {
 
-// JSON whitespace between tokens: [ \t\n\r]{0,max}.
-Fragment json_whitespace(GrammarBuilder& b, int max);
+// The bounds that let every JSON text end in a bounded number of bytes (issue 40: a model that
+// loops on a digit, a string character or whitespace still reaches the end). llama.cpp's schema
+// grammars bound numbers the same way; an unbounded string of a schema (and every string of
+// json_object) is one of at most kMaxFreeStringChars characters.
+inline constexpr int kMaxIntegerDigits = 16;   // an integer part (or integer) of 1..16 digits
+inline constexpr int kMaxFractionDigits = 16;  // after the '.'
+inline constexpr int kMaxExponentDigits = 3;   // after the 'e' and its sign
+inline constexpr int kMaxFreeStringChars = 1024;
+inline constexpr int kMaxFreeKeyChars = 256;  // keys of additional properties
+inline constexpr int kMaxNewlines = 2;        // a gap of whitespace: up to 2 newlines, then the indent
+
+// JSON whitespace between tokens, as compact as a model writes it: nothing, one space, or one or
+// two newlines then up to max_indent spaces or tabs. max_indent < 0: no whitespace at all.
+Fragment json_whitespace(GrammarBuilder& b, int max_indent);
 
 // One character inside a JSON string, as JSON writes it: a UTF-8 encoded code point other than
 // '"', '\' and the controls below U+0020, or an escape: \" \\ \/ \b \f \n \r \t, \uXXXX (any hex
@@ -22,14 +34,19 @@ Fragment json_whitespace(GrammarBuilder& b, int max);
 // raw_lt false: '<' only as an escape (\u003c), so that no markup can appear in the text.
 Fragment json_string_char(GrammarBuilder& b, bool raw_lt = true);
 
-// A JSON string with min..max characters (max < 0: no bound), quotes included.
+// A JSON string with min..max characters (0 <= min <= max), quotes included.
 Fragment json_string(GrammarBuilder& b, int min, int max, bool raw_lt = true);
 
+// The rest of a JSON string after its opening quote: 0..max characters and the closing quote.
+Fragment json_string_rest(GrammarBuilder& b, int max, bool raw_lt = true);
+
 // A JSON string used as an object key that is none of `excluded` (their exact texts, quotes
-// included, as JSON::dump writes them) and has no escape: the keys of additional properties.
+// included, as JSON::dump writes them), has no escape and at most kMaxFreeKeyChars characters:
+// the keys of additional properties.
 Fragment json_key_except(GrammarBuilder& b, const std::vector<std::string>& excluded, bool raw_lt = true);
 
-// -?(0|[1-9][0-9]*), then for a number (integer_only false) (\.[0-9]+)?([eE][+-]?[0-9]+)?.
+// -?(0|[1-9][0-9]{0,15}), then for a number (integer_only false) (\.[0-9]{1,16})?
+// ([eE][+-]?[0-9]{1,3})? (the bounds above).
 Fragment json_number(GrammarBuilder& b, bool integer_only);
 
 // Any bytes in which none of `patterns` occurs (the empty text too).

@@ -60,6 +60,14 @@ int32_t GrammarBuilder::add_rule(std::string name) {
 
 void GrammarBuilder::set_body(int32_t rule, Fragment body) { rules_.at(size_t(rule)).body = body; }
 
+int32_t GrammarBuilder::shared_rule(const std::string& name, const std::function<Fragment()>& make_body) {
+  if (auto it = shared_.find(name); it != shared_.end()) return it->second;
+  const int32_t rule = add_rule(name);
+  shared_[name] = rule;
+  set_body(rule, make_body());
+  return rule;
+}
+
 int32_t GrammarBuilder::new_state() {
   LILY_CHECK(states_.size() < kMaxNfaStates,
              "grammar: more than {} automaton states (bounds such as maxLength or maxItems too large)", kMaxNfaStates);
@@ -154,45 +162,162 @@ void make_byte_classes(const std::vector<ByteSet>& sets, Grammar& g) {
   for (int b = 0; b < 256; ++b) g.byte_class[size_t(b)] = uint8_t(cls[size_t(b)]);
 }
 
-}  // namespace
+// Epsilon closures of NFA state sets (states[s].epsilon: the epsilon edges of state s), with a
+// visit mark reused between calls.
+template <typename States>
+class EpsilonClosure {
+ public:
+  explicit EpsilonClosure(const States& states) : states_(states), mark_(states.size(), -1) {}
 
-Grammar GrammarBuilder::build() const {
-  Grammar g;
-  {
-    std::vector<ByteSet> sets;
-    for (const State& s : states_)
-      for (const auto& [set, to] : s.bytes) sets.push_back(set);
-    std::sort(sets.begin(), sets.end(), [](const ByteSet& a, const ByteSet& b) { return a.bits < b.bits; });
-    sets.erase(
-        std::unique(sets.begin(), sets.end(), [](const ByteSet& a, const ByteSet& b) { return a.bits == b.bits; }),
-        sets.end());
-    make_byte_classes(sets, g);
-  }
-  const size_t nc = size_t(g.num_classes);
-  std::vector<int> representative(nc);
-  for (int b = 255; b >= 0; --b) representative[g.byte_class[size_t(b)]] = b;
-
-  std::vector<int32_t> mark(states_.size(), -1);
-  int32_t stamp = 0;
-  auto closure = [&](std::vector<int32_t>& set) {
-    ++stamp;
+  // `set` becomes its closure, sorted.
+  void operator()(std::vector<int32_t>& set) {
+    ++stamp_;
     std::vector<int32_t> work = set;
     set.clear();
-    for (int32_t s : work) mark[size_t(s)] = stamp;
+    for (int32_t s : work) mark_[size_t(s)] = stamp_;
     while (!work.empty()) {
-      int32_t s = work.back();
+      const int32_t s = work.back();
       work.pop_back();
       set.push_back(s);
       for (int32_t t : states_[size_t(s)].epsilon) {
-        if (mark[size_t(t)] != stamp) mark[size_t(t)] = stamp, work.push_back(t);
+        if (mark_[size_t(t)] != stamp_) mark_[size_t(t)] = stamp_, work.push_back(t);
       }
     }
     std::sort(set.begin(), set.end());
-  };
+  }
 
+ private:
+  const States& states_;
+  std::vector<int32_t> mark_;
+  int32_t stamp_ = 0;
+};
+
+// Live states: accepting, or an edge to a live state (a call counts when its callee can match).
+std::vector<std::vector<uint8_t>> live_states(const Grammar& g) {
+  const size_t nc = size_t(g.num_classes);
+  std::vector<std::vector<uint8_t>> live(g.rules.size());
+  for (size_t r = 0; r < g.rules.size(); ++r) live[r].assign(size_t(g.rules[r].num_states), 0);
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < g.rules.size(); ++r) {
+      const Rule& rule = g.rules[r];
+      for (int32_t s = 0; s < rule.num_states; ++s) {
+        if (live[r][size_t(s)]) continue;
+        bool ok = rule.flags[size_t(s)] & Rule::kAccept;
+        for (size_t c = 0; !ok && c < nc; ++c) {
+          int32_t t = rule.next[size_t(s) * nc + c];
+          ok = t >= 0 && live[r][size_t(t)];
+        }
+        for (uint32_t i = rule.call_begin[size_t(s)]; !ok && i < rule.call_begin[size_t(s) + 1]; ++i) {
+          const CallEdge& e = rule.calls[i];
+          ok = live[size_t(e.rule)][0] && live[r][size_t(e.target)];
+        }
+        if (ok) live[r][size_t(s)] = 1, changed = true;
+      }
+    }
+  }
+  return live;
+}
+
+// Drops the edges and calls into states that cannot reach an accepting one, and sets the
+// kBytes / kCalls flags of what is left.
+void trim_dead_states(Grammar& g) {
+  const size_t nc = size_t(g.num_classes);
+  const std::vector<std::vector<uint8_t>> live = live_states(g);
+  LILY_CHECK(live[0][0], "grammar: the root rule matches no text");
+  for (size_t r = 0; r < g.rules.size(); ++r) {
+    Rule& rule = g.rules[r];
+    std::vector<CallEdge> kept;
+    std::vector<uint32_t> begin{0};
+    for (int32_t s = 0; s < rule.num_states; ++s) {
+      for (size_t c = 0; c < nc; ++c) {
+        int32_t& t = rule.next[size_t(s) * nc + c];
+        if (t >= 0 && !live[r][size_t(t)]) t = -1;
+        if (t >= 0) rule.flags[size_t(s)] |= Rule::kBytes;
+      }
+      for (uint32_t i = rule.call_begin[size_t(s)]; i < rule.call_begin[size_t(s) + 1]; ++i) {
+        const CallEdge& e = rule.calls[i];
+        if (live[size_t(e.rule)][0] && live[r][size_t(e.target)]) kept.push_back(e);
+      }
+      begin.push_back(uint32_t(kept.size()));
+      if (begin[size_t(s) + 1] > begin[size_t(s)]) rule.flags[size_t(s)] |= Rule::kCalls;
+    }
+    rule.calls = std::move(kept);
+    rule.call_begin = std::move(begin);
+  }
+}
+
+// Left recursion: which rules each rule can call before reading a byte (through callees that
+// can match the empty text); a cycle there would make the matcher's closure endless.
+void check_left_recursion(const Grammar& g) {
+  const size_t nr = g.rules.size();
+  std::vector<uint8_t> nullable(nr, 0);
+  auto empty_reach = [&](size_t r, std::vector<int32_t>* callees) {
+    const Rule& rule = g.rules[r];
+    std::vector<uint8_t> seen(size_t(rule.num_states), 0);
+    std::vector<int32_t> work{0};
+    seen[0] = 1;
+    bool accept = false;
+    while (!work.empty()) {
+      int32_t s = work.back();
+      work.pop_back();
+      if (rule.flags[size_t(s)] & Rule::kAccept) accept = true;
+      for (uint32_t i = rule.call_begin[size_t(s)]; i < rule.call_begin[size_t(s) + 1]; ++i) {
+        const CallEdge& e = rule.calls[i];
+        if (callees) callees->push_back(e.rule);
+        if (nullable[size_t(e.rule)] && !seen[size_t(e.target)]) seen[size_t(e.target)] = 1, work.push_back(e.target);
+      }
+    }
+    return accept;
+  };
+  for (bool changed = true; changed;) {
+    changed = false;
+    for (size_t r = 0; r < nr; ++r)
+      if (!nullable[r] && empty_reach(r, nullptr)) nullable[r] = 1, changed = true;
+  }
+  std::vector<std::vector<int32_t>> left(nr);
+  for (size_t r = 0; r < nr; ++r) empty_reach(r, &left[r]);
+  std::vector<uint8_t> color(nr, 0);  // 0 new, 1 on the path, 2 done
+  auto visit = [&](auto&& self, size_t r) -> void {
+    color[r] = 1;
+    for (int32_t q : left[r]) {
+      LILY_CHECK(color[size_t(q)] != 1, "grammar: rule '{}' can reach itself before any byte (left recursion)",
+                 g.rules[size_t(q)].name);
+      if (color[size_t(q)] == 0) self(self, size_t(q));
+    }
+    color[r] = 2;
+  };
+  for (size_t r = 0; r < nr; ++r)
+    if (color[r] == 0) visit(visit, r);
+}
+
+}  // namespace
+
+void GrammarBuilder::make_alphabet(Grammar& g) const {
+  std::vector<ByteSet> sets;
+  for (const State& s : states_)
+    for (const auto& [set, to] : s.bytes) sets.push_back(set);
+  std::sort(sets.begin(), sets.end(), [](const ByteSet& a, const ByteSet& b) { return a.bits < b.bits; });
+  sets.erase(std::unique(sets.begin(), sets.end(), [](const ByteSet& a, const ByteSet& b) { return a.bits == b.bits; }),
+             sets.end());
+  make_byte_classes(sets, g);
+}
+
+void GrammarBuilder::determinize(Grammar& g) const {
+  const size_t nc = size_t(g.num_classes);
+  std::vector<int> representative(nc);
+  for (int b = 255; b >= 0; --b) representative[g.byte_class[size_t(b)]] = b;
+  EpsilonClosure closure(states_);
+
+  // Only the rules the root reaches through calls: the others (a compiler's fragments made to
+  // check a schema and never used) become a state without edges.
   size_t total = 0;
   g.rules.resize(rules_.size());
-  for (size_t r = 0; r < rules_.size(); ++r) {
+  std::vector<uint8_t> reached(rules_.size(), 0);
+  std::vector<size_t> work{0};
+  reached[0] = 1;
+  for (size_t w = 0; w < work.size(); ++w) {
+    const size_t r = work[w];
     const RuleBody& body = rules_[r];
     LILY_CHECK(body.body.start >= 0, "grammar: rule '{}' has no body", body.name);
     Rule& rule = g.rules[r];
@@ -235,93 +360,26 @@ Grammar GrammarBuilder::build() const {
       rule.calls.insert(rule.calls.end(), c.begin(), c.end());
       rule.call_begin.push_back(uint32_t(rule.calls.size()));
     }
+    for (const CallEdge& e : rule.calls)
+      if (!reached[size_t(e.rule)]) reached[size_t(e.rule)] = 1, work.push_back(size_t(e.rule));
   }
-
-  // Live states: accepting, or an edge to a live state (a call counts when its callee can match).
-  std::vector<std::vector<uint8_t>> live(g.rules.size());
-  for (size_t r = 0; r < g.rules.size(); ++r) live[r].assign(size_t(g.rules[r].num_states), 0);
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < g.rules.size(); ++r) {
-      const Rule& rule = g.rules[r];
-      for (int32_t s = 0; s < rule.num_states; ++s) {
-        if (live[r][size_t(s)]) continue;
-        bool ok = rule.flags[size_t(s)] & Rule::kAccept;
-        for (size_t c = 0; !ok && c < nc; ++c) {
-          int32_t t = rule.next[size_t(s) * nc + c];
-          ok = t >= 0 && live[r][size_t(t)];
-        }
-        for (uint32_t i = rule.call_begin[size_t(s)]; !ok && i < rule.call_begin[size_t(s) + 1]; ++i) {
-          const CallEdge& e = rule.calls[i];
-          ok = live[size_t(e.rule)][0] && live[r][size_t(e.target)];
-        }
-        if (ok) live[r][size_t(s)] = 1, changed = true;
-      }
-    }
-  }
-  LILY_CHECK(live[0][0], "grammar: the root rule matches no text");
-  for (size_t r = 0; r < g.rules.size(); ++r) {
+  for (size_t r = 0; r < rules_.size(); ++r) {
+    if (reached[r]) continue;
     Rule& rule = g.rules[r];
-    std::vector<CallEdge> kept;
-    std::vector<uint32_t> begin{0};
-    for (int32_t s = 0; s < rule.num_states; ++s) {
-      for (size_t c = 0; c < nc; ++c) {
-        int32_t& t = rule.next[size_t(s) * nc + c];
-        if (t >= 0 && !live[r][size_t(t)]) t = -1;
-        if (t >= 0) rule.flags[size_t(s)] |= Rule::kBytes;
-      }
-      for (uint32_t i = rule.call_begin[size_t(s)]; i < rule.call_begin[size_t(s) + 1]; ++i) {
-        const CallEdge& e = rule.calls[i];
-        if (live[size_t(e.rule)][0] && live[r][size_t(e.target)]) kept.push_back(e);
-      }
-      begin.push_back(uint32_t(kept.size()));
-      if (begin[size_t(s) + 1] > begin[size_t(s)]) rule.flags[size_t(s)] |= Rule::kCalls;
-    }
-    rule.calls = std::move(kept);
-    rule.call_begin = std::move(begin);
+    rule.name = rules_[r].name;
+    rule.num_states = 1;
+    rule.next.assign(nc, -1);
+    rule.flags.assign(1, 0);
+    rule.call_begin.assign(2, 0);
   }
+}
 
-  // Left recursion: which rules each rule can call before reading a byte (through callees that
-  // can match the empty text); a cycle there would make the matcher's closure endless.
-  const size_t nr = g.rules.size();
-  std::vector<uint8_t> nullable(nr, 0);
-  auto empty_reach = [&](size_t r, std::vector<int32_t>* callees) {
-    const Rule& rule = g.rules[r];
-    std::vector<uint8_t> seen(size_t(rule.num_states), 0);
-    std::vector<int32_t> work{0};
-    seen[0] = 1;
-    bool accept = false;
-    while (!work.empty()) {
-      int32_t s = work.back();
-      work.pop_back();
-      if (rule.flags[size_t(s)] & Rule::kAccept) accept = true;
-      for (uint32_t i = rule.call_begin[size_t(s)]; i < rule.call_begin[size_t(s) + 1]; ++i) {
-        const CallEdge& e = rule.calls[i];
-        if (callees) callees->push_back(e.rule);
-        if (nullable[size_t(e.rule)] && !seen[size_t(e.target)]) seen[size_t(e.target)] = 1, work.push_back(e.target);
-      }
-    }
-    return accept;
-  };
-  for (bool changed = true; changed;) {
-    changed = false;
-    for (size_t r = 0; r < nr; ++r)
-      if (!nullable[r] && empty_reach(r, nullptr)) nullable[r] = 1, changed = true;
-  }
-  std::vector<std::vector<int32_t>> left(nr);
-  for (size_t r = 0; r < nr; ++r) empty_reach(r, &left[r]);
-  std::vector<uint8_t> color(nr, 0);  // 0 new, 1 on the path, 2 done
-  auto visit = [&](auto&& self, size_t r) -> void {
-    color[r] = 1;
-    for (int32_t q : left[r]) {
-      LILY_CHECK(color[size_t(q)] != 1, "grammar: rule '{}' can reach itself before any byte (left recursion)",
-                 g.rules[size_t(q)].name);
-      if (color[size_t(q)] == 0) self(self, size_t(q));
-    }
-    color[r] = 2;
-  };
-  for (size_t r = 0; r < nr; ++r)
-    if (color[r] == 0) visit(visit, r);
+Grammar GrammarBuilder::build() const {
+  Grammar g;
+  make_alphabet(g);
+  determinize(g);
+  trim_dead_states(g);
+  check_left_recursion(g);
   return g;
 }
 

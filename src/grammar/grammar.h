@@ -16,6 +16,8 @@
 
 #include <array>
 #include <cstdint>
+#include <functional>
+#include <map>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -77,6 +79,9 @@ class GrammarBuilder {
   // A new rule; its body is set with set_body once it is built (it may call itself meanwhile).
   int32_t add_rule(std::string name);
   void set_body(int32_t rule, Fragment body);
+  // The rule named `name`, its body made by make_body() on the first request (later requests,
+  // from any compiler on this builder, call the same rule): a piece used in many places, built once.
+  int32_t shared_rule(const std::string& name, const std::function<Fragment()>& make_body);
 
   int32_t new_state();
   // Edges between states (of the same rule's fragments).
@@ -97,7 +102,9 @@ class GrammarBuilder {
   // NFA states so far: callers bound how much they inline with it.
   size_t size() const { return states_.size(); }
 
-  // The grammar; throws lily::Error (see the header comment) naming the rule.
+  // The grammar; throws lily::Error (see the header comment) naming the rule. The passes, in
+  // order: the alphabet (byte classes), each rule's DFA (subset construction), the dead states
+  // trimmed, the left-recursion check.
   Grammar build() const;
 
  private:
@@ -110,8 +117,13 @@ class GrammarBuilder {
     std::string name;
     Fragment body;
   };
+  // Passes of build(): g's byte classes from every byte edge; g's rules as DFAs.
+  void make_alphabet(Grammar& g) const;
+  void determinize(Grammar& g) const;
+
   std::vector<State> states_;
   std::vector<RuleBody> rules_;
+  std::map<std::string, int32_t> shared_;  // shared_rule: name -> rule
 };
 
 }  // namespace lily::grammar

@@ -42,7 +42,7 @@ const json& resolve(const json& document, const json& schema, const std::string&
 class ToolCallCompiler {
  public:
   ToolCallCompiler(GrammarBuilder& b, const json& parameters, const GrammarOptions& options)
-      : b_(b), document_(parameters), json_(b, parameters, {options.max_whitespace, false}) {}
+      : b_(b), document_(parameters), json_(b, parameters, {options.max_indent, false}) {}
 
   // One parameter's VALUE as the parser reads it back (the header's rules).
   Fragment value(const json& raw_schema, const std::string& path) {
@@ -127,7 +127,7 @@ class ToolCallCompiler {
 
 Grammar json_schema_grammar(const json& schema, const GrammarOptions& options) {
   GrammarBuilder b;
-  JsonSchemaCompiler c(b, schema, {options.max_whitespace});
+  JsonSchemaCompiler c(b, schema, {options.max_indent});
   Fragment v = c.value(schema, "#");
   return finish(b, b.sequence({c.ws(), v, c.ws()}), options);
 }
@@ -135,7 +135,7 @@ Grammar json_schema_grammar(const json& schema, const GrammarOptions& options) {
 Grammar json_object_grammar(const GrammarOptions& options) {
   GrammarBuilder b;
   static const json kNone = json::object();
-  JsonSchemaCompiler c(b, kNone, {options.max_whitespace});
+  JsonSchemaCompiler c(b, kNone, {options.max_indent});
   Fragment v = c.any_object();
   return finish(b, b.sequence({c.ws(), v, c.ws()}), options);
 }
@@ -176,7 +176,7 @@ Fragment tool_calls(GrammarBuilder& b, const json& tools, const ToolChoice& choi
       calls.push_back(compilers[first + i]->call(selected[i].name, selected[i].path));
     return b.alternatives(calls);
   };
-  auto ws = [&]() { return json_whitespace(b, options.max_whitespace); };
+  auto ws = [&]() { return json_whitespace(b, options.max_indent); };
   std::vector<Fragment> parts{ws(), any_call()};
   if (choice.parallel) parts.push_back(b.star(b.sequence({ws(), any_call()})));
   parts.push_back(ws());
@@ -198,7 +198,7 @@ Grammar tool_calls_or_json_grammar(const json& tools, bool parallel, const json*
   std::vector<std::unique_ptr<ToolCallCompiler>> compilers;
   Fragment calls = tool_calls(b, tools, {std::nullopt, parallel}, options, compilers);
   static const json kNone = json::object();
-  JsonSchemaCompiler c(b, schema ? *schema : kNone, {options.max_whitespace});
+  JsonSchemaCompiler c(b, schema ? *schema : kNone, {options.max_indent});
   Fragment value = schema ? c.value(*schema, "#") : c.any_object();
   Fragment answer = b.sequence({c.ws(), value, c.ws()});
   return finish(b, b.alternatives({calls, answer}), options);

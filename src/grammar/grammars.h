@@ -10,8 +10,8 @@
 // GrammarOptions::thinking: the model's output starts inside Qwen's thinking block (the prompt
 // ends with "<think>\n"): any text is allowed up to and including the first "</think>", and the
 // grammar applies from there on. Without it the grammar applies from the first byte.
-// JSON answers may start and end with up to max_whitespace bytes of whitespace (the model writes
-// "\n\n" after </think>).
+// JSON answers may start and end with a gap of whitespace as between tokens (json_schema.h: the
+// model writes "\n\n" after </think>).
 //
 // The tool-call grammar writes the Qwen3 XML markup (spec tokenizer-chat-api.md §3.4) that
 // src/chat/tool_call_xml.h parses:
@@ -27,7 +27,8 @@
 //     with '<' in its strings only as \u003c (so no "</tool_call>" can end the block early).
 //   * An anyOf / oneOf / type list: any of its options' forms.
 // Calls may be followed by more calls (parallel, unless ToolChoice::parallel is false), each
-// after up to max_whitespace bytes of whitespace; the output ends after the last </tool_call>.
+// after a gap of whitespace; the output ends after the last </tool_call>. Raw string values
+// (no maxLength) are free text, unbounded, as the reasoning of the thinking option is.
 //
 // The no-tool-call grammar: any text in which "<tool_call>" never occurs.
 //
@@ -44,7 +45,7 @@ namespace lily::grammar {
 
 struct GrammarOptions {
   bool thinking = false;
-  int max_whitespace = 32;
+  int max_indent = 20;  // JSON whitespace: nothing, " ", or 1-2 newlines and this many spaces or tabs; -1: none
 };
 
 Grammar json_schema_grammar(const json& schema, const GrammarOptions& options = {});

@@ -79,7 +79,16 @@ SchemaError::SchemaError(std::string keyword, std::string path, const std::strin
 JsonSchemaCompiler::JsonSchemaCompiler(GrammarBuilder& builder, const json& document, JsonOptions options)
     : b_(builder), document_(document), options_(options) {}
 
-Fragment JsonSchemaCompiler::ws() { return json_whitespace(b_, options_.max_whitespace); }
+Fragment JsonSchemaCompiler::ws() { return json_whitespace(b_, options_.max_indent); }
+
+Fragment JsonSchemaCompiler::free_string(int min) {
+  const bool raw_lt = options_.raw_lt;
+  const int32_t rest = b_.shared_rule(raw_lt ? "string rest" : "string rest (no raw <)",
+                                      [&] { return json_string_rest(b_, kMaxFreeStringChars, raw_lt); });
+  Fragment f = b_.literal("\"");
+  for (int i = 0; i < min; ++i) f = b_.sequence({f, json_string_char(b_, raw_lt)});
+  return b_.sequence({f, b_.call_rule(rest)});
+}
 
 Fragment JsonSchemaCompiler::value(const json& schema, const std::string& path) {
   if (schema.is_boolean()) {
@@ -182,7 +191,7 @@ Fragment JsonSchemaCompiler::typed(const json& schema, const std::string& type, 
     const int min = count_keyword(schema, "minLength", path, 0);
     const int max = count_keyword(schema, "maxLength", path, -1);
     if (max >= 0 && min > max) throw SchemaError("minLength", path, "minLength above maxLength");
-    return json_string(b_, min, max, options_.raw_lt);
+    return max < 0 ? free_string(min) : json_string(b_, min, max, options_.raw_lt);
   }
   if (type == "integer" || type == "number") return json_number(b_, type == "integer");
   if (type == "boolean") return b_.alternatives({b_.literal("true"), b_.literal("false")});
@@ -345,9 +354,8 @@ Fragment JsonSchemaCompiler::reference(const json& schema, const std::string& pa
 Fragment JsonSchemaCompiler::any_value() {
   if (any_rule_ < 0) {
     any_rule_ = b_.add_rule("any JSON value");
-    b_.set_body(any_rule_,
-                b_.alternatives({json_string(b_, 0, -1, options_.raw_lt), json_number(b_, false), b_.literal("true"),
-                                 b_.literal("false"), b_.literal("null"), any_object(), any_array()}));
+    b_.set_body(any_rule_, b_.alternatives({free_string(0), json_number(b_, false), b_.literal("true"),
+                                            b_.literal("false"), b_.literal("null"), any_object(), any_array()}));
   }
   return b_.call_rule(any_rule_);
 }
@@ -356,9 +364,7 @@ Fragment JsonSchemaCompiler::any_object() {
   Fragment open = b_.sequence({b_.literal("{"), ws()});
   Fragment close = b_.literal("}");
   b_.epsilon(open.end, close.start);
-  auto member = [&]() {
-    return b_.sequence({json_string(b_, 0, -1, options_.raw_lt), ws(), b_.literal(":"), ws(), any_value()});
-  };
+  auto member = [&]() { return b_.sequence({free_string(0), ws(), b_.literal(":"), ws(), any_value()}); };
   Fragment first = member();
   b_.epsilon(open.end, first.start);
   Fragment more = b_.sequence({ws(), b_.literal(","), ws(), member()});

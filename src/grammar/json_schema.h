@@ -1,7 +1,12 @@
 // json_schema.h: JSON schemas compiled into grammar fragments.
 //
 // The language of a schema is the JSON texts valid under it, written in a canonical subset:
-//   * whitespace between tokens: [ \t\n\r]{0,max_whitespace} (default 32);
+//   * whitespace between tokens: nothing, one space, or one or two newlines then up to
+//     max_indent (default 20) spaces or tabs (fragments.h json_whitespace);
+//   * numbers of bounded length: up to 16 digits before the point, 16 after it, 3 in the
+//     exponent; a string without maxLength has at most minLength + 1024 characters (JSON objects'
+//     keys and strings too), an additional property's key at most 256: every text can end
+//     (fragments.h; only the counts of items and members are unbounded, and each can stop);
 //   * an object's declared properties in the order of `properties`; additional properties (when
 //     allowed) after them, with keys that are none of the declared names and have no escapes;
 //     `additionalProperties` absent means false (OpenAI's strict mode requires it false anyway);
@@ -46,8 +51,8 @@ class SchemaError : public Error {
 };
 
 struct JsonOptions {
-  int max_whitespace = 32;
-  bool raw_lt = true;  // false: '<' in strings only as \u003c (JSON inside tool-call markup)
+  int max_indent = 20;  // the whitespace of a gap: json_whitespace (fragments.h)
+  bool raw_lt = true;   // false: '<' in strings only as \u003c (JSON inside tool-call markup)
 };
 
 class JsonSchemaCompiler {
@@ -68,6 +73,9 @@ class JsonSchemaCompiler {
   Fragment array(const json& schema, const std::string& path);
   Fragment reference(const json& schema, const std::string& path);
   Fragment any_array();
+  // A string of min.. characters without a maxLength: the first min inline, then a call of the
+  // grammar's shared rule for the rest (up to kMaxFreeStringChars more and the closing quote).
+  Fragment free_string(int min);
 
   GrammarBuilder& b_;
   const json& document_;

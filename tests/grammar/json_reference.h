@@ -24,11 +24,17 @@ struct JValue {
   std::vector<std::pair<std::string, JValue>> members;  // raw key text (quotes included), value
 };
 
-// RFC 8259 JSON text (ws value ws), every whitespace run at most max_ws bytes, strings valid
-// UTF-8 with surrogate escapes only in pairs. nullopt: not such a text.
+// Bounds of grammar/json_schema.h's canonical form, restated here (not included from there).
+inline constexpr size_t kRefMaxIntegerDigits = 16, kRefMaxFractionDigits = 16, kRefMaxExponentDigits = 3;
+inline constexpr size_t kRefMaxFreeStringChars = 1024;
+
+// RFC 8259 JSON text (ws value ws), every whitespace run nothing, one space, or one or two
+// newlines then up to max_indent spaces or tabs (max_indent < 0: no whitespace); numbers with at
+// most 16 digits before the point, 16 after it and 3 in the exponent; strings valid UTF-8 with
+// surrogate escapes only in pairs. nullopt: not such a text.
 class RefParser {
  public:
-  RefParser(std::string_view text, int max_ws) : s_(text), max_ws_(max_ws) {}
+  explicit RefParser(std::string_view text, int max_indent = 20) : s_(text), max_indent_(max_indent) {}
   std::optional<JValue> document() {
     if (!ws()) return std::nullopt;
     auto v = value(0);
@@ -38,9 +44,17 @@ class RefParser {
 
  private:
   bool ws() {
-    size_t n = 0;
-    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_, ++n;
-    return int(n) <= max_ws_;
+    const size_t begin = i_;
+    while (i_ < s_.size() && (s_[i_] == ' ' || s_[i_] == '\t' || s_[i_] == '\n' || s_[i_] == '\r')) ++i_;
+    const std::string_view run = s_.substr(begin, i_ - begin);
+    if (run.empty()) return true;
+    if (max_indent_ < 0) return false;
+    if (run == " ") return true;
+    const size_t newlines = run.find_first_not_of('\n') == std::string_view::npos ? run.size()
+                                                                                  : run.find_first_not_of('\n');
+    const std::string_view indent = run.substr(newlines);
+    return newlines >= 1 && newlines <= 2 && int(indent.size()) <= max_indent_ &&
+           indent.find_first_not_of(" \t") == std::string_view::npos;
   }
   bool lit(std::string_view w) {
     if (s_.substr(i_, w.size()) != w) return false;
@@ -134,15 +148,19 @@ class RefParser {
     lit("-");
     if (lit("0")) {
     } else if (i_ < s_.size() && s_[i_] >= '1' && s_[i_] <= '9') {
-      digits();
+      if (digits() > kRefMaxIntegerDigits) return std::nullopt;
     } else {
       return std::nullopt;
     }
-    if (lit(".") && digits() == 0) return std::nullopt;
+    if (lit(".")) {
+      const size_t n = digits();
+      if (n == 0 || n > kRefMaxFractionDigits) return std::nullopt;
+    }
     if (i_ < s_.size() && (s_[i_] == 'e' || s_[i_] == 'E')) {
       ++i_;
       if (!lit("+")) lit("-");
-      if (digits() == 0) return std::nullopt;
+      const size_t n = digits();
+      if (n == 0 || n > kRefMaxExponentDigits) return std::nullopt;
     }
     JValue v;
     v.kind = JValue::kNumber;
@@ -192,7 +210,7 @@ class RefParser {
 
   std::string_view s_;
   size_t i_ = 0;
-  int max_ws_;
+  int max_indent_;
 };
 
 // Validity under the schema subset, in the canonical form of grammar/json_schema.h.
@@ -249,8 +267,10 @@ class RefValidator {
 
   bool valid_as(const json& schema, const std::string& t, const JValue& v) const {
     if (t == "string") {
-      return v.kind == JValue::kString && v.code_points >= schema.value("minLength", size_t(0)) &&
-             (!schema.contains("maxLength") || v.code_points <= schema["maxLength"].get<size_t>());
+      const size_t min = schema.value("minLength", size_t(0));
+      const size_t max = schema.contains("maxLength") ? schema["maxLength"].get<size_t>()
+                                                      : min + kRefMaxFreeStringChars;
+      return v.kind == JValue::kString && v.code_points >= min && v.code_points <= max;
     }
     if (t == "integer") return v.kind == JValue::kNumber && v.raw.find_first_of(".eE") == std::string::npos;
     if (t == "number") return v.kind == JValue::kNumber;
@@ -305,10 +325,12 @@ class RefGenerator {
   bool chance(double p) { return std::uniform_real_distribution<double>(0, 1)(rng_) < p; }
   std::mt19937_64& rng() { return rng_; }
 
-  std::string ws(int max) {
-    const int n = chance(0.6) ? 0 : uniform(0, chance(0.9) ? 2 : max);
-    std::string s;
-    for (int i = 0; i < n; ++i) s += " \n\t\r"[uniform(0, 3)];
+  // A gap of whitespace of the canonical form (max_indent as RefParser's).
+  std::string ws(int max_indent) {
+    if (max_indent < 0 || chance(0.6)) return "";
+    if (chance(0.5)) return " ";
+    std::string s(size_t(uniform(1, 2)), '\n');
+    for (int i = 0, n = uniform(0, chance(0.9) ? 4 : max_indent); i < n; ++i) s += " \t"[uniform(0, 1)];
     return s;
   }
 

@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "grammar/fragments.h"
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
 #include "json_reference.h"
@@ -38,7 +39,7 @@ std::shared_ptr<const CompiledGrammar> compile(const json& schema) {
 }
 
 bool reference(const json& schema, std::string_view text) {
-  auto v = RefParser(text, 32).document();
+  auto v = RefParser(text).document();
   return v && RefValidator(schema).valid(schema, *v);
 }
 
@@ -51,7 +52,7 @@ struct Case {
 TEST(JsonSchemaGrammar, EdgeCases) {
   const Case cases[] = {
       {R"({"type":"object"})", "{}", true},
-      {R"({"type":"object"})", " { \n } ", true},
+      {R"({"type":"object"})", " {\n } ", true},
       {R"({"type":"object"})", "{\"a\":1}", false},  // additionalProperties absent: none
       {R"({"type":"object","additionalProperties":true})", R"({"a":{"b":[1,{"c":null}]},"d":"x"})", true},
       {R"({"type":"object","properties":{"a":{"type":"integer"}},"required":["a"]})", R"({"a":-0})", true},
@@ -101,8 +102,13 @@ TEST(JsonSchemaGrammar, EdgeCases) {
 
 TEST(JsonSchemaGrammar, DeepNestingIsRecursionNotCopies) {
   // json_object: 300 levels of arrays inside an object; the grammar stays small.
+  // Besides the one rule of free strings' characters (a chain of kMaxFreeStringChars positions).
   auto g = std::make_shared<const CompiledGrammar>(json_object_grammar(), byte_vocabulary());
-  EXPECT_LT(g->grammar().total_states(), 2000u);
+  size_t states = 0, string_states = 0;
+  for (const Rule& r : g->grammar().rules) (r.name == "string rest" ? string_states : states) += size_t(r.num_states);
+  EXPECT_LT(states, 2000u);
+  EXPECT_GT(string_states, size_t(kMaxFreeStringChars));
+  EXPECT_LT(string_states, size_t(kMaxFreeStringChars) * 40);
   std::string deep = "{\"a\":" + std::string(300, '[') + std::string(300, ']') + "}";
   EXPECT_TRUE(accepts(g, deep));
   EXPECT_FALSE(accepts(g, "{\"a\":" + std::string(300, '[') + std::string(299, ']') + "}"));
@@ -173,7 +179,7 @@ TEST(JsonSchemaGrammar, RandomSchemasAgreeWithTheReference) {
       continue;
     }
     for (int d = 0; d < 24; ++d) {
-      auto text = gen.valid(schema, schema, 0, 32);
+      auto text = gen.valid(schema, schema, 0, 20);
       if (!text) continue;
       if (d % 3 != 0) text = gen.mutate(*text);
       if (d % 6 == 1) text = gen.mutate(*text);
@@ -194,7 +200,7 @@ TEST(JsonSchemaGrammar, RecursiveSchemasAgreeWithTheReference) {
   RefGenerator gen(7);
   int valid = 0;
   for (int d = 0; d < 400; ++d) {
-    auto text = gen.valid(schema, schema, 0, 32);
+    auto text = gen.valid(schema, schema, 0, 20);
     if (!text) continue;
     if (d % 2) text = gen.mutate(*text);
     const bool ref = reference(schema, *text);
@@ -204,10 +210,114 @@ TEST(JsonSchemaGrammar, RecursiveSchemasAgreeWithTheReference) {
   EXPECT_GT(valid, 150);
 }
 
-TEST(JsonSchemaGrammar, WhitespaceIsBounded) {
-  auto g = compile(json::parse(R"({"type":"array"})"));
-  EXPECT_TRUE(accepts(g, "[" + std::string(32, ' ') + "]"));
-  EXPECT_FALSE(accepts(g, "[" + std::string(33, ' ') + "]"));
+// Issue 40: up to 32 bytes of whitespace in every gap let a model write hundreds of bytes of it
+// before a value; a gap is now as compact as llama.cpp's schema grammars allow.
+TEST(JsonSchemaGrammar, WhitespaceIsCompact) {
+  auto g = compile(json::parse(R"({"type":"array","items":{"type":"integer"}})"));
+  const std::string indent(20, ' '), deeper(21, ' ');
+  const std::pair<std::string, bool> gaps[] = {
+      {"", true},          {" ", true},   {"\n", true},      {"\n\n", true},           {"\n" + indent, true},
+      {"\n\n\t \t", true}, {"  ", false}, {"\n\n\n", false}, {"\n" + deeper, false},   {" \n", false},
+      {"\r\n", false},     {"\t", false}, {"\n \n", false},  {"\n\n" + deeper, false},
+  };
+  for (const auto& [gap, valid] : gaps) {
+    for (const std::string& text : {"[" + gap + "1]", "[1" + gap + ",2]", gap + "[]" + gap}) {
+      EXPECT_EQ(accepts(g, text), valid) << json(text).dump();
+      EXPECT_EQ(reference(json::parse(R"({"type":"array"})"), text), valid) << "reference: " << json(text).dump();
+    }
+  }
+  GrammarOptions none;
+  none.max_indent = -1;
+  auto tight = std::make_shared<const CompiledGrammar>(json_schema_grammar(json::parse(R"({"type":"array"})"), none),
+                                                       byte_vocabulary());
+  EXPECT_TRUE(accepts(tight, "[1,[]]"));
+  EXPECT_FALSE(accepts(tight, "[1, []]"));
+  EXPECT_FALSE(accepts(tight, " []"));
+}
+
+std::string digits(size_t n) {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += char('1' + i % 9);
+  return s;
+}
+
+// Issue 40: an integer could have any number of digits (17171717... until max_tokens).
+TEST(JsonSchemaGrammar, NumbersAreBounded) {
+  const json integer = json::parse(R"({"type":"integer"})"), number = json::parse(R"({"type":"number"})");
+  auto gi = compile(integer), gn = compile(number);
+  const std::pair<std::string, bool> integers[] = {
+      {digits(16), true}, {digits(17), false}, {"-" + digits(16), true}, {"-" + digits(17), false}, {"0", true},
+  };
+  for (const auto& [text, valid] : integers) {
+    EXPECT_EQ(accepts(gi, text), valid) << text;
+    EXPECT_EQ(accepts(gn, text), valid) << text;
+    EXPECT_EQ(reference(integer, text), valid) << "reference: " << text;
+  }
+  const std::pair<std::string, bool> numbers[] = {
+      {"0." + digits(16), true},
+      {"0." + digits(17), false},
+      {digits(16) + "." + digits(16), true},
+      {"1e" + digits(3), true},
+      {"1e" + digits(4), false},
+      {"1.5E-007", true},
+      {"1.5E-0007", false},
+      {"-0.0e+0", true},
+      {digits(16) + "." + digits(16) + "e-999", true},
+      {digits(17) + ".0", false},
+      {"1." + digits(16) + "0", false},
+  };
+  for (const auto& [text, valid] : numbers) {
+    EXPECT_EQ(accepts(gn, text), valid) << text;
+    EXPECT_EQ(reference(number, text), valid) << "reference: " << text;
+    EXPECT_FALSE(accepts(gi, text)) << text;
+  }
+}
+
+std::string chars(size_t n, const std::string& c = "x") {
+  std::string s;
+  for (size_t i = 0; i < n; ++i) s += c;
+  return s;
+}
+
+// Issue 40: nothing forced a string without maxLength to end (json_object replies wandered in
+// one until max_tokens). Now kMaxFreeStringChars past minLength; maxLength as given.
+TEST(JsonSchemaGrammar, StringsAreBounded) {
+  const size_t n = size_t(kMaxFreeStringChars);
+  const json free = json::parse(R"({"type":"string"})"), min3 = json::parse(R"({"type":"string","minLength":3})"),
+             max5000 = json::parse(R"({"type":"string","maxLength":5000})");
+  const struct {
+    const json& schema;
+    std::string text;
+    bool valid;
+  } cases[] = {
+      {free, "\"" + chars(n) + "\"", true},
+      {free, "\"" + chars(n + 1) + "\"", false},
+      {free, "\"" + chars(n, "\\uD83D\\uDE00") + "\"", true},  // a pair is one character
+      {free, "\"" + chars(n - 1) + "é\"", true},
+      {free, "\"" + chars(n) + "é\"", false},
+      {min3, "\"" + chars(n + 3) + "\"", true},
+      {min3, "\"" + chars(n + 4) + "\"", false},
+      {min3, "\"xx\"", false},
+      {max5000, "\"" + chars(5000) + "\"", true},
+      {max5000, "\"" + chars(5001) + "\"", false},
+  };
+  for (const auto& c : cases) {
+    EXPECT_EQ(accepts(compile(c.schema), c.text), c.valid) << c.schema.dump() << " on " << c.text.size() << " bytes";
+    EXPECT_EQ(reference(c.schema, c.text), c.valid) << "reference: " << c.schema.dump() << " on " << c.text.size();
+  }
+  // json_object: keys and string values as free strings, so a wandering key ends too.
+  auto object = std::make_shared<const CompiledGrammar>(json_object_grammar(), byte_vocabulary());
+  EXPECT_TRUE(accepts(object, "{\"" + chars(n) + "\":\"" + chars(n) + "\"}"));
+  EXPECT_FALSE(accepts(object, "{\"" + chars(n + 1) + "\":1}"));
+  EXPECT_FALSE(accepts(object, "{\"a\":[\"" + chars(n + 1) + "\"]}"));
+  // Additional properties' keys: kMaxFreeKeyChars.
+  auto extra = compile(json::parse(R"({"type":"object","properties":{"a":{}},"additionalProperties":true})"));
+  const size_t k = size_t(kMaxFreeKeyChars);
+  EXPECT_TRUE(accepts(extra, "{\"" + chars(k) + "\":1}"));
+  EXPECT_TRUE(accepts(extra, "{\"" + chars(k - 1) + "é\":1}"));
+  EXPECT_FALSE(accepts(extra, "{\"" + chars(k + 1) + "\":1}"));
+  EXPECT_FALSE(accepts(extra, "{\"" + chars(k) + "é\":1}"));
+  EXPECT_FALSE(accepts(extra, "{\"a\":1,\"a\":2}"));
 }
 
 }  // namespace

@@ -105,7 +105,7 @@ void check_json_walks(const std::shared_ptr<const Vocabulary>& vocab, uint64_t s
       if (::testing::Test::HasFailure()) return;
       if (!done) continue;
       ++finished;
-      auto v = RefParser(text, 32).document();
+      auto v = RefParser(text).document();
       ASSERT_TRUE(v && RefValidator(schema).valid(schema, *v)) << schema.dump() << "\n" << text;
     }
   }
@@ -132,7 +132,7 @@ TEST(GrammarMatcher, RecursiveGrammarsUseTheCallersState) {
       if (HasFailure()) return;
       if (!done) continue;
       ++finished;
-      auto v = RefParser(text, 32).document();
+      auto v = RefParser(text).document();
       ASSERT_TRUE(v) << text;
       if (schema) {
         EXPECT_TRUE(RefValidator(*schema).valid(*schema, *v)) << text;
@@ -170,7 +170,7 @@ TEST(GrammarMatcher, ThinkingIsFreeUntilItsEnd) {
     ++finished;
     const size_t end = text.find("</think>");
     ASSERT_NE(end, std::string::npos) << text;
-    auto v = RefParser(text.substr(end + 8), 32).document();
+    auto v = RefParser(text.substr(end + 8)).document();
     ASSERT_TRUE(v && RefValidator(schema).valid(schema, *v)) << text;
   }
   EXPECT_GT(finished, 0);
@@ -283,7 +283,7 @@ TEST(GrammarMatcher, ToolCallsOrTheJsonAnswer) {
         continue;
       }
       ++answers;
-      auto v = RefParser(text, 32).document();
+      auto v = RefParser(text).document();
       ASSERT_TRUE(v) << text;
       if (s) {
         EXPECT_TRUE(RefValidator(*s).valid(*s, *v)) << text;

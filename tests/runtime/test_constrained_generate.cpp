@@ -183,7 +183,7 @@ TEST(ConstrainedGenerate, PoisonedTokensAreNeverProducedAndTheReplyValidates) {
 TEST(ConstrainedGenerate, MaskedCandidatesGiveTheWholeRowTokens) {
   Model& m = model();
   grammar::GrammarOptions no_ws;
-  no_ws.max_whitespace = 0;
+  no_ws.max_indent = -1;
   const std::shared_ptr<const grammar::CompiledGrammar> grammars[] = {
       std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab),
       std::make_shared<const grammar::CompiledGrammar>(
@@ -297,7 +297,7 @@ TEST(ConstrainedGenerate, NoUsableAllowedLogitIsAnError) {
 TEST(ConstrainedGenerate, TheGrammarsEndEndsTheGenerationAsAStop) {
   Model& m = model();
   grammar::GrammarOptions no_ws;
-  no_ws.max_whitespace = 0;
+  no_ws.max_indent = -1;
   auto compiled = std::make_shared<const grammar::CompiledGrammar>(
       grammar::json_schema_grammar(json::parse(R"({"enum": ["yes", "no"]})"), no_ws), m.vocab);
   for (Mode mode : kEveryPath) {
@@ -385,7 +385,7 @@ TEST(ConstrainedGenerate, BackendMaskedCandidatesMatchTheWholeRow) {
   auto engine = Engine::load(EngineOptions{kModelDir, backend_name ? backend_name : "cpu", 0});
   Model& m = model();
   grammar::GrammarOptions no_ws;
-  no_ws.max_whitespace = 0;
+  no_ws.max_indent = -1;
   const std::shared_ptr<const grammar::CompiledGrammar> grammars[] = {
       std::make_shared<const grammar::CompiledGrammar>(grammar::json_schema_grammar(kSchema), m.vocab),
       std::make_shared<const grammar::CompiledGrammar>(
