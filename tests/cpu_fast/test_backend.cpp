@@ -269,6 +269,12 @@ TEST(FastOnLilyTiny, SnapshotRestoreAndCloneDecodeAlike) {
   auto reference = make_cpu_backend(weights);
   auto foreign = reference->new_sequence(8);
   EXPECT_THROW(fast->forward(*foreign, std::span<const int32_t>(&a, 1), LogitsWanted::last, logits), std::exception);
+  // The two CPU backends share one state class (backend/cpu/sequence_state.h) and still refuse
+  // each other's states and snapshots, the refused restore changing nothing.
+  EXPECT_THROW(reference->forward(*seq, std::span<const int32_t>(&a, 1), LogitsWanted::last, logits), std::exception);
+  EXPECT_THROW(seq->restore(*foreign->snapshot()), std::exception);
+  EXPECT_THROW(foreign->restore(*seq->snapshot()), std::exception);
+  EXPECT_EQ(seq->length(), int64_t(prompt.size()) + 2);
 }
 
 // A step of several sequences (Backend::forward_batch, the default: one after another): row i is
