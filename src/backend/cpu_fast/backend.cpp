@@ -4,7 +4,10 @@
 // sequence state (cpu::CpuSequenceState, backend/cpu/sequence_state.h): a decode step (one
 // token) runs the layers of layers.h and the lm_head on the GEMV kernels; a longer block runs
 // the layers of prefill.h (the prefill product of gemm.h, experts grouped by the tokens routed
-// to them) in chunks of kChunkTokens, so prefill and decode can alternate on one sequence.
+// to them) in chunks of kChunkTokens, so prefill and decode can alternate on one sequence. A
+// batch step (forward_batch: a token of each of several sequences) is one block of those layers
+// too, each sequence a run of one row: every weight read once for all the rows, each row's
+// attention and delta rule on its own sequence's caches.
 #include <algorithm>
 #include <mutex>
 
@@ -61,8 +64,25 @@ class FastCpuBackend final : public Backend {
       int64_t first_row = 0;
       if (wanted == LogitsWanted::all) out = logits.data() + t0 * V;
       else if (wanted == LogitsWanted::last && is_last_chunk) out = logits.data(), first_row = n - 1;
-      prefill_chunk(*s, tokens.subspan(size_t(t0), size_t(n)), out, first_row);
+      const SequenceRows chunk{s, 0, n};
+      forward_block(std::span(&chunk, 1), tokens.subspan(size_t(t0), size_t(n)), out, first_row);
     }
+  }
+
+  // A token of each sequence as one block of the prefill layers (forward_block): every weight
+  // read once for all the rows, each row's attention and DeltaNet on its own sequence's caches.
+  // A batch of one is forward()'s decode step.
+  void forward_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
+                     std::vector<float>& logits) override {
+    check_batch(states, tokens);
+    std::lock_guard lock(mu_);
+    std::vector<SequenceRows>& rows = scratch_.rows;
+    rows.clear();
+    for (size_t i = 0; i < states.size(); ++i)
+      rows.push_back({&cpu::cpu_sequence(*states[i], kBackend, "forward_batch"), int64_t(i), 1});
+    logits.resize(states.size() * size_t(w_->config.vocab_size));
+    if (rows.size() == 1) return decode_step(*rows[0].state, tokens[0], logits.data());
+    if (!rows.empty()) forward_block(rows, tokens, logits.data(), 0);
   }
 
  private:
@@ -94,9 +114,17 @@ class FastCpuBackend final : public Backend {
     cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
   }
 
-  // A block of tokens through the prefill layers (prefill.h); logits of rows [first_row, n)
-  // into `logits`.
-  void prefill_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
+  // Rows [row, row + rows) of a block: tokens of one sequence, appended at its length.
+  struct SequenceRows {
+    CpuSequenceState* state;
+    int64_t row, rows;
+  };
+
+  // A block of tokens through the prefill layers (prefill.h): one sequence's (a prompt's chunk)
+  // or several sequences' (a batch step), each its run of rows; logits of rows [first_row, T)
+  // into `logits` (or none).
+  void forward_block(std::span<const SequenceRows> sequences, std::span<const int32_t> tokens, float* logits,
+                     int64_t first_row) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
     std::vector<float>&h = scratch_.h, &normed = scratch_.normed, &mixed = scratch_.mixed;  // [T, H] each
@@ -104,20 +132,28 @@ class FastCpuBackend final : public Backend {
     normed.resize(size_t(T * H));
     mixed.resize(size_t(T * H));
     cpu_fast::PrefillScratch& p = scratch_.prefill;
+    std::vector<cpu_fast::AttentionRun>& attention = scratch_.attention_runs;
+    std::vector<cpu_fast::DeltaNetRun>& deltanet = scratch_.deltanet_runs;
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
     for (int i = 0; i < c.num_layers; ++i) {
       const LayerWeights& layer = w_->layers[size_t(i)];
       cpu::rms_norm(h.data(), layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
+      attention.clear();
+      deltanet.clear();
+      for (const SequenceRows& q : sequences) {
+        if (layer.kind == LayerKind::full_attention)
+          attention.push_back({&q.state->attention_cache(i), q.state->length(), q.row, q.rows});
+        else deltanet.push_back({&q.state->deltanet_cache(i), q.row, q.rows});
+      }
       if (layer.kind == LayerKind::full_attention)
-        cpu_fast::attention_prefill(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T,
-                                    mixed.data(), p);
-      else cpu_fast::deltanet_prefill(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data(), p);
+        cpu_fast::attention_runs(layer.attention, c, attention, normed.data(), T, mixed.data(), p);
+      else cpu_fast::deltanet_runs(layer.deltanet, c, deltanet, normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
       cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
       cpu_fast::moe_prefill(layer.moe, c, normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
     }
-    s.advance(T);
+    for (const SequenceRows& q : sequences) q.state->advance(q.rows);
     if (!logits) return;
     const int64_t rows = T - first_row;
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
@@ -134,6 +170,9 @@ class FastCpuBackend final : public Backend {
     cpu_fast::MoeScratch moe;
     cpu_fast::GemvScratch gemv;
     cpu_fast::PrefillScratch prefill;
+    std::vector<SequenceRows> rows;  // a batch step's sequences
+    std::vector<cpu_fast::AttentionRun> attention_runs;
+    std::vector<cpu_fast::DeltaNetRun> deltanet_runs;
   };
 
   std::shared_ptr<const ModelWeights> w_;
