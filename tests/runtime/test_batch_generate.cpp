@@ -1,10 +1,10 @@
 // BatchGenerator (runtime/batch_generate.h): requests decoding in the same steps give exactly the
-// tokens (and logprobs, and finish reasons) of the same requests run one at a time by generate(),
-// whatever the batch size, the line behind the slots, the prompts' lengths (chunked prefill,
-// prompts partly cached) and the rounds they arrive in; the steps really are batches; a long
-// prompt holds the running streams for one chunk a round at most; a cancelled request frees its
-// slot at once; an exception ends its own request alone. Random-weight test model
-// (tests/server/fixtures/tiny-chat), CPU.
+// tokens (the logprobs within rounding, and the finish reasons) of the same requests run one at
+// a time by generate(), whatever the batch size, the line behind the slots, the prompts' lengths
+// (chunked prefill, prompts partly cached) and the rounds they arrive in; the steps really are
+// batches; a long prompt holds the running streams for one chunk a round at most; a cancelled
+// request frees its slot at once; an exception ends its own request alone. Random-weight test
+// model (tests/server/fixtures/tiny-chat), CPU.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -96,8 +96,11 @@ void expect_same(const GenerateResult& got, const std::vector<GeneratedToken>& g
   for (size_t i = 0; i < got_tokens.size(); ++i) {
     EXPECT_EQ(got_tokens[i].id, want_tokens[i].id);
     ASSERT_EQ(got_tokens[i].logprob.has_value(), want_tokens[i].logprob.has_value());
+    // Within rounding: the CPU backend's batch step reads each weight once for all its rows (the
+    // prefill product) where a lone step runs the GEMV kernels, the same sums in another order
+    // (~1e-4 on a logprob).
     if (got_tokens[i].logprob) {
-      EXPECT_FLOAT_EQ(got_tokens[i].logprob->logprob, want_tokens[i].logprob->logprob);
+      EXPECT_NEAR(got_tokens[i].logprob->logprob, want_tokens[i].logprob->logprob, 2e-3);
     }
     ASSERT_EQ(got_tokens[i].top.size(), want_tokens[i].top.size());
     for (size_t j = 0; j < got_tokens[i].top.size(); ++j)

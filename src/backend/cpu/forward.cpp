@@ -1,4 +1,4 @@
-// forward.cpp: the CPU backend: whole-model forward and the sequence state (spec §2.3, §4).
+// forward.cpp: the CPU backend: whole-model forward (spec §2.3; its sequence state: sequence_state.h).
 //
 //   h = embed[token]
 //   for each layer:  h += mixer(RMSNorm_zc(h))        mixer = Gated DeltaNet | gated attention
@@ -10,8 +10,8 @@
 #include <algorithm>
 
 #include "backend/backend.h"
-#include "backend/cpu/mtp_cache.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/sequence_state.h"
 #include "base/error.h"
 #include "model/weights.h"
 
@@ -19,102 +19,11 @@ namespace lily {
 
 namespace {
 
-using cpu::AttentionCache;
-using cpu::DeltaNetCache;
+using cpu::CpuSequenceState;
 
+// The reference backend's name in its states' errors.
+constexpr const char* kBackend = "CPU";
 constexpr int64_t kChunkTokens = 256;
-
-struct CpuRecurrentSnapshot final : RecurrentSnapshot {
-  int64_t length_ = 0;
-  int64_t mtp_length = 0;  // the MTP cache's length then
-  std::vector<DeltaNetCache> deltanet;
-  int64_t length() const override { return length_; }
-  uint64_t memory_bytes() const override {
-    uint64_t n = 0;
-    for (auto& d : deltanet) n += (d.conv.size() + d.ssm.size()) * 4;
-    return n;
-  }
-};
-
-class CpuSequenceState final : public SequenceState {
- public:
-  CpuSequenceState(const ModelConfig& c, int64_t capacity) : config_(&c), capacity_(capacity), mtp_(c) {
-    layer_slot_.resize(size_t(c.num_layers));
-    for (int i = 0; i < c.num_layers; ++i) {
-      if (c.layer_types[size_t(i)] == LayerKind::full_attention) {
-        layer_slot_[size_t(i)] = int(attention.size());
-        attention.emplace_back();
-      } else {
-        layer_slot_[size_t(i)] = int(deltanet.size());
-        deltanet.emplace_back();
-      }
-    }
-    reset();
-  }
-
-  int64_t length() const override { return length_; }
-  int64_t capacity() const override { return capacity_; }
-  uint64_t memory_bytes() const override {
-    uint64_t n = 0;
-    for (auto& a : attention) n += (a.k.size() + a.v.size()) * 4;
-    for (auto& d : deltanet) n += (d.conv.size() + d.ssm.size()) * 4;
-    return n + mtp_.memory_bytes();
-  }
-  std::unique_ptr<SequenceState> clone() const override { return std::make_unique<CpuSequenceState>(*this); }
-  std::unique_ptr<RecurrentSnapshot> snapshot() const override {
-    auto s = std::make_unique<CpuRecurrentSnapshot>();
-    s->length_ = length_;
-    s->mtp_length = mtp_.length();
-    s->deltanet = deltanet;
-    return s;
-  }
-  void restore(const RecurrentSnapshot& snapshot) override {
-    auto* s = dynamic_cast<const CpuRecurrentSnapshot*>(&snapshot);
-    LILY_CHECK(s, "restore: snapshot is not from the CPU backend");
-    LILY_CHECK(s->length_ <= length_, "restore: snapshot at {} tokens is past this sequence's {} tokens", s->length_,
-               length_);
-    mtp_.cut(s->mtp_length);  // checks that it is not past this sequence's: before anything changes
-    const int64_t row = int64_t(config_->num_key_value_heads) * config_->head_dim;
-    for (auto& a : attention) {
-      a.k.resize(size_t(s->length_ * row));
-      a.v.resize(size_t(s->length_ * row));
-    }
-    deltanet = s->deltanet;
-    length_ = s->length_;
-  }
-  void reset() override {
-    const ModelConfig& c = *config_;
-    for (auto& a : attention) {
-      a.k.clear();
-      a.v.clear();
-    }
-    for (auto& d : deltanet) {
-      d.conv.assign(size_t((c.linear_conv_kernel_dim - 1) * c.linear_conv_dim()), 0.f);
-      d.ssm.assign(size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.f);
-    }
-    mtp_.clear();
-    length_ = 0;
-  }
-  int64_t mtp_length() const override { return mtp_.length(); }
-
-  AttentionCache& attention_cache(int layer) { return attention[size_t(layer_slot_[size_t(layer)])]; }
-  DeltaNetCache& deltanet_cache(int layer) { return deltanet[size_t(layer_slot_[size_t(layer)])]; }
-  cpu::LayerCache layer_cache(int layer) {
-    if (config_->layer_types[size_t(layer)] == LayerKind::full_attention) return {.attention = &attention_cache(layer)};
-    return {.deltanet = &deltanet_cache(layer)};
-  }
-  cpu::MtpCache& mtp() { return mtp_; }
-  void advance(int64_t n) { length_ += n; }
-
- private:
-  const ModelConfig* config_;
-  int64_t capacity_;
-  int64_t length_ = 0;
-  std::vector<int> layer_slot_;  // layer -> index into attention or deltanet
-  std::vector<AttentionCache> attention;
-  std::vector<DeltaNetCache> deltanet;
-  cpu::MtpCache mtp_;
-};
 
 // Where a chunk's rows of a per-token output go: rows [first_row, n) of the chunk into `out`
 // (null: none of them).
@@ -138,12 +47,6 @@ void check_tokens(std::span<const int32_t> tokens, int64_t V) {
   for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
 }
 
-CpuSequenceState& cpu_sequence(SequenceState& state, const char* what) {
-  auto* s = dynamic_cast<CpuSequenceState*>(&state);
-  LILY_CHECK(s, "{}: sequence state is not from the CPU backend", what);
-  return *s;
-}
-
 class CpuBackend final : public Backend {
  public:
   explicit CpuBackend(std::shared_ptr<const ModelWeights> weights) : w_(std::move(weights)) {}
@@ -152,8 +55,7 @@ class CpuBackend final : public Backend {
   const ModelConfig& config() const override { return w_->config; }
 
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
-    LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
-    return std::make_unique<CpuSequenceState>(w_->config, capacity);
+    return cpu::new_cpu_sequence(w_->config, capacity, kBackend);
   }
 
   std::string mtp_unavailable() const override {
@@ -172,7 +74,7 @@ class CpuBackend final : public Backend {
 
   void forward_hidden(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                       std::vector<float>& logits, LogitsWanted hidden_rows, std::vector<float>& hidden) override {
-    CpuSequenceState& s = cpu_sequence(state, "forward");
+    CpuSequenceState& s = cpu::cpu_sequence(state, kBackend, "forward");
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
     LILY_CHECK(s.length() + T <= s.capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
@@ -190,7 +92,7 @@ class CpuBackend final : public Backend {
   void forward_mtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> tokens,
                    LogitsWanted wanted, std::vector<float>& logits, std::vector<float>& mtp_hidden) override {
     LILY_CHECK(w_->mtp, "{}", mtp_unavailable());
-    CpuSequenceState& s = cpu_sequence(state, "forward_mtp");
+    CpuSequenceState& s = cpu::cpu_sequence(state, kBackend, "forward_mtp");
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
     LILY_CHECK(int64_t(hidden.size()) == T * H,

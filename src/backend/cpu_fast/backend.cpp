@@ -1,14 +1,18 @@
-// backend.cpp: the fast CPU backend (cpu_fast.h): whole-model forward and its sequence state.
+// backend.cpp: the fast CPU backend (cpu_fast.h): whole-model forward.
 //
 // The same structure as the reference (backend/cpu/forward.cpp, spec §2.3, §4) with the same
-// caches (cpu::AttentionCache, cpu::DeltaNetCache): a decode step (one token) runs the layers
-// of layers.h and the lm_head on the GEMV kernels; a longer block runs the layers of prefill.h
-// (the prefill product of gemm.h, experts grouped by the tokens routed to them) in chunks of
-// kChunkTokens, so prefill and decode can alternate on one sequence.
+// sequence state (cpu::CpuSequenceState, backend/cpu/sequence_state.h): a decode step (one
+// token) runs the layers of layers.h and the lm_head on the GEMV kernels; a longer block runs
+// the layers of prefill.h (the prefill product of gemm.h, experts grouped by the tokens routed
+// to them) in chunks of kChunkTokens, so prefill and decode can alternate on one sequence. A
+// batch step (forward_batch: a token of each of several sequences) is one block of those layers
+// too, each sequence a run of one row: every weight read once for all the rows, each row's
+// attention and delta rule on its own sequence's caches.
 #include <algorithm>
 #include <mutex>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/sequence_state.h"
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/layers.h"
@@ -20,91 +24,11 @@ namespace lily {
 
 namespace {
 
-using cpu::AttentionCache;
-using cpu::DeltaNetCache;
+using cpu::CpuSequenceState;
 
+// The fast backend's name in its states' errors.
+constexpr const char* kBackend = "fast CPU";
 constexpr int64_t kChunkTokens = 256;
-
-struct FastRecurrentSnapshot final : RecurrentSnapshot {
-  int64_t length_ = 0;
-  std::vector<DeltaNetCache> deltanet;
-  int64_t length() const override { return length_; }
-  uint64_t memory_bytes() const override {
-    uint64_t n = 0;
-    for (auto& d : deltanet) n += (d.conv.size() + d.ssm.size()) * 4;
-    return n;
-  }
-};
-
-class FastSequenceState final : public SequenceState {
- public:
-  FastSequenceState(const ModelConfig& c, int64_t capacity) : config_(&c), capacity_(capacity) {
-    layer_slot_.resize(size_t(c.num_layers));
-    for (int i = 0; i < c.num_layers; ++i) {
-      if (c.layer_types[size_t(i)] == LayerKind::full_attention) {
-        layer_slot_[size_t(i)] = int(attention_.size());
-        attention_.emplace_back();
-      } else {
-        layer_slot_[size_t(i)] = int(deltanet_.size());
-        deltanet_.emplace_back();
-      }
-    }
-    reset();
-  }
-
-  int64_t length() const override { return length_; }
-  int64_t capacity() const override { return capacity_; }
-  uint64_t memory_bytes() const override {
-    uint64_t n = 0;
-    for (auto& a : attention_) n += (a.k.size() + a.v.size()) * 4;
-    for (auto& d : deltanet_) n += (d.conv.size() + d.ssm.size()) * 4;
-    return n;
-  }
-  std::unique_ptr<SequenceState> clone() const override { return std::make_unique<FastSequenceState>(*this); }
-  std::unique_ptr<RecurrentSnapshot> snapshot() const override {
-    auto s = std::make_unique<FastRecurrentSnapshot>();
-    s->length_ = length_;
-    s->deltanet = deltanet_;
-    return s;
-  }
-  void restore(const RecurrentSnapshot& snapshot) override {
-    auto* s = dynamic_cast<const FastRecurrentSnapshot*>(&snapshot);
-    LILY_CHECK(s, "restore: snapshot is not from the fast CPU backend");
-    LILY_CHECK(s->length_ <= length_, "restore: snapshot at {} tokens is past this sequence's {} tokens", s->length_,
-               length_);
-    const int64_t row = int64_t(config_->num_key_value_heads) * config_->head_dim;
-    for (auto& a : attention_) {
-      a.k.resize(size_t(s->length_ * row));
-      a.v.resize(size_t(s->length_ * row));
-    }
-    deltanet_ = s->deltanet;
-    length_ = s->length_;
-  }
-  void reset() override {
-    const ModelConfig& c = *config_;
-    for (auto& a : attention_) {
-      a.k.clear();
-      a.v.clear();
-    }
-    for (auto& d : deltanet_) {
-      d.conv.assign(size_t((c.linear_conv_kernel_dim - 1) * c.linear_conv_dim()), 0.f);
-      d.ssm.assign(size_t(c.linear_num_value_heads) * c.linear_key_head_dim * c.linear_value_head_dim, 0.f);
-    }
-    length_ = 0;
-  }
-
-  AttentionCache& attention_cache(int layer) { return attention_[size_t(layer_slot_[size_t(layer)])]; }
-  DeltaNetCache& deltanet_cache(int layer) { return deltanet_[size_t(layer_slot_[size_t(layer)])]; }
-  void advance(int64_t n) { length_ += n; }
-
- private:
-  const ModelConfig* config_;
-  int64_t capacity_;
-  int64_t length_ = 0;
-  std::vector<int> layer_slot_;  // layer -> index into attention_ or deltanet_
-  std::vector<AttentionCache> attention_;
-  std::vector<DeltaNetCache> deltanet_;
-};
 
 class FastCpuBackend final : public Backend {
  public:
@@ -114,20 +38,18 @@ class FastCpuBackend final : public Backend {
   std::string name() const override { return "cpu"; }
   const ModelConfig& config() const override { return w_->config; }
 
-  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
-    LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
-    return std::make_unique<FastSequenceState>(w_->config, capacity);
-  }
-
   std::string mtp_unavailable() const override {
     return "the fast CPU backend (--backend cpu) does not run the MTP head yet; --backend reference does";
+  }
+
+  std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
+    return cpu::new_cpu_sequence(w_->config, capacity, kBackend);
   }
 
   void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
                std::vector<float>& logits) override {
     std::lock_guard lock(mu_);  // the buffers below are the backend's, one set
-    auto* s = dynamic_cast<FastSequenceState*>(&state);
-    LILY_CHECK(s, "forward: sequence state is not from the fast CPU backend");
+    CpuSequenceState* s = &cpu::cpu_sequence(state, kBackend, "forward");
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), V = c.vocab_size;
     LILY_CHECK(s->length() + T <= s->capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
@@ -142,13 +64,30 @@ class FastCpuBackend final : public Backend {
       int64_t first_row = 0;
       if (wanted == LogitsWanted::all) out = logits.data() + t0 * V;
       else if (wanted == LogitsWanted::last && is_last_chunk) out = logits.data(), first_row = n - 1;
-      prefill_chunk(*s, tokens.subspan(size_t(t0), size_t(n)), out, first_row);
+      const SequenceRows chunk{s, 0, n};
+      forward_block(std::span(&chunk, 1), tokens.subspan(size_t(t0), size_t(n)), out, first_row);
     }
+  }
+
+  // A token of each sequence as one block of the prefill layers (forward_block): every weight
+  // read once for all the rows, each row's attention and DeltaNet on its own sequence's caches.
+  // A batch of one is forward()'s decode step.
+  void forward_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens,
+                     std::vector<float>& logits) override {
+    check_batch(states, tokens);
+    std::lock_guard lock(mu_);
+    std::vector<SequenceRows>& rows = scratch_.rows;
+    rows.clear();
+    for (size_t i = 0; i < states.size(); ++i)
+      rows.push_back({&cpu::cpu_sequence(*states[i], kBackend, "forward_batch"), int64_t(i), 1});
+    logits.resize(states.size() * size_t(w_->config.vocab_size));
+    if (rows.size() == 1) return decode_step(*rows[0].state, tokens[0], logits.data());
+    if (!rows.empty()) forward_block(rows, tokens, logits.data(), 0);
   }
 
  private:
   // One token through every layer on the GEMV kernels; its logits into `logits` (or none).
-  void decode_step(FastSequenceState& s, int32_t token, float* logits) {
+  void decode_step(CpuSequenceState& s, int32_t token, float* logits) {
     const ModelConfig& c = w_->config;
     const int64_t H = c.hidden_size;
     std::vector<float>&h = scratch_.h, &normed = scratch_.normed, &mixed = scratch_.mixed;
@@ -175,9 +114,17 @@ class FastCpuBackend final : public Backend {
     cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
   }
 
-  // A block of tokens through the prefill layers (prefill.h); logits of rows [first_row, n)
-  // into `logits`.
-  void prefill_chunk(FastSequenceState& s, std::span<const int32_t> tokens, float* logits, int64_t first_row) {
+  // Rows [row, row + rows) of a block: tokens of one sequence, appended at its length.
+  struct SequenceRows {
+    CpuSequenceState* state;
+    int64_t row, rows;
+  };
+
+  // A block of tokens through the prefill layers (prefill.h): one sequence's (a prompt's chunk)
+  // or several sequences' (a batch step), each its run of rows; logits of rows [first_row, T)
+  // into `logits` (or none).
+  void forward_block(std::span<const SequenceRows> sequences, std::span<const int32_t> tokens, float* logits,
+                     int64_t first_row) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
     std::vector<float>&h = scratch_.h, &normed = scratch_.normed, &mixed = scratch_.mixed;  // [T, H] each
@@ -185,20 +132,28 @@ class FastCpuBackend final : public Backend {
     normed.resize(size_t(T * H));
     mixed.resize(size_t(T * H));
     cpu_fast::PrefillScratch& p = scratch_.prefill;
+    std::vector<cpu_fast::AttentionRun>& attention = scratch_.attention_runs;
+    std::vector<cpu_fast::DeltaNetRun>& deltanet = scratch_.deltanet_runs;
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
     for (int i = 0; i < c.num_layers; ++i) {
       const LayerWeights& layer = w_->layers[size_t(i)];
       cpu::rms_norm(h.data(), layer.input_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
+      attention.clear();
+      deltanet.clear();
+      for (const SequenceRows& q : sequences) {
+        if (layer.kind == LayerKind::full_attention)
+          attention.push_back({&q.state->attention_cache(i), q.state->length(), q.row, q.rows});
+        else deltanet.push_back({&q.state->deltanet_cache(i), q.row, q.rows});
+      }
       if (layer.kind == LayerKind::full_attention)
-        cpu_fast::attention_prefill(layer.attention, c, s.attention_cache(i), s.length(), normed.data(), T,
-                                    mixed.data(), p);
-      else cpu_fast::deltanet_prefill(layer.deltanet, c, s.deltanet_cache(i), normed.data(), T, mixed.data(), p);
+        cpu_fast::attention_runs(layer.attention, c, attention, normed.data(), T, mixed.data(), p);
+      else cpu_fast::deltanet_runs(layer.deltanet, c, deltanet, normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
       cpu::rms_norm(h.data(), layer.post_attention_layernorm.data(), T, H, c.rms_norm_eps, normed.data());
       cpu_fast::moe_prefill(layer.moe, c, normed.data(), T, mixed.data(), p);
       for (int64_t j = 0; j < T * H; ++j) h[size_t(j)] += mixed[size_t(j)];
     }
-    s.advance(T);
+    for (const SequenceRows& q : sequences) q.state->advance(q.rows);
     if (!logits) return;
     const int64_t rows = T - first_row;
     cpu::rms_norm(h.data() + first_row * H, w_->final_norm.data(), rows, H, c.rms_norm_eps, normed.data());
@@ -215,6 +170,9 @@ class FastCpuBackend final : public Backend {
     cpu_fast::MoeScratch moe;
     cpu_fast::GemvScratch gemv;
     cpu_fast::PrefillScratch prefill;
+    std::vector<SequenceRows> rows;  // a batch step's sequences
+    std::vector<cpu_fast::AttentionRun> attention_runs;
+    std::vector<cpu_fast::DeltaNetRun> deltanet_runs;
   };
 
   std::shared_ptr<const ModelWeights> w_;

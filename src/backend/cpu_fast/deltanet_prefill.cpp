@@ -9,7 +9,9 @@
 //      gated RMSNorm                                                    heads split
 //   5. y's tokens prepared; out_proj against all tokens                 tokens, then panels split
 //
-// The math and its order per token are the decode step's (deltanet_step.cpp).
+// The math and its order per token are the decode step's (deltanet_step.cpp). A block of
+// several sequences (deltanet_runs: runs of rows, each with its state) does steps 3 and 4 per
+// run, on the run's own conv and SSM state.
 #include <algorithm>
 #include <cmath>
 
@@ -76,9 +78,16 @@ void prepare_share(TokenBatch& x, const ThreadTeam::Member& m) {
 
 void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                       int64_t T, float* out, PrefillScratch& s) {
+  const DeltaNetRun run{&cache, 0, T};
+  deltanet_runs(w, c, std::span(&run, 1), x, T, out, s);
+}
+
+void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<const DeltaNetRun> runs, const float* x,
+                   int64_t T, float* out, PrefillScratch& s) {
   const int64_t H = c.hidden_size, Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk, V = Hv * dv;
+  check_runs(runs, T, "deltanet_runs");
   ThreadTeam& team = cpu_team();
   std::vector<float>&mixed = s.a, &z = s.b, &ba = s.c, &u = s.d, &o = s.e;  // [T, C], [T, V], [T, 2 Hv], [T, C], [T, V]
   mixed.resize(size_t(T * C));
@@ -109,8 +118,9 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
     const float q_scale = 1.f / std::sqrt(float(dk));
     const auto [c0, c1] = m.share(C, dk);  // whole key heads: q and k heads start at multiples of dk
     if (c0 < c1) {
-      conv_channels(w.conv1d.data(), C, K, cache.conv.data(), mixed.data(), T, c0, c1, u.data(),
-                    s.member[size_t(m.index())].data());
+      for (const DeltaNetRun& run : runs)
+        conv_channels(w.conv1d.data(), C, K, run.cache->conv.data(), mixed.data() + run.row * C, run.rows, c0, c1,
+                      u.data() + run.row * C, s.member[size_t(m.index())].data());
       for (int64_t t = 0; t < T; ++t)
         for (int64_t ch = c0; ch < std::min(c1, 2 * key_dim); ch += dk)
           l2_normalize(u.data() + t * C + ch, dk, ch < key_dim ? q_scale : 1.f);
@@ -122,24 +132,19 @@ void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::Delta
     float *g = scratch_m + 2 * dv, *beta = g + T;
     const auto [h0, h1] = m.share(Hv);
     for (int64_t h = h0; h < h1; ++h) {
-      for (int64_t t = 0; t < T; ++t) {
-        beta[t] = sigmoid(b[t * Hv + h]);
-        g[t] = -std::exp(w.A_log[size_t(h)]) * softplus(a[t * Hv + h] + w.dt_bias[size_t(h)]);
-      }
       const int64_t kh = h / heads_per_key;
-      const cpu::DeltaRuleInputs in{u.data() + kh * dk,
-                                    u.data() + key_dim + kh * dk,
-                                    u.data() + 2 * key_dim + h * dv,
-                                    g,
-                                    beta,
-                                    C,
-                                    C,
-                                    C,
-                                    1,
-                                    T,
-                                    dk,
-                                    dv};
-      delta_rule_tokens(in, cache.ssm.data() + h * dk * dv, o.data() + h * dv, V, scratch_m, scratch_m + dv);
+      for (const DeltaNetRun& run : runs) {
+        for (int64_t t = 0; t < run.rows; ++t) {
+          const int64_t row = run.row + t;
+          beta[t] = sigmoid(b[row * Hv + h]);
+          g[t] = -std::exp(w.A_log[size_t(h)]) * softplus(a[row * Hv + h] + w.dt_bias[size_t(h)]);
+        }
+        const float* ut = u.data() + run.row * C;
+        const cpu::DeltaRuleInputs in{
+            ut + kh * dk, ut + key_dim + kh * dk, ut + 2 * key_dim + h * dv, g, beta, C, C, C, 1, run.rows, dk, dv};
+        delta_rule_tokens(in, run.cache->ssm.data() + h * dk * dv, o.data() + run.row * V + h * dv, V, scratch_m,
+                          scratch_m + dv);
+      }
       for (int64_t t = 0; t < T; ++t)
         gated_norm(o.data() + t * V + h * dv, z.data() + t * V + h * dv, w.norm.data(), dv, c.rms_norm_eps,
                    y + t * V + h * dv);

@@ -1,7 +1,9 @@
 // prefill.h: the layers over a block of T tokens (a prompt) on the prefill product (gemm.h),
 // each one parallel region of cpu_team() (attention_prefill.cpp, deltanet_prefill.cpp,
 // moe_prefill.cpp); the same math as the reference layers of backend/cpu/ops.h, whose caches
-// they share, and as the decode steps of layers.h token by token.
+// they share, and as the decode steps of layers.h token by token. The block may hold several
+// sequences (attention_runs, deltanet_runs: a batch step, a token of each): every weight is read
+// once for all its rows, the caches and states each sequence's own.
 //
 //   projections        the members prepare their share of the tokens, then take their share of
 //                      the rows of every projection (panels of 16) against all T tokens
@@ -19,11 +21,13 @@
 #pragma once
 
 #include <atomic>
+#include <span>
 #include <vector>
 
 #include "backend/cpu/ops.h"
 #include "backend/cpu_fast/gemm.h"
 #include "backend/cpu_fast/layers.h"
+#include "base/error.h"
 
 namespace lily::cpu_fast {
 
@@ -48,14 +52,49 @@ struct PrefillScratch {
   std::atomic<int64_t> next{0};
 };
 
+// Rows [row, row + rows) of a block: consecutive tokens of one sequence, whose caches they read
+// and append to, the first at `first_position` (attention). A prefill is one run of the block's
+// T rows; a batch step (Backend::forward_batch) a run of one row for each sequence. The runs
+// cover the block's rows in order.
+struct AttentionRun {
+  cpu::AttentionCache* cache;
+  int64_t first_position, row, rows;
+};
+struct DeltaNetRun {
+  cpu::DeltaNetCache* cache;
+  int64_t row, rows;
+};
+
+// Throws unless `runs` cover rows [0, T) in order, none empty, each with its cache (`what`: the
+// layer, in the error).
+template <class Run>
+void check_runs(std::span<const Run> runs, int64_t T, const char* what) {
+  int64_t covered = 0;
+  for (size_t r = 0; r < runs.size(); ++r) {
+    LILY_CHECK(runs[r].row == covered && runs[r].rows > 0 && runs[r].cache,
+               "{}: run {} (rows [{}, +{})) does not follow the one before at row {}", what, r, runs[r].row,
+               runs[r].rows, covered);
+    covered += runs[r].rows;
+  }
+  LILY_CHECK(covered == T, "{}: the runs cover {} rows of a block of {}", what, covered, T);
+}
+
 // Gated full attention (spec §2.4) of T tokens from `first_position`. x: [T, H] normed -> out:
 // [T, H]. Appends T rows to the cache.
 void attention_prefill(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache,
                        int64_t first_position, const float* x, int64_t T, float* out, PrefillScratch& s);
+// The same for T rows of one or more sequences: the projections against all T rows, each run's
+// attention over its own cache (a run of one row reads it as the decode step does, attend()).
+void attention_runs(const AttentionWeights& w, const ModelConfig& c, std::span<const AttentionRun> runs, const float* x,
+                    int64_t T, float* out, PrefillScratch& s);
 
 // Gated DeltaNet (spec §2.6) of T tokens. x: [T, H] normed -> out: [T, H]. Advances conv and SSM state.
 void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                       int64_t T, float* out, PrefillScratch& s);
+// The same for T rows of one or more sequences: the projections against all T rows, each run's
+// conv and delta rule on its own state.
+void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<const DeltaNetRun> runs, const float* x,
+                   int64_t T, float* out, PrefillScratch& s);
 
 // Sparse MoE with the gated shared expert (spec §2.7) of T tokens. x: [T, H] normed -> out: [T, H].
 void moe_prefill(const MoeWeights& w, const ModelConfig& c, const float* x, int64_t T, float* out, PrefillScratch& s);
