@@ -26,7 +26,7 @@ unsigned touch(const lily::GgufValue& v) {
     } else if (v.type == lily::GgufValueType::string) {
       sum += unsigned(v.as_string().size());
     } else {
-      sum += unsigned(v.as_float()) + unsigned(v.as_int());
+      sum += unsigned(v.as_float() > 0) + unsigned(v.as_int() & 0xff);
     }
   } catch (const lily::Error&) {
   }
