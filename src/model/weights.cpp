@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include "base/error.h"
+#include "model/gguf_dequant.h"
 #include "model/quant.h"
 
 namespace lily {
@@ -30,6 +31,11 @@ void Matrix::dequantize_row(int64_t r, float* out) const {
                            cols, bits, group_size, out);
       return;
     }
+    case MatrixFormat::gguf: {
+      const int64_t row_bytes = ggml_row_bytes(gguf_type, cols);
+      dequantize_gguf_row(gguf_type, static_cast<const uint8_t*>(data) + r * row_bytes, cols, out);
+      return;
+    }
   }
 }
 
@@ -39,6 +45,7 @@ uint64_t Matrix::bytes() const {
     case MatrixFormat::bf16:
     case MatrixFormat::f16: return uint64_t(rows * cols) * 2;
     case MatrixFormat::affine: return uint64_t(rows * cols) * bits / 8 + uint64_t(rows * (cols / group_size)) * 4;
+    case MatrixFormat::gguf: return uint64_t(rows * ggml_row_bytes(gguf_type, cols));
   }
   return 0;
 }
@@ -50,6 +57,7 @@ std::string Matrix::describe() const {
     case MatrixFormat::bf16: kind = "bf16"; break;
     case MatrixFormat::f16: kind = "f16"; break;
     case MatrixFormat::affine: kind = fmt::format("q{}g{}", bits, group_size); break;
+    case MatrixFormat::gguf: kind = fmt::format("gguf {}", to_string(gguf_type)); break;
   }
   return fmt::format("{} [{}, {}]", kind, rows, cols);
 }

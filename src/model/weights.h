@@ -1,8 +1,9 @@
 // weights.h: the model's weights, one typed struct per layer kind, with HF names.
 //
 // Matrices are views: their bytes live in the memory-mapped checkpoint or in buffers the
-// loader owns (ModelWeights::storage). A matrix is either plain (f32 / bf16 / f16) or affine
-// quantized (spec §5b: 4-bit or 8-bit codes, bf16 scale and bias per group of 64 inputs).
+// loader owns (ModelWeights::storage). A matrix is either plain (f32 / bf16 / f16), affine
+// quantized (spec §5b: 4-bit or 8-bit codes, bf16 scale and bias per group of 64 inputs), or a
+// GGUF tensor in one of ggml's block formats (model/gguf_dequant.h), rows as the file has them.
 // Norm gains are stored as the effective multiplier in fp32: for the zero-centred norms
 // that is 1 + w (HF stores w; mlx and GGUF store 1 + w), for the DeltaNet gated norm w.
 #pragma once
@@ -15,20 +16,23 @@
 
 #include "base/bf16.h"
 #include "model/config.h"
+#include "model/gguf_types.h"
 
 namespace lily {
 
-enum class MatrixFormat { f32, bf16, f16, affine };
+enum class MatrixFormat { f32, bf16, f16, affine, gguf };
 
 // A linear layer's weight, [rows = out features, cols = in features], row-major.
 struct Matrix {
   int64_t rows = 0, cols = 0;
   MatrixFormat format = MatrixFormat::f32;
-  const void* data = nullptr;    // plain: rows*cols values; affine: uint32 codes [rows, cols*bits/32]
+  const void* data = nullptr;    // plain: rows*cols values; affine: uint32 codes [rows, cols*bits/32];
+                                 // gguf: rows of ggml_row_bytes(gguf_type, cols) bytes
   const bf16* scales = nullptr;  // affine: [rows, cols/group_size]
   const bf16* biases = nullptr;  // affine: [rows, cols/group_size]
   int bits = 0;
   int group_size = 0;
+  GgmlType gguf_type = GgmlType::F32;  // gguf: the block format
 
   bool empty() const { return data == nullptr; }
   bool quantized() const { return format == MatrixFormat::affine; }
@@ -36,7 +40,7 @@ struct Matrix {
   void dequantize_row(int64_t r, float* out) const;
   // Bytes the weight occupies (codes + scales + biases, or the plain values).
   uint64_t bytes() const;
-  std::string describe() const;  // "q4g64 [512, 2048]" / "bf16 [512, 2048]"
+  std::string describe() const;  // "q4g64 [512, 2048]" / "bf16 [512, 2048]" / "gguf Q4_K [512, 2048]"
 };
 
 // Routed experts: one gate/up/down matrix per expert (views into stacked or per-expert tensors).

@@ -116,6 +116,60 @@ def safetensors_seeds():
     ]
 
 
+def gguf_string(text):
+    data = text.encode()
+    return struct.pack("<Q", len(data)) + data
+
+
+def gguf(kvs, tensors, alignment=32, version=3):
+    """A GGUF file: kvs = [(key, type id, encoded value)], tensors = [(name, ne, ggml type, data)]."""
+    out = b"GGUF" + struct.pack("<IQQ", version, len(tensors), len(kvs))
+    for key, vtype, value in kvs:
+        out += gguf_string(key) + struct.pack("<I", vtype) + value
+    offset, blobs = 0, b""
+    for name, ne, gtype, data in tensors:
+        out += gguf_string(name) + struct.pack("<I", len(ne)) + b"".join(struct.pack("<Q", d) for d in ne)
+        out += struct.pack("<IQ", gtype, offset)
+        blob = data + b"\0" * (-len(data) % alignment)
+        blobs += blob
+        offset += len(blob)
+    out += b"\0" * (-len(out) % alignment)
+    return out + blobs
+
+
+def gguf_seeds():
+    u32, i32, f32, string, array = 4, 5, 6, 8, 9
+    kvs = [("general.architecture", string, gguf_string("qwen35moe")),
+           ("qwen35moe.block_count", u32, struct.pack("<I", 2)),
+           ("qwen35moe.rope.freq_base", f32, struct.pack("<f", 1e7)),
+           ("qwen35moe.rope.dimension_sections", array, struct.pack("<IQ4i", i32, 4, 11, 11, 10, 0)),
+           ("tokenizer.ggml.tokens", array, struct.pack("<IQ", string, 3) + b"".join(
+               gguf_string(t) for t in ["a", "\u0120the", "<|im_end|>"])),
+           ("t.u64", 10, struct.pack("<Q", 1 << 40)), ("t.bool", 7, b"\1"), ("t.f64", 12, struct.pack("<d", 0.5))]
+    tensors = [("token_embd.weight", [32, 2], 8, bytes(range(68))),          # Q8_0
+               ("output_norm.weight", [8], 0, struct.pack("<8f", *range(8))),  # F32
+               ("blk.0.ffn_down_exps.weight", [256, 1, 1], 12, bytes(144)),   # Q4_K
+               ("blk.0.attn_qkv.weight", [256], 14, bytes(210)),              # Q6_K
+               ("blk.0.ssm_out.weight", [256], 23, bytes(136)),               # IQ4_XS
+               ("blk.0.attn_gate.weight", [32], 2, bytes(18))]                # Q4_0
+    ok = gguf(kvs, tensors)
+    aligned = gguf(kvs + [("general.alignment", u32, struct.pack("<I", 64))], tensors[:2], alignment=64)
+    return [
+        ok,
+        aligned,
+        gguf(kvs[:1], [], version=2),
+        gguf([], [("w", [8], 0, bytes(32)), ("v", [8], 0, bytes(32))]),
+        gguf([("k", array, struct.pack("<IQ", array, 1))], []),                  # array of arrays
+        gguf([], [("w", [1 << 32, 1 << 32], 0, b"")]),                          # dims overflow
+        gguf([], [("w", [48], 8, bytes(51))]),                                  # ne[0] not whole blocks
+        gguf([], [("w", [8], 40, bytes(32))]),                                  # unknown type
+        b"GGUF" + struct.pack("<IQQ", 3, 1 << 60, 1),
+        b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 62),
+        ok[:100],
+        b"GGUF\1\0\0\0",
+    ]
+
+
 def config_seeds():
     with open(os.path.join(ROOT, "models", "lily-tiny", "config.json")) as f:
         tiny = json.load(f)
@@ -157,6 +211,7 @@ def output_parser_seeds():
 def main():
     write("request", request_seeds())
     write("safetensors", safetensors_seeds())
+    write("gguf", gguf_seeds())
     write("config", config_seeds())
     write("output_parser", output_parser_seeds())
 

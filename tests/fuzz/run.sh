@@ -16,7 +16,7 @@ build_dir=${1:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [HARNESS...]}
 seconds=${2:?usage: tests/fuzz/run.sh BUILD_DIR SECONDS [HARNESS...]}
 shift 2
 harnesses=("$@")
-[ ${#harnesses[@]} -gt 0 ] || harnesses=(request safetensors config output_parser)
+[ ${#harnesses[@]} -gt 0 ] || harnesses=(request safetensors gguf config output_parser)
 
 run_one() {  # run_one NAME: one harness; its log in fuzz-out/NAME.log
   local name=$1 out=$build_dir/fuzz-out/$1

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/gemv_gguf.h"
 #include "base/cpu_clones.h"
 
 namespace lily::cpu_fast::detail {
@@ -70,7 +71,8 @@ void gemv_rows_scalar_integer(const Matrix& W, const QuantizedInput& x, int64_t 
 // Cloned per x86-64 level (base/cpu_clones.h): plain bf16 / f32 matrices (a bf16 checkpoint
 // run without --quantize) take this path for every product.
 LILY_CPU_CLONES void gemv_rows_dequantizing(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
-  std::vector<float> row(static_cast<size_t>(W.cols));  // a fallback: an allocation per block of rows
+  if (gguf_gemv_supported(W)) return gguf_gemv_rows(W, x, r0, r1, y);  // GGUF blocks: their own kernels
+  std::vector<float> row(static_cast<size_t>(W.cols));                 // a fallback: an allocation per block of rows
   for (int64_t r = r0; r < r1; ++r) {
     W.dequantize_row(r, row.data());
     float acc[8] = {0, 0, 0, 0, 0, 0, 0, 0};

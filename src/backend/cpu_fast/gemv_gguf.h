@@ -1,0 +1,30 @@
+// gemv_gguf.h: the fast CPU path's products over GGUF block-format weights (model/gguf_dequant.h
+// has the formats), y = W x for one token, W read as the file stores it.
+//
+//   y[r] = sum_blocks sum_sub  d_sub * sum_{c in sub} q[c] x[c]  -  m_sub * sum_{c in sub} x[c]
+//
+// d_sub, m_sub: the block's scale and (K-quants) min of each sub-block, from the block's f16
+// and 6- or 8-bit fields; q the small integer codes. x stays fp32: the codes are widened to
+// float and multiplied by FMA, 16 lanes at a time (GCC vector extensions, compiled for the
+// baseline, AVX2 and AVX-512 by LILY_CPU_CLONES), so the result is the reference dequantization
+// times x up to float rounding (no activation quantization). Types: F32, F16, BF16, Q4_0, Q8_0,
+// Q4_K, Q5_K, Q6_K, IQ4_XS; other types go through Matrix::dequantize_row.
+#pragma once
+
+#include <cstdint>
+
+#include "model/weights.h"
+
+namespace lily::cpu_fast {
+
+// Whether gguf_dot / gguf_gemv_rows take rows of `type`.
+bool gguf_gemv_supported(GgmlType type);
+bool gguf_gemv_supported(const Matrix& W);  // a gguf Matrix of a type the kernels take
+
+// The dot product of one row of n values of `type` (n whole blocks) with x[n].
+float gguf_dot(GgmlType type, const void* row, const float* x, int64_t n);
+
+// Rows [r0, r1) of y = W x, W a gguf Matrix the kernels take.
+void gguf_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
+
+}  // namespace lily::cpu_fast

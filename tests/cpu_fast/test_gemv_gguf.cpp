@@ -1,0 +1,169 @@
+// The GGUF block-format products (src/backend/cpu_fast/gemv_gguf.h) against the reference
+// decoder (src/model/gguf_dequant.h) times x in double, for F32, F16, BF16, Q8_0, Q4_0, Q4_K,
+// Q5_K, Q6_K and IQ4_XS: rows 1, 63, 64, 65, columns one block, 256, 512, 2048 (and odd lengths
+// for the plain types), x unaligned, outputs poisoned with NaN; random blocks one by one; and
+// the product through cpu_fast::gemv, which takes GGUF matrices.
+//
+// Error bar: the kernels widen the codes to float and accumulate in fp32, so
+//   |y - ref| <= 1e-5 M,   M = sum_c |w_c x_c|   (w the reference decoding)
+// LILY_CPU_CLONES picks one clone per processor: the run checks the one this processor runs.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+
+#include "../model/gguf_quantize.h"
+#include "backend/cpu_fast/gemv.h"
+#include "backend/cpu_fast/gemv_gguf.h"
+#include "base/error.h"
+#include "model/gguf_dequant.h"
+
+namespace lily {
+namespace {
+
+struct GgufTestMatrix {
+  std::vector<uint8_t> bytes;
+  Matrix m;
+};
+
+// rows x cols of N(0, 1) weights quantized by the test quantizers.
+GgufTestMatrix quantized_matrix(GgmlType type, int64_t rows, int64_t cols, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal(0, 1);
+  std::vector<float> w(static_cast<size_t>(cols));
+  GgufTestMatrix t;
+  for (int64_t r = 0; r < rows; ++r) {
+    for (auto& v : w) v = normal(rng);
+    auto row = test::quantize_gguf_row(type, w.data(), cols);
+    t.bytes.insert(t.bytes.end(), row.begin(), row.end());
+  }
+  t.m.rows = rows, t.m.cols = cols, t.m.format = MatrixFormat::gguf, t.m.gguf_type = type, t.m.data = t.bytes.data();
+  return t;
+}
+
+// Offsets of the f16 scale fields in each block type (the rest of a random block is any bytes).
+std::vector<int> f16_fields(GgmlType type) {
+  switch (type) {
+    case GgmlType::Q4_K:
+    case GgmlType::Q5_K: return {0, 2};
+    case GgmlType::Q6_K: return {208};
+    case GgmlType::F32:
+    case GgmlType::F16:
+    case GgmlType::BF16: return {};
+    default: return {0};
+  }
+}
+
+// `rows` rows of one random block each: every code, scale and bit pattern, finite f16 scales.
+GgufTestMatrix random_blocks(GgmlType type, int64_t rows, uint32_t seed) {
+  std::mt19937 rng(seed);
+  const GgmlTypeInfo& info = ggml_type_info(type);
+  GgufTestMatrix t;
+  t.bytes.resize(size_t(rows * info.block_bytes));
+  for (auto& b : t.bytes) b = uint8_t(rng());
+  std::uniform_real_distribution<float> scale(-0.05f, 0.05f);
+  for (int64_t r = 0; r < rows; ++r)
+    for (int off : f16_fields(type)) test::put_f16(t.bytes.data() + r * info.block_bytes + off, scale(rng));
+  t.m.rows = rows, t.m.cols = info.block_size, t.m.format = MatrixFormat::gguf, t.m.gguf_type = type;
+  t.m.data = t.bytes.data();
+  return t;
+}
+
+std::vector<float> random_x(int64_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::uniform_real_distribution<float> u(-2, 2);
+  std::vector<float> x(size_t(n + 1));  // x starts at +1: unaligned
+  for (auto& v : x) v = u(rng);
+  return x;
+}
+
+// Checks y[r0..r1) against the reference and that the other rows kept their NaN.
+void expect_rows_match(const Matrix& W, const float* x, const std::vector<float>& y, int64_t r0, int64_t r1) {
+  std::vector<float> w(size_t(W.cols));
+  double worst = 0;
+  for (int64_t r = 0; r < W.rows; ++r) {
+    if (r < r0 || r >= r1) {
+      ASSERT_TRUE(std::isnan(y[size_t(r)])) << "row " << r << " outside [" << r0 << ", " << r1 << ") written";
+      continue;
+    }
+    W.dequantize_row(r, w.data());
+    double ref = 0, mag = 0;
+    for (int64_t c = 0; c < W.cols; ++c)
+      ref += double(w[size_t(c)]) * x[c], mag += std::fabs(double(w[size_t(c)]) * x[c]);
+    const double err = std::fabs(double(y[size_t(r)]) - ref);
+    ASSERT_LE(err, 1e-5 * mag + 1e-30) << W.describe() << " row " << r << ": " << y[size_t(r)] << " vs " << ref;
+    worst = std::max(worst, mag > 0 ? err / mag : err);
+  }
+  ::testing::Test::RecordProperty("worst_relative_error", std::to_string(worst));
+}
+
+TEST(GemvGguf, MatricesAtEdgeSizes) {
+  for (GgmlType type : test::kGgufTestTypes) {
+    const int64_t block = ggml_type_info(type).block_size;
+    for (int64_t cols : {block, int64_t(256), int64_t(512), int64_t(2048)})
+      for (int64_t rows : {1, 63, 64, 65}) {
+        SCOPED_TRACE(fmt::format("{} [{}, {}]", to_string(type), rows, cols));
+        const auto t = quantized_matrix(type, rows, cols, uint32_t(rows * 7919 + cols));
+        const auto xs = random_x(cols, uint32_t(cols));
+        std::vector<float> y(size_t(rows), NAN);
+        cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 0, rows, y.data());
+        expect_rows_match(t.m, xs.data() + 1, y, 0, rows);
+        // A slice of the rows, as a thread's share.
+        if (rows > 2) {
+          std::fill(y.begin(), y.end(), NAN);
+          cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 1, rows - 1, y.data());
+          expect_rows_match(t.m, xs.data() + 1, y, 1, rows - 1);
+        }
+      }
+  }
+}
+
+TEST(GemvGguf, RandomBlocksOneByOne) {
+  for (GgmlType type : test::kGgufTestTypes) {
+    if (ggml_type_info(type).block_size == 1) continue;
+    SCOPED_TRACE(to_string(type));
+    const auto t = random_blocks(type, 300, uint32_t(type) + 1);
+    const auto xs = random_x(t.m.cols, 5);
+    std::vector<float> y(300, NAN);
+    cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 0, 300, y.data());
+    expect_rows_match(t.m, xs.data() + 1, y, 0, 300);
+  }
+}
+
+// F32, F16 and BF16 rows may have any length: the vector body and the scalar tail.
+TEST(GemvGguf, PlainRowsOfOddLengths) {
+  for (GgmlType type : {GgmlType::F32, GgmlType::F16, GgmlType::BF16})
+    for (int64_t cols : {1, 15, 17, 100, 1023}) {
+      SCOPED_TRACE(fmt::format("{} x {}", to_string(type), cols));
+      const auto t = quantized_matrix(type, 3, cols, uint32_t(cols));
+      const auto xs = random_x(cols, 9);
+      std::vector<float> y(3, NAN);
+      cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 0, 3, y.data());
+      expect_rows_match(t.m, xs.data() + 1, y, 0, 3);
+    }
+}
+
+// cpu_fast::gemv takes GGUF matrices (through the GGUF kernels, not row dequantization).
+TEST(GemvGguf, ThroughCpuFastGemv) {
+  for (GgmlType type : test::kGgufTestTypes) {
+    SCOPED_TRACE(to_string(type));
+    const auto t = quantized_matrix(type, 65, 512, 3);
+    const auto xs = random_x(512, 4);
+    std::vector<float> y(65, NAN), direct(65, NAN);
+    cpu_fast::gemv(t.m, xs.data() + 1, y.data());
+    cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 0, 65, direct.data());
+    EXPECT_EQ(y, direct);
+    expect_rows_match(t.m, xs.data() + 1, y, 0, 65);
+  }
+}
+
+TEST(GemvGguf, TypesTheKernelsDoNotTakeAreErrors) {
+  EXPECT_FALSE(cpu_fast::gguf_gemv_supported(GgmlType::Q3_K));
+  std::vector<uint8_t> row(144, 0);
+  std::vector<float> x(256, 1.0f);
+  EXPECT_THROW(cpu_fast::gguf_dot(GgmlType::Q2_K, row.data(), x.data(), 256), Error);
+  EXPECT_THROW(cpu_fast::gguf_dot(GgmlType::Q4_K, row.data(), x.data(), 255), Error);
+}
+
+}  // namespace
+}  // namespace lily
