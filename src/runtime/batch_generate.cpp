@@ -22,13 +22,15 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 // One request's generation: where its prompt's prefill is, the row its next token is drawn from,
 // the token the next batch step appends.
 struct BatchGenerator::Request {
-  Request(uint64_t id_, const GenerateRequest& request_, SequenceState& state_, TokenCallback on_token_, int32_t limit_)
+  Request(uint64_t id_, const GenerateRequest& request_, SequenceState& state_, TokenCallback on_token_, int32_t limit_,
+          PrefillStop stop_)
       : id(id_),
         request(request_),
         state(&state_),
         on_token(std::move(on_token_)),
         limit(limit_),
-        sampler(request_.sampling, limit_) {}
+        sampler(request_.sampling, limit_),
+        stop(std::move(stop_)) {}
 
   uint64_t id;
   GenerateRequest request;
@@ -36,6 +38,7 @@ struct BatchGenerator::Request {
   TokenCallback on_token;
   int32_t limit;  // ids sampled over
   Sampler sampler;
+  PrefillStop stop;  // called once, when the prefill reaches it
   GenerateResult result;
   std::vector<float> logits;  // the row the next token is drawn from
   std::vector<uint64_t> mask;
@@ -64,9 +67,11 @@ BatchGenerator::BatchGenerator(Backend& backend, BatchGenerateOptions options) :
 
 BatchGenerator::~BatchGenerator() = default;
 
-uint64_t BatchGenerator::add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token) {
+uint64_t BatchGenerator::add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token,
+                             PrefillStop stop) {
   const int32_t limit = decode_token::check_request(backend_, state, request);
-  auto r = std::make_unique<Request>(next_id_++, request, state, std::move(on_token), limit);
+  if (stop.length <= state.length() || stop.length > int64_t(request.prompt.size())) stop = {};  // nothing to stop at
+  auto r = std::make_unique<Request>(next_id_++, request, state, std::move(on_token), limit, std::move(stop));
   r->result.prompt_tokens = int64_t(request.prompt.size());
   r->result.cached_tokens = state.length();
   const uint64_t id = r->id;
@@ -91,6 +96,19 @@ std::optional<BatchOutcome> BatchGenerator::take(uint64_t id) {
   return outcome;
 }
 
+void BatchGenerator::cancel(uint64_t id) {
+  auto waiting = std::find_if(waiting_.begin(), waiting_.end(), [&](const auto& r) { return r->id == id; });
+  if (waiting != waiting_.end()) {
+    Request& r = **waiting;
+    r.result.finish = FinishReason::cancelled;
+    done_[id] = BatchOutcome{std::move(r.result), nullptr};
+    waiting_.erase(waiting);
+    return;
+  }
+  auto it = std::find_if(running_.begin(), running_.end(), [&](const auto& r) { return r->id == id; });
+  if (it != running_.end() && !(*it)->ended) end(**it, FinishReason::cancelled);
+}
+
 // The line's first requests into the free slots, in order.
 void BatchGenerator::admit() {
   while (int(running_.size()) < options_.max_running && !waiting_.empty()) {
@@ -108,11 +126,13 @@ void BatchGenerator::prefill_chunk() {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     const int64_t done = r.state->length(), total = int64_t(r.request.prompt.size());
-    const int64_t n = std::min(options_.prefill_chunk, total - done);
+    const int64_t until = r.stop.reached && done < r.stop.length ? r.stop.length : total;
+    const int64_t n = std::min(options_.prefill_chunk, until - done);
     const bool last = done + n == total;
     backend_.forward(*r.state, std::span<const int32_t>(r.request.prompt.data() + done, size_t(n)),
                      last ? LogitsWanted::last : LogitsWanted::none, r.logits);
     r.result.prefill_seconds += seconds_since(t0);
+    if (r.stop.reached && r.state->length() == r.stop.length) std::exchange(r.stop.reached, nullptr)();
     if (!last) return;
     r.decode_start = std::chrono::steady_clock::now();
     if (r.request.max_new_tokens == 0 || !r.draw()) end(r, r.result.finish);

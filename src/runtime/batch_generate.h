@@ -11,6 +11,7 @@
 //            request still prefilling (a long prompt holds the running streams for at most one
 //            chunk a round); one batch step of every request past its prefill
 //   take()   a finished request's outcome, once
+//   cancel() ends a request at once, waiting or running (its client gone while it prefills)
 //
 // A request ends at its stop token, the grammar's end, max_new_tokens, or when its callback says
 // stop (a client gone: its slot is free before the next step). An exception in one request (its
@@ -25,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -39,6 +41,13 @@ namespace lily {
 struct BatchGenerateOptions {
   int max_running = 4;          // requests holding a slot (prefilling or decoding)
   int64_t prefill_chunk = 512;  // prompt tokens a round prefills (a multiple of nothing: any >= 1)
+};
+
+// A point of the prompt where the prefill stops a chunk and calls `reached` (the state then holds
+// prompt[0 : length]): the chat service snapshots the template boundary there. None: length 0.
+struct PrefillStop {
+  int64_t length = 0;
+  std::function<void()> reached;
 };
 
 struct BatchOutcome {
@@ -56,7 +65,11 @@ class BatchGenerator {
   // The request's state must hold a prefix of its prompt and outlive the request; the request
   // (its grammar) too. Checked here (decode_token::check_request): a bad request throws and
   // joins nothing. Returns the request's id.
-  uint64_t add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token);
+  uint64_t add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token, PrefillStop stop = {});
+
+  // Ends the request with FinishReason::cancelled: out of the line, or out of its slot before
+  // the next step. Its outcome waits for take(). An unknown or ended id: nothing.
+  void cancel(uint64_t id);
 
   // One round (see above). Returns false when no request is left to run.
   bool step();

@@ -1,11 +1,12 @@
+// chat_service.cpp: ChatService (chat_service.h): preparing a request, and a completion on the
+// calling thread; the parallel completions' side is chat_batch.cpp.
 #include "runtime/chat_service.h"
 
 #include <algorithm>
 #include <chrono>
 #include <random>
 
-#include "runtime/reply_stream.h"
-#include "runtime/sequence_tokens.h"
+#include "runtime/chat_completion.h"
 
 namespace lily {
 
@@ -58,7 +59,21 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
       grammars_(tokenizer_, engine.config().vocab_size, options.grammar_cache_entries) {
   LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size, "the tokenizer has {} ids but the model only {}",
              tokenizer_.vocab_size(), engine.config().vocab_size);
+  LILY_CHECK(options.parallel >= 1, "parallel completions: {} (at least 1)", options.parallel);
   stats_ = cache_.stats();
+  if (options.parallel > 1) {
+    const uint64_t free_bytes = backend_.name() == "cpu" ? available_host_memory() : 0;
+    budget_slots(engine.config(), context_size_, options.parallel, stats_.budget_bytes, free_bytes);
+    scheduler_ = std::make_unique<BatchScheduler>(backend_,
+                                                  BatchGenerateOptions{options.parallel, options.prefill_chunk});
+  }
+}
+
+ChatService::~ChatService() = default;
+
+SlotStats ChatService::slots() const {
+  if (!scheduler_) return SlotStats{};  // the serial path: its caller's queue knows
+  return SlotStats{scheduler_->slots(), scheduler_->running(), scheduler_->waiting()};
 }
 
 PrefixCacheStats ChatService::cache_stats() const {
@@ -67,6 +82,7 @@ PrefixCacheStats ChatService::cache_stats() const {
 }
 
 void ChatService::clear_cache() {
+  std::lock_guard cache_lock(cache_mutex_);
   cache_.clear();
   std::lock_guard lock(stats_mutex_);
   stats_ = cache_.stats();
@@ -210,30 +226,19 @@ std::string finish_reason(FinishReason finish, bool stop_string, const std::vect
 
 }  // namespace
 
-// What the roles of one complete() call share.
-struct ChatService::Completion {
-  const PreparedCompletion& p;
-  Clock::time_point start;
-  SequenceTokens seq;
-  ReplyStream reply;
-  std::optional<grammar::GrammarMatcher> grammar;  // constrained decoding: p.grammar's state
-  std::vector<int32_t> stop_ids;                   // end the reply, outside its text
-  Usage usage;                                     // prompt and cached tokens; the completion's are counted at the end
-  Timings timings;
-  bool first_token = true;
-
-  int64_t remaining() const { return p.max_tokens - seq.produced(); }
-  bool is_stop_id(int32_t id) const { return std::find(stop_ids.begin(), stop_ids.end(), id) != stop_ids.end(); }
-};
-
-CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaCallback& on_delta) {
+ChatService::Completion ChatService::begin(const PreparedCompletion& p, DeltaCallback on_delta,
+                                           Clock::time_point start) {
   const CompletionOptions& options = p.options;
-  const Clock::time_point start = Clock::now();
+  CachedSequence sequence;
+  {
+    std::lock_guard lock(cache_mutex_);
+    sequence = options.use_cache ? cache_.acquire(p.prompt) : cache_.fresh();
+  }
   Completion c{
       .p = p,
       .start = start,
-      .seq = SequenceTokens(options.use_cache ? cache_.acquire(p.prompt) : cache_.fresh(), p.prompt),
-      .reply = ReplyStream(tokenizer_, parser_options(p), options.stop, on_delta),
+      .seq = SequenceTokens(std::move(sequence), p.prompt),
+      .reply = ReplyStream(tokenizer_, parser_options(p), options.stop, std::move(on_delta)),
       .grammar = std::nullopt,
       // ignore_eos keeps generating past the stop tokens, except under a grammar: there a stop
       // token is where the grammar has ended, and nothing may follow it.
@@ -245,7 +250,15 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   c.usage.prompt_tokens = c.seq.prompt_length();
   c.usage.cached_tokens = c.seq.in_state();
   c.timings.prefilled_tokens = c.usage.prompt_tokens - c.usage.cached_tokens;
-  if (options.use_cache) snapshot_boundary(backend_, c.seq, p.reuse_boundary);
+  return c;
+}
+
+CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaCallback& on_delta,
+                                       const KeepGoing& keep_going) {
+  if (scheduler_) return complete_in_batch(p, on_delta, keep_going);
+  const Clock::time_point start = Clock::now();
+  Completion c = begin(p, on_delta, start);
+  if (p.options.use_cache) snapshot_boundary(backend_, c.seq, p.reuse_boundary);
   c.timings.prefill_seconds = seconds_since(start);
   const FinishReason reason = generate_reply(c);
   return finish(c, reason);
@@ -255,6 +268,17 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
 // leaving, or max_tokens.
 FinishReason ChatService::generate_reply(Completion& c) {
   if (c.remaining() <= 0) return FinishReason::length;
+  GenerateResult r = c.seq.generate(backend_, reply_request(c),
+                                    [&](const GeneratedToken& t) { return on_token(c, t); });
+  c.timings.prefill_seconds += r.prefill_seconds;
+  c.timings.decode_seconds += r.decode_seconds;
+  c.timings.grammar_seconds += r.grammar_seconds;
+  c.timings.decoded_tokens += int64_t(r.tokens.size());
+  return r.finish;
+}
+
+// The generation of the reply (its prompt set by SequenceTokens).
+GenerateRequest ChatService::reply_request(Completion& c) const {
   GenerateRequest g;
   g.max_new_tokens = c.remaining();
   g.sampling = c.p.options.sampling;
@@ -262,12 +286,7 @@ FinishReason ChatService::generate_reply(Completion& c) {
   g.vocab_limit = tokenizer_.vocab_size();
   g.top_logprobs = c.p.options.top_logprobs;
   g.grammar = c.grammar ? &*c.grammar : nullptr;
-  GenerateResult r = c.seq.generate(backend_, std::move(g), [&](const GeneratedToken& t) { return on_token(c, t); });
-  c.timings.prefill_seconds += r.prefill_seconds;
-  c.timings.decode_seconds += r.decode_seconds;
-  c.timings.grammar_seconds += r.grammar_seconds;
-  c.timings.decoded_tokens += int64_t(r.tokens.size());
-  return r.finish;
+  return g;
 }
 
 bool ChatService::on_token(Completion& c, const GeneratedToken& token) {
@@ -292,12 +311,13 @@ CompletionResult ChatService::finish(Completion& c, FinishReason reason) {
   r.tokens.assign(c.seq.reply().begin(), c.seq.reply().end());
   r.finish_reason = finish_reason(reason, c.reply.stopped(), r.tool_calls);
   if (c.reply.stopped()) r.stop_sequence = c.reply.stop_string();
-  r.cancelled = c.reply.cancelled();
+  r.cancelled = c.reply.cancelled() || c.cancelled;
   r.usage = c.usage;
   r.usage.completion_tokens = int64_t(r.tokens.size());
   r.usage.reasoning_tokens = c.reply.reasoning_tokens();
   r.timings = c.timings;
 
+  std::lock_guard cache_lock(cache_mutex_);
   if (c.p.options.use_cache) cache_.release(std::move(c.seq).take());
   std::lock_guard lock(stats_mutex_);
   stats_ = cache_.stats();

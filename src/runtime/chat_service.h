@@ -6,8 +6,13 @@
 // into reasoning / content / tool calls (chat/output_parser.h) and counts usage. It never sees
 // JSON bodies or HTTP; the engine never sees it.
 //
-// Not thread safe: one completion at a time (the server's request queue makes sure). The
-// prepare_*() functions are const and may run on any thread.
+// Parallel completions (ChatServiceOptions::parallel > 1): complete() may run on several threads
+// at once. Each completion then joins the batch of a scheduler thread (batch_scheduler.h), which
+// runs every completion's prefill chunks, batch steps, template and reply work (stop strings,
+// the output parser, the session-cache entry); the deltas come back to the calling thread, where
+// on_delta runs (chat_batch.cpp). With parallel 1 (the default) complete() runs the completion on
+// the calling thread, one at a time (the server's request queue makes sure), on generate()'s
+// chained decode. The prepare_*() functions are const and may run on any thread.
 //
 // How complete() is put together: SequenceTokens (sequence_tokens.h) owns which tokens the
 // sequence state holds; ReplyStream (reply_stream.h) turns tokens into deltas; a grammar
@@ -15,14 +20,17 @@
 // reply to a tool call or a JSON answer when the request asks for one.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <string>
 #include <vector>
 
 #include "chat/chat_template.h"
+#include "runtime/batch_scheduler.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
 #include "runtime/output_constraint.h"
@@ -132,6 +140,10 @@ struct CompletionResult {
 
 // Return false to stop the generation (the client went away).
 using DeltaCallback = std::function<bool(const ChatDelta&)>;
+// Polled while a parallel completion runs, deltas or not (at least every kKeepGoingPoll): false
+// stops it (the client went away, the server's drain time is over).
+using KeepGoing = std::function<bool()>;
+inline constexpr std::chrono::milliseconds kKeepGoingPoll{20};
 
 // A request turned into tokens, checked against the context size.
 struct PreparedCompletion {
@@ -153,11 +165,29 @@ struct ChatServiceOptions {
   size_t grammar_cache_entries = 32;         // compiled grammars kept (schemas, tool sets)
   Backend* backend = nullptr;                // run here instead of on the engine's backend (tests: a
                                              // wrapped one); the engine's model and config stay
+  int parallel = 1;                          // completions decoding at once (> 1: in batch steps)
+  int64_t prefill_chunk = 512;               // parallel: prompt tokens prefilled between two steps
 };
+
+// The slots of parallel completions: how many, how many hold a completion, how many wait for one.
+struct SlotStats {
+  int slots = 1;
+  size_t busy = 0, waiting = 0;
+};
+
+// The memory the slots' states need at most (each a whole context: its KV cache, its DeltaNet
+// state and the snapshots a completion takes), checked against what the host has free when the
+// states live there (the CPU backends): a --parallel and --ctx-size the host cannot hold are
+// refused when the service starts, with the figures, not by an allocation failing mid-stream.
+// Returns the bytes budgeted; throws lily::Error when they exceed `free_bytes` less the session
+// cache's budget (free_bytes 0: unknown, not checked).
+uint64_t budget_slots(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
+                      uint64_t free_bytes);
 
 class ChatService {
  public:
   ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions options = {});
+  ~ChatService();
 
   // Sampling defaults from generation_config.json.
   SamplingParams default_sampling() const;
@@ -166,6 +196,7 @@ class ChatService {
   // Safe to call from any thread (updated after each completion).
   PrefixCacheStats cache_stats() const;
   void clear_cache();
+  SlotStats slots() const;
   GrammarCache::Stats grammar_cache_stats() const { return grammars_.stats(); }
 
   // Render + tokenize + check, and compile the reply's grammar (from the cache when the same
@@ -173,20 +204,28 @@ class ChatService {
   PreparedCompletion prepare_chat(const ChatRequest& request) const;
   PreparedCompletion prepare_text(const TextRequest& request) const;
 
-  CompletionResult complete(const PreparedCompletion& prepared, const DeltaCallback& on_delta);
+  // Runs the completion; on_delta gets its deltas on the calling thread. keep_going: parallel
+  // completions only (see KeepGoing); the serial path learns of a client gone from on_delta.
+  CompletionResult complete(const PreparedCompletion& prepared, const DeltaCallback& on_delta,
+                            const KeepGoing& keep_going = {});
   CompletionResult complete_chat(const ChatRequest& request, const DeltaCallback& on_delta) {
     return complete(prepare_chat(request), on_delta);
   }
 
  private:
-  struct Completion;  // one complete() call's sequence, reply and grammar (chat_service.cpp)
+  struct Completion;      // one complete() call's sequence, reply and grammar (chat_completion.h)
+  class BatchCompletion;  // one completion in the scheduler's batch (chat_batch.cpp)
 
   std::vector<int32_t> stop_tokens() const;
   // The compiled grammar of a constraint; a refused schema is a RequestError naming it.
   std::shared_ptr<const grammar::CompiledGrammar> compile(const std::optional<OutputConstraint>& constraint) const;
-  // complete(), by role: the generation, one generated token, and the result (what goes back
-  // into the cache).
+  // complete(), by role: the completion's sequence (from the cache) and reply stream, the
+  // generation, its request, one generated token, and the result (what goes back into the cache).
+  Completion begin(const PreparedCompletion& p, DeltaCallback on_delta, std::chrono::steady_clock::time_point start);
+  CompletionResult complete_in_batch(const PreparedCompletion& p, const DeltaCallback& on_delta,
+                                     const KeepGoing& keep_going);
   FinishReason generate_reply(Completion& c);
+  GenerateRequest reply_request(Completion& c) const;
   bool on_token(Completion& c, const GeneratedToken& token);
   CompletionResult finish(Completion& c, FinishReason reason);
 
@@ -194,10 +233,12 @@ class ChatService {
   Backend& backend_;  // the engine's, or ChatServiceOptions::backend
   Tokenizer tokenizer_;
   int64_t context_size_;
+  std::mutex cache_mutex_;  // cache_: completions on several threads, clear_cache on any
   PrefixCache cache_;
   mutable GrammarCache grammars_;  // refers to tokenizer_
   mutable std::mutex stats_mutex_;
   PrefixCacheStats stats_;
+  std::unique_ptr<BatchScheduler> scheduler_;  // parallel > 1; last: stopped before the rest goes
 };
 
 // "call_" + 24 random hex digits.

@@ -37,6 +37,12 @@ GenerateResult SequenceTokens::generate(Backend& backend, GenerateRequest reques
   return result;
 }
 
+uint64_t SequenceTokens::join(BatchGenerator& batch, GenerateRequest request, TokenCallback on_token,
+                              PrefillStop stop) {
+  request.prompt = tokens_;
+  return batch.add(request, *sequence_.state, std::move(on_token), std::move(stop));
+}
+
 void SequenceTokens::append(std::span<const int32_t> ids) {
   tokens_.insert(tokens_.end(), ids.begin(), ids.end());
   produced_ += int64_t(ids.size());

@@ -15,6 +15,7 @@
 #include <span>
 #include <vector>
 
+#include "runtime/batch_generate.h"
 #include "runtime/generate.h"
 #include "runtime/prefix_cache.h"
 
@@ -38,6 +39,11 @@ class SequenceTokens {
   // One generation round: prefills what the state lacks, decodes, appends what was generated.
   // request.prompt is set here.
   GenerateResult generate(Backend& backend, GenerateRequest request, const TokenCallback& on_token);
+  // The same round in a batch (batch_generate.h): joins `batch` with tokens() as the prompt and
+  // returns the request's id; its outcome's tokens come back through finish_round(). The state
+  // belongs to the batch until then.
+  uint64_t join(BatchGenerator& batch, GenerateRequest request, TokenCallback on_token, PrefillStop stop = {});
+  void finish_round(const GenerateResult& result) { append(result.tokens); }
   // A snapshot of the state as it is now (CachedSequence::snapshot_here).
   void snapshot_here() { sequence_.snapshot_here(); }
 

@@ -318,5 +318,61 @@ TEST(BatchGenerate, BadRequestsAreRefusedWhenAdded) {
   EXPECT_THROW(BatchGenerator(b, {2, 0}), Error);
 }
 
+// A PrefillStop cuts the prefill there (the chat service's template boundary): `reached` runs
+// once with the state holding exactly that many tokens, and the tokens are generate()'s.
+TEST(BatchGenerate, PrefillStopsWhereAsked) {
+  Backend& b = engine().backend();
+  BatchGenerator batch(b, {2, 16});
+  GenerateRequest r = request_of({60, 0, 8, 0, greedy()}, 11);
+  auto state = state_of(b, r, 0);
+  std::vector<int64_t> reached;
+  const uint64_t id = batch.add(
+      r, *state, [](const GeneratedToken&) { return true; },
+      PrefillStop{23, [&] { reached.push_back(state->length()); }});
+  while (batch.step()) {
+  }
+  EXPECT_EQ(reached, std::vector<int64_t>{23});
+  auto o = batch.take(id);
+  ASSERT_TRUE(o.has_value());
+  auto alone_state = state_of(b, r, 0);
+  EXPECT_EQ(o->result.tokens, generate(b, *alone_state, r, [](const GeneratedToken&) { return true; }).tokens);
+}
+
+// cancel(): a waiting request leaves the line, a prefilling one its slot, before the next step;
+// both end cancelled, the third goes on.
+TEST(BatchGenerate, CancelEndsWaitingAndPrefillingRequests) {
+  Backend& b = engine().backend();
+  BatchGenerator batch(b, {2, 8});
+  std::vector<GenerateRequest> requests;
+  std::vector<std::unique_ptr<SequenceState>> states;
+  std::vector<uint64_t> ids;
+  for (int i = 0; i < 3; ++i) {
+    requests.push_back(request_of({i == 0 ? 100 : 5, 0, 10, 0, greedy()}, 30 + uint32_t(i)));
+    states.push_back(state_of(b, requests.back(), 0));
+    ids.push_back(batch.add(requests.back(), *states.back(), [](const GeneratedToken&) { return true; }));
+  }
+  batch.step();  // 0 and 1 admitted; 0 has prefilled one chunk of its 100 tokens
+  EXPECT_EQ(batch.waiting(), 1u);
+  batch.cancel(ids[2]);
+  EXPECT_EQ(batch.waiting(), 0u);
+  batch.cancel(ids[0]);
+  batch.step();
+  EXPECT_EQ(batch.running(), 1u) << "the cancelled one left its slot";
+  EXPECT_LT(states[0]->length(), 100) << "its prefill stopped";
+  for (int i : {0, 2}) {
+    auto o = batch.take(ids[size_t(i)]);
+    ASSERT_TRUE(o.has_value()) << "request " << i;
+    EXPECT_EQ(o->result.finish, FinishReason::cancelled);
+    EXPECT_TRUE(o->result.tokens.empty());
+  }
+  while (batch.step()) {
+  }
+  auto o = batch.take(ids[1]);
+  ASSERT_TRUE(o.has_value());
+  EXPECT_EQ(o->result.tokens.size(), 10u);
+  batch.cancel(ids[1]);  // ended: nothing
+  EXPECT_FALSE(batch.take(ids[1]).has_value());
+}
+
 }  // namespace
 }  // namespace lily
