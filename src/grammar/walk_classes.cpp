@@ -9,9 +9,7 @@ namespace lily::grammar {
 
 namespace {
 
-bool has_calls(const Rule& rule, int32_t s) {
-  return rule.call_begin[size_t(s) + 1] > rule.call_begin[size_t(s)];
-}
+bool has_calls(const Rule& rule, int32_t s) { return rule.call_begin[size_t(s) + 1] > rule.call_begin[size_t(s)]; }
 
 // Predecessors by byte edges: preds[begin[t] .. begin[t + 1]) are the states with an edge to t.
 struct Predecessors {

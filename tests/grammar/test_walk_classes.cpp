@@ -56,8 +56,8 @@ void check_classes(const Grammar& g, int depth, const std::string& what) {
       ASSERT_LE(rep[size_t(s)], s);
       ASSERT_EQ(rep[size_t(rep[size_t(s)])], rep[size_t(s)]);
       if (rep[size_t(s)] == s) reps.push_back(s);
-      ASSERT_TRUE(ref.equal(s, rep[size_t(s)], depth)) << what << " rule " << r.name << ": " << s << " shares "
-                                                       << rep[size_t(s)] << " at depth " << depth;
+      ASSERT_TRUE(ref.equal(s, rep[size_t(s)], depth))
+          << what << " rule " << r.name << ": " << s << " shares " << rep[size_t(s)] << " at depth " << depth;
     }
     for (size_t i = 0; i < reps.size(); ++i)
       for (size_t j = i + 1; j < reps.size(); ++j)
@@ -101,7 +101,8 @@ std::shared_ptr<const Vocabulary> runs_vocabulary() {
   static auto v = [] {
     std::vector<std::string> tokens;
     for (int b = 0; b < 256; ++b) tokens.emplace_back(1, char(b));
-    for (int n = 2; n <= 9; ++n) tokens.push_back(std::string(size_t(n), 'a')), tokens.push_back(std::string(size_t(n), 'b') + "\"");
+    for (int n = 2; n <= 9; ++n)
+      tokens.push_back(std::string(size_t(n), 'a')), tokens.push_back(std::string(size_t(n), 'b') + "\"");
     tokens.emplace_back("<|im_end|>");
     const int32_t stop = int32_t(tokens.size()) - 1;
     return std::make_shared<const Vocabulary>(std::move(tokens), std::span<const int32_t>{},
@@ -114,7 +115,8 @@ std::shared_ptr<const Vocabulary> runs_vocabulary() {
 // what accept_token takes, token by token, though the positions share entries.
 TEST(WalkClasses, SharedEntriesGiveEveryPositionItsOwnMask) {
   auto vocab = runs_vocabulary();
-  for (const char* text : {R"({"type":"string","maxLength":40})", R"({"type":"object","properties":{"s":{"type":"string"}}})"}) {
+  for (const char* text :
+       {R"({"type":"string","maxLength":40})", R"({"type":"object","properties":{"s":{"type":"string"}}})"}) {
     const json schema = json::parse(text);
     auto g = std::make_shared<const CompiledGrammar>(json_schema_grammar(schema), vocab);
     GrammarMatcher m(g);
