@@ -9,6 +9,7 @@
 
 #include "base/cpu_clones.h"
 #include "base/error.h"
+#include "grammar/walk_classes.h"
 
 namespace lily::grammar {
 
@@ -55,8 +56,12 @@ CompiledGrammar::CompiledGrammar(Grammar grammar, std::shared_ptr<const Vocabula
   LILY_CHECK(vocabulary_ != nullptr, "grammar: no vocabulary");
   size_t offset = 0;
   called_.assign(grammar_.rules.size(), false);
+  int longest = 0;  // bytes of the longest text token: what one walk can read
+  for (int32_t id = 0; id < vocabulary_->size(); ++id)
+    if (vocabulary_->is_text(id)) longest = std::max(longest, int(vocabulary_->bytes(id).size()));
   for (const Rule& r : grammar_.rules) {
     rule_offset_.push_back(offset);
+    for (int32_t rep : walk_classes(grammar_, r, longest + 1)) entry_of_.push_back(offset + size_t(rep));
     offset += size_t(r.num_states);
     for (const CallEdge& c : r.calls) called_[size_t(c.rule)] = true;
   }
@@ -80,7 +85,7 @@ size_t CompiledGrammar::cache_bytes() const {
 
 const CompiledGrammar::Entry& CompiledGrammar::entry(int32_t rule, int32_t state) const {
   std::lock_guard lock(mutex_);
-  std::unique_ptr<Entry>& slot = entries_[rule_offset_[size_t(rule)] + size_t(state)];
+  std::unique_ptr<Entry>& slot = entries_[entry_of_[rule_offset_[size_t(rule)] + size_t(state)]];
   if (slot) return *slot;
 
   // A walk of the whole vocabulary from (rule, state) over an unknown caller.

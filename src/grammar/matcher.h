@@ -7,9 +7,11 @@
 //   * a suffix trie of the tokens whose bytes can end the rule part-way, keyed by the bytes
 //     left over (these depend on the caller: at each step they are walked from the caller's
 //     state, so `},` after a nested object costs a walk of a few trie nodes).
-// An entry is made the first time a state is reached (a walk of the vocabulary trie pruned by
-// the grammar: the whole trie only inside strings and free text) and kept for the grammar's
-// life, shared by every matcher of it; the steps after that are a copy of the cached mask.
+// States that no token can tell apart (walk_classes.h: most of a long string's chain) share one
+// entry. An entry is made the first time a state of its class is reached (a walk of the
+// vocabulary trie pruned by the grammar: the whole trie only inside strings and free text) and
+// kept for the grammar's life, shared by every matcher of it; the steps after that are a copy of
+// the cached mask.
 //
 // GrammarMatcher is one request's state (a set of stacks of rule states, for the few places a
 // grammar is ambiguous by a byte): fill_next_token_bitmask before each sampling step, then
@@ -37,7 +39,8 @@ class CompiledGrammar {
 
   const Grammar& grammar() const { return grammar_; }
   const Vocabulary& vocabulary() const { return *vocabulary_; }
-  // Cache entries made so far, and their bytes (for logs and the benchmark).
+  // Cache entries made so far (one per class of states that share it), and their bytes (for
+  // logs and the benchmark).
   size_t cached_states() const;
   size_t cache_bytes() const;
 
@@ -51,6 +54,7 @@ class CompiledGrammar {
   std::shared_ptr<const Vocabulary> vocabulary_;
   std::unique_ptr<DensePool> dense_pool_;  // guarded by mutex_
   std::vector<size_t> rule_offset_;        // index of (rule, state) = rule_offset_[rule] + state
+  std::vector<size_t> entry_of_;           // [index]: the entry it shares (walk_classes.h), an index too
   std::vector<bool> called_;               // [rule]: some call edge reaches it (the root: none)
   mutable std::mutex mutex_;
   mutable std::vector<std::unique_ptr<Entry>> entries_;

@@ -359,7 +359,9 @@ TEST(GrammarMatcher, regression_bounded_string_states_share_their_mask_18) {
   m.fill_next_token_bitmask(mask);
   ASSERT_TRUE(m.accept_bytes("\""));
   EXPECT_TRUE(m.is_accepting());
-  EXPECT_GE(g->cached_states(), 300u);
+  // 300 positions of the chain, but most share one entry (walk_classes.h, issue 40): the
+  // fixture's longest token is shorter than the 100 characters left.
+  EXPECT_LT(g->cached_states(), 60u);
   const size_t one_mask = vocab->mask_words() * 8;
   EXPECT_LT(g->cache_bytes(), 10 * one_mask) << g->cached_states() << " states";
 }

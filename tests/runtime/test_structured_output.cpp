@@ -47,8 +47,8 @@ ChatRequest request(const std::string& question, float temperature, uint64_t see
   r.messages = json::array({json{{"role", "user"}, {"content", question}}});
   r.options.sampling.temperature = temperature;
   r.options.sampling.seed = seed;
-  // Room for the grammar's worst case: a random model may write up to max_whitespace (32) bytes
-  // of whitespace in every gap of the document (the $defs schema's ~30 gaps: ~1,000 tokens). The
+  // Room for a random model's long replies: a gap of whitespace may be 22 bytes (two newlines
+  // and 20 spaces; it was 32 bytes before issue 40) in each of the $defs schema's ~30 gaps. The
   // GPU's rounding led tiny-chat into such runs where the CPU's did not: a 400-token cap cut one.
   r.options.max_tokens = 1400;
   r.template_options.enable_thinking = thinking;
@@ -154,6 +154,71 @@ TEST(StructuredOutput, AReplyCutByMaxTokensIsLength) {
   const Reply reply = complete(s, r);
   EXPECT_EQ(reply.result.finish_reason, "length");
   EXPECT_FALSE(RefParser(reply.result.content).document().has_value());
+}
+
+// Issue 40: a json_schema integer gave 17171717... until max_tokens, and a json_object reply
+// wandered in a string. Every lexeme is bounded now: integers, numbers and strings without
+// maxLength end on any model, within a bounded number of tokens, at every temperature.
+TEST(StructuredOutput, regression_unbounded_lexemes_end_40) {
+  ChatService& s = *tiny_chat().service;
+  const json schema = json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"},
+      "x": {"type": "number"}, "s": {"type": "string"}, "list": {"type": "array", "items": {"type": "integer"},
+      "maxItems": 3}}, "required": ["n", "x", "s", "list"]})");
+  for (float temperature : {0.0f, 0.7f, 1.0f, 1.5f}) {
+    for (uint64_t seed : {1, 2, 3}) {
+      SCOPED_TRACE(testing::Message() << "temperature " << temperature << " seed " << seed);
+      ChatRequest r = request("Answer in JSON.", temperature, seed, false);
+      r.response_format = schema_format(schema);
+      // The grammar's longest text is ~1,300 bytes (a 1,024-character string): room for it.
+      r.options.max_tokens = 2000;
+      const Reply reply = complete(s, r);
+      EXPECT_EQ(reply.result.finish_reason, "stop") << reply.result.content;
+      EXPECT_LT(reply.result.usage.completion_tokens, 1400);
+      const auto doc = RefParser(reply.result.content).document();
+      ASSERT_TRUE(doc) << json(reply.result.content).dump();
+      EXPECT_TRUE(RefValidator(schema).valid(schema, *doc)) << reply.result.content;
+      if (temperature == 0.0f) break;  // greedy: one seed is all there is
+    }
+  }
+}
+
+TEST(StructuredOutput, regression_json_object_replies_end_40) {
+  ChatService& s = *tiny_chat().service;
+  for (uint64_t seed : {1, 2, 3, 4, 5, 6}) {
+    SCOPED_TRACE(testing::Message() << "seed " << seed);
+    ChatRequest r = request("Answer in JSON.", 1.0f, seed, false);
+    r.response_format.type = ResponseFormat::Type::json_object;
+    r.options.max_tokens = 4000;
+    const Reply reply = complete(s, r);
+    EXPECT_EQ(reply.result.finish_reason, "stop") << reply.result.content;
+    const auto doc = RefParser(reply.result.content).document();
+    ASSERT_TRUE(doc) << json(reply.result.content).dump();
+    EXPECT_EQ(doc->kind, test::JValue::kObject);
+  }
+}
+
+// Cut by max_tokens, a constrained reply says `length` and is exactly the start of the reply a
+// larger budget gives (greedy): the tokens generated, nothing added or dropped.
+TEST(StructuredOutput, ACutReplyIsThePrefixItGenerated) {
+  ChatService& s = *tiny_chat().service;
+  ChatRequest r = request("Answer in JSON.", 0.0f, 1, false);
+  r.response_format = schema_format(json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"},
+      "s": {"type": "string"}}, "required": ["n", "s"]})"));
+  r.options.max_tokens = 2000;
+  const Reply whole = complete(s, r);
+  ASSERT_EQ(whole.result.finish_reason, "stop");
+  const auto& all = whole.result.tokens;
+  ASSERT_GT(all.size(), 4u);
+  for (int64_t budget : {int64_t(1), int64_t(3), int64_t(all.size()) / 2}) {
+    SCOPED_TRACE(testing::Message() << "max_tokens " << budget);
+    r.options.max_tokens = budget;
+    const Reply cut = complete(s, r);
+    EXPECT_EQ(cut.result.finish_reason, "length");
+    ASSERT_EQ(cut.result.tokens.size(), size_t(budget));
+    EXPECT_TRUE(std::equal(cut.result.tokens.begin(), cut.result.tokens.end(), all.begin()));
+    EXPECT_EQ(whole.result.content.substr(0, cut.result.content.size()), cut.result.content);
+    EXPECT_EQ(cut.streamed.content, cut.result.content);
+  }
 }
 
 // lily-tiny closes its reasoning: with thinking on, the constrained reply's reasoning is exactly

@@ -4,7 +4,8 @@
 // code); json_object; tool_choice "required" (several tools, many seeds and temperatures: always
 // a call to one of them, arguments valid for its parameters), a named function, and "none"
 // (never tool markup); refusals as 400s naming the keyword; /v1/completions with a
-// response_format. JSON runs on the server run_node_tests.sh started (the random-weight tiny-chat
+// response_format; unbounded integers, numbers and strings and json_object replies that end
+// (issue 40), and replies cut by max_tokens. JSON runs on the server run_node_tests.sh started (the random-weight tiny-chat
 // fixture, thinking off: it never closes its reasoning; the schemas bound every string and list
 // so that a random model finishes them). The trained lily-tiny (models/lily-tiny, started here
 // unless it is that server's model) writes real tool calls and closes its reasoning.
@@ -212,18 +213,47 @@ test('json_schema: streamed and whole replies are the same text (greedy)', async
   checkJson(whole, schema, 'people');
 });
 
-test('json_object: the reply is a JSON object', async () => {
-  let finished = 0;
-  for (const seed of [1, 2, 3]) {
-    const reply = await ask(openai, { model: 'test', temperature: 1, seed, max_tokens: 1500, ...NO_THINKING,
-      messages: userTurn('Reply in JSON.'), response_format: { type: 'json_object' } }, seed === 2);
-    if (reply.finish_reason === 'length') continue;  // a random model's free strings may not end
-    assert.equal(reply.finish_reason, 'stop');
+// Issue 40: json_object replies wandered in a string until max_tokens; every string is bounded
+// now (1,024 characters), so a random model's object ends.
+test('json_object: the reply is a JSON object, and it ends', async () => {
+  for (const seed of [1, 2, 3, 4]) {
+    const reply = await ask(openai, { model: 'test', temperature: 1, seed, max_tokens: 1900, ...NO_THINKING,
+      messages: userTurn('Reply in JSON.'), response_format: { type: 'json_object' } }, seed % 2 === 0);
+    assert.equal(reply.finish_reason, 'stop', `seed ${seed}: ${JSON.stringify(reply.content)}`);
     const value = JSON.parse(reply.content);
     assert.equal(typeOf(value), 'object', reply.content);
-    ++finished;
   }
-  assert.ok(finished >= 2, `${finished} of 3 replies finished`);
+});
+
+// Issue 40: a json_schema integer gave 17171717... until max_tokens. Integers, numbers and strings
+// without bounds in the schema end now on a random model (16 digits, 1,024 characters at most).
+test('json_schema: unbounded integers, numbers and strings end, at every temperature', async () => {
+  const schema = { type: 'object', properties: { n: { type: 'integer' }, x: { type: 'number' }, s: { type: 'string' },
+    list: { type: 'array', items: { type: 'integer' }, maxItems: 3 } }, required: ['n', 'x', 's', 'list'] };
+  for (const temperature of [0, 1, 1.5]) {
+    for (const seed of [1, 2]) {
+      const reply = await ask(openai, { model: 'test', temperature, seed, max_tokens: 2000, ...NO_THINKING,
+        messages: userTurn('Reply with the numbers JSON.'),
+        response_format: { type: 'json_schema', json_schema: { name: 'unbounded', schema } } }, seed === 2);
+      const value = checkJson(reply, schema, `temperature ${temperature} seed ${seed}`);
+      assert.ok(String(value.n).replace('-', '').length <= 16, `n has at most 16 digits: ${reply.content}`);
+      assert.ok([...value.s].length <= 1024, 's has at most 1,024 characters');
+    }
+  }
+});
+
+// Cut by max_tokens, a constrained reply says `length` and is the start of the whole reply.
+test('json_schema: a reply cut by max_tokens is length, and a prefix of the whole one', async () => {
+  const schema = SCHEMAS.numbers;
+  const params = { model: 'test', temperature: 0, ...NO_THINKING, messages: userTurn('Numbers?'),
+    response_format: { type: 'json_schema', json_schema: { name: 'numbers', schema } } };
+  const whole = await ask(openai, { ...params, max_tokens: 2000 }, false);
+  checkJson(whole, schema, 'whole');
+  for (const stream of [false, true]) {
+    const cut = await ask(openai, { ...params, max_tokens: 4 }, stream);
+    assert.equal(cut.finish_reason, 'length', JSON.stringify(cut));
+    assert.ok(cut.content.length > 0 && whole.content.startsWith(cut.content), `${cut.content} / ${whole.content}`);
+  }
 });
 
 test('/v1/completions takes a response_format too', async () => {
