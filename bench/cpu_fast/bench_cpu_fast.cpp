@@ -1,6 +1,6 @@
 // bench_cpu_fast: decode and prefill tokens/s of lily-tiny on the fast and the reference CPU
-// backend, and
-// the GEMV kernels per instruction set and kind (fp32, integer) at the full-size model's shapes.
+// backend, batch steps of N sequences (lily-tiny, 4 full-size layers), and the GEMV kernels per
+// instruction set and kind (fp32, integer) at the full-size model's shapes.
 //
 //   LILY_THREADS=2 build/bench/cpu_fast/bench_cpu_fast
 //
@@ -200,6 +200,53 @@ void BM_PrefillFullSizeLayers(benchmark::State& state) {
   state.SetItemsProcessed(int64_t(state.iterations()) * int64_t(prompt.size()));
 }
 BENCHMARK(BM_PrefillFullSizeLayers)->Unit(benchmark::kMillisecond)->UseRealTime();
+
+// Batch steps (Backend::forward_batch, parallel requests): one token of each of N sequences at
+// depths 100 + 17 i, each step's logits, the sequences rolled back to their depth when full.
+// items_per_second: the tokens of all the streams together; ms a step. Args: N, and 1 for the
+// backend's batch step or 0 for the default of Backend (the sequences one after another), the
+// baseline in the same run.
+void decode_batch(benchmark::State& state, const std::shared_ptr<ModelWeights>& weights) {
+  const int N = int(state.range(0));
+  const bool batched = state.range(1) != 0;
+  state.SetLabel(batched ? "batched" : "one after another");
+  auto backend = make_cpu_fast_backend(weights);
+  const int32_t V = weights->config.vocab_size;
+  std::vector<std::unique_ptr<SequenceState>> seqs;
+  std::vector<std::unique_ptr<RecurrentSnapshot>> at_depth;
+  std::vector<SequenceState*> states;
+  std::vector<float> logits;
+  for (int i = 0; i < N; ++i) {
+    std::vector<int32_t> prompt;
+    for (int t = 0; t < 100 + 17 * i; ++t) prompt.push_back(int32_t((t * 7919 + 13 * i + 1) % V));
+    seqs.push_back(backend->new_sequence(int64_t(prompt.size()) + 128));
+    backend->forward(*seqs.back(), prompt, LogitsWanted::none, logits);
+    at_depth.push_back(seqs.back()->snapshot());
+    states.push_back(seqs.back().get());
+  }
+  std::vector<int32_t> tokens(size_t(N), 1);
+  int64_t steps = 0;
+  for (auto _ : state) {
+    if (seqs[0]->length() + 1 >= seqs[0]->capacity())
+      for (int i = 0; i < N; ++i) seqs[size_t(i)]->restore(*at_depth[size_t(i)]);
+    if (batched) backend->forward_batch(states, tokens, logits);
+    else backend->Backend::forward_batch(states, tokens, logits);
+    for (int i = 0; i < N; ++i) {
+      const float* row = logits.data() + size_t(i) * size_t(V);
+      tokens[size_t(i)] = int32_t(std::max_element(row, row + V) - row);
+    }
+    ++steps;
+  }
+  state.SetItemsProcessed(steps * N);
+}
+void batch_args(benchmark::internal::Benchmark* b) {
+  for (int batched : {0, 1})
+    for (int n : {1, 2, 4, 8}) b->Args({n, batched});
+}
+void BM_DecodeBatchLilyTiny(benchmark::State& state) { decode_batch(state, lily_tiny()); }
+void BM_DecodeBatchFullSizeLayers(benchmark::State& state) { decode_batch(state, full_size_layers()); }
+BENCHMARK(BM_DecodeBatchLilyTiny)->Apply(batch_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_DecodeBatchFullSizeLayers)->Apply(batch_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
 // Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
 void prefill(benchmark::State& state, bool fast) {

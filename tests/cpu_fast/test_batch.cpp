@@ -71,7 +71,8 @@ std::unique_ptr<SequenceState> sequence_at(Backend& backend, int32_t depth, std:
   const size_t prefilled = ids.size() > 2 ? ids.size() - 2 : 0;
   std::vector<float> logits;
   if (prefilled > 0) backend.forward(*seq, std::span(ids.data(), prefilled), LogitsWanted::none, logits);
-  for (size_t t = prefilled; t < ids.size(); ++t) backend.forward(*seq, std::span(&ids[t], 1), LogitsWanted::last, logits);
+  for (size_t t = prefilled; t < ids.size(); ++t)
+    backend.forward(*seq, std::span(&ids[t], 1), LogitsWanted::last, logits);
   EXPECT_EQ(seq->length(), depth);
   return seq;
 }
