@@ -6,8 +6,10 @@ It applies the transforms llama.cpp's converter applies, from the spec, so the G
 undo them: the DeltaNet V heads moved from grouped to tiled order (rows of in_proj_qkv's V part,
 in_proj_z, in_proj_a, in_proj_b, A_log, dt_bias, conv1d's V channels; columns of out_proj),
 ssm_a = -exp(A_log), +1 on every zero-centred norm, conv1d squeezed, gate_up_proj split into
-ffn_gate_exps and ffn_up_exps. The MTP head (mtp.*) is not written (block_count = the main
-layers, no nextn key: the older GGUF form).
+ffn_gate_exps and ffn_up_exps. The MTP head (mtp.*), when the checkpoint has it, becomes block
+N = the main layer count with its nextn tensors (eh_proj = mtp.fc, enorm, hnorm,
+shared_head_norm), block_count N + 1 and nextn_predict_layers 1; --no-mtp leaves it out (block_count
+N, no nextn key: the older GGUF form).
 
 Matrices are stored as F32, BF16 (exact for a bf16 checkpoint) or Q8_0 (--type; Q8_0 by this file's own quantizer: d = max|x| / 127
 rounded to f16, q = round(x / d)); norms, conv1d, ssm_a and dt_bias are F32 as llama.cpp keeps
@@ -119,7 +121,48 @@ class Gguf:
                 f.write(data + b"\0" * (-len(data) % ALIGNMENT))
 
 
-def convert(model_dir, qtype):
+def write_layer(g, t, text, L, b, layer_type, qtype):
+    """One decoder layer: HF names under L ("model.language_model.layers.3."), GGUF under b ("blk.3.")."""
+    hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
+    dv = text["linear_value_head_dim"]
+    ratio, key_dim = hv // hk, hk * text["linear_key_head_dim"]
+    g.tensor(b + "attn_norm.weight", t[L + "input_layernorm.weight"] + 1, GGML_F32)
+    g.tensor(b + "post_attention_norm.weight", t[L + "post_attention_layernorm.weight"] + 1, GGML_F32)
+    if layer_type == "linear_attention":
+        a = L + "linear_attn."
+        qkv = t[a + "in_proj_qkv.weight"].copy()
+        qkv[2 * key_dim:] = tile_v_heads(qkv[2 * key_dim:], 0, hk, ratio, dv)
+        conv = t[a + "conv1d.weight"][:, 0, :].copy()  # [C, 1, K] -> [C, K]
+        conv[2 * key_dim:] = tile_v_heads(conv[2 * key_dim:], 0, hk, ratio, dv)
+        g.tensor(b + "attn_qkv.weight", qkv, qtype)
+        g.tensor(b + "attn_gate.weight", tile_v_heads(t[a + "in_proj_z.weight"], 0, hk, ratio, dv), qtype)
+        g.tensor(b + "ssm_beta.weight", tile_v_heads(t[a + "in_proj_b.weight"], 0, hk, ratio, 1), qtype)
+        g.tensor(b + "ssm_alpha.weight", tile_v_heads(t[a + "in_proj_a.weight"], 0, hk, ratio, 1), qtype)
+        g.tensor(b + "ssm_conv1d.weight", conv, GGML_F32)
+        g.tensor(b + "ssm_dt.bias", tile_v_heads(t[a + "dt_bias"], 0, hk, ratio, 1), GGML_F32)
+        g.tensor(b + "ssm_a", -np.exp(tile_v_heads(t[a + "A_log"], 0, hk, ratio, 1)), GGML_F32)
+        g.tensor(b + "ssm_norm.weight", t[a + "norm.weight"], GGML_F32)  # the gated norm: no +1
+        g.tensor(b + "ssm_out.weight", tile_v_heads(t[a + "out_proj.weight"], 1, hk, ratio, dv), qtype)
+    else:
+        s = L + "self_attn."
+        for hf, gg in [("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
+                       ("o_proj", "attn_output")]:
+            g.tensor(b + gg + ".weight", t[s + hf + ".weight"], qtype)
+        g.tensor(b + "attn_q_norm.weight", t[s + "q_norm.weight"] + 1, GGML_F32)
+        g.tensor(b + "attn_k_norm.weight", t[s + "k_norm.weight"] + 1, GGML_F32)
+    m = L + "mlp."
+    inter = text["moe_intermediate_size"]
+    gate_up = t[m + "experts.gate_up_proj"]  # [E, 2I, H]
+    g.tensor(b + "ffn_gate_inp.weight", t[m + "gate.weight"], qtype)
+    g.tensor(b + "ffn_gate_exps.weight", gate_up[:, :inter], qtype)
+    g.tensor(b + "ffn_up_exps.weight", gate_up[:, inter:], qtype)
+    g.tensor(b + "ffn_down_exps.weight", t[m + "experts.down_proj"], qtype)
+    g.tensor(b + "ffn_gate_inp_shexp.weight", t[m + "shared_expert_gate.weight"][0], GGML_F32)
+    for hf, gg in [("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"), ("down_proj", "ffn_down_shexp")]:
+        g.tensor(b + gg + ".weight", t[m + "shared_expert." + hf + ".weight"], qtype)
+
+
+def convert(model_dir, qtype, mtp):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     text = cfg.get("text_config", cfg)
     gen = json.load(open(os.path.join(model_dir, "generation_config.json")))
@@ -127,7 +170,6 @@ def convert(model_dir, qtype):
     p = "model.language_model."
     hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
-    ratio, key_dim = hv // hk, hk * dk
     rope = text.get("rope_parameters", {})
     head_dim = text["head_dim"]
     n_layers = text["num_hidden_layers"]
@@ -135,7 +177,10 @@ def convert(model_dir, qtype):
     g = Gguf()
     g.str("general.architecture", "qwen35moe")
     g.str("general.name", "lily tiny-a (random weights)")
-    g.u32("qwen35moe.block_count", n_layers)
+    mtp = mtp and "mtp.fc.weight" in t
+    g.u32("qwen35moe.block_count", n_layers + (1 if mtp else 0))
+    if mtp:
+        g.u32("qwen35moe.nextn_predict_layers", 1)
     g.u32("qwen35moe.context_length", text["max_position_embeddings"])
     g.u32("qwen35moe.embedding_length", text["hidden_size"])
     g.u32("qwen35moe.attention.head_count", text["num_attention_heads"])
@@ -164,41 +209,20 @@ def convert(model_dir, qtype):
     if "lm_head.weight" in t:
         g.tensor("output.weight", t["lm_head.weight"], qtype)
     for i in range(n_layers):
-        L, b = f"{p}layers.{i}.", f"blk.{i}."
-        g.tensor(b + "attn_norm.weight", t[L + "input_layernorm.weight"] + 1, GGML_F32)
-        g.tensor(b + "post_attention_norm.weight", t[L + "post_attention_layernorm.weight"] + 1, GGML_F32)
-        if text["layer_types"][i] == "linear_attention":
-            a = L + "linear_attn."
-            qkv = t[a + "in_proj_qkv.weight"].copy()
-            qkv[2 * key_dim:] = tile_v_heads(qkv[2 * key_dim:], 0, hk, ratio, dv)
-            conv = t[a + "conv1d.weight"][:, 0, :].copy()  # [C, 1, K] -> [C, K]
-            conv[2 * key_dim:] = tile_v_heads(conv[2 * key_dim:], 0, hk, ratio, dv)
-            g.tensor(b + "attn_qkv.weight", qkv, qtype)
-            g.tensor(b + "attn_gate.weight", tile_v_heads(t[a + "in_proj_z.weight"], 0, hk, ratio, dv), qtype)
-            g.tensor(b + "ssm_beta.weight", tile_v_heads(t[a + "in_proj_b.weight"], 0, hk, ratio, 1), qtype)
-            g.tensor(b + "ssm_alpha.weight", tile_v_heads(t[a + "in_proj_a.weight"], 0, hk, ratio, 1), qtype)
-            g.tensor(b + "ssm_conv1d.weight", conv, GGML_F32)
-            g.tensor(b + "ssm_dt.bias", tile_v_heads(t[a + "dt_bias"], 0, hk, ratio, 1), GGML_F32)
-            g.tensor(b + "ssm_a", -np.exp(tile_v_heads(t[a + "A_log"], 0, hk, ratio, 1)), GGML_F32)
-            g.tensor(b + "ssm_norm.weight", t[a + "norm.weight"], GGML_F32)  # the gated norm: no +1
-            g.tensor(b + "ssm_out.weight", tile_v_heads(t[a + "out_proj.weight"], 1, hk, ratio, dv), qtype)
-        else:
-            s = L + "self_attn."
-            for hf, gg in [("q_proj", "attn_q"), ("k_proj", "attn_k"), ("v_proj", "attn_v"),
-                           ("o_proj", "attn_output")]:
-                g.tensor(b + gg + ".weight", t[s + hf + ".weight"], qtype)
-            g.tensor(b + "attn_q_norm.weight", t[s + "q_norm.weight"] + 1, GGML_F32)
-            g.tensor(b + "attn_k_norm.weight", t[s + "k_norm.weight"] + 1, GGML_F32)
-        m = L + "mlp."
-        inter = text["moe_intermediate_size"]
-        gate_up = t[m + "experts.gate_up_proj"]  # [E, 2I, H]
-        g.tensor(b + "ffn_gate_inp.weight", t[m + "gate.weight"], qtype)
-        g.tensor(b + "ffn_gate_exps.weight", gate_up[:, :inter], qtype)
-        g.tensor(b + "ffn_up_exps.weight", gate_up[:, inter:], qtype)
-        g.tensor(b + "ffn_down_exps.weight", t[m + "experts.down_proj"], qtype)
-        g.tensor(b + "ffn_gate_inp_shexp.weight", t[m + "shared_expert_gate.weight"][0], GGML_F32)
-        for hf, gg in [("gate_proj", "ffn_gate_shexp"), ("up_proj", "ffn_up_shexp"), ("down_proj", "ffn_down_shexp")]:
-            g.tensor(b + gg + ".weight", t[m + "shared_expert." + hf + ".weight"], qtype)
+        write_layer(g, t, text, f"{p}layers.{i}.", f"blk.{i}.", text["layer_types"][i], qtype)
+    if mtp:
+        b = f"blk.{n_layers}."
+        experts = text["num_experts"]
+        for kind in ["gate_proj", "up_proj", "down_proj"]:  # published per expert: stacked like the main layers'
+            t[f"mtp.layers.0.mlp.experts.{kind}"] = np.stack(
+                [t[f"mtp.layers.0.mlp.experts.{e}.{kind}.weight"] for e in range(experts)])
+        t["mtp.layers.0.mlp.experts.gate_up_proj"] = np.concatenate(
+            [t["mtp.layers.0.mlp.experts.gate_proj"], t["mtp.layers.0.mlp.experts.up_proj"]], axis=1)
+        write_layer(g, t, text, "mtp.layers.0.", b, "full_attention", qtype)
+        g.tensor(b + "nextn.eh_proj.weight", t["mtp.fc.weight"], qtype)
+        g.tensor(b + "nextn.enorm.weight", t["mtp.pre_fc_norm_embedding.weight"] + 1, GGML_F32)
+        g.tensor(b + "nextn.hnorm.weight", t["mtp.pre_fc_norm_hidden.weight"] + 1, GGML_F32)
+        g.tensor(b + "nextn.shared_head_norm.weight", t["mtp.norm.weight"] + 1, GGML_F32)
     return g
 
 
@@ -207,10 +231,11 @@ def main():
     ap.add_argument("model_dir")
     ap.add_argument("--out", required=True)
     ap.add_argument("--type", choices=["f32", "bf16", "q8_0"], default="bf16")
+    ap.add_argument("--no-mtp", action="store_true", help="leave the MTP head out")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     qtype = {"f32": GGML_F32, "bf16": GGML_BF16, "q8_0": GGML_Q8_0}[args.type]
-    convert(args.model_dir, qtype).write(args.out)
+    convert(args.model_dir, qtype, not args.no_mtp).write(args.out)
     print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
 
 

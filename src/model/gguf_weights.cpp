@@ -210,16 +210,35 @@ MoeWeights load_moe(const GgufReader& r, const ModelConfig& c, const std::string
   return m;
 }
 
-LayerWeights load_layer(const GgufReader& r, const ModelConfig& c, int i) {
+LayerWeights load_layer(const GgufReader& r, const ModelConfig& c, int i, LayerKind kind) {
   const std::string b = fmt::format("blk.{}.", i);
   LayerWeights l;
-  l.kind = c.layer_types[size_t(i)];
+  l.kind = kind;
   l.input_layernorm = r.vector(b + "attn_norm.weight", {c.hidden_size});
   l.post_attention_layernorm = r.vector(b + "post_attention_norm.weight", {c.hidden_size});
   if (l.kind == LayerKind::full_attention) l.attention = load_attention(r, c, b);
   else l.deltanet = load_deltanet(r, c, b);
   l.moe = load_moe(r, c, b);
   return l;
+}
+
+// The MTP block (spec §5c): block n_main, a full-attention MoE layer, with its nextn tensors:
+// eh_proj = mtp.fc [H, 2H] (embedding columns first), enorm / hnorm = the pre-fc norms,
+// shared_head_norm = mtp.norm, all stored as the gain 1 + w. It reads the main embedding and
+// lm_head (this file has no nextn.embed_tokens or nextn.shared_head_head of its own).
+MtpWeights load_mtp(const GgufReader& r, const ModelConfig& c, int block) {
+  const std::string b = fmt::format("blk.{}.nextn.", block);
+  for (const char* own : {"embed_tokens.weight", "shared_head_head.weight"})
+    if (r.contains(b + own))
+      fail("tensor '{}{}': lily's MTP head reads the main embedding and lm_head, not its own", b, own);
+  MtpWeights m;
+  const int64_t H = c.hidden_size;
+  m.fc = r.matrix(b + "eh_proj.weight", H, 2 * H);
+  m.pre_fc_norm_embedding = r.vector(b + "enorm.weight", {H});
+  m.pre_fc_norm_hidden = r.vector(b + "hnorm.weight", {H});
+  m.norm = r.vector(b + "shared_head_norm.weight", {H});
+  m.layer = load_layer(r, c, block, LayerKind::full_attention);
+  return m;
 }
 
 }  // namespace
@@ -241,7 +260,15 @@ std::shared_ptr<ModelWeights> load_gguf_model(const std::string& path) {
     w->lm_head = c.tie_word_embeddings ? w->embed_tokens : r.matrix("output.weight", c.vocab_size, c.hidden_size);
     w->layers.resize(size_t(c.num_layers));
     for (int i = 0; i < c.num_layers; ++i)
-      w->layers[size_t(i)] = with_context(fmt::format("block {}", i), [&] { return load_layer(r, c, i); });
+      w->layers[size_t(i)] = with_context(fmt::format("block {}", i),
+                                          [&] { return load_layer(r, c, i, c.layer_types[size_t(i)]); });
+    if (cfg.nextn_layers > 1)
+      fail("qwen35moe.nextn_predict_layers = {}: lily runs a one-layer MTP head (spec §6)", cfg.nextn_layers);
+    if (cfg.nextn_layers == 1) {
+      w->mtp = with_context(fmt::format("the MTP block (block {})", c.num_layers),
+                            [&] { return load_mtp(r, c, c.num_layers); });
+      w->mtp_dir = path;
+    }
     return w;
   });
 }

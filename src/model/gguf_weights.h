@@ -13,7 +13,8 @@
 //           divides a head's 128 columns (F32, F16, BF16, Q4_0, Q8_0), else the matrix is
 //           decoded to f32 in HF order (exact, 4 bytes a weight: lily's kernels take the heads
 //           in HF order); ssm_a = -exp(A_log) becomes A_log = log(-ssm_a).
-// The MTP block (nextn) is not read yet; the tokenizer is not read from the GGUF.
+// The MTP block (nextn_predict_layers = 1: block n_main with its nextn tensors) is read as
+// MtpWeights. The tokenizer is not read from the GGUF yet.
 #pragma once
 
 #include <memory>

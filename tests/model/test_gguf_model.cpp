@@ -126,6 +126,33 @@ TEST(GgufModel, WeightsEqualTheHfCheckpointsTheyCameFrom) {
   }
 }
 
+// The MTP block (block 4 of tiny-a's GGUF, nextn_predict_layers 1) against the HF mtp.* head.
+TEST(GgufModel, TheMtpBlockEqualsTheHfMtpHead) {
+  auto g = load_model(gguf_fixture("bf16"));
+  auto h = load_model(test::fixture_dir("tiny-a") + "/hf-fused");
+  ASSERT_TRUE(h->mtp.has_value());
+  ASSERT_TRUE(g->mtp.has_value());
+  EXPECT_EQ(g->config.num_layers, 4);  // block_count 5 = 4 main + 1 MTP
+  const MtpWeights &a = *g->mtp, &b = *h->mtp;
+  expect_same_matrix(a.fc, b.fc, "fc");
+  EXPECT_EQ(a.pre_fc_norm_embedding, b.pre_fc_norm_embedding);
+  EXPECT_EQ(a.pre_fc_norm_hidden, b.pre_fc_norm_hidden);
+  EXPECT_EQ(a.norm, b.norm);
+  EXPECT_EQ(a.layer.kind, LayerKind::full_attention);
+  EXPECT_EQ(a.layer.input_layernorm, b.layer.input_layernorm);
+  EXPECT_EQ(a.layer.post_attention_layernorm, b.layer.post_attention_layernorm);
+  expect_same_matrix(a.layer.attention.q_proj, b.layer.attention.q_proj, "mtp q_proj");
+  expect_same_matrix(a.layer.attention.o_proj, b.layer.attention.o_proj, "mtp o_proj");
+  EXPECT_EQ(a.layer.attention.q_norm, b.layer.attention.q_norm);
+  expect_same_matrix(a.layer.moe.router, b.layer.moe.router, "mtp router");
+  for (size_t e = 0; e < b.layer.moe.experts.gate_proj.size(); ++e) {
+    expect_same_matrix(a.layer.moe.experts.gate_proj[e], b.layer.moe.experts.gate_proj[e], "mtp gate_proj");
+    expect_same_matrix(a.layer.moe.experts.up_proj[e], b.layer.moe.experts.up_proj[e], "mtp up_proj");
+    expect_same_matrix(a.layer.moe.experts.down_proj[e], b.layer.moe.experts.down_proj[e], "mtp down_proj");
+  }
+  expect_same_matrix(a.layer.moe.shared_expert_gate, b.layer.moe.shared_expert_gate, "mtp shared_expert_gate");
+}
+
 // Each Q8_0 weight within half a step of the HF weight (the step: the 32-value block's largest
 // |w| / 127, its f16 rounding included): the mapping of quantized rows and column blocks.
 void expect_within_q8_0(const Matrix& got, const Matrix& want, const std::string& what) {
@@ -410,6 +437,12 @@ TEST(GgufModelDamaged, AGgufDirectoryLoadsItsFile) {
   EXPECT_EQ(w->layout, CheckpointLayout::gguf);
   EXPECT_EQ(w->config.num_layers, 4);
   fs::remove_all(dir);
+}
+
+TEST(GgufModelDamaged, AnMtpBlockWithPartsMissing) {
+  DamagedGguf f;
+  f.replace("blk.4.nextn.hnorm.weight", "blk.4.nextn.hnorx.weight");
+  EXPECT_CONTAINS(f.load_error(), "the MTP block (block 4): missing tensor 'blk.4.nextn.hnorm.weight'");
 }
 
 }  // namespace
