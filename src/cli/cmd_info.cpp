@@ -1,19 +1,31 @@
-// cmd_info.cpp: `lily info` describes a model directory: layout, quantization, sizes.
+// cmd_info.cpp: `lily info` describes a model directory or GGUF: layout, quantization (a
+// GGUF's quant mix: bytes by type), sizes.
 #include <cstdio>
 #include <map>
 
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "model/checkpoint/load.h"
+#include "model/gguf_file.h"
 
 namespace lily::cli {
 namespace {
 
 void count_matrix(const Matrix& m, std::map<std::string, std::pair<uint64_t, uint64_t>>& by_format) {
   std::string key = m.describe();
-  key = key.substr(0, key.find(' '));
+  key = m.format == MatrixFormat::gguf ? to_string(m.gguf_type) : key.substr(0, key.find(' '));
   by_format[key].first += uint64_t(m.rows * m.cols);
   by_format[key].second += m.bytes();
+}
+
+// A GGUF's quant mix: the bytes of its tensors by storage type, as the file holds them.
+void print_gguf_mix(const std::string& path) {
+  const GgufModel file(path);
+  const double total = double(file.tensor_bytes());
+  std::printf("gguf         %zu file(s), %zu tensors, %.3f GB by type:\n", file.paths().size(), file.tensors().size(),
+              total / 1e9);
+  for (const auto& [type, bytes] : file.bytes_by_type())
+    std::printf("  %-8s   %.3f GB (%.1f%%)\n", to_string(type), double(bytes) / 1e9, 100.0 * double(bytes) / total);
 }
 
 int run_info(const ModelOptions& options) {
@@ -46,6 +58,7 @@ int run_info(const ModelOptions& options) {
   for (auto& [format, v] : by_format)
     std::printf("  %-8s   %.3f B parameters, %.3f GB\n", format.c_str(), double(v.first) / 1e9, double(v.second) / 1e9);
   std::printf("memory       %.3f GB of weights\n", double(w->weight_bytes()) / 1e9);
+  if (w->layout == CheckpointLayout::gguf) print_gguf_mix(w->model_dir);
   if (w->mtp)
     std::printf("mtp          MTP head from %s: %.3f GB (fc %s, experts %s), %d bytes of KV cache per token (bf16)\n",
                 w->mtp_dir.c_str(), double(w->mtp_weight_bytes()) / 1e9, w->mtp->fc.describe().c_str(),

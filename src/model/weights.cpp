@@ -62,7 +62,14 @@ std::string Matrix::describe() const {
   return fmt::format("{} [{}, {}]", kind, rows, cols);
 }
 
-std::string to_string(CheckpointLayout layout) { return layout == CheckpointLayout::mlx ? "mlx" : "hf"; }
+std::string to_string(CheckpointLayout layout) {
+  switch (layout) {
+    case CheckpointLayout::hf: return "hf";
+    case CheckpointLayout::mlx: return "mlx";
+    case CheckpointLayout::gguf: return "gguf";
+  }
+  return "?";
+}
 
 namespace {
 template <typename Fn>

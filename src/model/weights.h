@@ -104,7 +104,7 @@ struct MtpWeights {
 };
 
 // Where the weights came from.
-enum class CheckpointLayout { hf, mlx };
+enum class CheckpointLayout { hf, mlx, gguf };
 std::string to_string(CheckpointLayout layout);
 
 struct ModelWeights {

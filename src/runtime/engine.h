@@ -2,7 +2,7 @@
 // and the directory's tokenizer.json when it has one.
 //
 // Loading refuses, before the backend is built, what cannot run: the formats lily does not read
-// (load_model names them: GGUF, FP8 / AWQ / GPTQ / compressed-tensors / NVFP4 checkpoints) and a
+// (load_model names them: FP8 / AWQ / GPTQ / compressed-tensors / NVFP4 checkpoints) and a
 // tokenizer whose ids do not fit the model's vocabulary (an id >= vocab_size has no embedding
 // row, and the backends index embed_tokens and the logits with it).
 #pragma once

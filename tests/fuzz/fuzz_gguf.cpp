@@ -5,12 +5,18 @@
 // past the input: every accepted tensor's first and last byte are read, every value decoded),
 // a leak, an exception other than lily::Error, or accepted tensors that break what the header
 // validation promises (inside the data section, whole blocks, bytes = blocks x block bytes).
+// The first row of each accepted tensor of a type lily decodes goes through the reference
+// decoder and the fast CPU dot product (any bytes are a valid block: no crash, no read past
+// the row).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
 #include <span>
 
+#include <vector>
+#include "backend/cpu_fast/gemv_gguf.h"
 #include "base/error.h"
+#include "model/gguf_dequant.h"
 #include "model/gguf_file.h"
 
 namespace {
@@ -54,6 +60,14 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       std::abort();
     if (!t.data.empty()) sum += unsigned(t.data.front()) + unsigned(t.data.back());
     (void)t.shape_string();
+    const int64_t n = t.ne.empty() ? 1 : t.ne[0];
+    if (n > 0 && n <= 4096 && !t.data.empty() && lily::gguf_dequant_supported(t.type)) {
+      std::vector<float> row(static_cast<size_t>(n)), x(static_cast<size_t>(n), 1.0f);
+      lily::dequantize_gguf_row(t.type, t.data.data(), n, row.data());
+      if (lily::cpu_fast::gguf_gemv_supported(t.type))
+        sum += unsigned(lily::cpu_fast::gguf_dot(t.type, t.data.data(), x.data(), n) > 0);
+      sum += unsigned(row.front() > 0);
+    }
   }
   g_sink = sum;
   return 0;

@@ -5,7 +5,7 @@
 // vectors and are reduced once per row.
 // The 64-byte vectors only pass between always-inline helpers, so the ABI note g++ gives for
 // them (-Wpsabi: AVX-512 vector arguments without AVX-512) concerns no real call.
-#pragma GCC diagnostic ignored "-Wpsabi"
+#pragma GCC diagnostic ignored "-Wpsabi"  // g++ and clang both
 #include "backend/cpu_fast/gemv_gguf.h"
 
 #include <cstring>
@@ -40,6 +40,17 @@ LILY_INLINE U8x16 load_u8(const uint8_t* p) {
 // Through int32: g++ 12 converts bytes straight to float one element at a time, and signed
 // bytes to int32 slowly too (the kernels shift signed codes by 128 and widen them unsigned).
 LILY_INLINE F32x16 widen(U8x16 q) { return __builtin_convertvector(__builtin_convertvector(q, I32x16), F32x16); }
+// table[idx[i]] for each lane (idx < 16): pshufb where the target has it. clang has no
+// __builtin_shuffle with a variable mask (the fuzz build compiles this file with clang).
+LILY_INLINE U8x16 lookup16(U8x16 table, U8x16 idx) {
+#if defined(__clang__)
+  U8x16 out;
+  for (int i = 0; i < 16; ++i) out[i] = table[idx[i] & 15];
+  return out;
+#else
+  return __builtin_shuffle(table, idx);
+#endif
+}
 LILY_INLINE float sum16(F32x16 v) {
   float s = 0;
   for (int i = 0; i < 16; ++i) s += v[i];
@@ -184,8 +195,8 @@ LILY_CPU_CLONES float dot_iq4_xs(const uint8_t* row, const float* x, int64_t blo
     for (int s = 0; s < 8; ++s, x += 32) {
       const int ls = ((row[4 + s / 2] >> (4 * (s % 2))) & 0xF) | ((scales_h >> (2 * s)) & 3) << 4;
       const U8x16 q = load_u8(row + 8 + 16 * s);
-      const F32x16 lo = widen(U8x16(__builtin_shuffle(grid, U8x16(q & 0xF)))) - 128.0f;
-      const F32x16 hi = widen(U8x16(__builtin_shuffle(grid, U8x16(q >> 4)))) - 128.0f;
+      const F32x16 lo = widen(lookup16(grid, U8x16(q & 0xF))) - 128.0f;
+      const F32x16 hi = widen(lookup16(grid, U8x16(q >> 4))) - 128.0f;
       acc += (d * float(ls - 32)) * (lo * load16(x) + hi * load16(x + 16));
     }
   }

@@ -11,6 +11,7 @@
 #include "base/log.h"
 #include "base/thread_pool.h"
 #include "model/checkpoint/safetensors.h"
+#include "model/gguf_weights.h"
 #include "model/quant.h"
 
 namespace lily {
@@ -440,31 +441,30 @@ bool is_gguf_file(const std::filesystem::path& path) {
   return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-// What lily cannot load, said before anything else is read: a GGUF file (llama.cpp's format,
-// spec §5c) or a directory of them, or any other single file.
-void refuse_unsupported_path(const std::string& path) {
+// Whether `path` is a GGUF model: a GGUF file (llama.cpp's format, spec §5c) or a directory
+// holding .gguf files and no .safetensors.
+bool is_gguf_model(const std::string& path) {
   namespace fs = std::filesystem;
-  constexpr const char* kWhatLilyLoads =
-      "lily loads a Hugging Face model directory of safetensors (Qwen/Qwen3.6-35B-A3B in bf16, or an mlx-community "
-      "4-bit conversion)";
   std::error_code ec;
-  if (fs::is_regular_file(path, ec)) {
-    if (is_gguf_file(path)) fail("GGUF is not supported yet: {} is a GGUF file; {}", path, kWhatLilyLoads);
-    fail("{} is a file; {}", path, kWhatLilyLoads);
-  }
-  if (!fs::is_directory(path, ec)) return;  // the config reader names what is missing
-  std::vector<std::string> gguf;
-  bool safetensors = false;
+  if (fs::is_regular_file(path, ec)) return is_gguf_file(path);
+  if (!fs::is_directory(path, ec)) return false;
+  bool gguf = false, safetensors = false;
   for (const auto& entry : fs::directory_iterator(path, ec)) {
     if (!entry.is_regular_file(ec)) continue;
     if (entry.path().extension() == ".safetensors") safetensors = true;
-    else if (entry.path().extension() == ".gguf") gguf.push_back(entry.path().filename().string());
+    else if (entry.path().extension() == ".gguf") gguf = true;
   }
-  if (!gguf.empty() && !safetensors) {
-    std::sort(gguf.begin(), gguf.end());
-    fail("GGUF is not supported yet: {} holds GGUF files ({}{}) and no .safetensors; {}", path, gguf.front(),
-         gguf.size() > 1 ? fmt::format(" and {} more", gguf.size() - 1) : "", kWhatLilyLoads);
-  }
+  return gguf && !safetensors;
+}
+
+// What lily cannot load, said before anything else is read: any file that is not a GGUF.
+void refuse_unsupported_path(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec))
+    fail("{} is a file; lily loads a GGUF file, or a Hugging Face model directory of safetensors "
+         "(Qwen/Qwen3.6-35B-A3B in bf16, or an mlx-community 4-bit conversion)",
+         path);
 }
 
 // Token ids the model directory names must be rows of the model's embedding.
@@ -475,10 +475,28 @@ void check_token_ids(const ModelWeights& w) {
            w.config.vocab_size);
 }
 
+// LoadOptions applied to loaded weights: the MTP head from another directory, --quantize.
+void apply_options(ModelWeights& w, const LoadOptions& options, bool mtp_loaded) {
+  if (!options.mtp_dir.empty() && !mtp_loaded) load_mtp_from(options.mtp_dir, w);
+  if (options.quantize_bits) {
+    LILY_CHECK(options.quantize_bits == 4 || options.quantize_bits == 8, "--quantize supports q4 and q8, not {} bits",
+               options.quantize_bits);
+    quantize_weights(w, options.quantize_bits);
+  }
+}
+
 }  // namespace
 
 std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const LoadOptions& options) {
-  refuse_unsupported_path(model_dir);  // the message opens with what is refused ("GGUF is not supported yet")
+  if (is_gguf_model(model_dir)) {
+    auto w = load_gguf_model(model_dir);
+    with_context("loading " + model_dir, [&] {
+      check_token_ids(*w);
+      apply_options(*w, options, false);
+    });
+    return w;
+  }
+  refuse_unsupported_path(model_dir);
   return with_context("loading " + model_dir, [&] {
     auto w = std::make_shared<ModelWeights>();
     w->model_dir = model_dir;
@@ -498,17 +516,15 @@ std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const Loa
       w->layers[size_t(i)] = with_context(fmt::format("layer {}", i), [&] {
         return load_layer(r, c, fmt::format("layers.{}.", i), c.layer_types[size_t(i)]);
       });
-    if (!options.mtp_dir.empty()) load_mtp_from(options.mtp_dir, *w);
-    else if (has_mtp_tensors(*ckpt))
+    bool mtp_loaded = false;
+    if (options.mtp_dir.empty() && has_mtp_tensors(*ckpt)) {
       with_context("the MTP head (mtp.*)", [&] {
         w->mtp = load_mtp(TensorReader(*ckpt, c.quantization, "mtp.", w->layout), c);
         w->mtp_dir = model_dir;
       });
-    if (options.quantize_bits) {
-      LILY_CHECK(options.quantize_bits == 4 || options.quantize_bits == 8, "--quantize supports q4 and q8, not {} bits",
-                 options.quantize_bits);
-      quantize_weights(*w, options.quantize_bits);
+      mtp_loaded = true;
     }
+    apply_options(*w, options, mtp_loaded);
     return w;
   });
 }

@@ -9,6 +9,8 @@
 //         stacked as `mlp.switch_mlp.{gate,up,down}_proj`, affine-quantized matrices
 //         (`.weight` uint32 codes + `.scales` + `.biases`), conv1d [C, K, 1], zero-centred
 //         norms stored as 1 + w.
+//   gguf : a llama.cpp `qwen35moe` GGUF file, split set or directory holding one
+//          (model/gguf_weights.h: what is kept and what is undone).
 // Every tensor's shape is checked; a missing or mis-shaped tensor is an error naming the
 // tensor, the expected and the found shape. That holds for mtp.* too: a checkpoint with part of
 // the MTP head does not load.
