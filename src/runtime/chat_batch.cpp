@@ -39,14 +39,15 @@ class ChatService::BatchCompletion final : public BatchJob {
       : service_(service), p_(p), start_(std::chrono::steady_clock::now()) {}
 
   std::optional<uint64_t> start(BatchGenerator& batch) override {
-    c_.emplace(service_.begin(p_, [this](const ChatDelta& d) { return post(d); }, start_));
+    c_.emplace(service_.begin(
+        p_, [this](const ChatDelta& d) { return post(d); }, start_));
     Completion& c = *c_;
     if (cancel_) c.cancelled = true;
     if (c.cancelled || c.remaining() <= 0) return std::nullopt;
     PrefillStop stop;
     if (p_.options.use_cache) stop = {p_.reuse_boundary, [&c] { c.seq.snapshot_here(); }};
-    return c.seq.join(batch, service_.reply_request(c), [this](const GeneratedToken& t) { return on_token(t); },
-                      std::move(stop));
+    return c.seq.join(
+        batch, service_.reply_request(c), [this](const GeneratedToken& t) { return on_token(t); }, std::move(stop));
   }
 
   void end(BatchOutcome outcome) override {

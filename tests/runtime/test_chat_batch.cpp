@@ -192,8 +192,8 @@ TEST(ChatBatch, AStoppedCallerFreesItsSlot) {
   std::atomic<bool> gone = false;
   CompletionResult stopped, refused;
   std::thread client([&] {
-    stopped = parallel->complete(parallel->prepare_chat(long_one), [&](const ChatDelta&) { return ++deltas > 0; },
-                                 [&] { return !gone; });
+    stopped = parallel->complete(
+        parallel->prepare_chat(long_one), [&](const ChatDelta&) { return ++deltas > 0; }, [&] { return !gone; });
   });
   while (deltas < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(parallel->slots().busy, 1u);
