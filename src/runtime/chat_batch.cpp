@@ -77,6 +77,7 @@ class ChatService::BatchCompletion final : public BatchJob {
   CompletionResult wait(const DeltaCallback& on_delta, const KeepGoing& keep_going) {
     bool open = true;  // the caller takes deltas
     std::exception_ptr caller_error;
+    auto polled = std::chrono::steady_clock::now();
     std::unique_lock lock(mutex_);
     while (true) {
       changed_.wait_for(lock, kKeepGoingPoll, [&] { return done_ || !outbox_.empty(); });
@@ -86,7 +87,12 @@ class ChatService::BatchCompletion final : public BatchJob {
       lock.unlock();
       try {
         for (const ChatDelta& d : deltas) open = open && on_delta(d);
-        if (open && !done && keep_going) open = keep_going();
+        // keep_going once a poll interval (a delta a token: a poll of the client each would cost
+        // a system call a token, on a model of a thousand tokens a second).
+        if (open && !done && keep_going && std::chrono::steady_clock::now() - polled >= kKeepGoingPoll) {
+          open = keep_going();
+          polled = std::chrono::steady_clock::now();
+        }
       } catch (...) {
         caller_error = std::current_exception();
         open = false;
@@ -103,11 +109,13 @@ class ChatService::BatchCompletion final : public BatchJob {
  private:
   // The scheduler thread: a delta of the reply to the outbox; false once the caller stopped.
   bool post(const ChatDelta& d) {
+    bool was_empty = false;
     {
       std::lock_guard lock(mutex_);
+      was_empty = outbox_.empty();
       outbox_.push_back(d);
     }
-    changed_.notify_all();
+    if (was_empty) changed_.notify_all();  // else the caller has a wake-up coming already
     return !cancel_;
   }
 
