@@ -3,7 +3,7 @@
 // server, today's single-stream path), at N = 2, 4 and 8, with prompts of different lengths
 // arriving at different times, streamed and not; a client that disconnects frees its slot at
 // once (lily_slots_busy, /health); a request that fails or leaves beside running ones leaves
-// their answers as they are.
+// their answers as they are; SIGTERM stops the running streams after --drain-seconds.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { client, metrics, postJson, startServer } from './lib.mjs';
@@ -149,4 +149,24 @@ test('a failing and a leaving request beside running ones leave their answers in
   const together = await Promise.all(running);
   for (let i = 0; i < N; ++i) assert.deepEqual(together[i], alone[i], `request ${i}`);
   assert.equal(await waitForSlots(batched.url, 0), 0);
+});
+
+test('SIGTERM: after --drain-seconds every running stream of the batch ends with an error event and [DONE]', async () => {
+  const server = await startServer(['--parallel', '3', '--drain-seconds', '0.5'], { defaultModel: true });
+  const streams = [0, 1, 2].map((i) => fetch(`${server.url}/v1/chat/completions`, {
+    method: 'POST', headers: { 'Content-Type': 'application/json' },
+    body: JSON.stringify({ ...request(i), max_tokens: 1500, ignore_eos: true, cache_prompt: false, stream: true }),
+  }).then((r) => r.text()));
+  assert.equal(await waitForSlots(server.url, 3), 3, 'three streams running');
+  server.proc.kill('SIGTERM');
+  const texts = await Promise.all(streams);
+  assert.equal((await server.exited).code, 0);
+  for (const [i, text] of texts.entries()) {
+    const events = text.split('\n\n').filter((b) => b.startsWith('data: ')).map((b) => b.slice(6));
+    assert.equal(events.at(-1), '[DONE]', `stream ${i}: ${text.slice(-200)}`);
+    const error = JSON.parse(events.at(-2)).error;
+    assert.ok(error, `stream ${i}: no error event before [DONE]: ${text.slice(-300)}`);
+    assert.match(error.message, /drain time/);
+    assert.ok(events.length < 1500, `stream ${i} was not stopped`);
+  }
 });
