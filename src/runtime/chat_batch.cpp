@@ -17,20 +17,23 @@
 
 namespace lily {
 
-uint64_t budget_slots(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
-                      uint64_t free_bytes) {
-  const uint64_t per_slot = SessionCacheBudget::state_bytes(config, context);
-  const uint64_t slots = per_slot * uint64_t(std::max(parallel, 0));
-  if (free_bytes == 0 || slots == 0) return slots;
-  const uint64_t room = free_bytes > cache_budget ? free_bytes - cache_budget : 0;
-  if (slots > room) {
-    const uint64_t mib = 1 << 20;
-    throw Error(fmt::format("--parallel {} needs {} MiB for the slots' states ({} MiB each at a context of {} tokens: "
-                            "KV cache, DeltaNet state and snapshots), but {} MiB are free beyond the session cache's "
-                            "{} MiB: lower --parallel, --ctx-size or --cache-mib",
-                            parallel, slots / mib, per_slot / mib, context, room / mib, cache_budget / mib));
-  }
-  return slots;
+SlotBudget SlotBudget::of(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
+                          uint64_t free_bytes) {
+  SlotBudget b;
+  b.per_slot = SessionCacheBudget::state_bytes(config, context);
+  b.fit = std::max(parallel, 1);
+  if (free_bytes == 0 || b.per_slot == 0) return b;
+  b.room = free_bytes > cache_budget ? free_bytes - cache_budget : 0;
+  b.fit = int(std::clamp<uint64_t>(b.room / b.per_slot, 1, uint64_t(b.fit)));
+  return b;
+}
+
+std::string SlotBudget::shortfall(int parallel, int64_t context) const {
+  const uint64_t mib = 1 << 20;
+  return fmt::format("--parallel {} needs {} MiB for the slots' states ({} MiB each at a context of {} tokens: KV "
+                     "cache, DeltaNet state and snapshots), but {} MiB are free beyond the session cache: {} fit; "
+                     "lower --parallel, --ctx-size or --cache-mib",
+                     parallel, per_slot * uint64_t(parallel) / mib, per_slot / mib, context, room / mib, fit);
 }
 
 class ChatService::BatchCompletion final : public BatchJob {

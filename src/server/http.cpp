@@ -32,14 +32,18 @@ void ServerContext::set_phase(std::string phase) {
   phase_ = std::move(phase);
 }
 
-// Slots busy: the generations running; waiting: the requests in line behind the slots, and any
-// the service's scheduler has not started yet (none while the line admits only `parallel`).
+// One at a time: the generation running, the requests in line. In parallel: the service's slots
+// (fewer than --parallel where the memory holds fewer: the requests the line admitted beyond them
+// wait in the service's), and the requests in line behind.
 SlotStats ServerContext::slots() const {
   SlotStats s;
-  s.slots = std::max(options.parallel, 1);
-  s.busy = size_t(std::max(running.load(), 0));
-  s.waiting = queue.waiting();
-  if (ready()) s.waiting += service_.load()->slots().waiting;
+  if (options.parallel > 1 && ready()) {
+    s = service_.load()->slots();
+  } else {
+    s.slots = std::max(options.parallel, 1);
+    s.busy = size_t(std::max(running.load(), 0));
+  }
+  s.waiting += queue.waiting();
   return s;
 }
 
@@ -442,12 +446,12 @@ void Server::set_phase(std::string phase) { impl_->ctx.set_phase(std::move(phase
 
 int Server::serve(ChatService& service) {
   ServerContext& ctx = impl_->ctx;
-  LILY_CHECK(service.slots().slots == std::max(ctx.options.parallel, 1),
-             "internal: the server has {} slots, the chat service {}", ctx.options.parallel, service.slots().slots);
+  LILY_CHECK(service.concurrent() == (ctx.options.parallel > 1),
+             "internal: a server of {} slots over a chat service {}", ctx.options.parallel,
+             service.concurrent() ? "of parallel completions" : "of one completion at a time");
   ctx.attach(service);
   std::printf("lily serve: model '%s', context %lld tokens, %d parallel; listening on %s\n",
-              ctx.options.model_name.c_str(), (long long)service.context_size(), std::max(ctx.options.parallel, 1),
-              url().c_str());
+              ctx.options.model_name.c_str(), (long long)service.context_size(), service.slots().slots, url().c_str());
   std::fflush(stdout);
   int sig = 0;
   {

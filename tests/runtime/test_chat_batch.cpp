@@ -249,19 +249,21 @@ TEST(ChatBatch, AFailingRequestFailsAlone) {
   EXPECT_EQ(parallel->slots().busy, 0u);
 }
 
-// The slots' states are budgeted against the context when the service starts.
-TEST(ChatBatch, SlotsTheHostCannotHoldAreRefusedUpFront) {
+// The slots' states are budgeted against the context when the service starts: how many fit, and
+// what a refusal says.
+TEST(ChatBatch, SlotsTheHostCannotHoldAreCountedUpFront) {
   const ModelConfig& c = engine().config();
   const uint64_t one = SessionCacheBudget::state_bytes(c, 1024);
   ASSERT_GT(one, 0u);
-  EXPECT_EQ(budget_slots(c, 1024, 4, 0, 0), 4 * one) << "free memory unknown: not checked";
-  EXPECT_EQ(budget_slots(c, 1024, 4, one, 5 * one), 4 * one);
-  try {
-    budget_slots(c, 1024, 4, one, 4 * one);
-    ADD_FAILURE() << "4 slots and a cache of one state do not fit 4 states";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--parallel 4"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, 0, 0).fit, 4) << "free memory unknown: not checked";
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, one, 5 * one).fit, 4);
+  const SlotBudget short_by_one = SlotBudget::of(c, 1024, 4, one, 4 * one + one / 2);
+  EXPECT_EQ(short_by_one.fit, 3) << "4 slots and a cache of one state do not fit 4.5 states";
+  EXPECT_EQ(short_by_one.per_slot, one);
+  const std::string why = short_by_one.shortfall(4, 1024);
+  EXPECT_NE(why.find("--parallel 4 needs"), std::string::npos) << why;
+  EXPECT_NE(why.find("3 fit"), std::string::npos) << why;
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, one, one / 2).fit, 1) << "at least one";
   EXPECT_THROW(service(0), Error);
 }
 

@@ -6,8 +6,8 @@
 //     between clients), every stream must end with its finish chunk and [DONE];
 //   * a full line may answer 503 with Retry-After (the client then waits and asks again);
 //   * at the end no slot is leaked (lily_slots_busy and lily_queue_depth back to 0) and the
-//     resident memory after POST /cache/clear is within 10% of the start's (after a warm-up; not
-//     checked under the sanitizers);
+//     resident memory after POST /cache/clear is within 10% (or 4 MiB) of the start's (after a
+//     warm-up; not checked under the sanitizers);
 //   * throughput and latency are printed: completions, tokens/s over the run, times to first token.
 // Starts its own server (LILY_BINARY; LILY_TEST_MODEL, or the embedded lily-tiny without it);
 // prints one JSON summary; exits 1 on any failure. By hand:
@@ -162,7 +162,12 @@ const cleared = await (await fetch(`${base}/cache/clear`, { method: 'POST' })).j
 await sleep(200);
 const rssEnd = rssKiB(server.proc.pid);
 const rssChange = (rssEnd - rssStart) / rssStart;
-if (!sanitized && Math.abs(rssChange) > 0.10) fail(`resident memory ${rssStart} KiB -> ${rssEnd} KiB after clearing the cache`);
+// Within 10%, or within 4 MiB on a server this small (lily-tiny: ~20 MiB): each of the threads
+// that ran a request (CLIENTS + 2 workers, the scheduler) keeps up to glibc's trim threshold of
+// freed memory in its arena (128 KiB, cmd_serve.cpp), ~4.6 MiB for 35 of them: not a leak.
+if (!sanitized && Math.abs(rssChange) > 0.10 && Math.abs(rssEnd - rssStart) > 4096) {
+  fail(`resident memory ${rssStart} KiB -> ${rssEnd} KiB after clearing the cache`);
+}
 if (server.proc.exitCode !== null) fail(`lily serve exited during the load: ${server.proc.exitCode}`);
 const exit = await server.stop();
 if (exit.code !== 0) fail(`lily serve stopped with ${JSON.stringify(exit)}`);
