@@ -4,6 +4,7 @@
 // conversations get one at a time on a serial service; their deltas are their own; a caller
 // that stops frees its slot; a request that fails (its prefill throwing, its caller's on_delta
 // throwing) fails alone; the slots' memory is refused up front when the host cannot hold it.
+// Greedy, sampled, logprobs, stop strings and a JSON-schema grammar among the conversations.
 // Random-weight test model (tests/server/fixtures/tiny-chat), CPU.
 #include <gtest/gtest.h>
 
@@ -69,6 +70,10 @@ ChatRequest turn_of(int i, const json& messages) {
   if (i % 3 == 1) r.options.top_logprobs = 2;
   if (i % 4 == 3) r.options.sampling = SamplingParams{0.8f, 20, 0.95f, 0.0f, 1.2f, 0.0f, 1.0f, uint64_t(7 + i)};
   if (i % 5 == 2) r.options.stop = {"e", "a"};
+  if (i % 6 == 5) {  // a grammar: the reply held to a JSON schema
+    r.response_format.type = ResponseFormat::Type::json_schema;
+    r.response_format.schema = json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}}})");
+  }
   return r;
 }
 
