@@ -26,6 +26,8 @@ struct ServeArgs {
   int64_t ctx_size = 0;
   uint64_t cache_mib = 4096;
   size_t max_body_mib = 8;
+  int64_t prefill_chunk = 512;
+  bool parallel_given = false;  // --parallel on the command line: refused, not lowered, where memory is short
   bool verbose = false;
 };
 
@@ -114,6 +116,9 @@ int run_serve(ServeArgs& a) {
       LILY_LOG_WARN("--ctx-size {} is beyond the model's max_position_embeddings {}", options.context_size, model_max);
     }
     options.cache_bytes = a.cache_mib << 20;
+    options.parallel = a.server.parallel;
+    options.fewer_slots_if_short = !a.parallel_given;
+    options.prefill_chunk = a.prefill_chunk;
     ticker.phase("starting the chat service");
     service.emplace(*engine, std::move(tokenizer), options);
   }
@@ -139,7 +144,20 @@ CommandRegistration serve_command{
            ->envname("LILY_API_KEY");
        sub.add_option("--alias", a->server.model_name, "Model name in the API (default: the model directory's name)");
        sub.add_option("--cache-mib", a->cache_mib, "Memory budget of the session cache, MiB")->capture_default_str();
-       sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while one runs (beyond: 503)")
+       CLI::Option* parallel =
+           sub.add_option("--parallel", a->server.parallel,
+                          "Completions that run at once, decoding in the same batch steps (1: one at a time, on the "
+                          "single-stream path). Each slot's state is budgeted at the whole --ctx-size when the server "
+                          "starts: a --parallel the memory cannot hold is refused (the default is lowered, with a "
+                          "warning)")
+               ->capture_default_str()
+               ->check(CLI::Range(1, 64));
+       sub.add_option("--prefill-chunk", a->prefill_chunk,
+                      "With --parallel > 1: prompt tokens prefilled between two batch steps (a long prompt holds "
+                      "the running streams for one chunk at a time)")
+           ->capture_default_str()
+           ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+       sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while every slot is busy (beyond: 503)")
            ->capture_default_str();
        sub.add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (beyond: 413)")
            ->capture_default_str()
@@ -152,7 +170,10 @@ CommandRegistration serve_command{
            ->capture_default_str()
            ->check(CLI::Range(0.0, 3600.0));
        sub.add_flag("-v,--verbose", a->verbose, "Log every request");
-       return [a] { return run_serve(*a); };
+       return [a, parallel] {
+         a->parallel_given = parallel->count() > 0;
+         return run_serve(*a);
+       };
      },
      20}};
 

@@ -57,7 +57,7 @@ class BatchScheduler {
   void end_finished();
 
   const BatchGenerateOptions options_;
-  BatchGenerator batch_;  // the scheduler thread's alone
+  BatchGenerator batch_;                                  // the scheduler thread's alone
   std::map<uint64_t, std::shared_ptr<BatchJob>> active_;  // by batch id: joined, not ended
 
   mutable std::mutex mutex_;

@@ -17,20 +17,23 @@
 
 namespace lily {
 
-uint64_t budget_slots(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
-                      uint64_t free_bytes) {
-  const uint64_t per_slot = SessionCacheBudget::state_bytes(config, context);
-  const uint64_t slots = per_slot * uint64_t(std::max(parallel, 0));
-  if (free_bytes == 0 || slots == 0) return slots;
-  const uint64_t room = free_bytes > cache_budget ? free_bytes - cache_budget : 0;
-  if (slots > room) {
-    const uint64_t mib = 1 << 20;
-    throw Error(fmt::format("--parallel {} needs {} MiB for the slots' states ({} MiB each at a context of {} tokens: "
-                            "KV cache, DeltaNet state and snapshots), but {} MiB are free beyond the session cache's "
-                            "{} MiB: lower --parallel, --ctx-size or --cache-mib",
-                            parallel, slots / mib, per_slot / mib, context, room / mib, cache_budget / mib));
-  }
-  return slots;
+SlotBudget SlotBudget::of(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
+                          uint64_t free_bytes) {
+  SlotBudget b;
+  b.per_slot = SessionCacheBudget::state_bytes(config, context);
+  b.fit = std::max(parallel, 1);
+  if (free_bytes == 0 || b.per_slot == 0) return b;
+  b.room = free_bytes > cache_budget ? free_bytes - cache_budget : 0;
+  b.fit = int(std::clamp<uint64_t>(b.room / b.per_slot, 1, uint64_t(b.fit)));
+  return b;
+}
+
+std::string SlotBudget::shortfall(int parallel, int64_t context) const {
+  const uint64_t mib = 1 << 20;
+  return fmt::format("--parallel {} needs {} MiB for the slots' states ({} MiB each at a context of {} tokens: KV "
+                     "cache, DeltaNet state and snapshots), but {} MiB are free beyond the session cache: {} fit; "
+                     "lower --parallel, --ctx-size or --cache-mib",
+                     parallel, per_slot * uint64_t(parallel) / mib, per_slot / mib, context, room / mib, fit);
 }
 
 class ChatService::BatchCompletion final : public BatchJob {
@@ -39,14 +42,15 @@ class ChatService::BatchCompletion final : public BatchJob {
       : service_(service), p_(p), start_(std::chrono::steady_clock::now()) {}
 
   std::optional<uint64_t> start(BatchGenerator& batch) override {
-    c_.emplace(service_.begin(p_, [this](const ChatDelta& d) { return post(d); }, start_));
+    c_.emplace(service_.begin(
+        p_, [this](const ChatDelta& d) { return post(d); }, start_));
     Completion& c = *c_;
     if (cancel_) c.cancelled = true;
     if (c.cancelled || c.remaining() <= 0) return std::nullopt;
     PrefillStop stop;
     if (p_.options.use_cache) stop = {p_.reuse_boundary, [&c] { c.seq.snapshot_here(); }};
-    return c.seq.join(batch, service_.reply_request(c), [this](const GeneratedToken& t) { return on_token(t); },
-                      std::move(stop));
+    return c.seq.join(
+        batch, service_.reply_request(c), [this](const GeneratedToken& t) { return on_token(t); }, std::move(stop));
   }
 
   void end(BatchOutcome outcome) override {
@@ -76,6 +80,7 @@ class ChatService::BatchCompletion final : public BatchJob {
   CompletionResult wait(const DeltaCallback& on_delta, const KeepGoing& keep_going) {
     bool open = true;  // the caller takes deltas
     std::exception_ptr caller_error;
+    auto polled = std::chrono::steady_clock::now();
     std::unique_lock lock(mutex_);
     while (true) {
       changed_.wait_for(lock, kKeepGoingPoll, [&] { return done_ || !outbox_.empty(); });
@@ -85,7 +90,12 @@ class ChatService::BatchCompletion final : public BatchJob {
       lock.unlock();
       try {
         for (const ChatDelta& d : deltas) open = open && on_delta(d);
-        if (open && !done && keep_going) open = keep_going();
+        // keep_going once a poll interval (a delta a token: a poll of the client each would cost
+        // a system call a token, on a model of a thousand tokens a second).
+        if (open && !done && keep_going && std::chrono::steady_clock::now() - polled >= kKeepGoingPoll) {
+          open = keep_going();
+          polled = std::chrono::steady_clock::now();
+        }
       } catch (...) {
         caller_error = std::current_exception();
         open = false;
@@ -102,11 +112,13 @@ class ChatService::BatchCompletion final : public BatchJob {
  private:
   // The scheduler thread: a delta of the reply to the outbox; false once the caller stopped.
   bool post(const ChatDelta& d) {
+    bool was_empty = false;
     {
       std::lock_guard lock(mutex_);
+      was_empty = outbox_.empty();
       outbox_.push_back(d);
     }
-    changed_.notify_all();
+    if (was_empty) changed_.notify_all();  // else the caller has a wake-up coming already
     return !cancel_;
   }
 

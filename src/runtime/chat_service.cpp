@@ -6,6 +6,7 @@
 #include <chrono>
 #include <random>
 
+#include "base/log.h"
 #include "runtime/chat_completion.h"
 
 namespace lily {
@@ -63,9 +64,14 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
   stats_ = cache_.stats();
   if (options.parallel > 1) {
     const uint64_t free_bytes = backend_.name() == "cpu" ? available_host_memory() : 0;
-    budget_slots(engine.config(), context_size_, options.parallel, stats_.budget_bytes, free_bytes);
-    scheduler_ = std::make_unique<BatchScheduler>(backend_,
-                                                  BatchGenerateOptions{options.parallel, options.prefill_chunk});
+    const SlotBudget budget = SlotBudget::of(engine.config(), context_size_, options.parallel, stats_.budget_bytes,
+                                             free_bytes);
+    if (budget.fit < options.parallel) {
+      LILY_CHECK(options.fewer_slots_if_short, "{}", budget.shortfall(options.parallel, context_size_));
+      LILY_LOG_WARN("{}; running {} at once", budget.shortfall(options.parallel, context_size_), budget.fit);
+    }
+    // Even one slot that fits runs here: the callers may be several threads.
+    scheduler_ = std::make_unique<BatchScheduler>(backend_, BatchGenerateOptions{budget.fit, options.prefill_chunk});
   }
 }
 

@@ -166,6 +166,7 @@ struct ChatServiceOptions {
   Backend* backend = nullptr;                // run here instead of on the engine's backend (tests: a
                                              // wrapped one); the engine's model and config stay
   int parallel = 1;                          // completions decoding at once (> 1: in batch steps)
+  bool fewer_slots_if_short = false;         // slots beyond the memory: fewer (a warning), not refused
   int64_t prefill_chunk = 512;               // parallel: prompt tokens prefilled between two steps
 };
 
@@ -175,14 +176,19 @@ struct SlotStats {
   size_t busy = 0, waiting = 0;
 };
 
-// The memory the slots' states need at most (each a whole context: its KV cache, its DeltaNet
-// state and the snapshots a completion takes), checked against what the host has free when the
-// states live there (the CPU backends): a --parallel and --ctx-size the host cannot hold are
-// refused when the service starts, with the figures, not by an allocation failing mid-stream.
-// Returns the bytes budgeted; throws lily::Error when they exceed `free_bytes` less the session
-// cache's budget (free_bytes 0: unknown, not checked).
-uint64_t budget_slots(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
-                      uint64_t free_bytes);
+// The memory of the slots' states, budgeted up front: each slot may hold a whole context (its KV
+// cache, its DeltaNet state and the snapshots a completion takes), against what the host has free
+// when the states live there (the CPU backends) beyond the session cache's budget. So a
+// --parallel and --ctx-size the host cannot hold are refused (or lowered, with a warning) when
+// the service starts, with the figures, not met by an allocation failing mid-stream.
+struct SlotBudget {
+  uint64_t per_slot = 0;  // bytes of one slot's state at the whole context
+  uint64_t room = 0;      // bytes free beyond the session cache (0 with free_bytes 0: unknown)
+  int fit = 1;            // slots that fit, 1 to parallel (parallel when the memory is unknown)
+  static SlotBudget of(const ModelConfig& config, int64_t context, int parallel, uint64_t cache_budget,
+                       uint64_t free_bytes);
+  std::string shortfall(int parallel, int64_t context) const;  // what a refusal says
+};
 
 class ChatService {
  public:
@@ -197,6 +203,8 @@ class ChatService {
   PrefixCacheStats cache_stats() const;
   void clear_cache();
   SlotStats slots() const;
+  // Whether complete() may run on several threads at once (ChatServiceOptions::parallel > 1).
+  bool concurrent() const { return scheduler_ != nullptr; }
   GrammarCache::Stats grammar_cache_stats() const { return grammars_.stats(); }
 
   // Render + tokenize + check, and compile the reply's grammar (from the cache when the same

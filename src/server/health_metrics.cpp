@@ -1,5 +1,5 @@
-// health_metrics.cpp: GET /health (200 {"status": "ok"} once the model is loaded; 503 with the
-// loading phase before) and GET /metrics (Prometheus text exposition format 0.0.4).
+// health_metrics.cpp: GET /health (200 {"status": "ok"} and the slots once the model is loaded;
+// 503 with the loading phase before) and GET /metrics (Prometheus text exposition format 0.0.4).
 
 #include "server/errors.h"
 #include "server/server.h"
@@ -40,7 +40,7 @@ void Metrics::count_completion(const CompletionResult& r, double queue_seconds) 
   if (r.timings.decode_seconds > 0) last_decode_tps_ = double(r.timings.decoded_tokens) / r.timings.decode_seconds;
 }
 
-std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCacheStats& cache, bool ready,
+std::string Metrics::prometheus(size_t queue_depth, const SlotStats& slots, const PrefixCacheStats& cache, bool ready,
                                 size_t connections) const {
   std::lock_guard lock(mutex_);
   std::string out;
@@ -69,7 +69,9 @@ std::string Metrics::prometheus(size_t queue_depth, bool busy, const PrefixCache
   metric("lily_prefill_tokens_per_second", "gauge", "Prefill speed of the last completion.", last_prefill_tps_);
   metric("lily_decode_tokens_per_second", "gauge", "Decode speed of the last completion.", last_decode_tps_);
   metric("lily_queue_depth", "gauge", "Requests waiting for their turn.", queue_depth);
-  metric("lily_busy", "gauge", "1 while a completion is running.", busy ? 1 : 0);
+  metric("lily_busy", "gauge", "1 while a completion is running.", slots.busy > 0 ? 1 : 0);
+  metric("lily_slots", "gauge", "Completions that may run at once (--parallel).", slots.slots);
+  metric("lily_slots_busy", "gauge", "Slots running a completion.", slots.busy);
   metric("lily_ready", "gauge", "1 once the model is loaded.", ready ? 1 : 0);
   metric("lily_http_connections", "gauge", "HTTP connections open.", connections);
   metric("lily_session_cache_sequences", "gauge", "Conversations kept in the session cache.", cache.sequences);
@@ -88,12 +90,19 @@ void handle_health(ServerContext& ctx, const HttpRequest&, HttpResponse& res) {
                     "application/json");
     return;
   }
-  res.set_content(dump(json{{"status", "ok"}}), "application/json");
+  const SlotStats slots = ctx.slots();
+  res.set_content(dump(json{{"status", "ok"},
+                            {"slots", slots.slots},
+                            {"slots_busy", slots.busy},
+                            {"slots_idle", size_t(slots.slots) - std::min(slots.busy, size_t(slots.slots))},
+                            {"waiting", slots.waiting}}),
+                  "application/json");
 }
 
 void handle_metrics(ServerContext& ctx, const HttpRequest&, HttpResponse& res) {
   const PrefixCacheStats cache = ctx.ready() ? ctx.service().cache_stats() : PrefixCacheStats{};
-  res.set_content(ctx.metrics.prometheus(ctx.queue.waiting(), ctx.running, cache, ctx.ready(), ctx.open_connections()),
+  const SlotStats slots = ctx.slots();
+  res.set_content(ctx.metrics.prometheus(slots.waiting, slots, cache, ctx.ready(), ctx.open_connections()),
                   "text/plain; version=0.0.4");
 }
 

@@ -32,6 +32,21 @@ void ServerContext::set_phase(std::string phase) {
   phase_ = std::move(phase);
 }
 
+// One at a time: the generation running, the requests in line. In parallel: the service's slots
+// (fewer than --parallel where the memory holds fewer: the requests the line admitted beyond them
+// wait in the service's), and the requests in line behind.
+SlotStats ServerContext::slots() const {
+  SlotStats s;
+  if (options.parallel > 1 && ready()) {
+    s = service_.load()->slots();
+  } else {
+    s.slots = std::max(options.parallel, 1);
+    s.busy = size_t(std::max(running.load(), 0));
+  }
+  s.waiting += queue.waiting();
+  return s;
+}
+
 std::pair<std::string, double> ServerContext::phase() const {
   std::lock_guard lock(phase_mutex_);
   return {phase_, std::chrono::duration<double>(Clock::now() - load_start_).count()};
@@ -111,7 +126,7 @@ std::string route_label(const HttpRequest& req) {
 // nothing waits for a thread: a request is running, waiting in the RequestQueue, or refused.
 // A task goes to the worker that went idle last (a stack, not a queue): the threads that run
 // requests stay as few as the requests at once, and the others' stacks and malloc caches stay
-// untouched. Woken in turn from one queue, every worker of the pool (--queue + 3) came to run
+// untouched. Woken in turn from one queue, every worker of the pool (--queue + --parallel + 2) came to run
 // requests and kept the stack pages and thread cache it had touched: the server's memory grew
 // with the pool's size, not with the requests at once (tests/server/node/soak.mjs).
 class WorkerPool {
@@ -214,7 +229,9 @@ struct Server::Impl final : RequestHandler {
   std::atomic<bool> closing{false};  // the destructor wakes the signal thread: not a signal
 
   explicit Impl(ServerOptions options)
-      : stop_signals(block_stop_signals()), ctx(std::move(options)), workers(ctx.options.max_waiting + 3) {}
+      : stop_signals(block_stop_signals()),
+        ctx(std::move(options)),
+        workers(ctx.options.max_waiting + size_t(std::max(ctx.options.parallel, 1)) + 2) {}
 
   // --- RequestHandler ---
   std::optional<HttpResponse> check_head(const HttpRequest& req) override {
@@ -365,8 +382,8 @@ struct Server::Impl final : RequestHandler {
   }
 
   // Stops accepting; waiting requests are answered 503 (streams: an error event and [DONE]);
-  // the running generation may finish within --drain-seconds, then it is stopped and its
-  // stream ended the same way; the last bytes are written; the threads are joined.
+  // the running generations may finish within --drain-seconds, then they are stopped and their
+  // streams ended the same way; the last bytes are written; the threads are joined.
   void drain() {
     ctx.shutting_down = true;
     transport->stop_accepting();
@@ -429,9 +446,12 @@ void Server::set_phase(std::string phase) { impl_->ctx.set_phase(std::move(phase
 
 int Server::serve(ChatService& service) {
   ServerContext& ctx = impl_->ctx;
+  LILY_CHECK(service.concurrent() == (ctx.options.parallel > 1),
+             "internal: a server of {} slots over a chat service {}", ctx.options.parallel,
+             service.concurrent() ? "of parallel completions" : "of one completion at a time");
   ctx.attach(service);
-  std::printf("lily serve: model '%s', context %lld tokens; listening on %s\n", ctx.options.model_name.c_str(),
-              (long long)service.context_size(), url().c_str());
+  std::printf("lily serve: model '%s', context %lld tokens, %d parallel; listening on %s\n",
+              ctx.options.model_name.c_str(), (long long)service.context_size(), service.slots().slots, url().c_str());
   std::fflush(stdout);
   int sig = 0;
   {

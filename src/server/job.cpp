@@ -48,14 +48,17 @@ class JobStream {
 };
 
 // Runs the completion; a failure of the server's own (not the client's) becomes an ApiError 500.
-CompletionResult run_completion(ServerContext& ctx, const CompletionJob& job, const DeltaCallback& on_delta) {
-  ctx.running = true;
-  struct Reset {
-    std::atomic<bool>& flag;
-    ~Reset() { flag = false; }
-  } reset{ctx.running};
+// keep_going: polled while a parallel completion runs (the client still there, the drain time
+// not over).
+CompletionResult run_completion(ServerContext& ctx, const CompletionJob& job, const DeltaCallback& on_delta,
+                                const KeepGoing& keep_going) {
+  ++ctx.running;
+  struct Release {
+    std::atomic<int>& running;
+    ~Release() { --running; }
+  } release{ctx.running};
   try {
-    return ctx.service().complete(job.prepared, on_delta);
+    return ctx.service().complete(job.prepared, on_delta, keep_going);
   } catch (const RequestError& e) {
     throw ApiError(400, e.what(), e.param, e.code);
   } catch (const std::exception& e) {
@@ -73,8 +76,9 @@ void run_whole(ServerContext& ctx, const HttpRequest& req, HttpResponse& res, Co
   }
   const double queued = std::chrono::duration<double>(Clock::now() - joined).count();
   try {
-    CompletionResult r = run_completion(ctx, job,
-                                        [&](const ChatDelta&) { return req.client_alive() && !ctx.stop_generation; });
+    const auto alive = [&] { return req.client_alive() && !ctx.stop_generation; };
+    CompletionResult r = run_completion(
+        ctx, job, [&](const ChatDelta&) { return alive(); }, alive);
     ticket.reset();
     ctx.metrics.count_completion(r, queued);
     if (r.cancelled && ctx.stop_generation) return set_error(res, job, ApiError(503, kStopped), 1);
@@ -103,9 +107,10 @@ void run_streamed(ServerContext& ctx, StreamSink& sink, CompletionJob& job,
   const double queued = std::chrono::duration<double>(Clock::now() - joined).count();
   CompletionResult r;
   try {
-    r = run_completion(ctx, job, [&](const ChatDelta& d) {
-      return out.events(job.delta_events(d)) && sink.alive() && !ctx.stop_generation;
-    });
+    r = run_completion(
+        ctx, job,
+        [&](const ChatDelta& d) { return out.events(job.delta_events(d)) && sink.alive() && !ctx.stop_generation; },
+        [&] { return sink.alive() && !ctx.stop_generation; });
   } catch (const ApiError& e) {
     // Mid-stream failure: an error event, then the end ([DONE] for what the openai SDKs expect).
     out.fail(e);

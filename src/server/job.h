@@ -1,8 +1,9 @@
 // job.h: running one prepared completion in its turn, streamed (SSE) or as one JSON body.
 //
 // The endpoint builds the job (the prepared prompt and how to encode what comes out); run_job
-// queues it (503 + Retry-After when the line is full), waits for its turn, runs it, and stops
-// it at the next token when the client goes away or the drain time of a shutdown is over.
+// queues it (503 + Retry-After when the line is full), waits for a slot (--parallel), runs it,
+// and stops it when the client goes away or the drain time of a shutdown is over: at the next
+// token one at a time, within a step in parallel (the worker polls the client every 20 ms).
 // A stream starts at once, before its turn: the role chunk and a comment saying how many
 // requests are ahead go out first, then the transport's ": keep-alive" comments while it waits.
 #pragma once

@@ -1,3 +1,4 @@
+// request_queue.cpp: see request_queue.h.
 #include "server/request_queue.h"
 
 #include <algorithm>
@@ -6,7 +7,7 @@ namespace lily::server {
 
 std::unique_ptr<RequestQueue::Ticket> RequestQueue::join() {
   std::lock_guard lock(mutex_);
-  if (shutdown_ || line_.size() > max_waiting_) return nullptr;
+  if (shutdown_ || line_.size() >= slots_ + max_waiting_) return nullptr;
   line_.push_back(next_id_);
   return std::make_unique<Ticket>(*this, next_id_++);
 }
@@ -17,10 +18,10 @@ bool RequestQueue::Ticket::wait(const std::function<bool()>& keep_waiting, std::
   std::unique_lock lock(queue_.mutex_);
   while (true) {
     if (queue_.shutdown_) return false;
-    if (!queue_.line_.empty() && queue_.line_.front() == id_) return true;
+    if (queue_.has_slot(id_)) return true;
     queue_.changed_.wait_for(lock, poll);
     if (queue_.shutdown_) return false;
-    if (!queue_.line_.empty() && queue_.line_.front() == id_) return true;
+    if (queue_.has_slot(id_)) return true;
     lock.unlock();
     const bool keep = keep_waiting();
     lock.lock();
@@ -31,7 +32,13 @@ bool RequestQueue::Ticket::wait(const std::function<bool()>& keep_waiting, std::
 size_t RequestQueue::Ticket::ahead() const {
   std::lock_guard lock(queue_.mutex_);
   auto it = std::find(queue_.line_.begin(), queue_.line_.end(), id_);
-  return size_t(it - queue_.line_.begin());
+  const size_t position = size_t(it - queue_.line_.begin());
+  return position < queue_.slots_ ? 0 : position - queue_.slots_ + 1;
+}
+
+bool RequestQueue::has_slot(uint64_t id) const {
+  const size_t n = std::min(line_.size(), slots_);
+  return std::find(line_.begin(), line_.begin() + ptrdiff_t(n), id) != line_.begin() + ptrdiff_t(n);
 }
 
 void RequestQueue::leave(uint64_t id) {
@@ -45,7 +52,12 @@ void RequestQueue::leave(uint64_t id) {
 
 size_t RequestQueue::waiting() const {
   std::lock_guard lock(mutex_);
-  return line_.empty() ? 0 : line_.size() - 1;
+  return line_.size() > slots_ ? line_.size() - slots_ : 0;
+}
+
+size_t RequestQueue::busy() const {
+  std::lock_guard lock(mutex_);
+  return std::min(line_.size(), slots_);
 }
 
 void RequestQueue::shutdown() {

@@ -34,7 +34,8 @@ struct ServerOptions {
   int port = 8080;      // 0: any free port
   std::string api_key;  // non-empty: requests need "Authorization: Bearer KEY" (or "x-api-key: KEY")
   std::string model_name = "lily";
-  size_t max_waiting = 16;                  // queue length beyond the running request
+  int parallel = 4;                         // completions at once (the service's slots; 1: one at a time)
+  size_t max_waiting = 16;                  // queue length beyond the busy slots
   size_t max_body_bytes = size_t(8) << 20;  // larger bodies: 413
   int retry_after_seconds = 1;              // with 503 when the queue is full
   std::vector<std::string> cors_origins;    // origins that get Access-Control-Allow-Origin ("*": any)
@@ -54,7 +55,7 @@ class Metrics {
  public:
   void count_request(const std::string& route_label, int status);
   void count_completion(const CompletionResult& result, double queue_seconds);
-  std::string prometheus(size_t queue_depth, bool busy, const PrefixCacheStats& cache, bool ready,
+  std::string prometheus(size_t queue_depth, const SlotStats& slots, const PrefixCacheStats& cache, bool ready,
                          size_t connections) const;
 
  private:
@@ -75,12 +76,15 @@ struct ServerContext {
   RequestQueue queue;
   Metrics metrics;
   std::time_t started = std::time(nullptr);
-  std::atomic<bool> running{false};          // a generation is in progress
+  std::atomic<int> running{0};               // generations in progress (at most options.parallel)
   std::atomic<bool> shutting_down{false};    // SIGTERM/SIGINT: no new requests
   std::atomic<bool> stop_generation{false};  // the drain time is over: the running generation stops
   std::function<size_t()> open_connections = [] { return size_t(0); };
 
-  explicit ServerContext(ServerOptions o) : options(std::move(o)), queue(options.max_waiting) {}
+  explicit ServerContext(ServerOptions o)
+      : options(std::move(o)), queue(options.max_waiting, size_t(std::max(options.parallel, 1))) {}
+  // The slots: how many, how many run a completion, how many requests wait for one.
+  SlotStats slots() const;
 
   // The chat service once the model is loaded; before that, ApiError 503 "the model is loading".
   ChatService& service() const;

@@ -1,7 +1,8 @@
 // session_cache.cpp: POST /cache/clear, lily's own route (no OpenAI counterpart): forgets every
 // conversation the session cache keeps (src/runtime/prefix_cache.h) and gives the memory back to
-// the system. It waits its turn in the request queue, so it never clears under a running
-// generation. Answers {"cleared_sequences": N, "cleared_bytes": B}.
+// the system. It waits its turn in the request queue like a completion; the conversations that are
+// running are out of the cache while they run (prefix_cache.h), so it may clear beside them.
+// Answers {"cleared_sequences": N, "cleared_bytes": B}.
 #include <malloc.h>
 
 #include "server/errors.h"

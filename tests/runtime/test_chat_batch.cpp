@@ -4,6 +4,7 @@
 // conversations get one at a time on a serial service; their deltas are their own; a caller
 // that stops frees its slot; a request that fails (its prefill throwing, its caller's on_delta
 // throwing) fails alone; the slots' memory is refused up front when the host cannot hold it.
+// Greedy, sampled, logprobs, stop strings and a JSON-schema grammar among the conversations.
 // Random-weight test model (tests/server/fixtures/tiny-chat), CPU.
 #include <gtest/gtest.h>
 
@@ -69,6 +70,10 @@ ChatRequest turn_of(int i, const json& messages) {
   if (i % 3 == 1) r.options.top_logprobs = 2;
   if (i % 4 == 3) r.options.sampling = SamplingParams{0.8f, 20, 0.95f, 0.0f, 1.2f, 0.0f, 1.0f, uint64_t(7 + i)};
   if (i % 5 == 2) r.options.stop = {"e", "a"};
+  if (i % 6 == 5) {  // a grammar: the reply held to a JSON schema
+    r.response_format.type = ResponseFormat::Type::json_schema;
+    r.response_format.schema = json::parse(R"({"type": "object", "properties": {"n": {"type": "integer"}}})");
+  }
   return r;
 }
 
@@ -192,8 +197,8 @@ TEST(ChatBatch, AStoppedCallerFreesItsSlot) {
   std::atomic<bool> gone = false;
   CompletionResult stopped, refused;
   std::thread client([&] {
-    stopped = parallel->complete(parallel->prepare_chat(long_one), [&](const ChatDelta&) { return ++deltas > 0; },
-                                 [&] { return !gone; });
+    stopped = parallel->complete(
+        parallel->prepare_chat(long_one), [&](const ChatDelta&) { return ++deltas > 0; }, [&] { return !gone; });
   });
   while (deltas < 3) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   EXPECT_EQ(parallel->slots().busy, 1u);
@@ -249,19 +254,21 @@ TEST(ChatBatch, AFailingRequestFailsAlone) {
   EXPECT_EQ(parallel->slots().busy, 0u);
 }
 
-// The slots' states are budgeted against the context when the service starts.
-TEST(ChatBatch, SlotsTheHostCannotHoldAreRefusedUpFront) {
+// The slots' states are budgeted against the context when the service starts: how many fit, and
+// what a refusal says.
+TEST(ChatBatch, SlotsTheHostCannotHoldAreCountedUpFront) {
   const ModelConfig& c = engine().config();
   const uint64_t one = SessionCacheBudget::state_bytes(c, 1024);
   ASSERT_GT(one, 0u);
-  EXPECT_EQ(budget_slots(c, 1024, 4, 0, 0), 4 * one) << "free memory unknown: not checked";
-  EXPECT_EQ(budget_slots(c, 1024, 4, one, 5 * one), 4 * one);
-  try {
-    budget_slots(c, 1024, 4, one, 4 * one);
-    ADD_FAILURE() << "4 slots and a cache of one state do not fit 4 states";
-  } catch (const Error& e) {
-    EXPECT_NE(std::string(e.what()).find("--parallel 4"), std::string::npos) << e.what();
-  }
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, 0, 0).fit, 4) << "free memory unknown: not checked";
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, one, 5 * one).fit, 4);
+  const SlotBudget short_by_one = SlotBudget::of(c, 1024, 4, one, 4 * one + one / 2);
+  EXPECT_EQ(short_by_one.fit, 3) << "4 slots and a cache of one state do not fit 4.5 states";
+  EXPECT_EQ(short_by_one.per_slot, one);
+  const std::string why = short_by_one.shortfall(4, 1024);
+  EXPECT_NE(why.find("--parallel 4 needs"), std::string::npos) << why;
+  EXPECT_NE(why.find("3 fit"), std::string::npos) << why;
+  EXPECT_EQ(SlotBudget::of(c, 1024, 4, one, one / 2).fit, 1) << "at least one";
   EXPECT_THROW(service(0), Error);
 }
 

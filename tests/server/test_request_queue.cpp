@@ -1,4 +1,5 @@
-// The request queue: one at a time, first come first served, bounded, abandonable, shut down.
+// The request queue: one at a time or `slots` at once (--parallel), first come first served,
+// bounded, abandonable, shut down.
 #include <gtest/gtest.h>
 
 #include <atomic>
@@ -72,6 +73,42 @@ TEST(RequestQueue, ShutdownWakesTheWaiting) {
   queue.shutdown();
   t.join();
   EXPECT_FALSE(queue.join());
+}
+
+// --parallel 3: three requests run at once, the next two wait in arrival order and know how many
+// are ahead; a sixth is refused. A slot freed goes to the first in line, not to a later one.
+TEST(RequestQueue, SlotsRunAtOnceAndTheLineWaitsInOrder) {
+  RequestQueue queue(2, 3);
+  EXPECT_EQ(queue.slots(), 3u);
+  std::vector<std::unique_ptr<RequestQueue::Ticket>> running;
+  for (int i = 0; i < 3; ++i) {
+    running.push_back(queue.join());
+    ASSERT_TRUE(running.back());
+    EXPECT_TRUE(running.back()->wait([] { return false; }, std::chrono::milliseconds(1))) << "slot " << i;
+    EXPECT_EQ(running.back()->ahead(), 0u);
+  }
+  auto fourth = queue.join(), fifth = queue.join();
+  ASSERT_TRUE(fourth && fifth);
+  EXPECT_FALSE(queue.join()) << "3 slots and 2 waiting: full";
+  EXPECT_EQ(queue.busy(), 3u);
+  EXPECT_EQ(queue.waiting(), 2u);
+  EXPECT_EQ(fourth->ahead(), 1u);
+  EXPECT_EQ(fifth->ahead(), 2u);
+  std::atomic<bool> fifth_started{false};
+  std::thread t([&] {
+    EXPECT_TRUE(fifth->wait([] { return true; }, std::chrono::milliseconds(1)));
+    fifth_started = true;
+  });
+  running[1].reset();  // a slot frees: the fourth's, not the fifth's
+  EXPECT_TRUE(fourth->wait([] { return false; }, std::chrono::milliseconds(1)));
+  std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  EXPECT_FALSE(fifth_started) << "the fifth waits behind the fourth";
+  EXPECT_EQ(fifth->ahead(), 1u);
+  running[0].reset();
+  t.join();
+  EXPECT_TRUE(fifth_started);
+  EXPECT_EQ(queue.waiting(), 0u);
+  EXPECT_EQ(queue.busy(), 3u);
 }
 
 }  // namespace

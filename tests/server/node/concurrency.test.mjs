@@ -1,4 +1,4 @@
-// Requests at once: a FIFO queue, one generation at a time, nothing mixed up; a full queue is a
+// Requests at once: a FIFO queue behind the slots (--parallel, 4 by default), nothing mixed up; a full queue is a
 // 503 with Retry-After; a client that aborts stops its generation; SIGTERM shuts down cleanly.
 import { test } from 'node:test';
 import assert from 'node:assert/strict';
@@ -104,7 +104,14 @@ test('/metrics and /health', async () => {
   assert.ok(Object.keys(m).some((k) => k.startsWith('lily_requests_total{path="/v1/chat/completions",status="200"}')));
   const h = await fetch(`${BASE}/health`);
   assert.equal(h.status, 200);
-  assert.deepEqual(await h.json(), { status: 'ok' });
+  const health = await h.json();
+  assert.equal(health.status, 'ok');
+  assert.equal(health.slots, 4, 'the default --parallel');
+  assert.equal(health.slots_busy, 0);
+  assert.equal(health.slots_idle, 4);
+  assert.equal(health.waiting, 0);
+  assert.equal(m.lily_slots, 4);
+  assert.equal(m.lily_slots_busy, 0);
 });
 
 test('SIGTERM during a stream shuts the server down cleanly', async () => {

@@ -174,7 +174,9 @@ test('regression_sigterm_drain_17: SIGTERM lets a running generation finish; new
 });
 
 test('regression_sigterm_streams_17: after --drain-seconds every open stream ends with an error event and [DONE]', { timeout: 60_000 }, async () => {
-  const server = await startServer(['--drain-seconds', '0.5']);
+  // One slot, so the second stream waits in the line (with more, it would run and end); a short
+  // drain, as the 1900 tokens of the running one take under a second on an idle machine.
+  const server = await startServer(['--drain-seconds', '0.2', '--parallel', '1']);
   const running = await postStream(server.url, { messages: userTurn('Go on and on.'), max_tokens: 1900, ignore_eos: true, cache_prompt: false });
   const runningRead = readSse(running);
   await new Promise((r) => setTimeout(r, 200));

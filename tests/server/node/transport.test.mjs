@@ -120,7 +120,7 @@ test('regression_metrics_labels_17: /metrics labels are a bounded set of routes,
 });
 
 test('regression_queued_stream_17: a queued stream starts at once (role chunk, then comments)', { timeout: 60_000 }, async () => {
-  const server = await startServer();
+  const server = await startServer(['--parallel', '1']);  // one slot: the second request waits
   try {
     const long = new AbortController();
     const first = fetch(`${server.url}/v1/chat/completions`, {
