@@ -4,6 +4,7 @@
 
 #include <memory>
 
+#include "byte_vocabulary.h"
 #include "grammar/fragments.h"
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
@@ -16,18 +17,7 @@ using test::RefGenerator;
 using test::RefParser;
 using test::RefValidator;
 
-// A vocabulary of the 256 single bytes and one stop token (id 256).
-std::shared_ptr<const Vocabulary> byte_vocabulary() {
-  static auto v = [] {
-    std::vector<std::string> tokens;
-    for (int b = 0; b < 256; ++b) tokens.emplace_back(1, char(b));
-    tokens.emplace_back("<|im_end|>");
-    const int32_t stop = 256;
-    return std::make_shared<const Vocabulary>(std::move(tokens), std::span<const int32_t>{},
-                                              std::span<const int32_t>(&stop, 1));
-  }();
-  return v;
-}
+using test::byte_vocabulary;
 
 bool accepts(const std::shared_ptr<const CompiledGrammar>& g, std::string_view text) {
   GrammarMatcher m(g);

@@ -12,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "byte_vocabulary.h"
 #include "grammar/fragments.h"
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
@@ -24,18 +25,7 @@ namespace {
 using test::RefParser;
 using test::RefValidator;
 
-// The 256 single bytes and a stop token (id 256).
-std::shared_ptr<const Vocabulary> byte_vocabulary() {
-  static auto v = [] {
-    std::vector<std::string> tokens;
-    for (int b = 0; b < 256; ++b) tokens.emplace_back(1, char(b));
-    tokens.emplace_back("<|im_end|>");
-    const int32_t stop = 256;
-    return std::make_shared<const Vocabulary>(std::move(tokens), std::span<const int32_t>{},
-                                              std::span<const int32_t>(&stop, 1));
-  }();
-  return v;
-}
+using test::byte_vocabulary;
 
 std::shared_ptr<const Vocabulary> fixture_vocabulary() {
   static auto v = [] {
