@@ -18,7 +18,7 @@ inline std::shared_ptr<const grammar::Vocabulary> byte_vocabulary() {
     tokens.emplace_back("<|im_end|>");
     const int32_t stop = 256;
     return std::make_shared<const grammar::Vocabulary>(std::move(tokens), std::span<const int32_t>{},
-                                              std::span<const int32_t>(&stop, 1));
+                                                       std::span<const int32_t>(&stop, 1));
   }();
   return v;
 }
