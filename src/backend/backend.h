@@ -53,6 +53,24 @@ class SequenceState {
   // must not be past the current one), reset() empties it. It may run ahead of length() by the
   // chained drafts.
   virtual int64_t mtp_length() const { return 0; }
+
+  // A speculative verify (spec §6): the runtime appends a token and its drafts in one forward,
+  // then keeps only the accepted prefix. keep_row_states(rows) asks the state to keep, through
+  // the next forward / forward_hidden call on it, what it needs to be cut back to any length that
+  // call passes through within its last `rows` rows (each of those rows' DeltaNet conv and SSM
+  // states); it holds for that one call. rewind(length, mtp_length) then cuts the sequence back
+  // to such a length (KV rows cut, that row's recurrent state restored) and the MTP cache back to
+  // mtp_length (at most its current length). Both return false where the state cannot (the
+  // default; rewind then changes nothing): the caller restores a snapshot and runs the kept
+  // tokens again, which gives the same state.
+  virtual bool keep_row_states(int rows) {
+    (void)rows;
+    return false;
+  }
+  virtual bool rewind(int64_t length, int64_t mtp_length) {
+    (void)length, (void)mtp_length;
+    return false;
+  }
 };
 
 enum class LogitsWanted { none, last, all };
