@@ -5,6 +5,7 @@
 #include <set>
 
 #include "grammar/fragments.h"
+#include "grammar/number_range.h"
 
 namespace lily::grammar {
 
@@ -14,10 +15,27 @@ namespace {
 constexpr size_t kInlineItemsBudget = 60'000;
 constexpr int kMaxDepth = 96;
 
-const std::set<std::string> kSupported = {"type",     "properties",  "required",  "additionalProperties",
-                                          "enum",     "const",       "items",     "minItems",
-                                          "maxItems", "anyOf",       "oneOf",     "$ref",
-                                          "$defs",    "definitions", "minLength", "maxLength"};
+const std::set<std::string> kSupported = {"type",
+                                          "properties",
+                                          "required",
+                                          "additionalProperties",
+                                          "enum",
+                                          "const",
+                                          "items",
+                                          "minItems",
+                                          "maxItems",
+                                          "anyOf",
+                                          "oneOf",
+                                          "$ref",
+                                          "$defs",
+                                          "definitions",
+                                          "minLength",
+                                          "maxLength",
+                                          "minimum",
+                                          "maximum",
+                                          "exclusiveMinimum",
+                                          "exclusiveMaximum",
+                                          "multipleOf"};
 const std::set<std::string> kAnnotations = {"title",    "description", "default",    "examples", "$schema",  "$id",
                                             "$comment", "format",      "deprecated", "readOnly", "writeOnly"};
 const std::set<std::string> kTypes = {"string", "number", "integer", "boolean", "null", "object", "array"};
@@ -143,6 +161,7 @@ Fragment JsonSchemaCompiler::value(const json& schema, const std::string& path) 
     }
     if (types.empty()) throw SchemaError("type", path, "'type' is an empty list");
   }
+  check_numeric_keywords(schema, path);  // read whenever present, whatever the type
 
   if (schema.contains("const") || schema.contains("enum")) {
     const bool is_const = schema.contains("const");
@@ -175,6 +194,8 @@ Fragment JsonSchemaCompiler::value(const json& schema, const std::string& path) 
       types = {"array"};
     } else if (has({"minLength", "maxLength"})) {
       types = {"string"};
+    } else if (has_numeric_keywords(schema)) {
+      types = {"number"};
     } else {
       return any_value();
     }
@@ -193,7 +214,10 @@ Fragment JsonSchemaCompiler::typed(const json& schema, const std::string& type, 
     if (max >= 0 && min > max) throw SchemaError("minLength", path, "minLength above maxLength");
     return max < 0 ? free_string(min) : json_string(b_, min, max, options_.raw_lt);
   }
-  if (type == "integer" || type == "number") return json_number(b_, type == "integer");
+  if (type == "integer" || type == "number") {
+    if (!has_numeric_keywords(schema)) return json_number(b_, type == "integer");
+    return json_number_in_range(b_, number_range(schema, type == "integer", path));
+  }
   if (type == "boolean") return b_.alternatives({b_.literal("true"), b_.literal("false")});
   return b_.literal("null");
 }

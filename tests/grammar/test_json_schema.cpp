@@ -108,8 +108,8 @@ TEST(JsonSchemaGrammar, DeepNestingIsRecursionNotCopies) {
 TEST(JsonSchemaGrammar, RefusesWhatItDoesNotSupportNamingTheKeyword) {
   const std::pair<const char*, const char*> cases[] = {
       {R"({"type":"string","pattern":"a+"})", "pattern"},
-      {R"({"type":"integer","minimum":0})", "minimum"},
-      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":2}}})", "multipleOf"},
+      {R"({"type":"integer","minimum":"0"})", "minimum"},
+      {R"({"type":"object","properties":{"a":{"type":"number","multipleOf":0.5}}})", "multipleOf"},
       {R"({"type":"array","prefixItems":[{}]})", "prefixItems"},
       {R"({"allOf":[{}]})", "allOf"},
       {R"({"type":"strng"})", "type"},
