@@ -34,7 +34,9 @@ inline constexpr size_t kRefMaxFreeStringChars = 1024;
 // surrogate escapes only in pairs. nullopt: not such a text.
 class RefParser {
  public:
-  explicit RefParser(std::string_view text, int max_indent = 20) : s_(text), max_indent_(max_indent) {}
+  // max_integer_digits: more where a schema's bound needs them (number_range.h).
+  explicit RefParser(std::string_view text, int max_indent = 20, size_t max_integer_digits = kRefMaxIntegerDigits)
+      : s_(text), max_indent_(max_indent), max_integer_digits_(max_integer_digits) {}
   std::optional<JValue> document() {
     if (!ws()) return std::nullopt;
     auto v = value(0);
@@ -148,7 +150,7 @@ class RefParser {
     lit("-");
     if (lit("0")) {
     } else if (i_ < s_.size() && s_[i_] >= '1' && s_[i_] <= '9') {
-      if (digits() > kRefMaxIntegerDigits) return std::nullopt;
+      if (digits() > max_integer_digits_) return std::nullopt;
     } else {
       return std::nullopt;
     }
@@ -211,6 +213,7 @@ class RefParser {
   std::string_view s_;
   size_t i_ = 0;
   int max_indent_;
+  size_t max_integer_digits_;
 };
 
 // Validity under the schema subset, in the canonical form of grammar/json_schema.h.

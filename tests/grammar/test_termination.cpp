@@ -17,6 +17,7 @@
 #include "grammar/grammars.h"
 #include "grammar/matcher.h"
 #include "json_reference.h"
+#include "number_oracle.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lily::grammar {
@@ -174,6 +175,46 @@ TEST(Termination, regression_a_looping_model_closes_the_schema_over_bytes_40) {
 
 TEST(Termination, regression_a_looping_model_closes_the_schema_over_a_tokenizer_40) {
   check_schema_replies(fixture_vocabulary());
+}
+
+// Ranges (number_range.h): a model that loops on digits stops where the bound does, and every
+// value lies in its range.
+TEST(Termination, a_looping_model_closes_bounded_numbers) {
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "n": {"type": "integer", "minimum": 1, "maximum": 100}, "x": {"type": "number", "minimum": 0, "maximum": 1},
+      "p": {"type": "number", "exclusiveMinimum": 0}, "big": {"type": "integer", "minimum": 1e20},
+      "neg": {"type": "integer", "minimum": -50, "exclusiveMaximum": -3}, "m": {"type": "integer", "multipleOf": 7}},
+      "required": ["n", "x", "p", "big", "neg", "m"]})");
+  using test::RefBound;
+  using test::RefRange;
+  const std::pair<const char*, RefRange> ranges[] = {
+      {"n", {true, RefBound{"1"}, RefBound{"100"}}},
+      {"x", {false, RefBound{"0"}, RefBound{"1"}}},
+      {"p", {false, RefBound{"0", true}, std::nullopt}},
+      {"big", {true, RefBound{"100000000000000000000"}, std::nullopt, 21}},
+      {"neg", {true, RefBound{"-50"}, RefBound{"-3", true}}},
+      {"m", {true, std::nullopt, std::nullopt, 16, 7}},
+  };
+  for (const auto& vocab : {byte_vocabulary(), fixture_vocabulary()}) {
+    auto g = std::make_shared<const CompiledGrammar>(json_schema_grammar(schema), vocab);
+    for (const auto& order : loop_orders()) {
+      SCOPED_TRACE(testing::Message() << "loop order starting " << int(order[0]));
+      const auto text = run_model(g, order, 4 * kSchemaBound);
+      ASSERT_TRUE(text) << "the reply did not end";
+      EXPECT_LE(text->size(), kSchemaBound);
+      const auto doc = RefParser(*text, 20, 21).document();  // "big" has 21 digits
+      ASSERT_TRUE(doc && doc->members.size() == 6) << *text;
+      for (size_t i = 0; i < 6; ++i) {
+        EXPECT_EQ(doc->members[i].first, json(ranges[i].first).dump());
+        EXPECT_TRUE(test::ref_in_range(ranges[i].second, doc->members[i].second.raw))
+            << ranges[i].first << " in " << *text;
+      }
+      if (order[0] == Loop::kDigit) {
+        EXPECT_EQ(doc->members[0].second.raw, "99") << *text;  // 999 is above 100
+        EXPECT_EQ(doc->members[3].second.raw.size(), 21u) << *text;
+      }
+    }
+  }
 }
 
 TEST(Termination, regression_a_looping_model_closes_a_json_object_40) {
