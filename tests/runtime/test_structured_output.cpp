@@ -11,6 +11,7 @@
 #include <cstdlib>
 
 #include "../grammar/json_reference.h"
+#include "../grammar/number_oracle.h"
 #include "runtime/chat_service.h"
 
 namespace lily {
@@ -221,6 +222,39 @@ TEST(StructuredOutput, ACutReplyIsThePrefixItGenerated) {
   }
 }
 
+// minimum / maximum / exclusive* / multipleOf (grammar/number_range.h): the random model's numbers
+// lie in their ranges, at every temperature (checked on the raw texts by tests/grammar's oracle).
+TEST(StructuredOutput, RangedNumbersLieInTheirRanges) {
+  ChatService& s = *tiny_chat().service;
+  const json schema = json::parse(R"({"type": "object", "properties": {
+      "n": {"type": "integer", "minimum": 1, "maximum": 100}, "x": {"type": "number", "minimum": 0, "maximum": 1},
+      "p": {"type": "number", "exclusiveMinimum": 0, "maximum": 10}, "neg": {"type": "integer", "minimum": -5,
+      "maximum": -1}, "m": {"type": "integer", "multipleOf": 5, "minimum": 0, "maximum": 100}},
+      "required": ["n", "x", "p", "neg", "m"]})");
+  using test::RefBound;
+  using test::RefRange;
+  const RefRange ranges[] = {{true, RefBound{"1"}, RefBound{"100"}},
+                             {false, RefBound{"0"}, RefBound{"1"}},
+                             {false, RefBound{"0", true}, RefBound{"10"}},
+                             {true, RefBound{"-5"}, RefBound{"-1"}},
+                             {true, RefBound{"0"}, RefBound{"100"}, 16, 5}};
+  for (float temperature : {0.0f, 1.0f, 1.5f}) {
+    for (uint64_t seed : {1, 2}) {
+      SCOPED_TRACE(testing::Message() << "temperature " << temperature << " seed " << seed);
+      ChatRequest r = request("Answer in JSON.", temperature, seed, false);
+      r.response_format = schema_format(schema);
+      const Reply reply = complete(s, r);
+      EXPECT_EQ(reply.result.finish_reason, "stop") << reply.result.content;
+      const auto doc = RefParser(reply.result.content).document();
+      ASSERT_TRUE(doc && doc->members.size() == 5) << json(reply.result.content).dump();
+      for (size_t i = 0; i < 5; ++i)
+        EXPECT_TRUE(test::ref_in_range(ranges[i], doc->members[i].second.raw)) << reply.result.content;
+      std::printf("  %s\n", reply.result.content.c_str());
+      if (temperature == 0.0f) break;  // greedy: one seed is all there is
+    }
+  }
+}
+
 // lily-tiny closes its reasoning: with thinking on, the constrained reply's reasoning is exactly
 // the unconstrained one's (greedy), and the answer after it follows the schema.
 TEST(StructuredOutput, TheThinkingBlockStaysTheModelsOwn) {
@@ -392,7 +426,7 @@ TEST(StructuredOutput, UnsupportedKeywordsAreRequestErrorsNamingThem) {
   }
   r.response_format = {};
   r.tools = json::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {"type": "object",
-      "properties": {"n": {"type": "integer", "minimum": 3}}}}}])");
+      "properties": {"n": {"type": "integer", "multipleOf": 0.5}}}}}])");
   EXPECT_NO_THROW(s.prepare_chat(r));  // auto: no grammar, nothing refused
   r.tool_choice = {ToolChoice::Mode::required, ""};
   try {
@@ -400,7 +434,7 @@ TEST(StructuredOutput, UnsupportedKeywordsAreRequestErrorsNamingThem) {
     FAIL() << "expected a RequestError";
   } catch (const RequestError& e) {
     EXPECT_EQ(e.param, "tools");
-    EXPECT_NE(std::string(e.what()).find("'minimum'"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("'multipleOf'"), std::string::npos) << e.what();
   }
   // Auto with a response_format compiles both: each refusal is reported on its own field.
   r.tool_choice = {};

@@ -1,5 +1,5 @@
 // Structured outputs through the official openai client (issue 18): response_format json_schema
-// on 25 schemas, each at temperature 0 and 1, streamed and not, every reply parsed and validated
+// on 26 schemas, each at temperature 0 and 1, streamed and not, every reply parsed and validated
 // by the small JSON-schema validator below (written for this test, apart from lily's grammar
 // code); json_object; tool_choice "required" (several tools, many seeds and temperatures: always
 // a call to one of them, arguments valid for its parameters), a named function, and "none"
@@ -17,7 +17,8 @@ import { client, modelId, postJson, startServer, userTurn } from './lib.mjs';
 
 const ANNOTATIONS = new Set(['title', 'description', 'format', 'default', 'examples', '$defs', '$schema']);
 const KEYWORDS = new Set(['type', 'properties', 'required', 'additionalProperties', 'enum', 'const', 'items',
-  'minItems', 'maxItems', 'anyOf', 'oneOf', '$ref', 'minLength', 'maxLength', ...ANNOTATIONS]);
+  'minItems', 'maxItems', 'anyOf', 'oneOf', '$ref', 'minLength', 'maxLength', 'minimum', 'maximum', 'exclusiveMinimum',
+  'exclusiveMaximum', 'multipleOf', ...ANNOTATIONS]);
 
 function deepEqual(a, b) {
   if (a === b) return true;
@@ -62,6 +63,13 @@ function validate(schema, value, root = schema, at = '$') {
   }
   if (schema.enum && !schema.enum.some((e) => deepEqual(e, value))) fail('not in enum');
   if ('const' in schema && !deepEqual(schema.const, value)) fail('not the const');
+  if (typeof value === 'number') {  // as JavaScript reads numbers: doubles
+    if (schema.minimum !== undefined && !(value >= schema.minimum)) fail(`below ${schema.minimum}`);
+    if (schema.maximum !== undefined && !(value <= schema.maximum)) fail(`above ${schema.maximum}`);
+    if (schema.exclusiveMinimum !== undefined && !(value > schema.exclusiveMinimum)) fail(`not above ${schema.exclusiveMinimum}`);
+    if (schema.exclusiveMaximum !== undefined && !(value < schema.exclusiveMaximum)) fail(`not below ${schema.exclusiveMaximum}`);
+    if (schema.multipleOf !== undefined && !Number.isInteger(value / schema.multipleOf)) fail(`not a multiple of ${schema.multipleOf}`);
+  }
   if (typeof value === 'string') {
     const length = [...value].length;  // code points
     if (schema.minLength !== undefined && length < schema.minLength) fail(`shorter than ${schema.minLength}`);
@@ -93,6 +101,11 @@ test('the validator itself tells valid from invalid', () => {
   assert.ok(validate({ type: 'string', maxLength: 2 }, 'été').length > 0);
   assert.deepEqual(validate({ type: 'string', maxLength: 3 }, 'été'), []);
   assert.ok(validate({ oneOf: [{ type: 'integer' }, { type: 'number' }] }, 3).length > 0);  // both match
+  const r = { type: 'number', minimum: 0.5, exclusiveMaximum: 1 };
+  assert.deepEqual(validate(r, 0.5), []);
+  for (const bad of [0.4999, 1, 1.0000000000000001, -1]) assert.ok(validate(r, bad).length > 0, String(bad));
+  assert.ok(validate({ type: 'integer', multipleOf: 5 }, 12).length > 0);
+  assert.deepEqual(validate({ type: 'integer', multipleOf: 5, exclusiveMinimum: 0 }, 15), []);
 });
 
 // ---- the schemas: bounded, so that a random model finishes every one ----
@@ -138,6 +151,10 @@ const SCHEMAS = {
   fixed_list: { type: 'array', items: { const: 'ok' }, minItems: 3, maxItems: 3 },
   nullable_number: { type: 'object', properties: { v: { type: ['number', 'null'] }, w: { type: 'null' } },
     required: ['v', 'w'] },
+  ranges: { type: 'object', properties: { count: { type: 'integer', minimum: 1, maximum: 100 },
+    share: { type: 'number', minimum: 0, maximum: 1 }, price: { type: 'number', exclusiveMinimum: 0 },
+    delta: { type: 'integer', minimum: -5, exclusiveMaximum: 0 }, step: { type: 'integer', multipleOf: 5, minimum: 0 } },
+  required: ['count', 'share', 'price', 'delta', 'step'] },
 };
 
 const openai = client();
@@ -186,7 +203,7 @@ function checkJson(reply, schema, what) {
   return value;
 }
 
-test('json_schema: 25 schemas, temperature 0 and 1, streamed and not, all parse and validate', async () => {
+test('json_schema: 26 schemas, temperature 0 and 1, streamed and not, all parse and validate', async () => {
   assert.ok(Object.keys(SCHEMAS).length >= 20);
   for (const [name, schema] of Object.entries(SCHEMAS)) {
     for (const temperature of [0, 1]) {
@@ -269,14 +286,14 @@ test('refusals: unsupported keywords are 400s naming them', async () => {
   const cases = [
     [{ response_format: { type: 'json_schema', json_schema: { name: 'p', schema: { type: 'object',
       properties: { a: { type: 'string', pattern: '^a' } } } } } }, 'response_format', /'pattern' at #\/properties\/a/],
-    [{ response_format: { type: 'json_schema', json_schema: { name: 'm', schema: { type: 'integer', minimum: 0 } } } },
-      'response_format', /'minimum'/],
+    [{ response_format: { type: 'json_schema', json_schema: { name: 'm', schema: { type: 'integer', minimum: 5,
+      maximum: 3 } } } }, 'response_format', /'minimum' 5, 'maximum' 3/],
     [{ response_format: { type: 'json_schema' } }, 'response_format.json_schema', /json_schema/],
     [{ response_format: { type: 'json_schema', json_schema: { name: 'x', schema: 'a string' } } },
       'response_format.json_schema.schema', /schema/],
     [{ response_format: { type: 'yaml' } }, 'response_format.type', /json_schema/],
     [{ tool_choice: 'required', tools: [{ type: 'function', function: { name: 'f', parameters: { type: 'object',
-      properties: { n: { type: 'integer', maximum: 3 } } } } }] }, 'tools', /'maximum'/],
+      properties: { n: { type: 'number', multipleOf: 0.1 } } } } }] }, 'tools', /'multipleOf'/],
   ];
   for (const [extra, param, message] of cases) {
     const r = await postJson('/v1/chat/completions', { ...base, ...extra });
@@ -333,6 +350,28 @@ test('tool_choice required: always a call to one of several tools, valid argumen
     }
   }
   assert.ok(names.size >= 2, `only ${[...names]} called: the choice is not exercised`);
+});
+
+// minimum / maximum / exclusive* / multipleOf: the replies' numbers lie in their ranges, in
+// JSON.parse's doubles too (validate above), answers and tool arguments, at every temperature.
+test('json_schema and tools: numbers with ranges stay inside them (random model)', async () => {
+  const schema = SCHEMAS.ranges;
+  const tools = [{ type: 'function', function: { name: 'zoom', parameters: { type: 'object', properties: {
+    level: { type: 'integer', minimum: 1, maximum: 10 }, ratio: { type: 'number', exclusiveMinimum: 0, maximum: 2 } },
+  required: ['level', 'ratio'] } } }];
+  for (const temperature of [0, 1, 1.5]) {
+    for (const seed of [1, 2, 3]) {
+      const what = `temperature ${temperature} seed ${seed}`;
+      const reply = await ask(openai, { model: 'test', temperature, seed, max_tokens: 700, ...NO_THINKING,
+        messages: userTurn('Numbers?'), response_format: { type: 'json_schema', json_schema: { name: 'ranges', schema } } },
+      seed === 2);
+      const value = checkJson(reply, schema, what);
+      assert.ok(value.count >= 1 && value.count <= 100 && value.delta < 0 && value.step % 5 === 0, reply.content);
+      const call = await ask(openai, { model: 'test', temperature, seed, max_tokens: 600, ...NO_THINKING,
+        messages: userTurn('Zoom.'), tools, tool_choice: 'required', parallel_tool_calls: false }, seed === 3);
+      checkCalls(call, tools, what, { only: 'zoom', single: true });
+    }
+  }
 });
 
 test('tool_choice naming a function: one call to it (random model)', async () => {
