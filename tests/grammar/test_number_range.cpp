@@ -293,6 +293,11 @@ TEST(NumberRange, EdgeCases) {
       {R"({"type":"integer","maximum":1e300})", "9999999999999999", true},  // clamped to 16 digits
       {R"({"type":"integer","maximum":1e300})", "10000000000000000", false},
       {R"({"type":"integer","minimum":-1e300})", "-9999999999999999", true},
+      {R"({"type":"number","exclusiveMaximum":1.7976931348623157e308})", "9999999999999999.5", true},
+      {R"({"type":"number","exclusiveMinimum":5e-324})", "0.0000000000000001", true},  // the least double
+      {R"({"type":"number","exclusiveMinimum":5e-324})", "0", false},
+      {R"({"type":"integer","minimum":-0.0})", "0", true},
+      {R"({"type":"integer","minimum":-0.0})", "-1", false},
       {R"({"type":"integer","minimum":0,"maximum":0})", "0", true},
       {R"({"type":"integer","minimum":0,"maximum":0})", "-0", false},
       {R"({"type":["integer","null"],"minimum":1})", "null", true},
@@ -341,6 +346,8 @@ TEST(NumberRange, MalformedAndEmptyRangesAreRefusedNamingTheKeyword) {
       {R"({"type":"integer","minimum":1.2,"maximum":1.8})", "minimum"},
       {R"({"type":"integer","minimum":1e300})", "minimum"},
       {R"({"type":"number","maximum":-1e41})", "maximum"},
+      {R"({"type":"number","exclusiveMinimum":1.7976931348623157e308})", "exclusiveMinimum"},
+      {R"({"type":"number","exclusiveMaximum":-1.7976931348623157e308})", "exclusiveMaximum"},
       {R"({"type":"integer","minimum":1,"maximum":6,"multipleOf":7})", "multipleOf"},
       {R"({"type":"integer","minimum":-6,"maximum":-1,"multipleOf":7})", "multipleOf"},
       {R"({"type":"integer","enum":[1],"minimum":0})", "minimum"},
