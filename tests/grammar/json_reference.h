@@ -12,6 +12,8 @@
 #include <string_view>
 #include <vector>
 
+#include "number_oracle.h"
+
 namespace lily::test {
 
 using json = nlohmann::ordered_json;
@@ -216,6 +218,26 @@ class RefParser {
   size_t max_integer_digits_;
 };
 
+// The numeric keywords as a RefRange (bounds that JSON::dump writes as plain decimals, one per
+// side; draft 4's booleans), nullopt without any.
+inline std::optional<RefRange> ref_numeric_range(const json& schema, bool integer) {
+  RefRange r;
+  r.integer = integer;
+  bool any = false;
+  auto side = [&](const char* inclusive, const char* exclusive) -> std::optional<RefBound> {
+    const bool flag = schema.contains(exclusive) && schema[exclusive].is_boolean() && schema[exclusive].get<bool>();
+    if (schema.contains(inclusive)) return RefBound{schema[inclusive].dump(), flag};
+    if (schema.contains(exclusive) && schema[exclusive].is_number()) return RefBound{schema[exclusive].dump(), true};
+    return std::nullopt;
+  };
+  r.lo = side("minimum", "exclusiveMinimum");
+  r.hi = side("maximum", "exclusiveMaximum");
+  any = r.lo || r.hi;
+  if (schema.contains("multipleOf")) r.modulus = long(schema["multipleOf"].get<double>()), any = true;
+  if (!any) return std::nullopt;
+  return r;
+}
+
 // Validity under the schema subset, in the canonical form of grammar/json_schema.h.
 class RefValidator {
  public:
@@ -249,6 +271,7 @@ class RefValidator {
       else if (schema.contains("items") || schema.contains("minItems") || schema.contains("maxItems"))
         types = {"array"};
       else if (schema.contains("minLength") || schema.contains("maxLength")) types = {"string"};
+      else if (ref_numeric_range(schema, false)) types = {"number"};
       else return true;
     }
     for (const std::string& t : types)
@@ -275,8 +298,12 @@ class RefValidator {
                                                       : min + kRefMaxFreeStringChars;
       return v.kind == JValue::kString && v.code_points >= min && v.code_points <= max;
     }
-    if (t == "integer") return v.kind == JValue::kNumber && v.raw.find_first_of(".eE") == std::string::npos;
-    if (t == "number") return v.kind == JValue::kNumber;
+    if (t == "integer" || t == "number") {
+      if (v.kind != JValue::kNumber) return false;
+      if (t == "integer" && v.raw.find_first_of(".eE") != std::string::npos) return false;
+      const auto range = ref_numeric_range(schema, t == "integer");
+      return !range || ref_in_range(*range, v.raw);
+    }
     if (t == "boolean") return v.kind == JValue::kBool;
     if (t == "null") return v.kind == JValue::kNull;
     if (t == "array") {
@@ -366,6 +393,7 @@ class RefGenerator {
   }
 
   json leaf_schema() {
+    if (chance(0.15)) return ranged_schema();
     switch (uniform(0, 9)) {
       case 0: return {{"type", "string"}};
       case 1: {
@@ -383,6 +411,30 @@ class RefGenerator {
       default: return {{"type", "null"}};
     }
   }
+  // An integer or number with a range (number_range.h), bounds JSON::dump writes plainly.
+  json ranged_schema() {
+    const bool integer = chance(0.5);
+    json s = {{"type", integer ? "integer" : "number"}};
+    const int lo = uniform(-40, 60), hi = lo + uniform(0, 120);
+    const char* lower = chance(0.5) ? "minimum" : "exclusiveMinimum";
+    const char* upper = chance(0.5) ? "maximum" : "exclusiveMaximum";
+    if (chance(0.8)) s[lower] = integer || chance(0.5) ? json(lo) : json(lo + 0.25);
+    if (chance(0.8)) s[upper] = integer || chance(0.5) ? json(hi) : json(hi + 0.5);
+    if (integer && chance(0.3)) s["multipleOf"] = uniform(2, 7);
+    if (!s.contains(lower) && !s.contains(upper) && !s.contains("multipleOf")) s["minimum"] = lo;
+    return s;
+  }
+  // A number valid under a ranged schema, by trying (nullopt: none found).
+  std::optional<std::string> ranged_number(const json& schema, bool integer) {
+    const auto range = ref_numeric_range(schema, integer);
+    for (int i = 0; i < 200; ++i) {
+      std::string s = std::to_string(uniform(-60, 220));
+      if (!integer && chance(0.6)) s += "." + std::to_string(uniform(0, 9999));
+      if (ref_in_range(*range, s)) return s;
+    }
+    return std::nullopt;
+  }
+
   json schema(int depth) {
     const int pick = depth <= 0 ? 0 : uniform(0, 5);
     if (pick <= 1) return leaf_schema();
@@ -436,6 +488,8 @@ class RefGenerator {
     if (type == "string")
       return string_text(schema.value("minLength", 0),
                          schema.contains("maxLength") ? schema["maxLength"].get<int>() : -1);
+    if ((type == "integer" || type == "number") && ref_numeric_range(schema, type == "integer"))
+      return ranged_number(schema, type == "integer");
     if (type == "integer" || type == "number") return number(type == "integer");
     if (type == "boolean") return chance(0.5) ? "true" : "false";
     if (type == "null") return "null";
