@@ -1,11 +1,13 @@
 // grammars.cpp: response formats and tool choices as grammars (see the header).
 #include "grammar/grammars.h"
 
+#include <algorithm>
 #include <memory>
 #include <set>
 #include <vector>
 
 #include "grammar/fragments.h"
+#include "grammar/number_range.h"
 
 namespace lily::grammar {
 
@@ -44,6 +46,21 @@ class ToolCallCompiler {
   ToolCallCompiler(GrammarBuilder& b, const json& parameters, const GrammarOptions& options)
       : b_(b), document_(parameters), json_(b, parameters, {options.max_indent, false}) {}
 
+  // A value taken as raw text that the parser may read back as a number (a type list with
+  // "string" and "integer" / "number", or no type) cannot keep a numeric range: "0" would be the
+  // integer 0 under minimum 1. Refused rather than not enforced.
+  static void refuse_raw_ranged_numbers(const json& schema, const std::vector<std::string>& types,
+                                        const std::string& path) {
+    const char* keyword = first_numeric_keyword(schema);
+    const bool numbers = types.empty() || std::find(types.begin(), types.end(), "integer") != types.end() ||
+                         std::find(types.begin(), types.end(), "number") != types.end();
+    if (keyword != nullptr && numbers)
+      throw SchemaError(keyword, path,
+                        "'" + std::string(keyword) +
+                            "' on a tool-call value that may also be a string is not supported (the raw text "
+                            "would be read back as any number)");
+  }
+
   // One parameter's VALUE as the parser reads it back (the header's rules).
   Fragment value(const json& raw_schema, const std::string& path) {
     const json& schema = resolve(document_, raw_schema, path);
@@ -74,6 +91,7 @@ class ToolCallCompiler {
                                (types.empty() && (schema.contains("minLength") || schema.contains("maxLength")));
     if (!allows_string) return json_.value(schema, path);
     json_.value(schema, path);  // the same keyword checks as JSON
+    refuse_raw_ranged_numbers(schema, types, path);
     if (schema.contains("minLength") || schema.contains("maxLength")) {
       const int min = schema.value("minLength", 0);
       const int max = schema.contains("maxLength") ? schema["maxLength"].get<int>() : -1;

@@ -1,5 +1,6 @@
 // number_keywords.cpp: a schema's minimum / maximum / exclusive* / multipleOf as a NumberRange
 // (number_range.h has the rules).
+#include <algorithm>
 #include <cmath>
 #include <optional>
 
@@ -75,10 +76,10 @@ bool range_has_multiple(const BigInt& lo, const BigInt& hi, int64_t m) {
 
 }  // namespace
 
-bool has_numeric_keywords(const json& schema) {
+const char* first_numeric_keyword(const json& schema) {
   for (const char* k : kKeywords)
-    if (schema.contains(k)) return true;
-  return false;
+    if (schema.contains(k)) return k;
+  return nullptr;
 }
 
 void check_numeric_keywords(const json& schema, const std::string& path) {

@@ -43,8 +43,9 @@ struct NumberRange {
   int64_t modulus = 1;      // fraction_digits 0 only: multiples of it
 };
 
-// Whether `schema` has any of the numeric keywords.
-bool has_numeric_keywords(const json& schema);
+// The first of the numeric keywords `schema` has (nullptr: none), and whether it has one.
+const char* first_numeric_keyword(const json& schema);
+inline bool has_numeric_keywords(const json& schema) { return first_numeric_keyword(schema) != nullptr; }
 
 // Throws SchemaError naming the keyword when a numeric keyword's value is malformed (any type:
 // the keywords are read whenever they are present).

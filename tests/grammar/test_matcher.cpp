@@ -253,6 +253,40 @@ TEST(GrammarMatcher, ToolCallsNameAGivenToolWithValidArguments) {
   EXPECT_THROW(tool_call_grammar(kTools, {std::string("_currency"), true}), SchemaError);
 }
 
+// A tool-call value is raw text the parser reads back by the schema's types: a range holds on an
+// integer or number value; where the text may also be a string (["string", "integer"], or no
+// type) "0" would be read as the integer 0 under minimum 1, so such a range is refused.
+TEST(GrammarMatcher, ToolCallValuesKeepTheirRangesOrAreRefused) {
+  auto tools = [](const char* parameter) {
+    return json::parse(std::string(R"([{"type":"function","function":{"name":"f","parameters":{"type":"object",
+        "properties":{"n":)") +
+                       parameter + R"(},"required":["n"]}}}])");
+  };
+  auto g = std::make_shared<const CompiledGrammar>(tool_call_grammar(tools(R"({"type":"integer","minimum":1})"), {}),
+                                                   synthetic_vocabulary());
+  auto accepts = [&](const std::string& value) {
+    GrammarMatcher m(g);
+    const std::string call = "<tool_call>\n<function=f>\n<parameter=n>\n" + value +
+                             "\n</parameter>\n</function>\n</tool_call>";
+    return m.accept_bytes(call) && m.is_accepting();
+  };
+  EXPECT_TRUE(accepts("1"));
+  EXPECT_TRUE(accepts("250"));
+  EXPECT_FALSE(accepts("0"));
+  EXPECT_FALSE(accepts("-3"));
+  EXPECT_NO_THROW(tool_call_grammar(tools(R"({"type":["string","null"],"minimum":1})"), {}));  // no number read
+  for (const char* parameter :
+       {R"({"type":["string","integer"],"minimum":1})", R"({"type":["number","string"],"exclusiveMaximum":1})",
+        R"({"minLength":1,"maximum":3})"}) {
+    try {
+      tool_call_grammar(tools(parameter), {});
+      ADD_FAILURE() << "accepted " << parameter;
+    } catch (const SchemaError& e) {
+      EXPECT_NE(std::string(e.what()).find("may also be a string"), std::string::npos) << e.what();
+    }
+  }
+}
+
 // tool_choice auto with a response_format: either calls or the JSON answer, never both, never text.
 TEST(GrammarMatcher, ToolCallsOrTheJsonAnswer) {
   const json schema = json::parse(R"({"type":"object","properties":{"id":{"type":"integer"}},"required":["id"]})");
