@@ -38,7 +38,7 @@ std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights) {
   }
   if (weights.layout != CheckpointLayout::gguf) return std::nullopt;
   const GgufModel gguf(path);
-  const std::string& file = gguf.paths().front();
+  const std::string file = gguf.paths().front();
   std::optional<GgmlVocabulary> vocabulary = with_context(file, [&] { return gguf_vocabulary(gguf.metadata()); });
   if (!vocabulary) return std::nullopt;
   Tokenizer tokenizer = Tokenizer::from_ggml(*vocabulary, file);

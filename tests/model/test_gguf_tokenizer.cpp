@@ -360,5 +360,38 @@ TEST(GgufDamagedTokenizer, ATokenizerModelWithoutTokens) {
   EXPECT_TOKENIZER_ERROR(w.build(), "metadata 'tokenizer.ggml.tokens' is missing");
 }
 
+// --- lily run on a GGUF ---------------------------------------------------------------------
+
+std::pair<int, std::string> run(const std::string& command) {
+  FILE* p = popen(command.c_str(), "r");
+  std::string out;
+  char buf[4096];
+  size_t n;
+  while ((n = fread(buf, 1, sizeof buf, p)) > 0) out.append(buf, n);
+  const int status = pclose(p);
+  return {WIFEXITED(status) ? WEXITSTATUS(status) : -1, out};
+}
+
+// tiny-a-q8_0.gguf has no tokenizer.json beside it: `lily run` tokenizes with the GGUF's own
+// vocabulary, and answers as it does with the tokenizer.json that vocabulary came from.
+TEST(GgufTokenizer, LilyRunOnAGgufWithoutTokenizerJson) {
+  const std::string gguf_dir = kFixtures + "/models/tiny-a/gguf";
+  ASSERT_FALSE(fs::exists(gguf_dir + "/tokenizer.json"));
+  const std::string args = " -p 'Compute 12+35 <think>' -n 24 --temperature 0 --no-think --backend cpu 2>/dev/null";
+  auto [status, out] = run(std::string(LILY_BINARY) + " run -m " + gguf_dir + "/tiny-a-q8_0.gguf" + args);
+  ASSERT_EQ(status, 0) << out;
+  EXPECT_FALSE(out.empty());
+
+  const fs::path scratch = fs::temp_directory_path() / ("lily-gguf-tok-" + std::to_string(::getpid()));
+  fs::create_directories(scratch);
+  fs::copy_file(gguf_dir + "/tiny-a-q8_0.gguf", scratch / "tiny-a-q8_0.gguf");
+  fs::copy_file(gguf_dir + "/tokenizer/tokenizer.json", scratch / "tokenizer.json");
+  auto [json_status,
+        json_out] = run(std::string(LILY_BINARY) + " run -m " + (scratch / "tiny-a-q8_0.gguf").string() + args);
+  fs::remove_all(scratch);
+  EXPECT_EQ(json_status, 0) << json_out;
+  EXPECT_EQ(out, json_out);
+}
+
 }  // namespace
 }  // namespace lily
