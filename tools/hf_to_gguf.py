@@ -21,6 +21,8 @@ nothing defines "[PAD<id>]" UNUSED), token_type, merges as "left right", the bos
 ids tokenizer_config.json names, add_bos_token and chat_template. eos falls back to
 generation_config.json's first id (lily's stop token; llama.cpp would read config.json's).
 --vocab-only writes the tokenizer alone (as llama.cpp's converter does), for tokenizer tests.
+An mlx-lm 4-bit directory (models/lily-tiny) is read dequantized (tools/mlx_format.py, torch):
+its matrices then go in as F32 or Q8_0 of the dequantized values (--type bf16 is not exact there).
 
 Matrices are stored as F32, BF16 (exact for a bf16 checkpoint) or Q8_0 (--type; Q8_0 by this file's own quantizer: d = max|x| / 127
 rounded to f16, q = round(x / d)); norms, conv1d, ssm_a and dt_bias are F32 as llama.cpp keeps
@@ -31,6 +33,7 @@ written here.
         --tokenizer-dir tests/fixtures/models/tiny-a/gguf/tokenizer \\
         --type q8_0 --out tests/fixtures/models/tiny-a/gguf/tiny-a-q8_0.gguf
     /usr/bin/python3 tools/hf_to_gguf.py models/lily-tiny --vocab-only --out /tmp/lily-tiny-vocab.gguf
+    /usr/bin/python3 tools/hf_to_gguf.py models/lily-tiny --type q8_0 --out /tmp/lily-tiny-q8_0.gguf
 
 (tools/gguf_reference.py runs these for the committed fixtures.)
 """
@@ -74,6 +77,18 @@ def read_safetensors(folder):
                 raise SystemExit(f"{key}: dtype {entry['dtype']} is not handled")
             out[key] = arr.reshape(entry["shape"]).astype(np.float32)
     return out
+
+
+def read_checkpoint(folder):
+    """HF names as float32 numpy arrays: the safetensors of an HF directory, or an mlx-lm one
+    dequantized to HF names by tools/mlx_format.py (needs torch; the values are the 4/8-bit
+    codes times their scales plus biases, the norms shifted back by -1)."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    if "quantization" not in cfg:
+        return read_safetensors(folder)
+    import mlx_format  # noqa: E402  (tools/, next to this file)
+    tensors, config = mlx_format.load_mlx_checkpoint(folder)
+    return {k: v.float().numpy() for k, v in mlx_format.mlx_to_dequantized_hf(tensors, config).items()}
 
 
 def tile_v_heads(x, axis, n_k_heads, ratio, block):
@@ -271,7 +286,7 @@ def convert_vocab_only(model_dir, tokenizer_dir):
 def convert(model_dir, qtype, mtp, tokenizer_dir):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     text = cfg.get("text_config", cfg)
-    t = read_safetensors(model_dir)
+    t = read_checkpoint(model_dir)
     p = "model.language_model."
     hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
