@@ -20,7 +20,8 @@ import sys
 import numpy as np
 
 # Offsets of the f16 scale fields inside each block (ggml-common.h's block_* structs).
-F16_FIELDS = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0]}
+F16_FIELDS = {"Q4_0": [0], "Q8_0": [0], "Q4_K": [0, 2], "Q5_K": [0, 2], "Q6_K": [208], "IQ4_XS": [0],
+              "Q4_1": [0, 2], "Q5_0": [0], "Q5_1": [0, 2], "IQ4_NL": [0]}
 ROWS, BLOCKS_PER_ROW = 4, 2
 
 
@@ -58,6 +59,11 @@ def main():
     bf = gguf.quants.quantize(x, gguf.GGMLQuantizationType.BF16)
     writer.add_tensor("BF16.blocks", bf, raw_dtype=gguf.GGMLQuantizationType.BF16)
     writer.add_tensor("BF16.values", gguf.quants.dequantize(bf, gguf.GGMLQuantizationType.BF16).astype(np.float32))
+    # The 32-value types llama-quantize falls back to (added after the others: their vectors kept).
+    for name in ["Q4_1", "Q5_0", "Q5_1", "IQ4_NL"]:
+        qtype, raw = random_blocks(gguf, name, rng)
+        writer.add_tensor(f"{name}.blocks", raw, raw_dtype=qtype)
+        writer.add_tensor(f"{name}.values", gguf.quants.dequantize(raw, qtype).astype(np.float32))
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

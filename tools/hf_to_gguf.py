@@ -11,13 +11,31 @@ N = the main layer count with its nextn tensors (eh_proj = mtp.fc, enorm, hnorm,
 shared_head_norm), block_count N + 1 and nextn_predict_layers 1; --no-mtp leaves it out (block_count
 N, no nextn key: the older GGUF form).
 
+The tokenizer goes in as llama.cpp's converter writes it (convert_hf_to_gguf.py get_vocab_base,
+_set_vocab_gpt2 and gguf-py's SpecialVocab), from tokenizer.json and tokenizer_config.json of the
+model directory (or --tokenizer-dir): tokenizer.ggml.model "gpt2", tokenizer.ggml.pre ("qwen35" or
+"qwen2", recognised here by the Split regex where llama.cpp hashes the tokens of a test string),
+one token per id up to the model's vocab_size (BPE entries NORMAL in their byte-level form, added
+tokens by content CONTROL when special or looking special "<|...|>", else USER_DEFINED, the ids
+nothing defines "[PAD<id>]" UNUSED), token_type, merges as "left right", the bos / eos / padding
+ids tokenizer_config.json names, add_bos_token and chat_template. eos falls back to
+generation_config.json's first id (lily's stop token; llama.cpp would read config.json's).
+--vocab-only writes the tokenizer alone (as llama.cpp's converter does), for tokenizer tests.
+An mlx-lm 4-bit directory (models/lily-tiny) is read dequantized (tools/mlx_format.py, torch):
+its matrices then go in as F32 or Q8_0 of the dequantized values (--type bf16 is not exact there).
+
 Matrices are stored as F32, BF16 (exact for a bf16 checkpoint) or Q8_0 (--type; Q8_0 by this file's own quantizer: d = max|x| / 127
 rounded to f16, q = round(x / d)); norms, conv1d, ssm_a and dt_bias are F32 as llama.cpp keeps
 them. Only numpy (Debian's python3-numpy); the safetensors and GGUF containers are read and
 written here.
 
     /usr/bin/python3 tools/hf_to_gguf.py tests/fixtures/models/tiny-a/hf-fused \\
+        --tokenizer-dir tests/fixtures/models/tiny-a/gguf/tokenizer \\
         --type q8_0 --out tests/fixtures/models/tiny-a/gguf/tiny-a-q8_0.gguf
+    /usr/bin/python3 tools/hf_to_gguf.py models/lily-tiny --vocab-only --out /tmp/lily-tiny-vocab.gguf
+    /usr/bin/python3 tools/hf_to_gguf.py models/lily-tiny --type q8_0 --out /tmp/lily-tiny-q8_0.gguf
+
+(tools/gguf_reference.py runs these for the committed fixtures.)
 """
 import argparse
 import json
@@ -27,7 +45,12 @@ import struct
 import numpy as np
 
 GGML_F32, GGML_Q8_0, GGML_BF16 = 0, 8, 30
-T_UINT32, T_INT32, T_FLOAT32, T_STRING, T_ARRAY = 4, 5, 6, 8, 9
+T_UINT32, T_INT32, T_FLOAT32, T_BOOL, T_STRING, T_ARRAY = 4, 5, 6, 7, 8, 9
+TOKEN_NORMAL, TOKEN_CONTROL, TOKEN_USER_DEFINED, TOKEN_UNUSED = 1, 3, 4, 5
+QWEN35_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*"
+                r"|\s*[\r\n]+|\s+(?!\S)|\s+")
+QWEN2_SPLIT = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*"
+               r"|\s*[\r\n]+|\s+(?!\S)|\s+")
 ALIGNMENT = 32
 
 
@@ -54,6 +77,18 @@ def read_safetensors(folder):
                 raise SystemExit(f"{key}: dtype {entry['dtype']} is not handled")
             out[key] = arr.reshape(entry["shape"]).astype(np.float32)
     return out
+
+
+def read_checkpoint(folder):
+    """HF names as float32 numpy arrays: the safetensors of an HF directory, or an mlx-lm one
+    dequantized to HF names by tools/mlx_format.py (needs torch; the values are the 4/8-bit
+    codes times their scales plus biases, the norms shifted back by -1)."""
+    cfg = json.load(open(os.path.join(folder, "config.json")))
+    if "quantization" not in cfg:
+        return read_safetensors(folder)
+    import mlx_format  # noqa: E402  (tools/, next to this file)
+    tensors, config = mlx_format.load_mlx_checkpoint(folder)
+    return {k: v.float().numpy() for k, v in mlx_format.mlx_to_dequantized_hf(tensors, config).items()}
 
 
 def tile_v_heads(x, axis, n_k_heads, ratio, block):
@@ -91,6 +126,13 @@ class Gguf:
     def str(self, k, v):
         self.kv.append(self.s(k) + struct.pack("<I", T_STRING) + self.s(v))
 
+    def bool(self, k, v):
+        self.kv.append(self.s(k) + struct.pack("<IB", T_BOOL, 1 if v else 0))
+
+    def strs(self, k, values):
+        self.kv.append(self.s(k) + struct.pack("<IIQ", T_ARRAY, T_STRING, len(values)) +
+                       b"".join(self.s(v) for v in values))
+
     def i32s(self, k, values):
         self.kv.append(self.s(k) + struct.pack("<IIQ", T_ARRAY, T_INT32, len(values)) +
                        struct.pack(f"<{len(values)}i", *values))
@@ -119,6 +161,66 @@ class Gguf:
             f.write(out)
             for _, _, _, data in self.tensors:
                 f.write(data + b"\0" * (-len(data) % ALIGNMENT))
+
+
+def looks_special(token):
+    """llama.cpp's does_token_look_special for byte-level vocabularies."""
+    return (token in ("<pad>", "<mask>", "<2mass>", "[@BOS@]") or (token.startswith("<|") and token.endswith("|>"))
+            or (token.startswith("<\uff5c") and token.endswith("\uff5c>"))
+            or (token.startswith("<unused") and token.endswith(">")))
+
+
+def pre_tokenizer_name(tok):
+    """tokenizer.ggml.pre for a tokenizer.json: the Qwen Split regexes lily implements."""
+    pre = tok.get("pre_tokenizer") or {}
+    steps = pre.get("pretokenizers", [pre])
+    patterns = [s["pattern"].get("Regex") for s in steps if s.get("type") == "Split"]
+    names = {QWEN35_SPLIT: "qwen35", QWEN2_SPLIT: "qwen2"}
+    if len(patterns) != 1 or patterns[0] not in names:
+        raise SystemExit(f"tokenizer.json: pre-tokenizer {json.dumps(pre)[:200]} is not one lily implements")
+    return names[patterns[0]]
+
+
+def write_tokenizer(g, tokenizer_dir, vocab_size, fallback_eos):
+    """The tokenizer.ggml.* keys and tokenizer.chat_template, as llama.cpp's converter writes them."""
+    tok = json.load(open(os.path.join(tokenizer_dir, "tokenizer.json"), encoding="utf-8"))
+    cfg_path = os.path.join(tokenizer_dir, "tokenizer_config.json")
+    tcfg = json.load(open(cfg_path, encoding="utf-8")) if os.path.exists(cfg_path) else {}
+    model = tok["model"]
+    if model.get("type") != "BPE":
+        raise SystemExit(f"tokenizer.json: model type {model.get('type')} is not byte-level BPE")
+    by_id = {i: (t, TOKEN_NORMAL) for t, i in model["vocab"].items()}
+    added = {}
+    for a in tok.get("added_tokens", []):
+        kind = TOKEN_CONTROL if a["special"] or looks_special(a["content"]) else TOKEN_USER_DEFINED
+        by_id[a["id"]] = (a["content"], kind)
+        added[a["content"]] = a["id"]
+    vocab_size = vocab_size or max(by_id) + 1
+    assert max(by_id) < vocab_size, f"tokenizer ids go up to {max(by_id)}, the model has {vocab_size} rows"
+    tokens = [by_id.get(i, (f"[PAD{i}]", TOKEN_UNUSED)) for i in range(vocab_size)]
+    merges = [m if isinstance(m, str) else " ".join(m) for m in model["merges"]]
+    g.str("tokenizer.ggml.model", "gpt2")
+    g.str("tokenizer.ggml.pre", pre_tokenizer_name(tok))
+    g.strs("tokenizer.ggml.tokens", [t for t, _ in tokens])
+    g.i32s("tokenizer.ggml.token_type", [k for _, k in tokens])
+    g.strs("tokenizer.ggml.merges", merges)
+    ids = {}
+    for kind in ["bos", "eos", "unk", "sep", "pad"]:
+        entry = tcfg.get(f"{kind}_token")
+        content = entry.get("content") if isinstance(entry, dict) else entry
+        if isinstance(content, str) and content in added:
+            ids[kind] = added[content]
+    if "eos" not in ids and fallback_eos is not None:
+        ids["eos"] = fallback_eos
+    names = {"bos": "bos", "eos": "eos", "unk": "unknown", "sep": "seperator", "pad": "padding"}
+    for kind, i in ids.items():
+        g.u32(f"tokenizer.ggml.{names[kind]}_token_id", i)
+    for kind in ["bos", "eos"]:
+        if isinstance(tcfg.get(f"add_{kind}_token"), bool):
+            g.bool(f"tokenizer.ggml.add_{kind}_token", tcfg[f"add_{kind}_token"])
+    if isinstance(tcfg.get("chat_template"), str):
+        g.str("tokenizer.chat_template", tcfg["chat_template"])
+    return ids.get("eos")
 
 
 def write_layer(g, t, text, L, b, layer_type, qtype):
@@ -162,11 +264,29 @@ def write_layer(g, t, text, L, b, layer_type, qtype):
         g.tensor(b + gg + ".weight", t[m + "shared_expert." + hf + ".weight"], qtype)
 
 
-def convert(model_dir, qtype, mtp):
+def first_eos(model_dir):
+    path = os.path.join(model_dir, "generation_config.json")
+    if not os.path.exists(path):
+        return None
+    eos = json.load(open(path)).get("eos_token_id")
+    return eos[0] if isinstance(eos, list) else eos
+
+
+def convert_vocab_only(model_dir, tokenizer_dir):
+    """The tokenizer alone, with general.architecture (llama.cpp's --vocab-only)."""
+    cfg_path = os.path.join(model_dir, "config.json")
+    cfg = json.load(open(cfg_path)) if os.path.exists(cfg_path) else {}
+    g = Gguf()
+    g.str("general.architecture", "qwen35moe")
+    g.str("general.name", os.path.basename(os.path.normpath(model_dir)) + " (vocabulary only)")
+    write_tokenizer(g, tokenizer_dir, cfg.get("text_config", cfg).get("vocab_size"), first_eos(model_dir))
+    return g
+
+
+def convert(model_dir, qtype, mtp, tokenizer_dir):
     cfg = json.load(open(os.path.join(model_dir, "config.json")))
     text = cfg.get("text_config", cfg)
-    gen = json.load(open(os.path.join(model_dir, "generation_config.json")))
-    t = read_safetensors(model_dir)
+    t = read_checkpoint(model_dir)
     p = "model.language_model."
     hk, hv = text["linear_num_key_heads"], text["linear_num_value_heads"]
     dk, dv = text["linear_key_head_dim"], text["linear_value_head_dim"]
@@ -201,8 +321,11 @@ def convert(model_dir, qtype, mtp):
     g.u32("qwen35moe.ssm.time_step_rank", hv)
     g.u32("qwen35moe.ssm.inner_size", hv * dv)
     g.u32("qwen35moe.full_attention_interval", text["full_attention_interval"])
-    eos = gen["eos_token_id"]
-    g.u32("tokenizer.ggml.eos_token_id", eos[0] if isinstance(eos, list) else eos)
+    if os.path.exists(os.path.join(tokenizer_dir, "tokenizer.json")):
+        write_tokenizer(g, tokenizer_dir, text["vocab_size"], first_eos(model_dir))
+    else:
+        print(f"note: {tokenizer_dir} has no tokenizer.json: the GGUF holds no tokenizer (llama.cpp will not load it)")
+        g.u32("tokenizer.ggml.eos_token_id", first_eos(model_dir))
 
     g.tensor("token_embd.weight", t[p + "embed_tokens.weight"], qtype)
     g.tensor("output_norm.weight", t[p + "norm.weight"] + 1, GGML_F32)
@@ -232,10 +355,17 @@ def main():
     ap.add_argument("--out", required=True)
     ap.add_argument("--type", choices=["f32", "bf16", "q8_0"], default="bf16")
     ap.add_argument("--no-mtp", action="store_true", help="leave the MTP head out")
+    ap.add_argument("--tokenizer-dir", help="tokenizer.json and tokenizer_config.json from here (default: model_dir)")
+    ap.add_argument("--vocab-only", action="store_true", help="write the tokenizer alone, no weights")
     args = ap.parse_args()
     os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     qtype = {"f32": GGML_F32, "bf16": GGML_BF16, "q8_0": GGML_Q8_0}[args.type]
-    convert(args.model_dir, qtype, not args.no_mtp).write(args.out)
+    tokenizer_dir = args.tokenizer_dir or args.model_dir
+    if args.vocab_only:
+        g = convert_vocab_only(args.model_dir, tokenizer_dir)
+    else:
+        g = convert(args.model_dir, qtype, not args.no_mtp, tokenizer_dir)
+    g.write(args.out)
     print(f"wrote {args.out} ({os.path.getsize(args.out)} bytes)")
 
 

@@ -76,8 +76,12 @@ Session open_session(const ModelOptions& model, int64_t ctx_size) {
   ChatServiceOptions options;
   options.context_size = std::min<int64_t>(ctx_size, s.engine->config().max_position_embeddings);
   options.cache_bytes = uint64_t(1) << 30;
-  s.service = std::make_unique<ChatService>(*s.engine, Tokenizer::load_from_model_dir(model.resolved_model_dir()),
-                                            options);
+  // The engine's tokenizer: tokenizer.json, or a GGUF's own vocabulary (engine.h find_tokenizer).
+  const Tokenizer* tokenizer = s.engine->tokenizer();
+  if (!tokenizer)
+    fail("{} has no tokenizer: no tokenizer.json, and no tokenizer.ggml.* metadata in a GGUF",
+         model.resolved_model_dir());
+  s.service = std::make_unique<ChatService>(*s.engine, *tokenizer, options);
   return s;
 }
 

@@ -27,6 +27,53 @@ void q4_0_block(const uint8_t* b, float* y) {
   }
 }
 
+// block_q4_1 { f16 d; f16 m; u8 qs[16]; }
+void q4_1_block(const uint8_t* b, float* y) {
+  const float d = f16_at(b), m = f16_at(b + 2);
+  const uint8_t* qs = b + 4;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(qs[j] & 0xF) + m;
+    y[j + 16] = d * float(qs[j] >> 4) + m;
+  }
+}
+
+// The 5-bit codes of Q5_0 / Q5_1: value j (0..15) is the low nibble of qs[j] with bit j of qh
+// above it, value j + 16 the high nibble with bit j + 16.
+void q5_codes(const uint8_t* qh_bytes, const uint8_t* qs, int* q) {
+  uint32_t qh;
+  std::memcpy(&qh, qh_bytes, 4);
+  for (int j = 0; j < 16; ++j) {
+    q[j] = (qs[j] & 0xF) | int((qh >> j) & 1) << 4;
+    q[j + 16] = (qs[j] >> 4) | int((qh >> (j + 16)) & 1) << 4;
+  }
+}
+
+// block_q5_0 { f16 d; u8 qh[4]; u8 qs[16]; }   x = d (q - 16)
+void q5_0_block(const uint8_t* b, float* y) {
+  const float d = f16_at(b);
+  int q[32];
+  q5_codes(b + 2, b + 6, q);
+  for (int j = 0; j < 32; ++j) y[j] = d * float(q[j] - 16);
+}
+
+// block_q5_1 { f16 d; f16 m; u8 qh[4]; u8 qs[16]; }   x = d q + m
+void q5_1_block(const uint8_t* b, float* y) {
+  const float d = f16_at(b), m = f16_at(b + 2);
+  int q[32];
+  q5_codes(b + 4, b + 8, q);
+  for (int j = 0; j < 32; ++j) y[j] = d * float(q[j]) + m;
+}
+
+// block_iq4_nl { f16 d; u8 qs[16]; }   x = d kIq4nl[q]
+void iq4_nl_block(const uint8_t* b, float* y) {
+  const float d = f16_at(b);
+  const uint8_t* qs = b + 2;
+  for (int j = 0; j < 16; ++j) {
+    y[j] = d * float(kIq4nlValues[qs[j] & 0xF]);
+    y[j + 16] = d * float(kIq4nlValues[qs[j] >> 4]);
+  }
+}
+
 // block_q8_0 { f16 d; i8 qs[32]; }
 void q8_0_block(const uint8_t* b, float* y) {
   const float d = f16_at(b);
@@ -113,6 +160,10 @@ using BlockFn = void (*)(const uint8_t*, float*);
 BlockFn block_decoder(GgmlType type) {
   switch (type) {
     case GgmlType::Q4_0: return q4_0_block;
+    case GgmlType::Q4_1: return q4_1_block;
+    case GgmlType::Q5_0: return q5_0_block;
+    case GgmlType::Q5_1: return q5_1_block;
+    case GgmlType::IQ4_NL: return iq4_nl_block;
     case GgmlType::Q8_0: return q8_0_block;
     case GgmlType::Q4_K: return q4_k_block;
     case GgmlType::Q5_K: return q5_k_block;

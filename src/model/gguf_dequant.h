@@ -4,6 +4,13 @@
 // d, dmin: f16 scales; q: the codes; a row of n values is n / QK blocks, in order.
 //   F32, F16, BF16  plain values
 //   Q4_0   32 values, 18 B: d, qs[16]     x[j] = d (lo4(qs[j]) - 8), x[j+16] = d (hi4(qs[j]) - 8)
+//   Q4_1   32 values, 20 B: d, m, qs[16]  x[j] = d lo4(qs[j]) + m, x[j+16] = d hi4(qs[j]) + m
+//   Q5_0   32 values, 22 B: d, qh (u32), qs[16]   q[j] = lo4(qs[j]) | bit j of qh << 4,
+//          q[j+16] = hi4(qs[j]) | bit j+16 of qh << 4;  x = d (q - 16)
+//   Q5_1   32 values, 24 B: d, m, qh, qs[16]      the same codes;  x = d q + m
+//   IQ4_NL 32 values, 18 B: d, qs[16]     x[j] = d kIq4nl[lo4(qs[j])], x[j+16] = d kIq4nl[hi4(qs[j])]
+//   (llama-quantize writes Q5_0 / Q5_1 / IQ4_NL for the rows a Q4_K / Q5_K / IQ4_XS block of
+//   256 does not divide; the fast CPU path decodes them row by row, gemv_rows_dequantizing)
 //   Q8_0   32 values, 34 B: d, qs[32]     x[j] = d qs[j] (int8)
 //   Q4_K  256 values, 144 B: d, dmin, scales[12], qs[128]; 8 sub-blocks of 32, each a 6-bit scale
 //         sc and min m (get_scale_min_k4 below):  x = d sc q - dmin m,  q 4-bit; sub-blocks

@@ -126,8 +126,9 @@ class GgufReader {
       case GgmlType::BF16: m.format = MatrixFormat::bf16; break;
       default:
         if (!gguf_dequant_supported(t.type))
-          fail("tensor '{}' is {}: lily reads F32, F16, BF16, Q4_0, Q8_0, Q4_K, Q5_K, Q6_K and IQ4_XS", t.name,
-               to_string(t.type));
+          fail("tensor '{}' is {}: lily reads F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_NL "
+               "and IQ4_XS",
+               t.name, to_string(t.type));
         m.format = MatrixFormat::gguf;
         m.gguf_type = t.type;
     }

@@ -6,6 +6,8 @@
 #include "base/error.h"
 #include "base/log.h"
 #include "model/checkpoint/load.h"
+#include "model/gguf_file.h"
+#include "model/gguf_vocabulary.h"
 #ifdef LILY_HAVE_CUDA
 #include "backend/cuda/cuda_backend.h"
 #endif
@@ -23,6 +25,27 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config,
          what, tokenizer.vocab_size(), tokenizer.vocab_size() - 1, config.vocab_size, config.vocab_size);
 }
 
+std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights) {
+  namespace fs = std::filesystem;
+  const std::string& path = weights.model_dir;
+  std::error_code ec;
+  const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
+  const std::string json = (dir / "tokenizer.json").string();
+  if (fs::exists(json, ec)) {
+    Tokenizer tokenizer = Tokenizer::load(json);
+    check_tokenizer_fits(tokenizer, weights.config, json);
+    return tokenizer;
+  }
+  if (weights.layout != CheckpointLayout::gguf) return std::nullopt;
+  const GgufModel gguf(path);
+  const std::string file = gguf.paths().front();
+  std::optional<GgmlVocabulary> vocabulary = with_context(file, [&] { return gguf_vocabulary(gguf.metadata()); });
+  if (!vocabulary) return std::nullopt;
+  Tokenizer tokenizer = Tokenizer::from_ggml(*vocabulary, file);
+  check_tokenizer_fits(tokenizer, weights.config, "the tokenizer of " + file);
+  return tokenizer;
+}
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   std::string backend = options.backend;
   if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
@@ -36,11 +59,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   load_options.mtp_dir = options.mtp_dir;
   auto engine = std::unique_ptr<Engine>(new Engine());
   engine->weights_ = load_model(options.model_dir, load_options);
-  const std::string tokenizer_path = options.model_dir + "/tokenizer.json";
-  if (std::filesystem::exists(tokenizer_path)) {
-    engine->tokenizer_ = Tokenizer::load(tokenizer_path);
-    check_tokenizer_fits(*engine->tokenizer_, engine->config(), tokenizer_path);
-  }
+  engine->tokenizer_ = find_tokenizer(*engine->weights_);
 #ifdef LILY_HAVE_CUDA
   if (backend == "cuda") {
     engine->backend_ = make_cuda_backend(engine->weights_);

@@ -1,5 +1,5 @@
 // engine.h: a loaded model ready to run: weights + the chosen backend + generation defaults,
-// and the directory's tokenizer.json when it has one.
+// and the model's tokenizer when it has one (find_tokenizer).
 //
 // Loading refuses, before the backend is built, what cannot run: the formats lily does not read
 // (load_model names them: FP8 / AWQ / GPTQ / compressed-tensors / NVFP4 checkpoints) and a
@@ -33,8 +33,8 @@ class Engine {
   const ModelConfig& config() const { return weights_->config; }
   const GenerationConfig& generation_config() const { return weights_->generation; }
   const std::string& model_dir() const { return weights_->model_dir; }
-  // DIR/tokenizer.json, read and checked at load; nullptr when the directory has none (a
-  // checkpoint used with token ids only: lily logits, generate).
+  // The model's tokenizer (find_tokenizer), read and checked at load; nullptr when it has none
+  // (a checkpoint used with token ids only: lily logits, generate).
   const Tokenizer* tokenizer() const { return tokenizer_ ? &*tokenizer_ : nullptr; }
 
  private:
@@ -42,6 +42,11 @@ class Engine {
   std::optional<Tokenizer> tokenizer_;
   std::unique_ptr<Backend> backend_;
 };
+
+// The tokenizer of loaded weights: tokenizer.json in the model directory (or beside the GGUF
+// file), else a GGUF's own vocabulary (tokenizer.ggml.*); nullopt when there is neither.
+// Checked against the model's vocabulary (check_tokenizer_fits).
+std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights);
 
 // Throws lily::Error, naming both numbers, when `tokenizer` defines ids the model has no rows
 // for (tokenizer.vocab_size() > config.vocab_size). `what` names the tokenizer in the message.

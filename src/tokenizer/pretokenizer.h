@@ -32,5 +32,7 @@ class SplitPretokenizer {
 
 // The Qwen3.5 / Qwen3.6 split pattern (spec §1.2), exactly as in HF tokenization_qwen3_5.py.
 extern const char* const kQwen35SplitPattern;
+// Qwen2's (and Qwen3's): the same without the combining marks \p{M} (llama.cpp's pre "qwen2").
+extern const char* const kQwen2SplitPattern;
 
 }  // namespace lily

@@ -1,4 +1,4 @@
-// tokenizer.cpp: encode / decode over the tables that tokenizer_json.cpp builds.
+// tokenizer.cpp: encode / decode over the tables that tokenizer_json.cpp or tokenizer_ggml.cpp builds.
 #include "tokenizer/tokenizer.h"
 
 #include "base/error.h"
@@ -17,6 +17,10 @@ Tokenizer Tokenizer::load(const std::string& tokenizer_json_path) {
 }
 
 Tokenizer Tokenizer::load_from_model_dir(const std::string& dir) { return load(dir + "/tokenizer.json"); }
+
+Tokenizer Tokenizer::from_ggml(const GgmlVocabulary& vocabulary, const std::string& source) {
+  return with_context("the tokenizer of " + source, [&] { return Tokenizer(build_from_ggml(vocabulary)); });
+}
 
 // One pre-token -> ids, through the cache.
 void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<int32_t>& out) const {

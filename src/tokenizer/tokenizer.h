@@ -1,4 +1,5 @@
-// tokenizer.h: the Qwen3.5/3.6 tokenizer, read from the model directory's tokenizer.json.
+// tokenizer.h: the Qwen3.5/3.6 tokenizer, read from the model directory's tokenizer.json, or
+// from a GGUF's own vocabulary (tokenizer.ggml.*, ggml_vocabulary.h) when none is beside it.
 //
 // Pipeline (HF `tokenizers` semantics, spec tokenizer-chat-api.md §1.1):
 //   1. added tokens with normalized=false are matched as whole strings in the raw text
@@ -22,6 +23,8 @@
 #include <string_view>
 #include <vector>
 
+#include "tokenizer/ggml_vocabulary.h"
+
 namespace lily {
 
 class Tokenizer {
@@ -30,6 +33,10 @@ class Tokenizer {
   static Tokenizer load(const std::string& tokenizer_json_path);
   // DIR/tokenizer.json.
   static Tokenizer load_from_model_dir(const std::string& dir);
+  // From a GGUF's tokenizer.ggml.* vocabulary (tokenizer_ggml.cpp): byte-level BPE ("gpt2")
+  // with a Qwen pre-tokenizer ("qwen35", "qwen2"); anything else is refused. Throws lily::Error
+  // naming `source` (the file) and the key that is wrong.
+  static Tokenizer from_ggml(const GgmlVocabulary& vocabulary, const std::string& source);
 
   // Text -> ids. Added-token strings in the text become their ids (HF default).
   std::vector<int32_t> encode(std::string_view text) const;

@@ -10,6 +10,7 @@
 
 #include "tokenizer/added_tokens.h"
 #include "tokenizer/bpe.h"
+#include "tokenizer/ggml_vocabulary.h"
 #include "tokenizer/pretokenizer.h"
 #include "tokenizer/tokenizer.h"
 
@@ -41,5 +42,12 @@ struct Tokenizer::Impl {
 
 // Parses tokenizer.json text (tokenizer_json.cpp). Throws lily::Error.
 std::shared_ptr<Tokenizer::Impl> parse_tokenizer_json(std::string_view json_text);
+
+// The tables of a GGUF's tokenizer.ggml.* vocabulary (tokenizer_ggml.cpp). Throws lily::Error.
+std::shared_ptr<Tokenizer::Impl> build_from_ggml(const GgmlVocabulary& vocabulary);
+
+// HF's ByteLevel decoder: a token whose every character is a byte-level character decodes to
+// those bytes; any other token decodes to its own UTF-8 text. `all_mapped` (optional) says which.
+std::string byte_level_decode(std::string_view token, bool* all_mapped);
 
 }  // namespace lily

@@ -39,22 +39,6 @@ std::vector<uint32_t> code_points(std::string_view s) {
   return cps;
 }
 
-// HF ByteLevel decoder: a token whose every character is a byte-level character decodes to those
-// bytes; any other token decodes to its own UTF-8 text. `all_mapped` (optional) says which.
-std::string byte_level_decode(std::string_view token, bool* all_mapped) {
-  std::string bytes;
-  for (uint32_t cp : code_points(token)) {
-    const int b = unicode::byte_of_codepoint(cp);
-    if (b < 0) {
-      if (all_mapped) *all_mapped = false;
-      return std::string(token);
-    }
-    bytes.push_back(char(b));
-  }
-  if (all_mapped) *all_mapped = true;
-  return bytes;
-}
-
 void read_normalizer(const json& root, Tokenizer::Impl& impl) {
   const json& n = root.contains("normalizer") ? root["normalizer"] : json();
   if (n.is_null()) return;
@@ -190,6 +174,20 @@ void read_added_tokens(const json& root, Tokenizer::Impl& impl, std::vector<std:
 }
 
 }  // namespace
+
+std::string byte_level_decode(std::string_view token, bool* all_mapped) {
+  std::string bytes;
+  for (uint32_t cp : code_points(token)) {
+    const int b = unicode::byte_of_codepoint(cp);
+    if (b < 0) {
+      if (all_mapped) *all_mapped = false;
+      return std::string(token);
+    }
+    bytes.push_back(char(b));
+  }
+  if (all_mapped) *all_mapped = true;
+  return bytes;
+}
 
 std::shared_ptr<Tokenizer::Impl> parse_tokenizer_json(std::string_view json_text) {
   json root;

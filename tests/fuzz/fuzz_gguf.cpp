@@ -7,7 +7,8 @@
 // validation promises (inside the data section, whole blocks, bytes = blocks x block bytes).
 // The first row of each accepted tensor of a type lily decodes goes through the reference
 // decoder and the fast CPU dot product (any bytes are a valid block: no crash, no read past
-// the row).
+// the row). tokenizer.ggml.* metadata, when there is some, becomes a tokenizer
+// (model/gguf_vocabulary, Tokenizer::from_ggml) that encodes a fixed text and decodes it back.
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -18,6 +19,8 @@
 #include "base/error.h"
 #include "model/gguf_dequant.h"
 #include "model/gguf_file.h"
+#include "model/gguf_vocabulary.h"
+#include "tokenizer/tokenizer.h"
 
 namespace {
 volatile unsigned g_sink;  // keeps the reads
@@ -38,6 +41,19 @@ unsigned touch(const lily::GgufValue& v) {
   }
   return sum;
 }
+
+// The tokenizer of the metadata, when it holds one and it is accepted, run once each way.
+unsigned touch_tokenizer(const lily::GgufHeader& header) {
+  try {
+    std::optional<lily::GgmlVocabulary> v = lily::gguf_vocabulary(header.metadata);
+    if (!v) return 0;
+    const lily::Tokenizer t = lily::Tokenizer::from_ggml(*v, "fuzz.gguf");
+    const std::vector<int32_t> ids = t.encode("the the<|im_end|> \xc3\xa9\xff<think>x");
+    return unsigned(ids.size() + t.decode(ids).size());
+  } catch (const lily::Error&) {
+    return 0;
+  }
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -50,6 +66,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   unsigned sum = 0;
   for (const auto& [key, value] : header.metadata) sum += touch(value);
+  sum += touch_tokenizer(header);
   if (header.data_offset > size || (header.data_offset % header.alignment != 0 && header.data_offset != size))
     std::abort();
   for (const lily::GgufTensor& t : header.tensors) {

@@ -167,6 +167,51 @@ def gguf_seeds():
         b"GGUF" + struct.pack("<IQQ", 3, 0, 1) + struct.pack("<Q", 1 << 62),
         ok[:100],
         b"GGUF\1\0\0\0",
+    ] + tokenizer_seeds()
+
+
+def byte_level_symbols():
+    """GPT-2's byte-level alphabet: each byte's printable stand-in, in byte order."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(0xA1, 0xAD)) + list(range(0xAE, 0x100))
+    out, extra = {}, 0
+    for b in range(256):
+        if b in printable:
+            out[b] = chr(b)
+        else:
+            out[b] = chr(256 + extra)
+            extra += 1
+    return [out[b] for b in range(256)]
+
+
+def tokenizer_seeds():
+    """GGUFs of tokenizer.ggml.* metadata (model/gguf_vocabulary, Tokenizer::from_ggml): a valid
+    byte-level vocabulary with merges and added tokens, and damaged ones."""
+    u32, i32, string, array = 4, 5, 8, 9
+    tokens = byte_level_symbols() + ["he", "the", "\u0120the", "<|im_end|>", "<think>", "[PAD261]"]
+    types = [1] * 259 + [3, 4, 5]
+    merges = ["h e", "t he", "\u0120 the"]
+
+    def strings(values):
+        return struct.pack("<IQ", string, len(values)) + b"".join(gguf_string(v) for v in values)
+
+    def vocab(tokens=tokens, types=types, merges=merges, pre="qwen35", extra=()):
+        return gguf([("general.architecture", string, gguf_string("qwen35moe")),
+                     ("tokenizer.ggml.model", string, gguf_string("gpt2")),
+                     ("tokenizer.ggml.pre", string, gguf_string(pre)),
+                     ("tokenizer.ggml.tokens", array, strings(tokens)),
+                     ("tokenizer.ggml.token_type", array, struct.pack(f"<IQ{len(types)}i", i32, len(types), *types)),
+                     ("tokenizer.ggml.merges", array, strings(merges)),
+                     ("tokenizer.ggml.eos_token_id", u32, struct.pack("<I", 259))] + list(extra), [])
+
+    return [
+        vocab(),
+        vocab(merges=merges + ["t hx"]),                                         # a merge naming no token
+        vocab(types=types[:-1]),                                                 # token_type count
+        vocab(types=types[:5] + [9] + types[6:]),                                # a type that is none
+        vocab(pre="llama3"),                                                     # a pre-tokenizer lily lacks
+        vocab(extra=[("tokenizer.ggml.padding_token_id", u32, struct.pack("<I", 262))]),  # id out of range
+        vocab(tokens=tokens[:258] + ["he"] + tokens[259:]),                       # a repeated token
+        vocab(tokens=tokens[:65] + ["zz"] + tokens[66:]),                         # byte 'A' missing
     ]
 
 

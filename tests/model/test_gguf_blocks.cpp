@@ -134,7 +134,8 @@ TEST(GgufBlocks, MatchGgufPyOnRandomBlocks) {
   GgufModel model(std::string(LILY_FIXTURES_DIR) + "/gguf/blocks.gguf");
   EXPECT_EQ(model.find_metadata("general.architecture")->as_string(), "lily-block-vectors");
   int checked = 0;
-  for (const char* name : {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16"}) {
+  for (const char* name :
+       {"Q4_0", "Q8_0", "Q4_K", "Q5_K", "Q6_K", "IQ4_XS", "F16", "BF16", "Q4_1", "Q5_0", "Q5_1", "IQ4_NL"}) {
     SCOPED_TRACE(name);
     const GgufTensor& blocks = model.get(std::string(name) + ".blocks");
     const GgufTensor& values = model.get(std::string(name) + ".values");
@@ -151,7 +152,8 @@ TEST(GgufBlocks, MatchGgufPyOnRandomBlocks) {
       ++checked;
     }
   }
-  EXPECT_EQ(checked, 4 * 4 * 512 + 4 * 4 * 64);  // rows of 2 blocks; Q4_0, Q8_0, F16, BF16 rows of 64
+  // Rows of 2 blocks; Q4_0, Q8_0, F16, BF16, Q4_1, Q5_0, Q5_1, IQ4_NL rows of 64.
+  EXPECT_EQ(checked, 4 * 4 * 512 + 8 * 4 * 64);
 }
 
 // The largest |x - decode(quantize(x))| each test quantizer allows, relative to the largest |x|

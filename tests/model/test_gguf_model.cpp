@@ -196,6 +196,8 @@ std::vector<std::byte> with_q4_k_ssm_out(const GgufModel& m) {
     if (v.type == GgufValueType::string) w.str(key, v.as_string());
     else if (v.type == GgufValueType::u32) w.u32(key, uint32_t(v.as_int()));
     else if (v.type == GgufValueType::f32) w.f32(key, float(v.as_float()));
+    else if (v.type == GgufValueType::boolean) w.boolean(key, v.as_bool());
+    else if (v.is_array() && v.element_type == GgufValueType::string) w.strings(key, v.string_array());
     else if (v.is_array() && v.element_type == GgufValueType::i32) {
       std::vector<int32_t> a;
       for (int64_t x : v.int_array()) a.push_back(int32_t(x));
