@@ -56,15 +56,18 @@ class FastCpuBackend final : public Backend {
                s->length(), T, s->capacity());
     for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
     logits.assign(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0), 0.f);
+    // Rows kept for a rewind (sequence_state.h): all in the last block. A decode step keeps
+    // none beyond the live state.
+    const int64_t kept = s->begin_forward(T);
     if (T == 1) return decode_step(*s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
-    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-      const int64_t n = std::min(kChunkTokens, T - t0);
+    for (int64_t t0 = 0, n = 0; t0 < T; t0 += n) {
+      n = cpu::next_block(t0, T, kChunkTokens, kept);
       const bool is_last_chunk = t0 + n == T;
       float* out = nullptr;
       int64_t first_row = 0;
       if (wanted == LogitsWanted::all) out = logits.data() + t0 * V;
       else if (wanted == LogitsWanted::last && is_last_chunk) out = logits.data(), first_row = n - 1;
-      const SequenceRows chunk{s, 0, n};
+      const SequenceRows chunk{s, 0, n, is_last_chunk ? kept : 0};
       forward_block(std::span(&chunk, 1), tokens.subspan(size_t(t0), size_t(n)), out, first_row);
     }
   }
@@ -80,6 +83,7 @@ class FastCpuBackend final : public Backend {
     rows.clear();
     for (size_t i = 0; i < states.size(); ++i)
       rows.push_back({&cpu::cpu_sequence(*states[i], kBackend, "forward_batch"), int64_t(i), 1});
+    for (const SequenceRows& r : rows) r.state->begin_forward(1);  // one row: no states beyond the live ones
     logits.resize(states.size() * size_t(w_->config.vocab_size));
     if (rows.size() == 1) return decode_step(*rows[0].state, tokens[0], logits.data());
     if (!rows.empty()) forward_block(rows, tokens, logits.data(), 0);
@@ -114,10 +118,12 @@ class FastCpuBackend final : public Backend {
     cpu_fast::linear(w_->lm_head, normed.data(), 1, logits, scratch_.gemv);
   }
 
-  // Rows [row, row + rows) of a block: tokens of one sequence, appended at its length.
+  // Rows [row, row + rows) of a block: tokens of one sequence, appended at its length; the
+  // DeltaNet states after its last `kept` rows kept for a rewind.
   struct SequenceRows {
     CpuSequenceState* state;
     int64_t row, rows;
+    int64_t kept = 0;
   };
 
   // A block of tokens through the prefill layers (prefill.h): one sequence's (a prompt's chunk)
@@ -143,7 +149,9 @@ class FastCpuBackend final : public Backend {
       for (const SequenceRows& q : sequences) {
         if (layer.kind == LayerKind::full_attention)
           attention.push_back({&q.state->attention_cache(i), q.state->length(), q.row, q.rows});
-        else deltanet.push_back({&q.state->deltanet_cache(i), q.row, q.rows});
+        else
+          deltanet.push_back({&q.state->deltanet_cache(i), q.row, q.rows,
+                              q.kept > 0 ? q.state->deltanet_kept(i, q.rows - q.kept) : cpu::DeltaNetKept{}});
       }
       if (layer.kind == LayerKind::full_attention)
         cpu_fast::attention_runs(layer.attention, c, attention, normed.data(), T, mixed.data(), p);
