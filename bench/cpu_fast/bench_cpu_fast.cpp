@@ -449,6 +449,41 @@ void BM_DeltaRule(benchmark::State& state) {
 }
 BENCHMARK(BM_DeltaRule)->Args({0, 1})->Args({1, 1})->Args({0, 128})->Args({1, 128})->Unit(benchmark::kMicrosecond);
 
+// The delta rule of one DeltaNet layer over the T rows of a verify, one thread, delta_rule_tokens
+// keeping the states after the first T - 1 rows (1) or not (0): what keep_row_states adds to a
+// verify's delta rule, 2 MB written a kept row beyond the update. Args: T, keep. bytes: kept.
+void BM_DeltaRuleKept(benchmark::State& state) {
+  const int64_t T = state.range(0), heads = 32, dk = 128, dv = 128, stride = 2 * dk + dv;
+  const bool keep = state.range(1) != 0;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.f, 0.1f);
+  std::vector<float> S(size_t(heads * dk * dv)), rows(size_t(T * stride)), o(size_t(T * dv)), m(dv), r(dv);
+  std::vector<float> kept(size_t((T - 1) * heads * dk * dv));
+  for (auto& v : S) v = dist(rng);
+  for (auto& v : rows) v = dist(rng);
+  std::vector<float> g(size_t(T), -0.05f), beta(size_t(T), 0.5f);
+  const cpu::DeltaRuleInputs in{
+      rows.data(), rows.data() + dk, rows.data() + 2 * dk, g.data(), beta.data(), stride, stride, stride, 1, T, dk, dv};
+  for (auto _ : state) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const cpu_fast::KeptStates k{kept.data() + h * dk * dv, 0, keep ? T - 1 : 0, heads * dk * dv};
+      cpu_fast::delta_rule_tokens(in, S.data() + h * dk * dv, o.data(), dv, m.data(), r.data(), k);
+    }
+    benchmark::DoNotOptimize(S.data());
+    benchmark::DoNotOptimize(kept.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * T * heads);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kept.size() * 4) * (keep ? 1 : 0));
+}
+BENCHMARK(BM_DeltaRuleKept)
+    ->Args({2, 0})
+    ->Args({2, 1})
+    ->Args({4, 0})
+    ->Args({4, 1})
+    ->Args({8, 0})
+    ->Args({8, 1})
+    ->Unit(benchmark::kMicrosecond);
+
 // A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
 // team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the
 // memory's speed a decode step's products can reach.
