@@ -215,6 +215,23 @@ TEST_P(Rewind, RefusalsChangeNothing) {
   EXPECT_FALSE(more->keep_row_states(65));
 }
 
+// A batch step (forward_batch: one row of each sequence) uses the keep up: its one row's states
+// are the live ones, so only its own length can be rewound to, and the keep holds no further.
+TEST_P(Rewind, ABatchStepKeepsItsOneRow) {
+  auto a = fresh(9, 9), b = fresh(4, 4);
+  ASSERT_TRUE(a->keep_row_states(3));
+  SequenceState* states[2] = {a.get(), b.get()};
+  const int32_t tokens[2] = {ids_[9], ids_[4]};
+  std::vector<float> logits;
+  backend_->forward_batch(states, tokens, logits);
+  EXPECT_FALSE(a->rewind(9, 0)) << "before the step's one row";
+  EXPECT_FALSE(b->rewind(5, 0)) << "no keep asked";
+  EXPECT_TRUE(a->rewind(10, 0));
+  backend_->forward(*a, ids(10, 2), LogitsWanted::none, logits);
+  EXPECT_FALSE(a->rewind(11, 0)) << "the keep held for the batch step only";
+  expect_like_fresh(*a, 9, "after a batch step");
+}
+
 // rewind cuts the MTP cache to its mtp_length: the head's next step then equals that of a
 // sequence whose cache was cut by a restore to the same length.
 TEST_P(Rewind, CutsTheMtpCache) {
