@@ -1,5 +1,6 @@
 // bench_cpu_fast: decode and prefill tokens/s of lily-tiny on the fast and the reference CPU
-// backend, batch steps of N sequences (lily-tiny, 4 full-size layers), and the GEMV kernels per
+// backend, batch steps of N sequences and speculative verify steps of K + 1 rows with their
+// rewind (lily-tiny, 4 full-size layers), and the GEMV kernels per
 // instruction set and kind (fp32, integer) at the full-size model's shapes.
 //
 //   LILY_THREADS=2 build/bench/cpu_fast/bench_cpu_fast
@@ -248,6 +249,51 @@ void BM_DecodeBatchFullSizeLayers(benchmark::State& state) { decode_batch(state,
 BENCHMARK(BM_DecodeBatchLilyTiny)->Apply(batch_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 BENCHMARK(BM_DecodeBatchFullSizeLayers)->Apply(batch_args)->Unit(benchmark::kMillisecond)->UseRealTime();
 
+// A speculative verify step (issue 37): one forward of K + 1 rows of a sequence at depth ~100 with
+// every row's logits, the rows' DeltaNet states kept (keep_row_states), then a rewind to its first
+// row (every draft rejected: the rewind restores the most); K + 1 = 1 is a decode step. Args: the
+// rows, and 1 to keep and rewind or 0 for the forward alone (what keeping costs, in the same
+// run). items_per_second: rows; bytes_per_second: decode_step_bytes (the weights once, the
+// union of the rows' experts, the state); read_GBps: the same threads' read bandwidth.
+void verify_step(benchmark::State& state, const std::shared_ptr<ModelWeights>& weights) {
+  const int rows = int(state.range(0));
+  const bool keep = state.range(1) != 0;
+  state.SetLabel(keep ? "keep + rewind" : "forward only");
+  auto backend = make_cpu_fast_backend(weights);
+  const int32_t V = weights->config.vocab_size;
+  std::vector<int32_t> prompt, tokens;
+  for (int t = 0; t < 100; ++t) prompt.push_back(int32_t((t * 7919 + 13) % V));
+  for (int t = 0; t < rows; ++t) tokens.push_back(int32_t((t * 104729 + 7) % V));
+  auto seq = backend->new_sequence(int64_t(prompt.size()) + 256);
+  std::vector<float> logits;
+  backend->forward(*seq, prompt, LogitsWanted::none, logits);
+  auto at_prompt = seq->snapshot();
+  int64_t steps = 0;
+  for (auto _ : state) {
+    if (seq->length() + rows > seq->capacity()) {
+      state.PauseTiming();
+      seq->restore(*at_prompt);
+      state.ResumeTiming();
+    }
+    if (keep && !seq->keep_row_states(rows)) state.SkipWithError("keep_row_states refused");
+    backend->forward(*seq, tokens, LogitsWanted::all, logits);
+    if (keep && !seq->rewind(seq->length() - rows + 1, seq->mtp_length())) state.SkipWithError("rewind refused");
+    benchmark::DoNotOptimize(logits.data());
+    ++steps;
+  }
+  state.SetItemsProcessed(steps * rows);
+  state.SetBytesProcessed(int64_t(double(steps) * decode_step_bytes(weights->config, 100, rows)));
+  state.counters["read_GBps"] = cpu_fast::measure_read_bandwidth() / 1e9;
+}
+void verify_args(benchmark::internal::Benchmark* b) {
+  for (int rows : {1, 2, 3, 4, 8})
+    for (int keep : {0, 1}) b->Args({rows, keep});
+}
+void BM_VerifyLilyTiny(benchmark::State& state) { verify_step(state, lily_tiny()); }
+void BM_VerifyFullSizeLayers(benchmark::State& state) { verify_step(state, full_size_layers()); }
+BENCHMARK(BM_VerifyLilyTiny)->Apply(verify_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+BENCHMARK(BM_VerifyFullSizeLayers)->Apply(verify_args)->Unit(benchmark::kMillisecond)->UseRealTime();
+
 // Prefill of a 128-token prompt (llama-bench -p 128), logits of the last token; items: tokens.
 void prefill(benchmark::State& state, bool fast) {
   auto weights = lily_tiny();
@@ -402,6 +448,41 @@ void BM_DeltaRule(benchmark::State& state) {
   state.SetLabel(tokens ? "delta_rule_tokens" : "delta_rule_step");
 }
 BENCHMARK(BM_DeltaRule)->Args({0, 1})->Args({1, 1})->Args({0, 128})->Args({1, 128})->Unit(benchmark::kMicrosecond);
+
+// The delta rule of one DeltaNet layer over the T rows of a verify, one thread, delta_rule_tokens
+// keeping the states after the first T - 1 rows (1) or not (0): what keep_row_states adds to a
+// verify's delta rule, 2 MB written a kept row beyond the update. Args: T, keep. bytes: kept.
+void BM_DeltaRuleKept(benchmark::State& state) {
+  const int64_t T = state.range(0), heads = 32, dk = 128, dv = 128, stride = 2 * dk + dv;
+  const bool keep = state.range(1) != 0;
+  std::mt19937 rng(4);
+  std::normal_distribution<float> dist(0.f, 0.1f);
+  std::vector<float> S(size_t(heads * dk * dv)), rows(size_t(T * stride)), o(size_t(T * dv)), m(dv), r(dv);
+  std::vector<float> kept(size_t((T - 1) * heads * dk * dv));
+  for (auto& v : S) v = dist(rng);
+  for (auto& v : rows) v = dist(rng);
+  std::vector<float> g(size_t(T), -0.05f), beta(size_t(T), 0.5f);
+  const cpu::DeltaRuleInputs in{
+      rows.data(), rows.data() + dk, rows.data() + 2 * dk, g.data(), beta.data(), stride, stride, stride, 1, T, dk, dv};
+  for (auto _ : state) {
+    for (int64_t h = 0; h < heads; ++h) {
+      const cpu_fast::KeptStates k{kept.data() + h * dk * dv, 0, keep ? T - 1 : 0, heads * dk * dv};
+      cpu_fast::delta_rule_tokens(in, S.data() + h * dk * dv, o.data(), dv, m.data(), r.data(), k);
+    }
+    benchmark::DoNotOptimize(S.data());
+    benchmark::DoNotOptimize(kept.data());
+  }
+  state.SetItemsProcessed(int64_t(state.iterations()) * T * heads);
+  state.SetBytesProcessed(int64_t(state.iterations()) * int64_t(kept.size() * 4) * (keep ? 1 : 0));
+}
+BENCHMARK(BM_DeltaRuleKept)
+    ->Args({2, 0})
+    ->Args({2, 1})
+    ->Args({4, 0})
+    ->Args({4, 1})
+    ->Args({8, 0})
+    ->Args({8, 1})
+    ->Unit(benchmark::kMicrosecond);
 
 // A 151 MB q4 matrix [65536, 4096] (far beyond L3) through gemv_parallel on every thread of the
 // team, against the read bandwidth of the same threads (machine_probe.h): the fraction of the

@@ -17,7 +17,7 @@ void decoder_layer(const LayerWeights& layer, const ModelConfig& c, const LayerC
     gated_attention(layer.attention, c, *cache.attention, first_position, normed.data(), T, mixed.data());
   } else {
     LILY_CHECK(cache.deltanet, "internal: a DeltaNet layer without its conv and SSM state");
-    gated_deltanet(layer.deltanet, c, *cache.deltanet, normed.data(), T, mixed.data());
+    gated_deltanet(layer.deltanet, c, *cache.deltanet, normed.data(), T, mixed.data(), cache.kept);
   }
   for (int64_t j = 0; j < T * H; ++j) h[j] += mixed[size_t(j)];
 

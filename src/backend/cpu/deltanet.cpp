@@ -6,10 +6,14 @@
 //   beta = sigmoid(b);  g = -exp(A_log) * softplus(a + dt_bias)
 //   o = delta rule (v-head n reads q/k head n / (Hv/Hk))
 //   y = gated_rms_norm(o, z) @ Wout^T
+// With states to keep (DeltaNetKept, for SequenceState::rewind), the conv's rows X behind each kept
+// row are copied out, and the delta rule runs chunked up to the first kept row, then row by row
+// (recurrent form), copying S after each kept row.
 #include <algorithm>
 #include <cmath>
 
 #include "backend/cpu/ops.h"
+#include "base/error.h"
 #include "base/thread_pool.h"
 
 namespace lily::cpu {
@@ -17,9 +21,10 @@ namespace lily::cpu {
 namespace {
 
 // Causal depthwise conv over channels with the carried state, then SiLU.
-// mixed: [T, C] pre-conv; conv_state: [K-1, C] (oldest first), updated; u: [T, C].
+// mixed: [T, C] pre-conv; conv_state: [K-1, C] (oldest first), updated; u: [T, C]; kept.conv:
+// rows kept.first_row + 1 .. of X (ops.h) when kept.rows > 0.
 void causal_conv_silu(const std::vector<float>& weight, int64_t K, std::vector<float>& conv_state, const float* mixed,
-                      int64_t T, int64_t C, float* u) {
+                      int64_t T, int64_t C, float* u, const DeltaNetKept& kept) {
   // X = [conv_state ; mixed]  rows: K-1 + T
   auto X = [&](int64_t row, int64_t ch) {
     return row < K - 1 ? conv_state[size_t(row * C + ch)] : mixed[(row - (K - 1)) * C + ch];
@@ -30,11 +35,40 @@ void causal_conv_silu(const std::vector<float>& weight, int64_t K, std::vector<f
       for (int64_t i = 0; i < K; ++i) s += weight[size_t(ch * K + i)] * X(t + i, ch);
       u[t * C + ch] = silu(s);
     }
+  if (kept.rows > 0)
+    for (int64_t r = 0; r < kept.rows + K - 2; ++r)
+      for (int64_t ch = 0; ch < C; ++ch) kept.conv[r * C + ch] = X(kept.first_row + 1 + r, ch);
   // The new state is the last K-1 rows of X.
   std::vector<float> next(size_t((K - 1) * C));
   for (int64_t r = 0; r < K - 1; ++r)
     for (int64_t ch = 0; ch < C; ++ch) next[size_t(r * C + ch)] = X(T + r, ch);
   conv_state.swap(next);
+}
+
+// Rows [t0, t0 + n) of `in`.
+DeltaRuleInputs rows_of(const DeltaRuleInputs& in, int64_t t0, int64_t n) {
+  DeltaRuleInputs r = in;
+  r.q += t0 * in.q_stride, r.k += t0 * in.k_stride, r.v += t0 * in.v_stride;
+  r.g += t0 * in.g_stride, r.beta += t0 * in.g_stride;
+  r.T = n;
+  return r;
+}
+
+// The delta rule of one value head over its T rows; S: [dk, dv] in place, o: [T, o_stride]. The
+// states after rows [kept.first_row, + kept.rows) into `kept_S` ([kept.rows, state_stride]).
+void delta_rule_head(const DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, const DeltaNetKept& kept,
+                     float* kept_S, int64_t state_stride) {
+  if (kept.rows == 0) {
+    if (in.T == 1) delta_rule_recurrent(in, S, o, o_stride);
+    else delta_rule_chunked(in, S, o, o_stride);
+    return;
+  }
+  const int64_t first = kept.first_row, size = in.dk * in.dv;
+  if (first > 0) delta_rule_chunked(rows_of(in, 0, first), S, o, o_stride);
+  for (int64_t t = first; t < in.T; ++t) {
+    delta_rule_recurrent(rows_of(in, t, 1), S, o + t * o_stride, o_stride);
+    if (t < first + kept.rows) std::copy(S, S + size, kept_S + (t - first) * state_stride);
+  }
 }
 
 }  // namespace
@@ -47,10 +81,12 @@ void l2_normalize(float* x, int64_t n, float scale) {
 }
 
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
-                    float* out) {
+                    float* out, const DeltaNetKept& kept) {
   const int64_t Hk = c.linear_num_key_heads, Hv = c.linear_num_value_heads;
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk;
+  LILY_CHECK(kept.rows == 0 || (kept.first_row >= 0 && kept.first_row + kept.rows <= T && kept.conv && kept.ssm),
+             "internal: DeltaNet states kept after rows [{}, +{}) of a block of {}", kept.first_row, kept.rows, T);
 
   std::vector<float> mixed(size_t(T * C)), z(size_t(T * Hv * dv)), b(size_t(T * Hv)), a(size_t(T * Hv));
   linear(w.in_proj_qkv, x, T, mixed.data());
@@ -59,7 +95,7 @@ void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCach
   linear(w.in_proj_a, x, T, a.data());
 
   std::vector<float> u(size_t(T * C));  // [T, q | k | v]
-  causal_conv_silu(w.conv1d, K, cache.conv, mixed.data(), T, C, u.data());
+  causal_conv_silu(w.conv1d, K, cache.conv, mixed.data(), T, C, u.data(), kept);
   const float q_scale = 1.f / std::sqrt(float(dk));
   for (int64_t t = 0; t < T; ++t) {
     float* row = u.data() + t * C;
@@ -93,9 +129,8 @@ void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCach
                          T,
                          dk,
                          dv};
-      float* S = cache.ssm.data() + h * dk * dv;
-      if (T == 1) delta_rule_recurrent(in, S, o.data() + h * dv, Hv * dv);
-      else delta_rule_chunked(in, S, o.data() + h * dv, Hv * dv);
+      delta_rule_head(in, cache.ssm.data() + h * dk * dv, o.data() + h * dv, Hv * dv, kept,
+                      kept.ssm ? kept.ssm + h * dk * dv : nullptr, Hv * dk * dv);
     }
   });
 

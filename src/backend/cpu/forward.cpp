@@ -7,6 +7,8 @@
 // Prompts are processed in chunks of kChunkTokens so scratch memory stays bounded; the
 // caches carry the context from one chunk to the next. The MTP head (mtp.cpp) runs on the
 // rows RMSNorm_zc(h; norm) that forward_hidden hands back, with its own cache (mtp_cache.h).
+// A forward after keep_row_states (sequence_state.h) puts the kept rows in its last chunk and
+// has the DeltaNet layers keep their states after them, for a rewind.
 #include <algorithm>
 
 #include "backend/backend.h"
@@ -82,10 +84,11 @@ class CpuBackend final : public Backend {
     check_tokens(tokens, V);
     logits.assign(size_t(rows_of(wanted, T) * V), 0.f);
     hidden.assign(size_t(rows_of(hidden_rows, T) * H), 0.f);
-    for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {
-      const int64_t n = std::min(kChunkTokens, T - t0);
+    const int64_t kept = s.begin_forward(T);  // rows kept for a rewind: all in the last chunk
+    for (int64_t t0 = 0, n = 0; t0 < T; t0 += n) {
+      n = cpu::next_block(t0, T, kChunkTokens, kept);
       forward_chunk(s, tokens.subspan(size_t(t0), size_t(n)), chunk_rows(wanted, logits, V, t0, n, T),
-                    chunk_rows(hidden_rows, hidden, H, t0, n, T));
+                    chunk_rows(hidden_rows, hidden, H, t0, n, T), t0 + n == T ? kept : 0);
     }
   }
 
@@ -119,14 +122,19 @@ class CpuBackend final : public Backend {
 
  private:
   // One block of tokens through every layer; the logits and post-norm hidden rows each asks for.
-  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, ChunkRows logits, ChunkRows hidden) {
+  // The DeltaNet layers keep their states after the block's last `kept` rows (sequence_state.h).
+  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, ChunkRows logits, ChunkRows hidden,
+                     int64_t kept) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
     std::vector<float> h(size_t(T * H));  // [T, H] the residual stream
     for (int64_t t = 0; t < T; ++t) w_->embed_tokens.dequantize_row(tokens[size_t(t)], h.data() + t * H);
 
-    for (int i = 0; i < c.num_layers; ++i)
-      cpu::decoder_layer(w_->layers[size_t(i)], c, s.layer_cache(i), s.length(), h.data(), T);
+    for (int i = 0; i < c.num_layers; ++i) {
+      cpu::LayerCache cache = s.layer_cache(i);
+      if (cache.deltanet && kept > 0) cache.kept = s.deltanet_kept(i, T - kept);
+      cpu::decoder_layer(w_->layers[size_t(i)], c, cache, s.length(), h.data(), T);
+    }
     s.advance(T);
     if (!logits.out && !hidden.out) return;
     // RMSNorm_zc(h; norm) from the first row either output wants.

@@ -30,7 +30,8 @@ void mtp_block(const MtpWeights& w, const Matrix& embed_tokens, const ModelConfi
   const int64_t H = c.hidden_size;
   std::vector<float> u(size_t(T * H));  // [T, H] the block's residual stream
   mtp_input(w, embed_tokens, c, hidden, tokens, T, u.data());
-  decoder_layer(w.layer, c, LayerCache{.attention = &cache}, first_position, u.data(), T);
+  decoder_layer(w.layer, c, LayerCache{.attention = &cache, .deltanet = nullptr, .kept = {}}, first_position, u.data(),
+                T);
   rms_norm(u.data(), w.norm.data(), T, H, c.rms_norm_eps, m);
 }
 

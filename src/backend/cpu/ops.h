@@ -51,6 +51,17 @@ struct DeltaNetCache {
   std::vector<float> ssm;   // [Hv, dk, dv]     recurrent state S (HF order, dk-major)
 };
 
+// Where a Gated DeltaNet layer keeps its states after rows [first_row, first_row + rows) of its
+// block, for SequenceState::rewind (buffers of the sequence state, sequence_state.h; rows 0: none):
+//   conv  [rows + K - 2, C]   rows first_row + 1 .. first_row + rows + K - 2 of X = [conv state ;
+//                             mixed]: the conv state after row first_row + j is its rows j .. j + K - 2
+//   ssm   [rows, Hv, dk, dv]  the SSM state after row first_row + j
+struct DeltaNetKept {
+  float* conv = nullptr;
+  float* ssm = nullptr;
+  int64_t first_row = 0, rows = 0;
+};
+
 // ---- Layers ------------------------------------------------------------------------------
 
 // Gated full attention (spec §2.4). x: [T, H] (normed) -> out: [T, H]. Appends T rows to cache.
@@ -58,8 +69,10 @@ void gated_attention(const AttentionWeights& w, const ModelConfig& c, AttentionC
                      const float* x, int64_t T, float* out);
 
 // Gated DeltaNet (spec §2.6). x: [T, H] (normed) -> out: [T, H]. Advances conv and SSM state.
+// With kept.rows > 0 it also writes the states after those rows (the delta rule then runs row by
+// row from kept.first_row, to have them).
 void gated_deltanet(const DeltaNetWeights& w, const ModelConfig& c, DeltaNetCache& cache, const float* x, int64_t T,
-                    float* out);
+                    float* out, const DeltaNetKept& kept = {});
 
 // The routing of spec §2.7 for one token: softmax over the E router logits, the k largest (ties to
 // the lower expert id), renormalised over the k.   experts, weights: [k]
@@ -72,6 +85,7 @@ void sparse_moe(const MoeWeights& w, const ModelConfig& c, const float* x, int64
 struct LayerCache {
   AttentionCache* attention = nullptr;  // a full-attention layer
   DeltaNetCache* deltanet = nullptr;    // a Gated DeltaNet layer
+  DeltaNetKept kept;                    // the DeltaNet layer's states to keep (none by default)
 };
 
 // One decoder layer (spec §2.3) on the residual stream h: [T, H], in place, at positions

@@ -10,7 +10,8 @@
 // so the update of one token and the sums of the next share the pass over S (64 KB at 128 x
 // 128: twice the L1), where delta_rule_step reads S twice and writes it once per token. m, r,
 // d and the sums of the next token stay in registers (4 x dv / 16 of them). A block of one
-// token (a decode step) reads S for its sums and once more for its update.
+// token (a decode step) reads S for its sums and once more for its update. A token whose state
+// is kept (KeptStates, layers.h) stores each updated row of S a second time, into its slot.
 #include <immintrin.h>
 
 #include <cmath>
@@ -37,9 +38,32 @@ LILY_AVX512_F void sums(const float* S, const float* k, const float* q, int64_t 
   }
 }
 
+// Each row a of S updated, S[a] = alpha S[a] + k[a] d, into S (and into `keep` with kKeep); with
+// kSums the next token's sums m += S[a] k1[a], r += S[a] q1[a] from the new row.
+template <int kV, bool kSums, bool kKeep>
+LILY_AVX512_F __attribute__((always_inline)) inline void update(float* S, float* keep, const float* k, const float* k1,
+                                                                const float* q1, int64_t dk, __m512 va,
+                                                                const __m512 d[kV], __m512 m[kV], __m512 r[kV]) {
+  constexpr int64_t dv = 16 * kV;
+  for (int64_t a = 0; a < dk; ++a) {
+    const __m512 ka = _mm512_set1_ps(k[a]);
+    float* Sa = S + a * dv;
+    for (int j = 0; j < kV; ++j) {
+      const __m512 s = _mm512_fmadd_ps(ka, d[j], _mm512_mul_ps(va, _mm512_loadu_ps(Sa + 16 * j)));
+      _mm512_storeu_ps(Sa + 16 * j, s);
+      if constexpr (kKeep) _mm512_storeu_ps(keep + a * dv + 16 * j, s);
+      if constexpr (kSums) {
+        m[j] = _mm512_fmadd_ps(s, _mm512_set1_ps(k1[a]), m[j]);
+        r[j] = _mm512_fmadd_ps(s, _mm512_set1_ps(q1[a]), r[j]);
+      }
+    }
+  }
+}
+
 template <int kV>
-LILY_AVX512_F void tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride) {
-  const int64_t dk = in.dk, dv = 16 * kV;
+LILY_AVX512_F void tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride,
+                          const KeptStates& kept) {
+  const int64_t dk = in.dk;
   __m512 m[kV], r[kV], d[kV];
   sums<kV>(S, in.k, in.q, dk, m, r);
   for (int64_t t = 0; t < in.T; ++t) {
@@ -55,43 +79,34 @@ LILY_AVX512_F void tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, in
       d[j] = _mm512_mul_ps(vb, _mm512_fnmadd_ps(va, m[j], _mm512_loadu_ps(v + 16 * j)));
       _mm512_storeu_ps(ot + 16 * j, _mm512_fmadd_ps(va, r[j], _mm512_mul_ps(d[j], vkq)));
     }
+    float* keep = t >= kept.first && t < kept.first + kept.count ? kept.states + (t - kept.first) * kept.stride
+                                                                 : nullptr;
     if (t + 1 == in.T) {  // the last token: the update alone
-      for (int64_t a = 0; a < dk; ++a) {
-        const __m512 ka = _mm512_set1_ps(k[a]);
-        float* Sa = S + a * dv;
-        for (int j = 0; j < kV; ++j)
-          _mm512_storeu_ps(Sa + 16 * j, _mm512_fmadd_ps(ka, d[j], _mm512_mul_ps(va, _mm512_loadu_ps(Sa + 16 * j))));
-      }
+      if (keep) update<kV, false, true>(S, keep, k, nullptr, nullptr, dk, va, d, m, r);
+      else update<kV, false, false>(S, nullptr, k, nullptr, nullptr, dk, va, d, m, r);
       break;
     }
     const float *k1 = k + in.k_stride, *q1 = q + in.q_stride;  // the next token's
     for (int j = 0; j < kV; ++j) m[j] = r[j] = _mm512_setzero_ps();
-    for (int64_t a = 0; a < dk; ++a) {
-      const __m512 ka = _mm512_set1_ps(k[a]), k1a = _mm512_set1_ps(k1[a]), q1a = _mm512_set1_ps(q1[a]);
-      float* Sa = S + a * dv;
-      for (int j = 0; j < kV; ++j) {
-        const __m512 s = _mm512_fmadd_ps(ka, d[j], _mm512_mul_ps(va, _mm512_loadu_ps(Sa + 16 * j)));
-        _mm512_storeu_ps(Sa + 16 * j, s);
-        m[j] = _mm512_fmadd_ps(s, k1a, m[j]);
-        r[j] = _mm512_fmadd_ps(s, q1a, r[j]);
-      }
-    }
+    if (keep) update<kV, true, true>(S, keep, k, k1, q1, dk, va, d, m, r);
+    else update<kV, true, false>(S, nullptr, k, k1, q1, dk, va, d, m, r);
   }
 }
 
 }  // namespace
 
-bool delta_rule_tokens_avx512(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride) {
+bool delta_rule_tokens_avx512(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride,
+                              const KeptStates& kept) {
   if (in.T <= 0) return true;
   switch (in.dv) {
-    case 16: tokens<1>(in, S, o, o_stride); return true;
-    case 32: tokens<2>(in, S, o, o_stride); return true;
-    case 48: tokens<3>(in, S, o, o_stride); return true;
-    case 64: tokens<4>(in, S, o, o_stride); return true;
-    case 80: tokens<5>(in, S, o, o_stride); return true;
-    case 96: tokens<6>(in, S, o, o_stride); return true;
-    case 112: tokens<7>(in, S, o, o_stride); return true;
-    case 128: tokens<8>(in, S, o, o_stride); return true;
+    case 16: tokens<1>(in, S, o, o_stride, kept); return true;
+    case 32: tokens<2>(in, S, o, o_stride, kept); return true;
+    case 48: tokens<3>(in, S, o, o_stride, kept); return true;
+    case 64: tokens<4>(in, S, o, o_stride, kept); return true;
+    case 80: tokens<5>(in, S, o, o_stride, kept); return true;
+    case 96: tokens<6>(in, S, o, o_stride, kept); return true;
+    case 112: tokens<7>(in, S, o, o_stride, kept); return true;
+    case 128: tokens<8>(in, S, o, o_stride, kept); return true;
     default: return false;
   }
 }

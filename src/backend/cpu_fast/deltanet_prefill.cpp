@@ -11,7 +11,8 @@
 //
 // The math and its order per token are the decode step's (deltanet_step.cpp). A block of
 // several sequences (deltanet_runs: runs of rows, each with its state) does steps 3 and 4 per
-// run, on the run's own conv and SSM state.
+// run, on the run's own conv and SSM state. A run with states to keep (DeltaNetRun::kept, for
+// SequenceState::rewind) copies its rows of X in step 3 and the kept rows' S in step 4.
 #include <algorithm>
 #include <cmath>
 
@@ -31,9 +32,11 @@ using cpu::softplus;
 // Channels [c0, c1) of the causal depthwise conv over X = [state (K-1 rows) ; mixed (T rows)],
 // then SiLU: u[t, ch] = silu(sum_i w[ch, i] X[t + i, ch]); the state becomes X's last K-1 rows.
 // Token by token along the channels, which the compiler vectorizes (cloned per x86-64 level).
-// wt: [K, c1 - c0] scratch (the weights by tap).
+// wt: [K, c1 - c0] scratch (the weights by tap). With kept.rows > 0, X's rows kept.first_row + 1 ..
+// into kept.conv (ops.h's DeltaNetKept), before the state moves.
 LILY_CPU_CLONES void conv_channels(const float* weight, int64_t C, int64_t K, float* state, const float* mixed,
-                                   int64_t T, int64_t c0, int64_t c1, float* u, float* wt) {
+                                   int64_t T, int64_t c0, int64_t c1, float* u, float* wt,
+                                   const cpu::DeltaNetKept& kept) {
   const int64_t n = c1 - c0;
   for (int64_t i = 0; i < K; ++i)
     for (int64_t ch = 0; ch < n; ++ch) wt[i * n + ch] = weight[(c0 + ch) * K + i];
@@ -48,6 +51,8 @@ LILY_CPU_CLONES void conv_channels(const float* weight, int64_t C, int64_t K, fl
     }
     for (int64_t ch = 0; ch < n; ++ch) ut[ch] = silu_approx(ut[ch]);
   }
+  for (int64_t r = 0; kept.rows > 0 && r < kept.rows + K - 2; ++r)
+    std::copy_n(X(kept.first_row + 1 + r), n, kept.conv + r * C + c0);
   // The new state: rows T .. T + K - 2 of X, oldest first (state rows are read before written).
   for (int64_t r = 0; r < K - 1; ++r) {
     const float* src = X(T + r);
@@ -78,7 +83,7 @@ void prepare_share(TokenBatch& x, const ThreadTeam::Member& m) {
 
 void deltanet_prefill(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,
                       int64_t T, float* out, PrefillScratch& s) {
-  const DeltaNetRun run{&cache, 0, T};
+  const DeltaNetRun run{&cache, 0, T, {}};
   deltanet_runs(w, c, std::span(&run, 1), x, T, out, s);
 }
 
@@ -88,6 +93,11 @@ void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<con
   const int64_t dk = c.linear_key_head_dim, dv = c.linear_value_head_dim;
   const int64_t C = c.linear_conv_dim(), K = c.linear_conv_kernel_dim, key_dim = Hk * dk, V = Hv * dv;
   check_runs(runs, T, "deltanet_runs");
+  for (const DeltaNetRun& run : runs)
+    LILY_CHECK(run.kept.rows == 0 || (run.kept.first_row >= 0 && run.kept.first_row + run.kept.rows <= run.rows &&
+                                      run.kept.conv && run.kept.ssm),
+               "internal: DeltaNet states kept after rows [{}, +{}) of a run of {}", run.kept.first_row, run.kept.rows,
+               run.rows);
   ThreadTeam& team = cpu_team();
   std::vector<float>&mixed = s.a, &z = s.b, &ba = s.c, &u = s.d, &o = s.e;  // [T, C], [T, V], [T, 2 Hv], [T, C], [T, V]
   mixed.resize(size_t(T * C));
@@ -120,7 +130,7 @@ void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<con
     if (c0 < c1) {
       for (const DeltaNetRun& run : runs)
         conv_channels(w.conv1d.data(), C, K, run.cache->conv.data(), mixed.data() + run.row * C, run.rows, c0, c1,
-                      u.data() + run.row * C, s.member[size_t(m.index())].data());
+                      u.data() + run.row * C, s.member[size_t(m.index())].data(), run.kept);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t ch = c0; ch < std::min(c1, 2 * key_dim); ch += dk)
           l2_normalize(u.data() + t * C + ch, dk, ch < key_dim ? q_scale : 1.f);
@@ -142,8 +152,10 @@ void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<con
         const float* ut = u.data() + run.row * C;
         const cpu::DeltaRuleInputs in{
             ut + kh * dk, ut + key_dim + kh * dk, ut + 2 * key_dim + h * dv, g, beta, C, C, C, 1, run.rows, dk, dv};
+        const KeptStates kept{run.kept.ssm ? run.kept.ssm + h * dk * dv : nullptr, run.kept.first_row, run.kept.rows,
+                              Hv * dk * dv};
         delta_rule_tokens(in, run.cache->ssm.data() + h * dk * dv, o.data() + run.row * V + h * dv, V, scratch_m,
-                          scratch_m + dv);
+                          scratch_m + dv, kept);
       }
       for (int64_t t = 0; t < T; ++t)
         gated_norm(o.data() + t * V + h * dv, z.data() + t * V + h * dv, w.norm.data(), dv, c.rms_norm_eps,

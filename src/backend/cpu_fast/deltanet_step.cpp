@@ -80,11 +80,15 @@ LILY_CPU_CLONES void delta_rule_step(const float* q, const float* k, const float
   }
 }
 
-void delta_rule_tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, float* m, float* r) {
-  if (active_isa() == Isa::avx512 && detail::delta_rule_tokens_avx512(in, S, o, o_stride)) return;
-  for (int64_t t = 0; t < in.T; ++t)
+void delta_rule_tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, float* m, float* r,
+                       const KeptStates& kept) {
+  if (active_isa() == Isa::avx512 && detail::delta_rule_tokens_avx512(in, S, o, o_stride, kept)) return;
+  for (int64_t t = 0; t < in.T; ++t) {
     delta_rule_step(in.q + t * in.q_stride, in.k + t * in.k_stride, in.v + t * in.v_stride, in.g[t * in.g_stride],
                     in.beta[t * in.g_stride], in.dk, in.dv, S, o + t * o_stride, m, r);
+    if (t >= kept.first && t < kept.first + kept.count)
+      std::copy_n(S, in.dk * in.dv, kept.states + (t - kept.first) * kept.stride);
+  }
 }
 
 void deltanet_step(const DeltaNetWeights& w, const ModelConfig& c, cpu::DeltaNetCache& cache, const float* x,

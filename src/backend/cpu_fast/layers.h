@@ -74,16 +74,25 @@ void route(const float* logits, int64_t E, int64_t k, Routing& r);
 void delta_rule_step(const float* q, const float* k, const float* v, float g, float beta, int64_t dk, int64_t dv,
                      float* S, float* o, float* m, float* r);
 
+// The states delta_rule_tokens keeps (SequenceState::keep_row_states): S after token first + j,
+// j < count, into states + j * stride.
+struct KeptStates {
+  float* states = nullptr;
+  int64_t first = 0, count = 0, stride = 0;
+};
+
 // The delta rule over in.T tokens of one value head (spec §3.1), token by token: S [dk, dv] in
 // place, o [T, o_stride]. On AVX-512 for dv a multiple of 16 up to 128 the update of one token
 // and the sums of the next share one pass over S (delta_rule_avx512.cpp); else delta_rule_step
-// per token. m and r: [dv] scratch.
-void delta_rule_tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, float* m, float* r);
+// per token. m and r: [dv] scratch. The states `kept` asks for are written on the way.
+void delta_rule_tokens(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride, float* m, float* r,
+                       const KeptStates& kept = {});
 
 }  // namespace lily::cpu_fast
 
 namespace lily::cpu_fast::detail {
 // Returns false (and does nothing) where dv is not a multiple of 16 up to 128.
-bool delta_rule_tokens_avx512(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride);
+bool delta_rule_tokens_avx512(const cpu::DeltaRuleInputs& in, float* S, float* o, int64_t o_stride,
+                              const KeptStates& kept = {});
 
 }  // namespace lily::cpu_fast::detail

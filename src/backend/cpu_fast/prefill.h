@@ -63,6 +63,7 @@ struct AttentionRun {
 struct DeltaNetRun {
   cpu::DeltaNetCache* cache;
   int64_t row, rows;
+  cpu::DeltaNetKept kept = {};  // the states to keep after some of the run's rows (ops.h; first_row in the run)
 };
 
 // Throws unless `runs` cover rows [0, T) in order, none empty, each with its cache (`what`: the
