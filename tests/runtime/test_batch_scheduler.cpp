@@ -142,12 +142,11 @@ void late_request_from_a_callback(const Late& late) {
   int64_t submitted_after = -1;  // steps run when it was submitted
   std::vector<std::shared_ptr<Job>> streams;
   for (int i = 0; i < 3; ++i)
-    streams.push_back(std::make_shared<Job>(counting, greedy_request(5 + i, 60, 10 + uint32_t(i)), 0,
-                                            [&, i](size_t n) {
-                                              if (i != 0 || n != 8) return;
-                                              submitted_after = counting.steps;
-                                              scheduler.submit(late_job);
-                                            }));
+    streams.push_back(std::make_shared<Job>(counting, greedy_request(5 + i, 60, 10 + uint32_t(i)), 0, [&, i](size_t n) {
+      if (i != 0 || n != 8) return;
+      submitted_after = counting.steps;
+      scheduler.submit(late_job);
+    }));
   for (auto& s : streams) scheduler.submit(s);
   ASSERT_TRUE(late_job->wait());
   for (auto& s : streams) ASSERT_TRUE(s->wait());
@@ -179,13 +178,12 @@ TEST(BatchScheduler, LateRequestFromAnotherThreadWaitsAtMostTheStepInFlight) {
   bool eight = false;
   std::vector<std::shared_ptr<Job>> streams;
   for (int i = 0; i < 3; ++i)
-    streams.push_back(
-        std::make_shared<Job>(counting, greedy_request(6 + i, 60, 20 + uint32_t(i)), 0, [&, i](size_t n) {
-          if (i != 0 || n != 8) return;
-          std::lock_guard lock(mutex);
-          eight = true;
-          streaming.notify_all();
-        }));
+    streams.push_back(std::make_shared<Job>(counting, greedy_request(6 + i, 60, 20 + uint32_t(i)), 0, [&, i](size_t n) {
+      if (i != 0 || n != 8) return;
+      std::lock_guard lock(mutex);
+      eight = true;
+      streaming.notify_all();
+    }));
   for (auto& s : streams) scheduler.submit(s);
   {
     std::unique_lock lock(mutex);
