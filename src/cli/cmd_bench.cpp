@@ -17,6 +17,7 @@
 #include "cli/bench_plot.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "runtime/batch_generate.h"
 #include "runtime/cost_model.h"
 #include "runtime/generate.h"
 #ifdef LILY_HAVE_CUDA
@@ -319,6 +320,60 @@ std::vector<Row> bench_decode_batch(Backend& backend, const std::vector<int32_t>
   return out;
 }
 
+// Parallel requests as `lily serve --parallel` runs them: `streams` requests through the runtime's
+// BatchGenerator (the scheduler thread's loop), each a D-token random prompt (prefilled in the
+// generator's rounds) and n tokens with Qwen's thinking-mode sampling, against one such request
+// through the same generator, in turns (one, then all, each repeat; the first repeat a warm-up).
+// Aggregate decode tokens/s: the tokens after each request's first, over the time from the first
+// first token to the last last token (as tests/server/node/bench_parallel.mjs over HTTP). Rows
+// streams1 and streamsN; ms a step = streams / aggregate.
+double aggregate_decode_rate(Backend& backend, int32_t D, int streams, int n, uint32_t seed) {
+  const ModelConfig& c = backend.config();
+  BatchGenerator batch(backend, {streams, 512});
+  std::vector<GenerateRequest> requests{size_t(streams)};
+  std::vector<std::unique_ptr<SequenceState>> states;
+  std::vector<double> first(size_t(streams), 0), last(size_t(streams), 0);
+  for (int i = 0; i < streams; ++i) {
+    GenerateRequest& r = requests[size_t(i)];
+    r.prompt = random_tokens(D, c.vocab_size, seed + uint32_t(i));
+    r.max_new_tokens = n;
+    r.sampling.temperature = 0.6f, r.sampling.top_k = 20, r.sampling.top_p = 0.95f;
+    r.sampling.seed = seed + uint32_t(i);
+    states.push_back(backend.new_sequence(int64_t(D) + n + 1));
+    batch.add(r, *states.back(), [&, i](const GeneratedToken&) {
+      (first[size_t(i)] == 0 ? first[size_t(i)] : last[size_t(i)]) = now_seconds();
+      return true;
+    });
+  }
+  while (batch.step()) {
+  }
+  const double t0 = *std::min_element(first.begin(), first.end()), t1 = *std::max_element(last.begin(), last.end());
+  return double(streams) * (n - 1) / (t1 - t0);
+}
+
+std::vector<Row> bench_decode_streams(Backend& backend, const std::vector<int32_t>& depths, int streams, int n,
+                                      int repeats, double peak_bytes_per_second) {
+  const ModelConfig& c = backend.config();
+  LILY_CHECK(n >= 2, "--decode-batch --decode-loop generate needs --decode-tokens of at least 2");
+  std::vector<Row> out;
+  for (int32_t D : depths) {
+    std::vector<double> one, all;
+    for (int r = 0; r <= repeats; ++r) {
+      const double rate_one = aggregate_decode_rate(backend, D, 1, n, uint32_t(100 * r));
+      const double rate_all = aggregate_decode_rate(backend, D, streams, n, uint32_t(100 * r + 1));
+      if (r > 0) one.push_back(rate_one), all.push_back(rate_all);
+      std::fprintf(stderr, "streams at depth %d, round %d: one %.1f tokens/s, %d %.1f tokens/s (%.2fx)\n", D, r,
+                   rate_one, streams, rate_all, rate_all / rate_one);
+    }
+    const double mid = D + n / 2.0;  // the depth of a step, on average
+    out.push_back(step_row("streams", "streams", D, 1 / median(one), 1, batch_step_bytes(c, int64_t(mid), 1),
+                           peak_bytes_per_second));
+    out.push_back(step_row("streams", "streams", D, streams / median(all), streams,
+                           batch_step_bytes(c, int64_t(mid), streams), peak_bytes_per_second));
+  }
+  return out;
+}
+
 // A backend with its chains hidden (Backend::chain_tokens not offered): generate() then waits for
 // each step's candidates and draws on the host, as before chains (--decode-loop stepwise).
 class StepwiseOnly final : public Backend {
@@ -384,7 +439,8 @@ void print_table(const std::vector<Row>& rows, const std::string& title, double 
   std::printf("|---------|--------:|-----------:|----------:|-----------------------|\n");
   for (const Row& r : rows) {
     double ms_per_token = r.kind == "prefill" ? r.seconds * 1e3 / double(r.length) : r.seconds * 1e3;
-    if (r.kind == "verify" || r.kind == "batch")  // a step of r.rows tokens: ms a step, the step's tokens a second
+    if (r.kind == "verify" || r.kind == "batch" ||
+        r.kind == "streams")  // a step of r.rows tokens: ms a step, the step's tokens a second
       std::printf(peak_gbps >= 100 ? "| %s%d | %7lld | %10.1f | %9.3f | %7.0f GB/s (%4.1f%% of %.0f) |\n"
                                    : "| %s%d | %7lld | %10.1f | %9.3f | %7.1f GB/s (%4.1f%% of %.1f) |\n",
                   r.kind.c_str(), r.rows, (long long)r.length, r.tokens_per_second, ms_per_token, r.rate, r.percent,
@@ -419,8 +475,10 @@ int run_bench(BenchArgs a) {
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
   LILY_CHECK(a.decode_rows >= 1 && a.decode_rows <= kMaxDecodeRows, "--decode-rows {}: 1 to {}", a.decode_rows,
              kMaxDecodeRows);
-  LILY_CHECK(a.decode_rows == 1 || (a.decode_loop == "graph" && a.decode_skip.empty() && a.decode_trace.empty()),
-             "--decode-rows takes none of --decode-loop generate, --decode-skip, --decode-trace");
+  LILY_CHECK(a.decode_rows == 1 || ((a.decode_loop == "graph" || (a.decode_batch && a.decode_loop == "generate")) &&
+                                    a.decode_skip.empty() && a.decode_trace.empty()),
+             "--decode-rows takes none of --decode-loop generate (but with --decode-batch) or stepwise, "
+             "--decode-skip, --decode-trace");
   LILY_CHECK(!a.decode_batch || a.decode_rows > 1, "--decode-batch needs --decode-rows of 2 or more");
   LILY_CHECK(a.kernel_plan.empty() || on_gpu,
              "--kernel-plan edits the CUDA backend's plan; this bench runs on the CPU");
@@ -465,8 +523,10 @@ int run_bench(BenchArgs a) {
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
     if (a.prefill_split) print_prefill_split(*backend, prefill_lengths);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
-    auto d = a.decode_batch ? bench_decode_batch(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
-                                                 peak, fake_fill, true)
+    auto d = a.decode_batch && generate_loop
+                 ? bench_decode_streams(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak)
+             : a.decode_batch ? bench_decode_batch(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
+                                                   peak, fake_fill, true)
              : a.decode_rows > 1 ? bench_decode_rows(*backend, decode_depths, a.decode_rows, a.decode_tokens, a.repeats,
                                                      peak, fake_fill, true)
              : generate_loop
@@ -498,7 +558,9 @@ int run_bench(BenchArgs a) {
     }
     auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
-    auto d = a.decode_batch      ? bench_decode_batch(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
+    auto d = a.decode_batch && generate_loop
+                 ? bench_decode_streams(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak)
+             : a.decode_batch    ? bench_decode_batch(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
                                                       prefill_fill, on_cuda)
              : a.decode_rows > 1 ? bench_decode_rows(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
                                                      prefill_fill, on_cuda)
@@ -509,11 +571,16 @@ int run_bench(BenchArgs a) {
     rows.insert(rows.end(), d.begin(), d.end());
   }
 
-  if (generate_loop)
+  if (a.decode_batch && generate_loop)
+    title += fmt::format(
+        "; streams: 1 and {} requests of --decode-tokens through the runtime's batch generator (top-k 20 sampling), "
+        "their aggregate decode tokens/s (ms a step: streams / aggregate)",
+        a.decode_rows);
+  else if (generate_loop)
     title += stepwise
                  ? "; decode through the request loop, stepwise (generate, top-k 20 sampling, the draw on the host)"
                  : "; decode through the request loop (generate, top-k 20 sampling)";
-  if (a.decode_batch)
+  else if (a.decode_batch)
     title += fmt::format("; batch{0}: steps of one token of each of {0} sequences with their logits (ms a step, its "
                          "tokens a second)",
                          a.decode_rows);
@@ -569,7 +636,10 @@ CommandRegistration bench_command{
            ->capture_default_str();
        sub.add_flag("--decode-batch", a->decode_batch,
                     "With --decode-rows N: steps of one token of each of N sequences at the depth (parallel requests; "
-                    "the table's batchN rows, GB/s of the weights once and every sequence's state and cache)");
+                    "the table's batchN rows, GB/s of the weights once and every sequence's state and cache); with "
+                    "--decode-loop generate: N requests of --decode-tokens through the runtime's batch generator, as "
+                    "lily serve --parallel runs them, and one alone, in turns (streams1, streamsN: aggregate decode "
+                    "tokens/s)");
        sub.add_option("--repeats", a->repeats,
                       "Measurements per point (median reported), after one untimed warm-up pass of each prefill "
                       "length and a warm-up of each decode depth")

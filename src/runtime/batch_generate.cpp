@@ -81,7 +81,7 @@ uint64_t BatchGenerator::add(const GenerateRequest& request, SequenceState& stat
 
 bool BatchGenerator::step() {
   admit();
-  prefill_chunk();
+  prefill_round();
   decode_step();
   retire_ended();
   admit();
@@ -117,27 +117,39 @@ void BatchGenerator::admit() {
   }
 }
 
-// One chunk of the oldest request still prefilling; its last chunk gives the row of its first
-// token, drawn at once (so the request joins this round's batch step).
-void BatchGenerator::prefill_chunk() {
-  auto it = std::find_if(running_.begin(), running_.end(), [](const auto& r) { return r->prefilling(); });
-  if (it == running_.end()) return;
-  Request& r = **it;
+// Up to prefill_chunk prompt tokens this round, to the requests still prefilling in admission
+// order: a request's prefill stops at its PrefillStop and goes on in the same round (the stop is a
+// snapshot, not a reason to hold its first token a round), and its last piece gives the row of its
+// first token, drawn at once (so the request joins this round's batch step).
+void BatchGenerator::prefill_round() {
+  int64_t budget = options_.prefill_chunk;
+  for (auto& r : running_) {
+    while (budget > 0 && r->prefilling()) budget -= prefill_piece(*r, budget);
+    if (budget == 0) return;
+  }
+}
+
+// One forward of at most `budget` of r's prompt tokens, to its stop or its end; returns how many
+// (0 when it failed: it has then ended).
+int64_t BatchGenerator::prefill_piece(Request& r, int64_t budget) {
   const auto t0 = std::chrono::steady_clock::now();
   try {
     const int64_t done = r.state->length(), total = int64_t(r.request.prompt.size());
     const int64_t until = r.stop.reached && done < r.stop.length ? r.stop.length : total;
-    const int64_t n = std::min(options_.prefill_chunk, until - done);
+    const int64_t n = std::min(budget, until - done);
     const bool last = done + n == total;
     backend_.forward(*r.state, std::span<const int32_t>(r.request.prompt.data() + done, size_t(n)),
                      last ? LogitsWanted::last : LogitsWanted::none, r.logits);
     r.result.prefill_seconds += seconds_since(t0);
     if (r.stop.reached && r.state->length() == r.stop.length) std::exchange(r.stop.reached, nullptr)();
-    if (!last) return;
-    r.decode_start = std::chrono::steady_clock::now();
-    if (r.request.max_new_tokens == 0 || !r.draw()) end(r, r.result.finish);
+    if (last) {
+      r.decode_start = std::chrono::steady_clock::now();
+      if (r.request.max_new_tokens == 0 || !r.draw()) end(r, r.result.finish);
+    }
+    return n;
   } catch (...) {
     fail(r, std::current_exception());
+    return 0;
   }
 }
 

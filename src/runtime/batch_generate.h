@@ -7,9 +7,10 @@
 // N rows reads the weights once where the backend batches (the GPU; the CPU's fast path).
 //
 //   add()    a request joins the line (FIFO); it holds a slot from its admission to its end
-//   step()   one round: admit waiting requests into free slots; one prefill chunk of the oldest
-//            request still prefilling (a long prompt holds the running streams for at most one
-//            chunk a round); one batch step of every request past its prefill
+//   step()   one round: admit waiting requests into free slots; up to prefill_chunk prompt
+//            tokens of the oldest requests still prefilling (a long prompt holds the running
+//            streams for at most one chunk a round; a request whose prompt ends in the round gets
+//            its first token in it); one batch step of every request past its prefill
 //   take()   a finished request's outcome, once
 //   cancel() ends a request at once, waiting or running (its client gone while it prefills)
 //
@@ -40,11 +41,12 @@ namespace lily {
 
 struct BatchGenerateOptions {
   int max_running = 4;          // requests holding a slot (prefilling or decoding)
-  int64_t prefill_chunk = 512;  // prompt tokens a round prefills (a multiple of nothing: any >= 1)
+  int64_t prefill_chunk = 512;  // prompt tokens a round prefills, over one or more requests (any >= 1)
 };
 
-// A point of the prompt where the prefill stops a chunk and calls `reached` (the state then holds
-// prompt[0 : length]): the chat service snapshots the template boundary there. None: length 0.
+// A point of the prompt where the prefill cuts its forward and calls `reached` (the state then
+// holds prompt[0 : length]), going on in the same round: the chat service snapshots the template
+// boundary there. None: length 0.
 struct PrefillStop {
   int64_t length = 0;
   std::function<void()> reached;
@@ -85,7 +87,8 @@ class BatchGenerator {
   struct Request;  // one request's generation (batch_generate.cpp)
 
   void admit();
-  void prefill_chunk();
+  void prefill_round();
+  int64_t prefill_piece(Request& r, int64_t budget);
   void decode_step();
   void end(Request& r, FinishReason reason);
   void fail(Request& r, std::exception_ptr error);

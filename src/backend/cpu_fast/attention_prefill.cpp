@@ -13,7 +13,7 @@
 // The math and its order per token are the decode step's (attention_step.cpp). A block of
 // several sequences (attention_runs: runs of rows, each with its cache and first position) does
 // steps 3 and 4 per run: each token at its own position, over its own cache; a run of one token
-// reads its keys in place (attend, as the decode step), a longer one transposes them first.
+// reads its keys in place (attend_heads, as the decode step), a longer one transposes them first.
 #include <algorithm>
 #include <cmath>
 
@@ -72,7 +72,7 @@ void attention_runs(const AttentionWeights& w, const ModelConfig& c, std::span<c
     const int64_t length = runs[r].first_position + runs[r].rows;
     if (avx512_heads && runs[r].rows > 1) keys[r] = (length + 15) / 16 * 16;
     keys_at[r + 1] = keys_at[r] + nkv * d * keys[r];
-    member_scores = std::max({member_scores, length, group * keys[r]});
+    member_scores = std::max({member_scores, group * length, group * keys[r]});
   }
   // Sized by the context, not the block: this call's own (the backend keeps the others).
   std::vector<float> keys_t(size_t(keys_at.back()), 0.f);          // per run [nkv, d, keys]
@@ -147,8 +147,8 @@ void attention_runs(const AttentionWeights& w, const ModelConfig& c, std::span<c
                                    d};
         if (detail::attend_heads_avx512(heads, own_scores)) continue;
       }
-      for (int64_t h = h0; h < h0 + group; ++h)
-        attend(q.data() + h * d, qg.data() + h * 2 * d + d, cache, visible, nkv, g, d, own_scores, o.data() + h * d);
+      attend_heads(q.data() + t * nq * d, qg.data() + t * nq * 2 * d, cache, visible, nkv, g, d, g * group,
+                   (g + 1) * group, own_scores, o.data() + t * nq * d);
     }
     m.barrier();
 

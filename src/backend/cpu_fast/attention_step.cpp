@@ -6,7 +6,9 @@
 //   2. member 0: q and k RMSNorm, RoPE, k and v appended to the cache (which may move)
 //   -- barrier --
 //   3. per query head: softmax(q k^T / sqrt(d)) v, times sigmoid(gate), and the head's part of
-//      o_proj's input quantized                                    heads split
+//      o_proj's input quantized                 KV heads split (each with its query heads: its
+//                                               keys read once), or their query heads where
+//                                               there are fewer KV heads than members
 //   -- barrier --
 //   4. o_proj                                                      rows split
 //
@@ -17,6 +19,7 @@
 #include "backend/cpu/ops.h"
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/layers.h"
+#include "backend/cpu_fast/prefill.h"
 #include "base/cpu_clones.h"
 #include "base/thread_team.h"
 
@@ -50,6 +53,27 @@ LILY_CPU_CLONES void attend(const float* qh, const float* gh, const cpu::Attenti
   for (int64_t e = 0; e < d; ++e) oh[e] *= cpu::sigmoid(gh[e]);
 }
 
+void attend_heads(const float* q, const float* qg, const cpu::AttentionCache& cache, int64_t visible, int64_t nkv,
+                  int64_t g, int64_t d, int64_t h0, int64_t h1, float* scores, float* o) {
+  if (active_isa() == Isa::avx512) {
+    const AttentionHeads heads{q + h0 * d,
+                               d,
+                               qg + h0 * 2 * d + d,
+                               2 * d,
+                               cache.k.data() + g * d,
+                               nkv * d,
+                               cache.v.data() + g * d,
+                               nkv * d,
+                               o + h0 * d,
+                               d,
+                               h1 - h0,
+                               visible,
+                               d};
+    if (detail::attend_in_place_avx512(heads, scores)) return;
+  }
+  for (int64_t h = h0; h < h1; ++h) attend(q + h * d, qg + h * 2 * d + d, cache, visible, nkv, g, d, scores, o + h * d);
+}
+
 void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::AttentionCache& cache, int64_t position,
                     const float* x, float* out, AttentionScratch& s) {
   const int64_t nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
@@ -61,7 +85,7 @@ void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::Attent
   s.k.resize(size_t(nkv * d));
   s.v.resize(size_t(nkv * d));
   s.scores.resize(size_t(team.size()));
-  for (auto& row : s.scores) row.resize(size_t(visible));
+  for (auto& row : s.scores) row.resize(size_t(group * visible));
   prepare_input(w.q_proj, x, s.x_in);
   reset_input_for(w.o_proj, s.o.data(), s.o_in);
   const int64_t G = s.o_in.group_size;
@@ -84,11 +108,16 @@ void attention_step(const AttentionWeights& w, const ModelConfig& c, cpu::Attent
     }
     m.barrier();
 
-    const auto [h0, h1] = m.share(nq);
-    for (int64_t h = h0; h < h1; ++h) {
-      attend(s.q.data() + h * d, s.qg.data() + h * 2 * d + d, cache, visible, nkv, h / group, d,
-             s.scores[size_t(m.index())].data(), s.o.data() + h * d);
-      if (G > 0 && heads_quantize) quantize_groups(s.o_in, h * d / G, (h + 1) * d / G);
+    // Each KV head's query heads together (its keys and values read once), cut in `parts` where
+    // there are fewer KV heads than members.
+    const int64_t parts = std::clamp<int64_t>((m.count() + nkv - 1) / nkv, 1, group);
+    const auto [u0, u1] = m.share(nkv * parts);
+    for (int64_t u = u0; u < u1; ++u) {
+      const int64_t g = u / parts, h0 = g * group + group * (u % parts) / parts;
+      const int64_t h1 = g * group + group * (u % parts + 1) / parts;
+      attend_heads(s.q.data(), s.qg.data(), cache, visible, nkv, g, d, h0, h1, s.scores[size_t(m.index())].data(),
+                   s.o.data());
+      if (G > 0 && heads_quantize) quantize_groups(s.o_in, h0 * d / G, h1 * d / G);
     }
     if (G > 0 && !heads_quantize) {
       m.barrier();

@@ -63,6 +63,13 @@ void moe_step(const MoeWeights& w, const ModelConfig& c, const float* x, float* 
 void attend(const float* qh, const float* gh, const cpu::AttentionCache& cache, int64_t visible, int64_t nkv, int64_t g,
             int64_t d, float* scores, float* oh);
 
+// Query heads [h0, h1) of KV head g (q [nq, d]; their gates in qg [nq, 2d] at + d; o [nq, d])
+// over the cache's first `visible` positions: on AVX-512 (d a multiple of 64, up to 8 heads) all of
+// them in one pass over the keys and values (attention_avx512.cpp), else attend per head.
+// scores: [(h1 - h0) visible] scratch.
+void attend_heads(const float* q, const float* qg, const cpu::AttentionCache& cache, int64_t visible, int64_t nkv,
+                  int64_t g, int64_t d, int64_t h0, int64_t h1, float* scores, float* o);
+
 // Router logits [E] -> r: softmax, the top k (ties to the lower index) in index order (moe_step.cpp).
 void route(const float* logits, int64_t E, int64_t k, Routing& r);
 

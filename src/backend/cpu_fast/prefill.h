@@ -107,7 +107,7 @@ struct AttentionHeads {
   const float* gate;  // [heads] rows of d at gate_stride
   int64_t gate_stride;
   const float* keys_t;  // [d, keys_stride] the KV head's keys transposed, 0 from `visible` to a multiple of 16
-  int64_t keys_stride;
+  int64_t keys_stride;  // (attend_in_place_avx512: keys_t is [visible] rows of d at keys_stride, the cache's)
   const float* values;  // [visible] rows of d at values_stride
   int64_t values_stride;
   float* o;  // [heads] rows of d at o_stride: softmax(q k^T / sqrt(d)) v * sigmoid(gate)
@@ -124,4 +124,7 @@ namespace lily::cpu_fast::detail {
 // The heads on AVX-512 F (attention_avx512.cpp): up to 8 heads, d a multiple of 32; returns
 // false (doing nothing) otherwise. scores: [heads, keys_stride] scratch.
 bool attend_heads_avx512(const AttentionHeads& a, float* scores);
+// The same with the keys read in place, as the cache holds them (a token of a decode step or of a
+// batch's row: no transpose); d a multiple of 64. scores: [heads, visible] scratch.
+bool attend_in_place_avx512(const AttentionHeads& a, float* scores);
 }  // namespace lily::cpu_fast::detail
