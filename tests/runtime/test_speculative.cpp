@@ -162,8 +162,8 @@ TEST(Speculative, ForcedDraftsExerciseEveryAcceptLength) {
     const int k = c.k;
     forced.accepts = [k](int64_t s) { return int(s % (k + 2)); };
     auto state = forced.new_sequence(128);
-    const GenerateResult r =
-        generate(forced, *state, greedy_request(prompt, max_new, c.k), [](const GeneratedToken&) { return true; });
+    const GenerateResult r = generate(forced, *state, greedy_request(prompt, max_new, c.k),
+                                      [](const GeneratedToken&) { return true; });
     EXPECT_EQ(r.tokens, plain.tokens);
     std::vector<int> seen(size_t(c.k) + 1, 0);
     for (size_t s = 0; s + 1 < forced.steps.size(); ++s) {
@@ -201,8 +201,8 @@ TEST(Speculative, ResumesAStateFilledWithoutTheHead) {
   auto state = t.backend->new_sequence(64);
   std::vector<float> none;
   t.backend->forward(*state, prompt.first(5), LogitsWanted::none, none);  // mtp_length 0
-  const GenerateResult r =
-      generate(*t.backend, *state, greedy_request(prompt, 12, 2), [](const GeneratedToken&) { return true; });
+  const GenerateResult r = generate(*t.backend, *state, greedy_request(prompt, 12, 2),
+                                    [](const GeneratedToken&) { return true; });
   EXPECT_EQ(r.tokens, plain.tokens);
   EXPECT_EQ(r.cached_tokens, 5);
   EXPECT_EQ(state->mtp_length(), state->length());
@@ -218,9 +218,8 @@ TEST(Speculative, RefusedWithoutTheHeadBeforeAnythingRuns) {
   auto backend = make_cpu_backend(weights);
   auto state = backend->new_sequence(32);
   const std::vector<int32_t> prompt{1, 2, 3};
-  const std::string why = error_of([&] {
-    generate(*backend, *state, greedy_request(prompt, 4, 2), [](const GeneratedToken&) { return true; });
-  });
+  const std::string why = error_of(
+      [&] { generate(*backend, *state, greedy_request(prompt, 4, 2), [](const GeneratedToken&) { return true; }); });
   EXPECT_NE(why.find("--speculate 2: "), std::string::npos) << why;
   EXPECT_NE(why.find(backend->mtp_unavailable()), std::string::npos) << why;
   EXPECT_EQ(state->length(), 0);

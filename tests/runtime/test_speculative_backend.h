@@ -124,7 +124,7 @@ class ForcedDraftBackend : public Backend {
  public:
   ForcedDraftBackend(Backend& inner, bool offer) : inner_(inner), offer_(offer) {}
 
-  std::vector<int32_t> truth;          // the prompt then plain decoding's tokens; empty: drafts as they come
+  std::vector<int32_t> truth;           // the prompt then plain decoding's tokens; empty: drafts as they come
   std::function<int(int64_t)> accepts;  // step -> the drafts forced right before the first wrong one
   std::vector<int64_t> steps;           // the sequence's length at each step's first draft
 
@@ -154,7 +154,7 @@ class ForcedDraftBackend : public Backend {
     inner_.forward_mtp(s.inner(), hidden, tokens, wanted, logits, mtp_hidden);
     if (wanted != LogitsWanted::last) return;
     const int64_t p = first + int64_t(tokens.size()) - 1;  // the row's position: it predicts x_{p+2}
-    const int64_t k = p - (length - 1);                     // its draft's place in the step
+    const int64_t k = p - (length - 1);                    // its draft's place in the step
     if (k == 0) steps.push_back(length);
     if (truth.empty() || !accepts || size_t(p + 2) >= truth.size()) return;
     const int a = accepts(int64_t(steps.size()) - 1);
