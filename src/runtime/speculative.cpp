@@ -161,8 +161,8 @@ class Speculation {
     for (int i = 0; i <= D; ++i) {
       bool accepted = false;
       const int32_t draft = i < D ? drafts_[size_t(i)] : -1;
-      const GeneratedToken token =
-          verify_row(std::span<const float>(logits_).subspan(size_t(i * V_), size_t(V_)), draft, accepted);
+      const GeneratedToken token = verify_row(std::span<const float>(logits_).subspan(size_t(i * V_), size_t(V_)),
+                                              draft, accepted);
       if (i < D) {
         ++result_.speculation.drafted[size_t(i)];
         result_.speculation.accepted[size_t(i)] += accepted;
@@ -233,10 +233,10 @@ class Speculation {
   Sampler sampler_;
   GenerateResult result_;
   std::vector<uint64_t> mask_;
-  std::vector<float> logits_, hidden_;         // the last main forward's: [rows, V], [rows, H]
-  std::vector<float> head_logits_, head_m_;    // the head's last row: [V], [H]
-  std::vector<int32_t> drafts_;                // this step's
-  std::vector<float> row_;                     // a verify row's logits, processed
+  std::vector<float> logits_, hidden_;          // the last main forward's: [rows, V], [rows, H]
+  std::vector<float> head_logits_, head_m_;     // the head's last row: [V], [H]
+  std::vector<int32_t> drafts_;                 // this step's
+  std::vector<float> row_;                      // a verify row's logits, processed
   std::vector<TokenProbability> distribution_;  // a verify row's processed distribution
 };
 
@@ -259,8 +259,7 @@ void prefill_with_head(Backend& backend, SequenceState& state, std::span<const i
   const int64_t cached = state.length(), head = state.mtp_length();
   LILY_CHECK(cached < count && count < int64_t(tokens.size()),
              "internal: a prefill with the head to {} tokens of {}, {} in the state", count, tokens.size(), cached);
-  LILY_CHECK(head <= cached, "internal: the MTP head's cache holds {} positions, past the sequence's {}", head,
-             cached);
+  LILY_CHECK(head <= cached, "internal: the MTP head's cache holds {} positions, past the sequence's {}", head, cached);
   std::vector<float> logits, hidden, m;
   backend.forward_hidden(state, tokens.subspan(size_t(cached), size_t(count - cached)), LogitsWanted::none, logits,
                          LogitsWanted::all, hidden);

@@ -51,7 +51,8 @@ std::map<Triple, double> exact_joint(Backend& backend, std::span<const int32_t> 
       backend.forward(*sb, std::span<const int32_t>(&b.token, 1), LogitsWanted::last, logits);
       const std::vector<int32_t> hb{a.token, b.token};
       sampler.distribution(logits, hb, d3);
-      for (const TokenProbability& c : d3) joint[{a.token, b.token, c.token}] = a.probability * b.probability * c.probability;
+      for (const TokenProbability& c : d3)
+        joint[{a.token, b.token, c.token}] = a.probability * b.probability * c.probability;
     }
   }
   return joint;
@@ -74,7 +75,8 @@ double chi_square(const std::map<Triple, int>& counts, const std::map<Triple, do
   }
   for (const auto& [t, o] : counts)
     if (!expected.contains(t)) pooled_o += o;  // a triple plain sampling never draws
-  if (pooled_e > 0 || pooled_o > 0) stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9), ++cells;
+  if (pooled_e > 0 || pooled_o > 0)
+    stat += (pooled_o - pooled_e) * (pooled_o - pooled_e) / std::max(pooled_e, 1e-9), ++cells;
   dof = cells - 1;
   return stat;
 }
@@ -87,7 +89,7 @@ double critical_value(int dof) {
 }
 
 std::map<Triple, int> sample_triples(Backend& backend, std::span<const int32_t> prompt, int speculate, int n,
-                                    SpeculationStats& stats) {
+                                     SpeculationStats& stats) {
   std::map<Triple, int> counts;
   for (int seed = 0; seed < n; ++seed) {
     GenerateRequest r;
