@@ -75,6 +75,46 @@ TEST(SpeculativeChat, StreamsThePlainAnswerAndReusesTheSessionCache) {
   EXPECT_GT(got[1].result.usage.cached_tokens, 0) << "the second turn reuses the first's state";
 }
 
+// A json_schema reply (the grammar masks the drafts too), with logprobs and a repetition penalty:
+// the same tokens, text and logprobs as without speculation, drafts kept (forced right) and
+// refused (forced wrong, every third step).
+TEST(SpeculativeChat, ConstrainedReplyWithLogprobsAsPlain) {
+  auto engine = Engine::load(EngineOptions{kChatModel, "reference", 0, test::kTinyA + "/hf-fused"});
+  ChatRequest r = greedy(json::array({json{{"role", "user"}, {"content", "JSON please"}}}));
+  r.response_format.type = ResponseFormat::Type::json_schema;
+  r.response_format.schema = json::parse(R"({"type": "object", "properties": {"answer": {"type": "string"}},
+                                             "required": ["answer"]})");
+  r.options.top_logprobs = 2;
+  r.options.ignore_eos = false;
+  r.options.max_tokens = 30;
+  r.options.sampling.repetition_penalty = 1.3f;
+  ChatService plain(*engine, Tokenizer::load_from_model_dir(kChatModel));
+  const CompletionResult expected = plain.complete_chat(r, [](const ChatDelta&) { return true; });
+
+  for (bool offer : {true, false}) {
+    test::ForcedDraftBackend forced(engine->backend(), offer);
+    forced.accepts = [](int64_t s) { return s % 3 == 2 ? 0 : 99; };
+    ChatServiceOptions options;
+    options.backend = &forced;
+    options.speculate = 2;
+    ChatService spec(*engine, Tokenizer::load_from_model_dir(kChatModel), options);
+    forced.truth = spec.prepare_chat(r).prompt;
+    forced.truth.insert(forced.truth.end(), expected.tokens.begin(), expected.tokens.end());
+    const CompletionResult got = spec.complete_chat(r, [](const ChatDelta&) { return true; });
+    EXPECT_EQ(got.tokens, expected.tokens);
+    EXPECT_EQ(got.content, expected.content);
+    EXPECT_EQ(got.finish_reason, expected.finish_reason);
+    ASSERT_EQ(got.logprobs.size(), expected.logprobs.size());
+    for (size_t i = 0; i < got.logprobs.size(); ++i) {
+      EXPECT_NEAR(got.logprobs[i].chosen.logprob, expected.logprobs[i].chosen.logprob, 1e-4) << i;
+      ASSERT_EQ(got.logprobs[i].top.size(), expected.logprobs[i].top.size());
+    }
+    EXPECT_GT(got.timings.accepted_tokens, 0);
+    EXPECT_LT(got.timings.accepted_tokens, got.timings.drafted_tokens)
+        << got.tokens.size() << " tokens: " << got.content << " / " << got.reasoning;
+  }
+}
+
 TEST(SpeculativeChat, RefusedWhenTheModelHasNoHead) {
   auto engine = Engine::load(EngineOptions{kChatModel, "reference", 0});
   ChatServiceOptions options;
