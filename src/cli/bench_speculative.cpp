@@ -123,8 +123,8 @@ std::vector<double> parse_acceptance(const std::string& text, int drafts) {
     LILY_CHECK(used == item.size() && !item.empty() && r >= 0 && r <= 1,
                "--assume-acceptance: '{}' is not a rate in [0, 1]", item);
     LILY_CHECK(rates.empty() || r <= rates.back(),
-               "--assume-acceptance: {} after {}: a draft is kept only with those before it (rates non-increasing)",
-               r, rates.back());
+               "--assume-acceptance: {} after {}: a draft is kept only with those before it (rates non-increasing)", r,
+               rates.back());
     rates.push_back(r);
   }
   LILY_CHECK(!rates.empty(), "--assume-acceptance is empty");
@@ -149,14 +149,15 @@ void run_speculative_bench(Backend& backend, const std::vector<int32_t>& depths,
   nlohmann::json rows = nlohmann::json::array();
   if (!json) {
     std::printf("%s\n", title.c_str());
-    std::printf("| depth   | plain tok/s | spec tok/s | speedup | tokens/step | accepted per position | same tokens |\n");
-    std::printf("|--------:|------------:|-----------:|--------:|------------:|-----------------------|-------------|\n");
+    std::printf(
+        "| depth   | plain tok/s | spec tok/s | speedup | tokens/step | accepted per position | same tokens |\n");
+    std::printf(
+        "|--------:|------------:|-----------:|--------:|------------:|-----------------------|-------------|\n");
   }
   for (int32_t D : depths) {
     const Measured plain = measure(backend, D, 0, o, fill);
     const Measured spec = measure(drafting, D, o.drafts, o, fill);
-    const double per_step =
-        spec.stats.steps ? double(spec.stats.step_tokens) / double(spec.stats.steps) : 0.0;
+    const double per_step = spec.stats.steps ? double(spec.stats.step_tokens) / double(spec.stats.steps) : 0.0;
     const bool same = spec.tokens == plain.tokens;
     std::fprintf(stderr, "speculate %d at depth %d: plain %.3f ms/token, speculative %.3f ms/token\n", o.drafts, D,
                  plain.seconds_per_token * 1e3, spec.seconds_per_token * 1e3);

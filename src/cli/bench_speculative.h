@@ -15,11 +15,11 @@
 namespace lily::cli {
 
 struct SpeculativeBench {
-  int drafts = 0;                // --speculate K
-  std::vector<double> assumed;   // --assume-acceptance: per draft position, non-increasing; empty: the model's
-  int tokens = 0;                // tokens generated per measurement
-  int repeats = 1;               // measurements per point (median), after a warm-up round
-  std::string title;             // the model and machine
+  int drafts = 0;               // --speculate K
+  std::vector<double> assumed;  // --assume-acceptance: per draft position, non-increasing; empty: the model's
+  int tokens = 0;               // tokens generated per measurement
+  int repeats = 1;              // measurements per point (median), after a warm-up round
+  std::string title;            // the model and machine
 };
 
 // "0.85,0.67,0.51" -> rates, checked against K drafts (at most K of them, each in [0, 1],
