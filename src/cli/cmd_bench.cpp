@@ -15,6 +15,7 @@
 
 #include "base/error.h"
 #include "cli/bench_plot.h"
+#include "cli/bench_speculative.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "runtime/batch_generate.h"
@@ -55,6 +56,8 @@ struct BenchArgs {
   std::string decode_loop = "graph";     // graph | generate | stepwise (see the option's help)
   std::string decode_skip;               // parts left out of the decode step (measurement only)
   std::string decode_trace;              // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
+  int speculate = 0;                     // > 0: plain vs speculative decode (bench_speculative.h)
+  std::string assume_acceptance;         // with speculate: forced rates per draft position
   std::vector<std::string> kernel_plan;  // --kernel-plan NAME=VALUE edits (CUDA)
   bool prefill_split = false;            // where each prefill length's pass spends its time (CUDA)
 };
@@ -458,6 +461,23 @@ void print_table(const std::vector<Row>& rows, const std::string& title, double 
   }
 }
 
+// --speculate's measurement (bench_speculative.h): its rates checked before the model loads.
+SpeculativeBench speculative_options(const BenchArgs& a, const std::string& title) {
+  SpeculativeBench o;
+  o.drafts = a.speculate;
+  if (!a.assume_acceptance.empty()) o.assumed = parse_acceptance(a.assume_acceptance, a.speculate);
+  o.tokens = a.decode_tokens;
+  o.repeats = a.repeats;
+  o.title = title;
+  return o;
+}
+
+#ifdef LILY_HAVE_CUDA
+std::function<void(SequenceState&, int32_t)> fake_fill_of(Backend&) {
+  return [](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
+}
+#endif
+
 int run_bench(BenchArgs a) {
 #ifdef LILY_HAVE_CUDA
   const bool on_gpu = a.synthetic || a.model.backend == "cuda" ||
@@ -482,6 +502,12 @@ int run_bench(BenchArgs a) {
   LILY_CHECK(!a.decode_batch || a.decode_rows > 1, "--decode-batch needs --decode-rows of 2 or more");
   LILY_CHECK(a.kernel_plan.empty() || on_gpu,
              "--kernel-plan edits the CUDA backend's plan; this bench runs on the CPU");
+  LILY_CHECK(a.speculate >= 0 && a.speculate <= kMaxSpeculate, "--speculate {}: 0 (off) to {}", a.speculate,
+             kMaxSpeculate);
+  LILY_CHECK(a.assume_acceptance.empty() || a.speculate > 0, "--assume-acceptance needs --speculate K");
+  if (a.speculate > 0) (void)speculative_options(a, "");  // the rates' errors before a long load
+  LILY_CHECK(a.speculate == 0 || (a.decode_rows == 1 && !a.decode_batch && a.decode_skip.empty()),
+             "--speculate takes none of --decode-rows, --decode-batch, --decode-skip");
   const bool generate_loop = a.decode_loop == "generate" || a.decode_loop == "stepwise";
   const bool stepwise = a.decode_loop == "stepwise";
   LILY_CHECK(!generate_loop || a.decode_trace.empty(),
@@ -520,6 +546,10 @@ int run_bench(BenchArgs a) {
       backend->observe_decode_step(skip.get());
       title += " (--decode-skip " + a.decode_skip + ": WRONG outputs, measurement only)";
     }
+    if (a.speculate > 0) {
+      run_speculative_bench(*backend, decode_depths, speculative_options(a, title), fake_fill_of(*backend), a.json);
+      return 0;
+    }
     auto p = bench_prefill(*backend, prefill_lengths, a.repeats, true, peak_flops);
     if (a.prefill_split) print_prefill_split(*backend, prefill_lengths);
     auto fake_fill = [&](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
@@ -556,8 +586,12 @@ int run_bench(BenchArgs a) {
           " ({} threads), {:.2f} GB of weights; read bandwidth measured {:.1f} GB/s, fp32 FMA {:.0f} GFLOP/s",
           cpu_thread_count(), double(engine->weights().weight_bytes()) / 1e9, peak / 1e9, peak_flops / 1e9);
     }
-    auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
+    if (a.speculate > 0) {
+      run_speculative_bench(b, decode_depths, speculative_options(a, title), prefill_fill, a.json);
+      return 0;
+    }
+    auto p = bench_prefill(b, prefill_lengths, a.repeats, on_cuda, peak_flops);
     auto d = a.decode_batch && generate_loop
                  ? bench_decode_streams(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak)
              : a.decode_batch    ? bench_decode_batch(b, decode_depths, a.decode_rows, a.decode_tokens, a.repeats, peak,
@@ -666,6 +700,15 @@ CommandRegistration bench_command{
        sub.add_option("--kernel-plan", a->kernel_plan,
                       "CUDA, measurement: set a threshold of the kernel plan, NAME=VALUE (e.g. moe_slots_up_to=8; "
                       "repeatable); the plan printed at the start shows the result");
+       sub.add_option("--speculate", a->speculate,
+                      "Decode greedy through generate() plain and with K drafts a step from the MTP head, in the "
+                      "same run: effective tokens/s of each, tokens a step, acceptance per draft position (decode "
+                      "only: no prefill rows)")
+           ->capture_default_str();
+       sub.add_option("--assume-acceptance", a->assume_acceptance,
+                      "With --speculate: keep draft k at the given rate, e.g. 0.85,0.67,0.51 (random weights accept "
+                      "nothing): the pipeline's cost; the output says the rates were assumed, the tokens are not "
+                      "the model's");
        sub.add_flag("--json", a->json, "Print JSON instead of a table");
        sub.add_option("--plot", a->plot, "Also draw the sweep (tokens/s vs length, two panels) to this PNG file");
        return [a] { return run_bench(*a); };

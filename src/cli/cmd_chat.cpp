@@ -19,6 +19,7 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "runtime/chat_service.h"
+#include "runtime/speculative.h"
 
 namespace lily::cli {
 namespace {
@@ -42,6 +43,7 @@ struct SamplingArgs {
   std::optional<uint64_t> seed;
   int64_t max_tokens = 0;  // 0: what the context leaves
   int64_t ctx_size = 4096;
+  int speculate = 0;
 
   void add_to(CLI::App& sub) {
     sub.add_option("--temperature", temperature, "Sampling temperature (default: generation_config.json; 0: greedy)");
@@ -51,6 +53,10 @@ struct SamplingArgs {
     sub.add_option("--seed", seed, "Random seed");
     sub.add_option("-n,--max-tokens", max_tokens, "Most tokens per reply (0: what the context leaves)");
     sub.add_option("-c,--ctx-size", ctx_size, "Context size in tokens")->capture_default_str();
+    sub.add_option("--speculate", speculate,
+                   "Speculative decoding: K drafts a step from the model's MTP head (1-8; 0: off). The same "
+                   "answers (greedy: the same tokens; sampling: the same distribution)")
+        ->capture_default_str();
   }
   CompletionOptions options(const ChatService& service) const {
     CompletionOptions o;
@@ -70,10 +76,13 @@ struct Session {
   std::unique_ptr<ChatService> service;
 };
 
-Session open_session(const ModelOptions& model, int64_t ctx_size) {
+Session open_session(const ModelOptions& model, const SamplingArgs& sampling) {
   Session s;
   s.engine = model.load_engine();
+  check_speculate(s.engine->backend(), sampling.speculate);
+  const int64_t ctx_size = sampling.ctx_size;
   ChatServiceOptions options;
+  options.speculate = sampling.speculate;
   options.context_size = std::min<int64_t>(ctx_size, s.engine->config().max_position_embeddings);
   options.cache_bytes = uint64_t(1) << 30;
   // The engine's tokenizer: tokenizer.json, or a GGUF's own vocabulary (engine.h find_tokenizer).
@@ -132,7 +141,7 @@ struct RunArgs {
 };
 
 int run_run(const RunArgs& a) {
-  Session s = open_session(a.model, a.sampling.ctx_size);
+  Session s = open_session(a.model, a.sampling);
   install_sigint_handler();
   ChatRequest request;
   if (!a.system.empty()) request.messages.push_back(json{{"role", "system"}, {"content", a.system}});
@@ -154,7 +163,7 @@ struct ChatArgs {
 };
 
 int run_chat(const ChatArgs& a) {
-  Session s = open_session(a.model, a.sampling.ctx_size);
+  Session s = open_session(a.model, a.sampling);
   install_sigint_handler();
   json messages = json::array();
   if (!a.system.empty()) messages.push_back(json{{"role", "system"}, {"content", a.system}});

@@ -7,6 +7,7 @@
 #include "cli/command.h"
 #include "cli/model_options.h"
 #include "runtime/generate.h"
+#include "runtime/speculative.h"
 
 namespace lily::cli {
 namespace {
@@ -47,6 +48,7 @@ struct GenerateArgs {
   ModelOptions model;
   std::string ids;
   int64_t n = 16;
+  int speculate = 0;
 };
 
 int run_generate(const GenerateArgs& a) {
@@ -54,11 +56,13 @@ int run_generate(const GenerateArgs& a) {
   LILY_CHECK(!ids.empty(), "--ids is empty");
   LILY_CHECK(a.n >= 1, "-n must be at least 1");
   auto engine = a.model.load_engine();
+  check_speculate(engine->backend(), a.speculate);
   auto state = engine->backend().new_sequence(int64_t(ids.size()) + a.n);
   GenerateRequest request;
   request.prompt = ids;
   request.max_new_tokens = a.n;
   request.sampling.temperature = 0;  // greedy
+  request.speculate = a.speculate;
   std::vector<int32_t> out;
   GenerateResult r = generate(engine->backend(), *state, request, [&](const GeneratedToken& t) {
     out.push_back(t.id);
@@ -69,6 +73,14 @@ int run_generate(const GenerateArgs& a) {
   std::fprintf(stderr, "prefill %lld tokens in %.3f s, decoded %zu tokens in %.3f s (%.1f tokens/s)\n",
                (long long)ids.size(), r.prefill_seconds, out.size(), r.decode_seconds,
                r.decode_seconds > 0 ? double(out.size()) / r.decode_seconds : 0.0);
+  if (a.speculate > 0) {
+    const SpeculationStats& st = r.speculation;
+    std::fprintf(stderr, "speculate %d: %lld steps, %.2f tokens a step; accepted per draft position:", a.speculate,
+                 (long long)st.steps, st.steps ? double(st.step_tokens) / double(st.steps) : 0.0);
+    for (size_t k = 0; k < st.drafted.size(); ++k)
+      std::fprintf(stderr, " %lld/%lld", (long long)st.accepted[k], (long long)st.drafted[k]);
+    std::fprintf(stderr, "\n");
+  }
   return 0;
 }
 
@@ -79,6 +91,9 @@ CommandRegistration generate_command{
        a->model.add_to(sub);
        sub.add_option("--ids", a->ids, "Prompt token ids, comma separated")->required();
        sub.add_option("-n", a->n, "Number of tokens to generate")->capture_default_str();
+       sub.add_option("--speculate", a->speculate,
+                      "K drafts a step from the MTP head (1-8; 0: off): the same tokens, fewer steps")
+           ->capture_default_str();
        return [a] { return run_generate(*a); };
      },
      51}};

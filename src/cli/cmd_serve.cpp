@@ -27,6 +27,7 @@ struct ServeArgs {
   uint64_t cache_mib = 4096;
   size_t max_body_mib = 8;
   int64_t prefill_chunk = 512;
+  int speculate = 0;
   bool parallel_given = false;  // --parallel on the command line: refused, not lowered, where memory is short
   bool verbose = false;
 };
@@ -119,6 +120,7 @@ int run_serve(ServeArgs& a) {
     options.parallel = a.server.parallel;
     options.fewer_slots_if_short = !a.parallel_given;
     options.prefill_chunk = a.prefill_chunk;
+    options.speculate = a.speculate;
     ticker.phase("starting the chat service");
     service.emplace(*engine, std::move(tokenizer), options);
   }
@@ -157,6 +159,10 @@ CommandRegistration serve_command{
                       "the running streams for one chunk at a time)")
            ->capture_default_str()
            ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
+       sub.add_option("--speculate", a->speculate,
+                      "Speculative decoding: K drafts a step from the model's MTP head (1-8; 0: off), the same "
+                      "answers; with --parallel > 1 the batch steps do not speculate (yet)")
+           ->capture_default_str();
        sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while every slot is busy (beyond: 503)")
            ->capture_default_str();
        sub.add_option("--max-body-mib", a->max_body_mib, "Largest request body, MiB (beyond: 413)")

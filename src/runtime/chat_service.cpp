@@ -8,6 +8,7 @@
 
 #include "base/log.h"
 #include "runtime/chat_completion.h"
+#include "runtime/speculative.h"
 
 namespace lily {
 
@@ -61,6 +62,11 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
   LILY_CHECK(tokenizer_.vocab_size() <= engine.config().vocab_size, "the tokenizer has {} ids but the model only {}",
              tokenizer_.vocab_size(), engine.config().vocab_size);
   LILY_CHECK(options.parallel >= 1, "parallel completions: {} (at least 1)", options.parallel);
+  check_speculate(backend_, options.speculate);
+  speculate_ = options.speculate;
+  if (speculate_ > 0 && options.parallel > 1)
+    LILY_LOG_WARN("--speculate {}: parallel completions (--parallel {}) decode in batch steps without drafts",
+                  speculate_, options.parallel);
   stats_ = cache_.stats();
   if (options.parallel > 1) {
     const uint64_t free_bytes = backend_.name() == "cpu" ? available_host_memory() : 0;
@@ -105,6 +111,12 @@ SamplingParams ChatService::default_sampling() const {
   if (g.presence_penalty) s.presence_penalty = *g.presence_penalty;
   if (g.do_sample && !*g.do_sample) s.temperature = 0;
   return s;
+}
+
+int ChatService::speculate(const CompletionOptions& options) const {
+  if (options.speculate < 0) return speculate_;
+  check_speculate(backend_, options.speculate);
+  return options.speculate;
 }
 
 std::vector<int32_t> ChatService::stop_tokens() const {
@@ -212,9 +224,10 @@ namespace {
 
 // The template boundary (prefix_cache.h): the prompt up to it is computed on its own and
 // snapshotted there, because the next turn renders this one differently from that point on.
-void snapshot_boundary(Backend& backend, SequenceTokens& seq, int64_t boundary) {
+// Speculating, the MTP head is fed beside it (prefill_with_head), so that its cache has no gap.
+void snapshot_boundary(Backend& backend, SequenceTokens& seq, int64_t boundary, bool with_head) {
   if (boundary <= seq.in_state() || boundary >= seq.prompt_length()) return;
-  seq.prefill_to(backend, boundary);
+  seq.prefill_to(backend, boundary, with_head);
   seq.snapshot_here();
 }
 
@@ -264,7 +277,7 @@ CompletionResult ChatService::complete(const PreparedCompletion& p, const DeltaC
   if (scheduler_) return complete_in_batch(p, on_delta, keep_going);
   const Clock::time_point start = Clock::now();
   Completion c = begin(p, on_delta, start);
-  if (p.options.use_cache) snapshot_boundary(backend_, c.seq, p.reuse_boundary);
+  if (p.options.use_cache) snapshot_boundary(backend_, c.seq, p.reuse_boundary, speculate(p.options) > 0);
   c.timings.prefill_seconds = seconds_since(start);
   const FinishReason reason = generate_reply(c);
   return finish(c, reason);
@@ -280,6 +293,8 @@ FinishReason ChatService::generate_reply(Completion& c) {
   c.timings.decode_seconds += r.decode_seconds;
   c.timings.grammar_seconds += r.grammar_seconds;
   c.timings.decoded_tokens += int64_t(r.tokens.size());
+  for (size_t k = 0; k < r.speculation.drafted.size(); ++k)
+    c.timings.drafted_tokens += r.speculation.drafted[k], c.timings.accepted_tokens += r.speculation.accepted[k];
   return r.finish;
 }
 
@@ -292,6 +307,7 @@ GenerateRequest ChatService::reply_request(Completion& c) const {
   g.vocab_limit = tokenizer_.vocab_size();
   g.top_logprobs = c.p.options.top_logprobs;
   g.grammar = c.grammar ? &*c.grammar : nullptr;
+  g.speculate = speculate(c.p.options);
   return g;
 }
 

@@ -55,6 +55,9 @@ struct CompletionOptions {
   int top_logprobs = -1;    // -1: no logprobs; 0: the chosen token's; n: and the n best
   bool use_cache = true;    // false: a cold run on a fresh state, not kept afterwards
   bool ignore_eos = false;  // true: the stop tokens do not end the reply (benchmarks, tests)
+  // MTP drafts a step (speculative.h; the same answers): -1 the service's default
+  // (ChatServiceOptions::speculate), 0 off. Parallel completions (parallel > 1) do not speculate.
+  int speculate = -1;
 };
 
 struct ChatRequest {
@@ -122,8 +125,9 @@ struct Timings {
   int64_t prefilled_tokens = 0;  // prompt tokens computed (prompt - cached)
   int64_t decoded_tokens = 0;
   double prefill_seconds = 0, decode_seconds = 0;
-  double first_token_seconds = 0;  // from the start of the completion to the first token
-  double grammar_seconds = 0;      // of decode_seconds: the grammar's masks (constrained decoding)
+  double first_token_seconds = 0;                   // from the start of the completion to the first token
+  double grammar_seconds = 0;                       // of decode_seconds: the grammar's masks (constrained decoding)
+  int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding's MTP drafts
 };
 
 struct CompletionResult {
@@ -168,6 +172,9 @@ struct ChatServiceOptions {
   int parallel = 1;                          // completions decoding at once (> 1: in batch steps)
   bool fewer_slots_if_short = false;         // slots beyond the memory: fewer (a warning), not refused
   int64_t prefill_chunk = 512;               // parallel: prompt tokens prefilled between two steps
+  // MTP drafts a step for completions that do not say (CompletionOptions::speculate); checked
+  // against the backend when the service starts. The batch of parallel > 1 does not speculate.
+  int speculate = 0;
 };
 
 // The slots of parallel completions: how many, how many hold a completion, how many wait for one.
@@ -225,6 +232,7 @@ class ChatService {
   class BatchCompletion;  // one completion in the scheduler's batch (chat_batch.cpp)
 
   std::vector<int32_t> stop_tokens() const;
+  int speculate(const CompletionOptions& options) const;  // the drafts a step of a serial completion
   // The compiled grammar of a constraint; a refused schema is a RequestError naming it.
   std::shared_ptr<const grammar::CompiledGrammar> compile(const std::optional<OutputConstraint>& constraint) const;
   // complete(), by role: the completion's sequence (from the cache) and reply stream, the
@@ -246,6 +254,7 @@ class ChatService {
   mutable GrammarCache grammars_;  // refers to tokenizer_
   mutable std::mutex stats_mutex_;
   PrefixCacheStats stats_;
+  int speculate_ = 0;                          // ChatServiceOptions::speculate
   std::unique_ptr<BatchScheduler> scheduler_;  // parallel > 1; last: stopped before the rest goes
 };
 

@@ -18,6 +18,14 @@ namespace lily::decode_token {
 // reason. Returns the ids sampled over: [0, vocab limit).
 int32_t check_request(const Backend& backend, const SequenceState& state, const GenerateRequest& request);
 
+// Sets the logits the grammar does not allow next to -inf; returns the seconds it took. mask:
+// reused scratch.
+double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask, std::span<float> logits);
+// Advances the grammar by the token sampled from its masked logits or allowed candidates. A
+// token it refuses means the sampler drew outside the mask: no allowed logit was a number (NaN
+// or -inf everywhere), or a backend's candidates ignored the mask.
+void advance(grammar::GrammarMatcher& grammar, int32_t token);
+
 // The next token from a whole row of logits (modified in place): logprobs of the raw row when
 // asked, the grammar's forbidden ids at -inf, the sampler's draw (penalties over result.tokens),
 // the grammar advanced by it (a token it refuses: no allowed logit was usable). mask: reused

@@ -1,6 +1,7 @@
 #include "runtime/generate.h"
 
 #include "runtime/decode_token.h"
+#include "runtime/speculative.h"
 
 #include <algorithm>
 #include <chrono>
@@ -10,6 +11,15 @@
 #include "grammar/matcher.h"
 
 namespace lily {
+
+void SpeculationStats::add(const SpeculationStats& other) {
+  if (drafted.size() < other.drafted.size())
+    drafted.resize(other.drafted.size()), accepted.resize(other.drafted.size());
+  for (size_t k = 0; k < other.drafted.size(); ++k) drafted[k] += other.drafted[k], accepted[k] += other.accepted[k];
+  steps += other.steps;
+  step_tokens += other.step_tokens;
+  replays += other.replays;
+}
 
 const char* to_string(FinishReason reason) {
   switch (reason) {
@@ -26,24 +36,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
-// Sets the logits the grammar does not allow next to -inf; returns the seconds it took.
-double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask, std::span<float> logits) {
-  const auto t0 = std::chrono::steady_clock::now();
-  mask.resize(grammar.compiled().vocabulary().mask_words());
-  grammar.fill_next_token_bitmask(mask);
-  grammar::apply_token_bitmask(logits, mask);
-  return seconds_since(t0);
-}
-
-// Advances the grammar by the token sampled from its masked logits or allowed candidates. A
-// token it refuses means the sampler drew outside the mask: no allowed logit was a number (NaN
-// or -inf everywhere), or a backend's candidates ignored the mask.
-void advance(grammar::GrammarMatcher& grammar, int32_t token) {
-  if (!grammar.accept_token(token))
-    throw Error(fmt::format("constrained decoding: token {} was sampled but the grammar does not allow it (the "
-                            "model gave no usable logit for any allowed token)",
-                            token));
-}
+using decode_token::advance;
+using decode_token::mask_logits;
 
 // The backend's candidates among the allowed tokens, those at -inf left out (the whole-row path
 // cannot tell them from the masked ones, and does not sample them). None left: no allowed token
@@ -99,6 +93,7 @@ bool decode_chained(Backend& backend, SequenceState& state, const GenerateReques
 
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                         const TokenCallback& on_token) {
+  if (request.speculate > 0) return speculative_generate(backend, state, request, on_token);
   GenerateResult result;
   const int32_t limit = decode_token::check_request(backend, state, request);
   const int64_t cached = state.length();
@@ -158,6 +153,21 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
 }
 
 namespace decode_token {
+
+double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask, std::span<float> logits) {
+  const auto t0 = std::chrono::steady_clock::now();
+  mask.resize(grammar.compiled().vocabulary().mask_words());
+  grammar.fill_next_token_bitmask(mask);
+  grammar::apply_token_bitmask(logits, mask);
+  return seconds_since(t0);
+}
+
+void advance(grammar::GrammarMatcher& grammar, int32_t token) {
+  if (!grammar.accept_token(token))
+    throw Error(fmt::format("constrained decoding: token {} was sampled but the grammar does not allow it (the "
+                            "model gave no usable logit for any allowed token)",
+                            token));
+}
 
 int32_t check_request(const Backend& backend, const SequenceState& state, const GenerateRequest& request) {
   const int64_t cached = state.length();

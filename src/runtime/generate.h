@@ -31,6 +31,22 @@ struct GenerateRequest {
   // drawn advances the grammar, and the grammar's end (must_stop, or a stop token it accepted)
   // ends the generation with FinishReason::stop. Logprobs stay the model's own (whole row).
   grammar::GrammarMatcher* grammar = nullptr;
+  // Speculative decoding (speculative.h): drafts of the model's MTP head a step, 1 to
+  // kMaxSpeculate; 0: plain decoding. The same tokens (greedy) or the same distribution
+  // (sampling) either way; a backend without the head is refused (Backend::mtp_unavailable).
+  int speculate = 0;
+};
+
+constexpr int kMaxSpeculate = 8;  // most drafts a step (a verify of 9 rows)
+
+// What speculation did (GenerateRequest::speculate > 0): per draft position k (0-based), the
+// drafts made and accepted there; and the verify steps (each yields 1 to drafts + 1 tokens).
+struct SpeculationStats {
+  std::vector<int64_t> drafted, accepted;  // [speculate]
+  int64_t steps = 0;
+  int64_t step_tokens = 0;  // tokens the steps yielded (the first, from the prefill, not among them)
+  int64_t replays = 0;      // steps cut back by restoring a snapshot and replaying (no rewind)
+  void add(const SpeculationStats& other);
 };
 
 struct GeneratedToken {
@@ -51,6 +67,7 @@ struct GenerateResult {
   // Of decode_seconds: filling and applying the grammar's masks (on the candidates path the mask
   // is filled while the backend's step runs on the GPU: time the step may hide).
   double grammar_seconds = 0;
+  SpeculationStats speculation;
 };
 
 // Called for every generated token; return false to stop (client gone, stop string seen). It
@@ -68,7 +85,8 @@ using TokenCallback = std::function<bool(const GeneratedToken&)>;
 // else one at a time. Afterwards the state holds the prompt and the generated tokens fed to a
 // step, state.length() of them in all: one at a time, every token but the last; on a chain, also
 // the last when a stop token, the grammar's end or on_token ended the generation (the chain
-// runs a step ahead).
+// runs a step ahead). With request.speculate > 0 the decode is speculative_generate()'s
+// (speculative.h): every token but the last, too, and the MTP head's cache beside it.
 GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                         const TokenCallback& on_token);
 

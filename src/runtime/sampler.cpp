@@ -170,6 +170,79 @@ int32_t Sampler::sample_whole_vocabulary(std::span<const float> logits, int32_t 
   return ids_[size_t(draw_index(probs.data(), int(cut), next_uniform()))];  // the cut's tokens, descending
 }
 
+// sample()'s three ways, as probabilities: the top-k candidates (double weights, the filters'
+// cut), the whole vocabulary without filters (float weights, id order), with filters (the
+// sorted prefix the cut falls in).
+void Sampler::distribution(std::span<float> logits, std::span<const int32_t> history,
+                           std::vector<TokenProbability>& out) {
+  const int32_t n = std::min<int32_t>(vocab_limit_, int32_t(logits.size()));
+  apply_penalties(logits, history, params_);
+  out.clear();
+  if (params_.greedy()) {
+    out.push_back({argmax(logits, n), 1.0});
+    return;
+  }
+  const float best = max_logit(logits, n);
+  auto normalize = [&out](size_t count) {
+    out.resize(count);
+    double total = 0;
+    for (const TokenProbability& t : out) total += t.probability;
+    for (TokenProbability& t : out) t.probability /= total;
+  };
+  if (params_.top_k > 0 && params_.top_k < n) {
+    best_tokens(logits, n, size_t(params_.top_k), best, ids_);
+    LILY_CHECK(!ids_.empty(), "sampler: no candidates (every logit NaN?)");
+    std::vector<double> w(ids_.size());
+    for (size_t i = 0; i < w.size(); ++i) {
+      w[i] = candidate_weight(logits[size_t(ids_[i])], logits[size_t(ids_[0])], params_.temperature);
+      out.push_back({ids_[i], w[i]});
+    }
+    double total = 0;
+    for (double x : w) total += x;
+    const int cut = filter_cut(w.data(), int(w.size()), total, params_.top_p, params_.min_p);
+    normalize(cut > 0 ? size_t(cut) : w.size());
+    return;
+  }
+  const float inv_t = 1.0f / params_.temperature;
+  const float floor_logit = best - 40.0f * params_.temperature;
+  weights_.resize(size_t(n));
+  double total = 0;
+  for (int32_t i = 0; i < n; ++i) {
+    const float l = logits[size_t(i)];
+    total += weights_[size_t(i)] = l >= floor_logit ? std::exp((l - best) * inv_t) : 0.0f;
+  }
+  if (params_.top_p >= 1.0f && params_.min_p <= 0.0f) {
+    for (int32_t i = 0; i < n; ++i)
+      if (weights_[size_t(i)] > 0.0f) out.push_back({i, double(weights_[size_t(i)])});
+    LILY_CHECK(!out.empty(), "sampler: no candidates (every logit NaN?)");
+    normalize(out.size());
+    return;
+  }
+  std::vector<double> probs;
+  size_t cut = 0;
+  for (size_t want = std::min<size_t>(64, size_t(n));; want = std::min<size_t>(want * 8, size_t(n))) {
+    best_tokens(logits, n, want, best, ids_);
+    probs.resize(ids_.size());
+    for (size_t i = 0; i < ids_.size(); ++i) probs[i] = double(weights_[size_t(ids_[i])]) / total;
+    cut = size_t(filter_cut(probs.data(), int(probs.size()), 1.0, params_.top_p, params_.min_p));
+    if (cut > 0) break;
+    if (want == size_t(n) || ids_.size() < want) {
+      cut = ids_.size();
+      break;
+    }
+  }
+  LILY_CHECK(cut > 0, "sampler: no candidates (every logit NaN?)");
+  for (size_t i = 0; i < cut; ++i) out.push_back({ids_[i], probs[i]});
+  normalize(cut);
+}
+
+int32_t Sampler::draw_from(std::span<const TokenProbability> choices) {
+  LILY_CHECK(!choices.empty(), "sampler: a draw among no tokens");
+  std::vector<double> w(choices.size());
+  for (size_t i = 0; i < w.size(); ++i) w[i] = choices[i].probability;
+  return choices[size_t(draw_index(w.data(), int(w.size()), next_uniform()))].token;
+}
+
 namespace {
 
 // log sum_i exp(logits[i]) over the first n, in double; best: their largest.

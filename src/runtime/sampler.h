@@ -37,6 +37,12 @@ struct TokenLogprob {
   float logprob = 0;
 };
 
+// One token of the distribution a draw is made from, and its probability.
+struct TokenProbability {
+  int32_t token = 0;
+  double probability = 0;
+};
+
 class Sampler {
  public:
   // vocab_limit: ids at or above it are never produced (the padded tail of the vocabulary).
@@ -56,6 +62,16 @@ class Sampler {
   // Backend::forward_candidates gives them (descending, ties to the lower id): same tokens for
   // the same seed, with a whole row never leaving the backend.
   int32_t sample_candidates(std::span<const TokenLogit> candidates);
+
+  // The distribution sample() draws from for this row (modified in place by the penalties): the
+  // tokens it may pick, with probabilities summing to 1 (greedy: the arg max alone), in the order
+  // sample() walks them. Speculative sampling (speculative.h) accepts a draft with its probability
+  // here and draws the rejections from what is left of it.
+  void distribution(std::span<float> logits, std::span<const int32_t> history, std::vector<TokenProbability>& out);
+  // One uniform of the stream (the next draw's): speculative sampling's acceptance test.
+  double uniform() { return next_uniform(); }
+  // A draw among `choices` by their probabilities (need not sum to 1; one uniform).
+  int32_t draw_from(std::span<const TokenProbability> choices);
 
   // The stream of uniforms the draws take, one per sampled token (draw_uniform(seed(), i) for the
   // i-th; greedy picks take none): a backend that draws where the logits are continues it from

@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "base/error.h"
+#include "runtime/speculative.h"
 
 namespace lily {
 
@@ -22,9 +23,11 @@ std::span<const int32_t> SequenceTokens::reply() const {
   return std::span<const int32_t>(tokens_).subspan(size_t(prompt_length_));
 }
 
-void SequenceTokens::prefill_to(Backend& backend, int64_t length) {
+void SequenceTokens::prefill_to(Backend& backend, int64_t length, bool with_head) {
   LILY_CHECK(in_state() < length && length <= int64_t(tokens_.size()),
              "internal: prefill to {} tokens, with {} in the state and {} known", length, in_state(), tokens_.size());
+  if (with_head && length < int64_t(tokens_.size()))
+    return prefill_with_head(backend, *sequence_.state, tokens_, length);
   std::vector<float> unused;
   std::span<const int32_t> part(tokens_.data() + in_state(), size_t(length - in_state()));
   backend.forward(*sequence_.state, part, LogitsWanted::none, unused);

@@ -34,8 +34,9 @@ class SequenceTokens {
   int64_t produced() const { return produced_; }
 
   // Computes tokens()[in_state() : length] into the state without logits (a point of the
-  // prompt worth a snapshot).
-  void prefill_to(Backend& backend, int64_t length);
+  // prompt worth a snapshot); with_head: the MTP head fed beside it (prefill_with_head,
+  // speculative.h), for a speculative generation to resume from.
+  void prefill_to(Backend& backend, int64_t length, bool with_head = false);
   // One generation round: prefills what the state lacks, decodes, appends what was generated.
   // request.prompt is set here.
   GenerateResult generate(Backend& backend, GenerateRequest request, const TokenCallback& on_token);
