@@ -23,13 +23,25 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config,
          what, tokenizer.vocab_size(), tokenizer.vocab_size() - 1, config.vocab_size, config.vocab_size);
 }
 
+namespace {
+// Whether the CUDA backend runs here under the options' device profile (cuda_backend.h).
+bool cuda_runs(const EngineOptions& options) {
+#ifdef LILY_HAVE_CUDA
+  return options.device_profile.empty() ? cuda_backend_available() : cuda_backend_runs(options.device_profile);
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   std::string backend = options.backend;
-  if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
+  if (backend == "auto") backend = cuda_runs(options) ? "cuda" : "cpu";
   if (backend != "cpu" && backend != "reference" && backend != "cuda")
     fail("unknown backend \"{}\" (choose cpu, reference, cuda or auto)", backend);
-  if (backend == "cuda" && !cuda_backend_available())
-    fail("--backend cuda: this build has no CUDA backend or no GPU is visible");
+  if (backend == "cuda" && !cuda_runs(options))
+    fail("--backend cuda: this build has no CUDA backend, no GPU is visible, or the GPU is not a Hopper card "
+         "(H100 / H200: the kernels that have run; --device-profile device tries the portable ones)");
 
   LoadOptions load_options;
   load_options.quantize_bits = options.quantize_bits;
@@ -43,7 +55,9 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   }
 #ifdef LILY_HAVE_CUDA
   if (backend == "cuda") {
-    engine->backend_ = make_cuda_backend(engine->weights_);
+    CudaBackendOptions cuda_options = CudaBackendOptions::from_environment();
+    if (!options.device_profile.empty()) cuda_options.device_profile = options.device_profile;
+    engine->backend_ = make_cuda_backend(engine->weights_, cuda_options);
     return engine;
   }
 #endif

@@ -40,7 +40,7 @@ class CudaBackendImpl final : public CudaBackend {
         plan_(planned(*w_, options)),
         stream_(make_stream()),
         step_(*w_, plan_.decode),
-        graph_(step_, c_.vocab_size, options.pdl, stream_),
+        graph_(step_, c_.vocab_size, options.pdl && plan_.decode.pdl, stream_),
         prefill_(*w_, plan_),
         pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
@@ -149,7 +149,14 @@ class CudaBackendImpl final : public CudaBackend {
 
  private:
   static KernelPlan planned(const GpuWeights& w, const CudaBackendOptions& options) {
-    KernelPlan plan = plan_kernels(w, current_device_limits(), options.prefill_chunk_tokens);
+    const DeviceProfile profile = resolve_device_profile(query_device_profile(), options.device_profile);
+    LILY_CHECK(runs_by_default(profile),
+               "the CUDA backend on {}: this build's Hopper kernels need an H100 / H200 (compute 9.0, built with "
+               "sm_90a); the portable kernels for other cards have never run on a GPU: --device-profile device (or "
+               "LILY_DEVICE_PROFILE=device) to try them, --backend cpu to run on the CPU",
+               profile.describe());
+    set_current_device_profile(profile);  // the launchers' shared-memory limit
+    KernelPlan plan = plan_kernels(w, profile, options.prefill_chunk_tokens);
     for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
     return plan;
   }
@@ -189,6 +196,7 @@ CudaBackendOptions CudaBackendOptions::from_environment() {
                "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
     o.prefill_chunk_tokens = int(n);
   }
+  if (const char* v = std::getenv("LILY_DEVICE_PROFILE")) o.device_profile = v;
   // LILY_KERNEL_PLAN=NAME=VALUE,NAME=VALUE: plan edits for measurement and tests (the runtime's
   // tests and lily serve on the device run a plan's unrun parts this way, without a rebuild).
   if (const char* v = std::getenv("LILY_KERNEL_PLAN")) {
@@ -211,9 +219,21 @@ std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weigh
   return std::make_unique<CudaBackendImpl>(std::move(weights), options);
 }
 
-bool cuda_backend_available() {
+bool cuda_backend_runs(const std::string& device_profile) {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  return runs_by_default(resolve_device_profile(query_device_profile(), device_profile));
+}
+
+bool cuda_backend_available() {
+  const char* v = std::getenv("LILY_DEVICE_PROFILE");
+  return cuda_backend_runs(v ? v : "");
+}
+
+std::string describe_device_profile(const std::string& device_profile) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return "no CUDA device";
+  return resolve_device_profile(query_device_profile(), device_profile).describe();
 }
 
 }  // namespace lily
