@@ -446,6 +446,7 @@ int run_bench(BenchArgs a) {
     CudaBackendOptions options = CudaBackendOptions::from_environment();
     options.plan_edits = a.kernel_plan;
     if (!a.model.device_profile.empty()) options.device_profile = a.model.device_profile;
+    if (a.model.gpu_memory_gb > 0) options.gpu_memory_bytes = uint64_t(a.model.gpu_memory_gb * 1e9);
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
       backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42), options);

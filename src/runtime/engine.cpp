@@ -57,6 +57,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   if (backend == "cuda") {
     CudaBackendOptions cuda_options = CudaBackendOptions::from_environment();
     if (!options.device_profile.empty()) cuda_options.device_profile = options.device_profile;
+    if (options.gpu_memory_gb > 0) cuda_options.gpu_memory_bytes = uint64_t(options.gpu_memory_gb * 1e9);
     engine->backend_ = make_cuda_backend(engine->weights_, cuda_options);
     return engine;
   }

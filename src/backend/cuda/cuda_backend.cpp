@@ -21,6 +21,7 @@
 #include "backend/cuda/decode_step.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/memory_plan.h"
 #include "backend/cuda/pass_graph.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
@@ -41,6 +42,8 @@ class CudaBackendImpl final : public CudaBackend {
         stream_(make_stream()),
         step_(*w_, plan_.decode),
         graph_(step_, c_.vocab_size, options.pdl && plan_.decode.pdl, stream_),
+        memory_(memory_needs(*w_, w_->bytes(), plan_)),
+        gpu_memory_(checked_cap(memory_, options.gpu_memory_bytes)),
         prefill_(*w_, plan_),
         pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
@@ -54,6 +57,11 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
     LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
+    if (gpu_memory_ > 0) {  // one sequence of this capacity beside the weights and workspaces (throws)
+      MemoryRequest request;
+      request.context = capacity, request.budget = gpu_memory_;
+      plan_memory(memory_, request, capacity);
+    }
     return std::make_unique<CudaSequenceState>(c_, capacity);
   }
 
@@ -160,6 +168,15 @@ class CudaBackendImpl final : public CudaBackend {
     for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
     return plan;
   }
+  // The cap, checked before the workspaces are allocated: the weights, workspaces and reserve, and
+  // one slot of 256 tokens, must fit it.
+  static uint64_t checked_cap(const MemoryNeeds& needs, uint64_t cap) {
+    if (cap == 0) return 0;
+    MemoryRequest request;
+    request.budget = cap;
+    plan_memory(needs, request, 256);  // throws, saying what the bytes are, when nothing fits
+    return cap;
+  }
   static cudaStream_t make_stream() {
     cudaStream_t stream = nullptr;
     CUDA_CHECK(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
@@ -179,6 +196,8 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t stream_;
   DecodeStep step_;
   DecodeGraph graph_;
+  const MemoryNeeds memory_;   // memory_plan.h
+  const uint64_t gpu_memory_;  // the cap (0: none)
   PrefillPass prefill_;
   PassGraph pass_graph_;
 };
@@ -197,6 +216,12 @@ CudaBackendOptions CudaBackendOptions::from_environment() {
     o.prefill_chunk_tokens = int(n);
   }
   if (const char* v = std::getenv("LILY_DEVICE_PROFILE")) o.device_profile = v;
+  if (const char* v = std::getenv("LILY_GPU_MEMORY_GB")) {
+    char* end = nullptr;
+    const double gb = std::strtod(v, &end);
+    LILY_CHECK(end != v && *end == '\0' && gb > 0 && gb < 4096, "LILY_GPU_MEMORY_GB={}: a number of GB", v);
+    o.gpu_memory_bytes = uint64_t(gb * 1e9);
+  }
   // LILY_KERNEL_PLAN=NAME=VALUE,NAME=VALUE: plan edits for measurement and tests (the runtime's
   // tests and lily serve on the device run a plan's unrun parts this way, without a rebuild).
   if (const char* v = std::getenv("LILY_KERNEL_PLAN")) {

@@ -46,8 +46,12 @@ struct CudaBackendOptions {
   // as it is with the portable kernels allowed; a known profile (sm80, sm86, sm89, sm90, sm120),
   // that card's compute capability, SMs and shared-memory limit on this one (`--device-profile`).
   std::string device_profile;
+  // A cap on lily's device memory, bytes (0: none; `--gpu-memory GB`, LILY_GPU_MEMORY_GB): the
+  // weights, workspaces and reserve must fit it when the backend is built, and each sequence's KV
+  // cache and state with them (memory_plan.h; an error says the longest context that would fit).
+  uint64_t gpu_memory_bytes = 0;
   // The defaults, with LILY_PDL=0, LILY_PREFILL_CHUNK=N, LILY_KERNEL_PLAN=NAME=VALUE,... (plan
-  // edits) and LILY_DEVICE_PROFILE=NAME from the environment where set (the one place below the
+  // edits), LILY_DEVICE_PROFILE=NAME and LILY_GPU_MEMORY_GB=X from the environment where set (the one place below the
   // CLI that reads it). Throws on a malformed value (a bad plan edit: when the backend is built).
   static CudaBackendOptions from_environment();
 };
