@@ -480,8 +480,9 @@ std::function<void(SequenceState&, int32_t)> fake_fill_of(Backend&) {
 
 int run_bench(BenchArgs a) {
 #ifdef LILY_HAVE_CUDA
-  const bool on_gpu = a.synthetic || a.model.backend == "cuda" ||
-                      (a.model.backend == "auto" && cuda_backend_available());
+  const bool cuda_runs = a.model.device_profile.empty() ? cuda_backend_available()
+                                                        : cuda_backend_runs(a.model.device_profile);
+  const bool on_gpu = a.synthetic || a.model.backend == "cuda" || (a.model.backend == "auto" && cuda_runs);
 #else
   const bool on_gpu = false;
 #endif
@@ -522,11 +523,14 @@ int run_bench(BenchArgs a) {
   double peak = 0, peak_flops = kBf16PeakTflops * 1e12;
 #ifdef LILY_HAVE_CUDA
   if (on_gpu) {
-    LILY_CHECK(cuda_backend_available(), "lily bench --synthetic needs a CUDA GPU");
+    LILY_CHECK(cuda_runs, "lily bench on the GPU needs a CUDA GPU it runs on: {}",
+               describe_device_profile(a.model.device_profile));
     peak = cuda::bench::measure_device_copy_bandwidth();
     std::unique_ptr<CudaBackend> backend;
     CudaBackendOptions options = CudaBackendOptions::from_environment();
     options.plan_edits = a.kernel_plan;
+    if (!a.model.device_profile.empty()) options.device_profile = a.model.device_profile;
+    if (a.model.gpu_memory_gb > 0) options.gpu_memory_bytes = uint64_t(a.model.gpu_memory_gb * 1e9);
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
       backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42), options);

@@ -7,6 +7,9 @@
 #include "cli/model_options.h"
 #include "model/checkpoint/load.h"
 #include "model/gguf_file.h"
+#ifdef LILY_HAVE_CUDA
+#include "backend/cuda/cuda_backend.h"
+#endif
 
 namespace lily::cli {
 namespace {
@@ -70,6 +73,9 @@ int run_info(const ModelOptions& options) {
                             (c.linear_conv_kernel_dim - 1.0) * c.linear_conv_dim() * 2);
   std::printf("state        %.0f bytes of KV cache per token (bf16), %.1f MB recurrent state per sequence\n",
               kv_per_token, recurrent / 1e6);
+#ifdef LILY_HAVE_CUDA
+  std::printf("gpu          %s\n", describe_device_profile(options.device_profile).c_str());
+#endif
   return 0;
 }
 

@@ -21,6 +21,15 @@ void ModelOptions::add_to(CLI::App& app) {
                  "Read the MTP head (mtp.*, for speculative decoding) from this directory: the Hugging Face "
                  "checkpoint beside an mlx-community model, which drops it (bf16 unless --quantize q4)")
       ->check(CLI::ExistingDirectory);
+  app.add_option("--device-profile", device_profile,
+                 "CUDA: the card the kernel plan decides for: device (this GPU, the portable kernels allowed: "
+                 "they have not run yet), or sm80, sm86, sm89, sm90, sm120 (that card's compute capability, SMs and "
+                 "shared-memory limit on this GPU); default: this GPU, the Hopper path only (docs/gpus.md)")
+      ->check(CLI::IsMember({"device", "sm80", "sm86", "sm89", "sm90", "sm120"}));
+  app.add_option("--gpu-memory", gpu_memory_gb,
+                 "CUDA: the most device memory lily may plan for, GB (to share a card, or to try a 24 GB budget on "
+                 "a larger one); a context that does not fit is refused, saying what would")
+      ->check(CLI::Range(1.0, 4096.0));
 }
 
 LoadOptions ModelOptions::load_options() const {
@@ -38,6 +47,8 @@ std::unique_ptr<Engine> ModelOptions::load_engine() const {
   options.backend = backend;
   options.quantize_bits = quantize == "q4" ? 4 : 0;
   options.mtp_dir = mtp_dir;
+  options.device_profile = device_profile;
+  options.gpu_memory_gb = gpu_memory_gb;
   auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "loading %s ...\n", options.model_dir.c_str());
   auto engine = Engine::load(options);

@@ -17,7 +17,9 @@ struct ModelOptions {
   std::string model_dir;
   std::string backend = "auto";
   std::string quantize = "none";
-  std::string mtp_dir;  // --mtp: the MTP head from another directory (LoadOptions::mtp_dir)
+  std::string mtp_dir;         // --mtp: the MTP head from another directory (LoadOptions::mtp_dir)
+  std::string device_profile;  // --device-profile: CUDA (EngineOptions::device_profile)
+  double gpu_memory_gb = 0;    // --gpu-memory: CUDA (EngineOptions::gpu_memory_gb)
 
   void add_to(CLI::App& app);
   std::unique_ptr<Engine> load_engine() const;  // prints progress on stderr

@@ -46,13 +46,25 @@ std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights) {
   return tokenizer;
 }
 
+namespace {
+// Whether the CUDA backend runs here under the options' device profile (cuda_backend.h).
+bool cuda_runs(const EngineOptions& options) {
+#ifdef LILY_HAVE_CUDA
+  return options.device_profile.empty() ? cuda_backend_available() : cuda_backend_runs(options.device_profile);
+#else
+  return false;
+#endif
+}
+}  // namespace
+
 std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   std::string backend = options.backend;
-  if (backend == "auto") backend = cuda_backend_available() ? "cuda" : "cpu";
+  if (backend == "auto") backend = cuda_runs(options) ? "cuda" : "cpu";
   if (backend != "cpu" && backend != "reference" && backend != "cuda")
     fail("unknown backend \"{}\" (choose cpu, reference, cuda or auto)", backend);
-  if (backend == "cuda" && !cuda_backend_available())
-    fail("--backend cuda: this build has no CUDA backend or no GPU is visible");
+  if (backend == "cuda" && !cuda_runs(options))
+    fail("--backend cuda: this build has no CUDA backend, no GPU is visible, or the GPU is not a Hopper card "
+         "(H100 / H200: the kernels that have run; --device-profile device tries the portable ones)");
 
   LoadOptions load_options;
   load_options.quantize_bits = options.quantize_bits;
@@ -62,7 +74,10 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
   engine->tokenizer_ = find_tokenizer(*engine->weights_);
 #ifdef LILY_HAVE_CUDA
   if (backend == "cuda") {
-    engine->backend_ = make_cuda_backend(engine->weights_);
+    CudaBackendOptions cuda_options = CudaBackendOptions::from_environment();
+    if (!options.device_profile.empty()) cuda_options.device_profile = options.device_profile;
+    if (options.gpu_memory_gb > 0) cuda_options.gpu_memory_bytes = uint64_t(options.gpu_memory_gb * 1e9);
+    engine->backend_ = make_cuda_backend(engine->weights_, cuda_options);
     return engine;
   }
 #endif

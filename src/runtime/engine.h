@@ -19,9 +19,11 @@ namespace lily {
 
 struct EngineOptions {
   std::string model_dir;
-  std::string backend = "auto";  // auto | cpu (fast) | reference (fp32 CPU) | cuda
-  int quantize_bits = 0;         // 0: as stored; 4: quantize plain weights at load (--quantize q4)
-  std::string mtp_dir = {};      // the MTP head from this directory (--mtp; LoadOptions::mtp_dir)
+  std::string backend = "auto";     // auto | cpu (fast) | reference (fp32 CPU) | cuda
+  int quantize_bits = 0;            // 0: as stored; 4: quantize plain weights at load (--quantize q4)
+  std::string mtp_dir = {};         // the MTP head from this directory (--mtp; LoadOptions::mtp_dir)
+  std::string device_profile = {};  // CUDA: CudaBackendOptions::device_profile (--device-profile)
+  double gpu_memory_gb = 0;         // CUDA: a cap on the device memory, GB (--gpu-memory; 0: none)
 };
 
 class Engine {

@@ -12,6 +12,7 @@
 #include <random>
 #include <vector>
 
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/gpu_types.h"
 #include "base/bf16.h"
 #include "model/quant.h"
@@ -25,9 +26,18 @@ namespace lily::test {
     ASSERT_EQ(_e, cudaSuccess) << #expr << ": " << cudaGetErrorString(_e); \
   } while (0)
 
+// Whether a GPU is visible. The first call with one puts the kernels under LILY_DEVICE_PROFILE
+// where it is set (sm86, ...: device_profile.h), as the backend does: the kernel tests then size
+// their grids by that card's SMs and ask for no more shared memory than it has.
 inline bool gpu_present() {
-  int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  static const bool present = [] {
+    int n = 0;
+    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+    if (const char* forced = std::getenv("LILY_DEVICE_PROFILE"))
+      cuda::set_current_device_profile(cuda::resolve_device_profile(cuda::query_device_profile(), forced));
+    return true;
+  }();
+  return present;
 }
 
 #define REQUIRE_GPU() \

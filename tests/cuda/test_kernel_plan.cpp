@@ -6,6 +6,7 @@
 #include "backend/cuda/kernel_plan.h"
 #include "base/error.h"
 #include "model/config.h"
+#include "plan_test_weights.h"
 
 namespace lily::test {
 namespace {
@@ -14,49 +15,7 @@ using cuda::GateUpKernel;
 using cuda::GemvKernel;
 
 const cuda::DeviceLimits kH200{132};
-
-cuda::QMatrix matrix(int batch, int rows, int cols, int bits) {
-  cuda::QMatrix m;
-  m.batch = batch, m.rows = rows, m.cols = cols, m.bits = bits;
-  m.codes = reinterpret_cast<const uint32_t*>(uintptr_t(4096));  // 16-byte aligned, never read
-  m.scales = m.biases = reinterpret_cast<const bf16*>(uintptr_t(8192));
-  return m;
-}
-
-// The weights of `c` as the GPU upload lays them out (fused input projections where every part
-// has the same format), every matrix at `bits` except those `tweak` changes.
-struct Weights {
-  std::unique_ptr<cuda::GpuWeights> w;
-  explicit Weights(const ModelConfig& c, int expert_bits = 4, int ab_bits = 4, int lm_head_bits = 4) {
-    w = std::make_unique<cuda::GpuWeights>(c);
-    const int H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size;
-    w->embed_tokens = matrix(1, c.vocab_size, H, 4);
-    w->lm_head = matrix(1, c.vocab_size, H, lm_head_bits);
-    for (LayerKind kind : c.layer_types) {
-      cuda::GpuLayer l;
-      l.kind = kind;
-      if (kind == LayerKind::full_attention) {
-        const int q = 2 * c.attention_q_width(), kv = c.attention_kv_width();
-        l.attention.q_proj = matrix(1, q, H, 4), l.attention.k_proj = matrix(1, kv, H, 4);
-        l.attention.v_proj = matrix(1, kv, H, 4), l.attention.qkv_proj = matrix(1, q + 2 * kv, H, 4);
-        l.attention.o_proj = matrix(1, H, c.attention_q_width(), 4);
-      } else {
-        const int C = c.linear_conv_dim(), Vd = c.linear_value_dim(), Hv = c.linear_num_value_heads;
-        cuda::GpuDeltaNet& d = l.deltanet;
-        d.in_proj_qkv = matrix(1, C, H, 4), d.in_proj_z = matrix(1, Vd, H, 4);
-        d.in_proj_b = matrix(1, Hv, H, ab_bits), d.in_proj_a = matrix(1, Hv, H, ab_bits);
-        if (ab_bits == 4) d.in_proj_all = matrix(1, C + Vd + 2 * Hv, H, 4);  // else parts only (rows 0)
-        d.out_proj = matrix(1, H, Vd, 4);
-      }
-      l.moe.router = matrix(1, E, H, 8), l.moe.shared_expert_gate = matrix(1, 1, H, 8);
-      l.moe.experts_gate = matrix(E, I, H, expert_bits), l.moe.experts_up = matrix(E, I, H, expert_bits);
-      l.moe.experts_down = matrix(E, H, I, expert_bits);
-      l.moe.shared_gate = matrix(1, I, H, 4), l.moe.shared_up = matrix(1, I, H, 4);
-      l.moe.shared_down = matrix(1, H, I, 4);
-      w->layers.push_back(l);
-    }
-  }
-};
+using Weights = PlanTestWeights;
 
 // Qwen3.6-35B-A3B on an H200: the input projections bulk-copied before their wait, the rest on
 // the tensor cores, gate/up staged in shared memory, 254 launches, flash attention in prefill.
@@ -101,7 +60,9 @@ TEST(KernelPlan, TheModelOnAnH200) {
 TEST(KernelPlan, NoWgmmaBeforeHopper) {
   const ModelConfig c = qwen36_35b_a3b_config();
   const Weights w(c);
-  const cuda::KernelPlan plan = cuda::plan_kernels(*w.w, cuda::DeviceLimits{108, 80}, 8192);
+  std::vector<std::string> gaps;  // the decode cores (test_device_profile.cpp)
+  const cuda::KernelPlan plan = cuda::plan_kernels_with_gaps(*w.w, cuda::DeviceLimits{108, 80}, 8192, gaps);
+  EXPECT_FALSE(gaps.empty());
   EXPECT_FALSE(plan.prefill.wgmma(8192));
   EXPECT_EQ(plan.prefill.moe_experts(8192), cuda::MoeExpertKernels::gemm);
   EXPECT_NE(plan.describe().find("rms_norm + gemm_q4"), std::string::npos) << plan.describe();

@@ -21,6 +21,7 @@
 #include "backend/cuda/decode_step.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
+#include "backend/cuda/memory_plan.h"
 #include "backend/cuda/pass_graph.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
@@ -40,7 +41,9 @@ class CudaBackendImpl final : public CudaBackend {
         plan_(planned(*w_, options)),
         stream_(make_stream()),
         step_(*w_, plan_.decode),
-        graph_(step_, c_.vocab_size, options.pdl, stream_),
+        graph_(step_, c_.vocab_size, options.pdl && plan_.decode.pdl, stream_),
+        memory_(memory_needs(*w_, w_->bytes(), plan_)),
+        gpu_memory_(checked_cap(memory_, options.gpu_memory_bytes)),
         prefill_(*w_, plan_),
         pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
@@ -54,6 +57,11 @@ class CudaBackendImpl final : public CudaBackend {
 
   std::unique_ptr<SequenceState> new_sequence(int64_t capacity) override {
     LILY_CHECK(capacity > 0, "sequence capacity must be positive, got {}", capacity);
+    if (gpu_memory_ > 0) {  // one sequence of this capacity beside the weights and workspaces (throws)
+      MemoryRequest request;
+      request.context = capacity, request.budget = gpu_memory_;
+      plan_memory(memory_, request, capacity);
+    }
     return std::make_unique<CudaSequenceState>(c_, capacity);
   }
 
@@ -149,9 +157,25 @@ class CudaBackendImpl final : public CudaBackend {
 
  private:
   static KernelPlan planned(const GpuWeights& w, const CudaBackendOptions& options) {
-    KernelPlan plan = plan_kernels(w, current_device_limits(), options.prefill_chunk_tokens);
+    const DeviceProfile profile = resolve_device_profile(query_device_profile(), options.device_profile);
+    LILY_CHECK(runs_by_default(profile),
+               "the CUDA backend on {}: this build's Hopper kernels need an H100 / H200 (compute 9.0, built with "
+               "sm_90a); the portable kernels for other cards have never run on a GPU: --device-profile device (or "
+               "LILY_DEVICE_PROFILE=device) to try them, --backend cpu to run on the CPU",
+               profile.describe());
+    set_current_device_profile(profile);  // the launchers' shared-memory limit
+    KernelPlan plan = plan_kernels(w, profile, options.prefill_chunk_tokens);
     for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
     return plan;
+  }
+  // The cap, checked before the workspaces are allocated: the weights, workspaces and reserve, and
+  // one slot of 256 tokens, must fit it.
+  static uint64_t checked_cap(const MemoryNeeds& needs, uint64_t cap) {
+    if (cap == 0) return 0;
+    MemoryRequest request;
+    request.budget = cap;
+    plan_memory(needs, request, 256);  // throws, saying what the bytes are, when nothing fits
+    return cap;
   }
   static cudaStream_t make_stream() {
     cudaStream_t stream = nullptr;
@@ -172,6 +196,8 @@ class CudaBackendImpl final : public CudaBackend {
   cudaStream_t stream_;
   DecodeStep step_;
   DecodeGraph graph_;
+  const MemoryNeeds memory_;   // memory_plan.h
+  const uint64_t gpu_memory_;  // the cap (0: none)
   PrefillPass prefill_;
   PassGraph pass_graph_;
 };
@@ -188,6 +214,13 @@ CudaBackendOptions CudaBackendOptions::from_environment() {
     LILY_CHECK(end != v && *end == '\0' && n >= 64 && n <= kMaxPrefillChunkTokens && n % 64 == 0,
                "LILY_PREFILL_CHUNK={}: a multiple of 64 in [64, {}]", v, kMaxPrefillChunkTokens);
     o.prefill_chunk_tokens = int(n);
+  }
+  if (const char* v = std::getenv("LILY_DEVICE_PROFILE")) o.device_profile = v;
+  if (const char* v = std::getenv("LILY_GPU_MEMORY_GB")) {
+    char* end = nullptr;
+    const double gb = std::strtod(v, &end);
+    LILY_CHECK(end != v && *end == '\0' && gb > 0 && gb < 4096, "LILY_GPU_MEMORY_GB={}: a number of GB", v);
+    o.gpu_memory_bytes = uint64_t(gb * 1e9);
   }
   // LILY_KERNEL_PLAN=NAME=VALUE,NAME=VALUE: plan edits for measurement and tests (the runtime's
   // tests and lily serve on the device run a plan's unrun parts this way, without a rebuild).
@@ -211,9 +244,21 @@ std::unique_ptr<CudaBackend> make_cuda_backend(std::unique_ptr<GpuWeights> weigh
   return std::make_unique<CudaBackendImpl>(std::move(weights), options);
 }
 
-bool cuda_backend_available() {
+bool cuda_backend_runs(const std::string& device_profile) {
   int n = 0;
-  return cudaGetDeviceCount(&n) == cudaSuccess && n > 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return false;
+  return runs_by_default(resolve_device_profile(query_device_profile(), device_profile));
+}
+
+bool cuda_backend_available() {
+  const char* v = std::getenv("LILY_DEVICE_PROFILE");
+  return cuda_backend_runs(v ? v : "");
+}
+
+std::string describe_device_profile(const std::string& device_profile) {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) return "no CUDA device";
+  return resolve_device_profile(query_device_profile(), device_profile).describe();
 }
 
 }  // namespace lily

@@ -41,9 +41,18 @@ struct CudaBackendOptions {
   // Measurement and tests only: the kernel plan's settings changed after it is made, each
   // "NAME=VALUE" (kernel_plan.h's edit_plan; `lily bench --kernel-plan`).
   std::vector<std::string> plan_edits;
-  // The defaults, with LILY_PDL=0, LILY_PREFILL_CHUNK=N and LILY_KERNEL_PLAN=NAME=VALUE,... (plan
-  // edits) from the environment where set (the one place below the CLI that reads it). Throws on
-  // a malformed value (a bad plan edit: when the backend is built).
+  // The device profile the kernel plan decides by (device_profile.h): empty, the card as it is
+  // (the Hopper path; any other card is refused: lily runs on the CPU there); "device", the card
+  // as it is with the portable kernels allowed; a known profile (sm80, sm86, sm89, sm90, sm120),
+  // that card's compute capability, SMs and shared-memory limit on this one (`--device-profile`).
+  std::string device_profile;
+  // A cap on lily's device memory, bytes (0: none; `--gpu-memory GB`, LILY_GPU_MEMORY_GB): the
+  // weights, workspaces and reserve must fit it when the backend is built, and each sequence's KV
+  // cache and state with them (memory_plan.h; an error says the longest context that would fit).
+  uint64_t gpu_memory_bytes = 0;
+  // The defaults, with LILY_PDL=0, LILY_PREFILL_CHUNK=N, LILY_KERNEL_PLAN=NAME=VALUE,... (plan
+  // edits), LILY_DEVICE_PROFILE=NAME and LILY_GPU_MEMORY_GB=X from the environment where set (the one place below the
+  // CLI that reads it). Throws on a malformed value (a bad plan edit: when the backend is built).
   static CudaBackendOptions from_environment();
 };
 
@@ -54,5 +63,15 @@ std::unique_ptr<CudaBackend> make_cuda_backend(
 std::unique_ptr<CudaBackend> make_cuda_backend(
     std::unique_ptr<cuda::GpuWeights> weights,
     const CudaBackendOptions& options = CudaBackendOptions::from_environment());
+
+// Whether the CUDA backend runs on this machine's GPU under `device_profile` (as
+// CudaBackendOptions::device_profile): a GPU is visible, and it is a Hopper card with this build's
+// sm_90a kernels, or the portable path is asked for. cuda_backend_available() (engine.h) is this
+// with LILY_DEVICE_PROFILE.
+bool cuda_backend_runs(const std::string& device_profile);
+
+// The device profile the backend would run under (device_profile.h's describe()), for `lily info`
+// and `lily bench`; "no CUDA device" without one.
+std::string describe_device_profile(const std::string& device_profile);
 
 }  // namespace lily

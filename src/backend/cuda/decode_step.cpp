@@ -48,6 +48,15 @@ uint64_t attention_scratch_bytes(const ModelConfig& c) {
 
 }  // namespace
 
+uint64_t decode_step_workspace_bytes(const ModelConfig& c, const DecodePlan& plan) {
+  const uint64_t H = uint64_t(c.hidden_size), V = uint64_t(c.vocab_size), slots = uint64_t(c.num_experts_per_tok) + 1;
+  const uint64_t step = 4 + H * 4 + input_rows(plan) * 4 +
+                        std::max<uint64_t>(c.linear_value_dim(), c.attention_q_width()) * 4 + H * 4 +
+                        uint64_t(c.num_experts) * 4 + 4 + slots * uint64_t(c.moe_intermediate_size) * 4 + V * 4 +
+                        attention_scratch_bytes(c);
+  return step + 4 * V * 4 + (uint64_t(1) << 20);  // the graph's rows of V and its small buffers
+}
+
 const char* part_name(DecodePart part) {
   switch (part) {
     case DecodePart::embed: return "embed";

@@ -30,6 +30,10 @@ class DecodeStepObserver {
   virtual void captured(cudaGraph_t graph) = 0;
 };
 
+// The device buffers of a DecodeStep and its DecodeGraph (the chain's token counts, the candidates'
+// scratch: ~4 rows of V floats), in bytes, before anything is allocated (memory_plan.h).
+uint64_t decode_step_workspace_bytes(const ModelConfig& c, const DecodePlan& plan);
+
 class DecodeStep {
  public:
   DecodeStep(const GpuWeights& w, const DecodePlan& plan);

@@ -7,6 +7,7 @@
 #include <cstdlib>
 #include <map>
 
+#include "backend/cuda/attention/attention_decode.h"
 #include "backend/cuda/gemm/gemm_q4.h"
 #include "backend/cuda/gemm/gemm_w4_wgmma.h"
 #include "backend/cuda/layer_params.h"
@@ -20,7 +21,7 @@ namespace {
 std::string format_of(const QMatrix& W) { return fmt::format("[{}, {}] q{}", W.rows, W.cols, W.bits); }
 
 // y = RMSNorm(x) @ W^T: the prefetch kernel where it fits, else the tensor cores, else FP32.
-PlannedGemv plan_rms_norm_gemv(const QMatrix& W, const DeviceLimits& device, const char* what) {
+PlannedGemv plan_rms_norm_gemv(const QMatrix& W, const DeviceProfile& device, const char* what) {
   for (GemvKernel k : {GemvKernel::prefetch, GemvKernel::mma, GemvKernel::fp32})
     if (gemv_supports(k, W, false, device)) return {W, k};
   fail("{}: no decode kernel takes {} group {} (4 or 8 bits, group 64, at most 4096 columns)", what, format_of(W),
@@ -28,7 +29,7 @@ PlannedGemv plan_rms_norm_gemv(const QMatrix& W, const DeviceLimits& device, con
 }
 
 // y += x @ W^T: the tensor cores, else FP32.
-PlannedGemv plan_gemv_accumulate(const QMatrix& W, const DeviceLimits& device, const char* what) {
+PlannedGemv plan_gemv_accumulate(const QMatrix& W, const DeviceProfile& device, const char* what) {
   for (GemvKernel k : {GemvKernel::mma, GemvKernel::fp32})
     if (gemv_supports(k, W, true, device)) return {W, k};
   fail("{}: no decode kernel takes {} group {} (4 or 8 bits, group 64, at most 4096 columns)", what, format_of(W),
@@ -41,7 +42,7 @@ void check_prefill_projection(const QMatrix& W, const char* what) {
 
 // The input projections: the fused matrix when there is one (rows > 0), else its parts.
 std::vector<PlannedGemv> plan_inputs(const QMatrix& fused, std::initializer_list<const QMatrix*> parts,
-                                     const DeviceLimits& device, const char* what) {
+                                     const DeviceProfile& device, const char* what) {
   std::vector<PlannedGemv> plan;
   if (fused.rows > 0) {
     plan.push_back(plan_rms_norm_gemv(fused, device, what));
@@ -52,7 +53,7 @@ std::vector<PlannedGemv> plan_inputs(const QMatrix& fused, std::initializer_list
   return plan;
 }
 
-DecodeLayerPlan plan_layer(const ModelConfig& c, const GpuLayer& layer, const DeviceLimits& device) {
+DecodeLayerPlan plan_layer(const ModelConfig& c, const GpuLayer& layer, const DeviceProfile& device) {
   DecodeLayerPlan plan;
   plan.kind = layer.kind;
   if (layer.kind == LayerKind::full_attention) {
@@ -70,7 +71,9 @@ DecodeLayerPlan plan_layer(const ModelConfig& c, const GpuLayer& layer, const De
     check_prefill_projection(d.out_proj, "out_proj");
   }
   const int k = c.num_experts_per_tok;
-  plan.gate_up = moe_decode_supports(layer.moe, k, GateUpKernel::staged) ? GateUpKernel::staged : GateUpKernel::mma;
+  // staged: bulk copies completing on an mbarrier (Hopper)
+  plan.gate_up = device.hopper() && moe_decode_supports(layer.moe, k, GateUpKernel::staged) ? GateUpKernel::staged
+                                                                                            : GateUpKernel::mma;
   const QMatrix& G = layer.moe.experts_gate;
   LILY_CHECK(moe_decode_supports(layer.moe, k, plan.gate_up),
              "the MoE block ([{}, {}, {}] q{} experts, top-{}, router {}) has no decode kernel: the experts must be "
@@ -125,6 +128,28 @@ bool wgmma_takes(const GpuWeights& w) {
   return true;
 }
 
+// A profile without the Hopper kernels (device_profile.h): what needs clusters, bulk copies or PDL
+// is off (prefetch, staged gate/up and wgmma were left out above), and the longer forms that do not
+// fit its shared memory give way to the shorter ones. Returns the parts with no portable kernel.
+std::vector<std::string> plan_portable(KernelPlan& plan, const DeviceProfile& device) {
+  PrefillPlan& prefill = plan.prefill;
+  plan.decode.pdl = false;
+  prefill.programmatic_below = 0;
+  prefill.deltanet_rows_up_to = 0;  // deltanet_decode: clusters
+  prefill.batch_rows_limit = 0;     //   and its rows form, the batch step's DeltaNet core
+  prefill.batch_rows_up_to = 0;
+  if (delta_rule_chunked_shared_bytes() > size_t(device.shared_per_block))
+    prefill.chunked_delta_rule_from = PrefillPlan::kNever;  // the token loop at every length
+  std::vector<std::string> missing;
+  const size_t shared = size_t(device.shared_per_block);
+  if (attention_decode_shared_bytes() > shared)
+    missing.push_back(fmt::format("the decode attention core (attention_split asks for {} bytes of shared memory a "
+                                  "block, the profile allows {})",
+                                  attention_decode_shared_bytes(), shared));
+  missing.push_back("the decode DeltaNet core (deltanet_decode needs thread-block clusters, sm_90)");
+  return missing;
+}
+
 }  // namespace
 
 int DecodePlan::launches() const {
@@ -134,7 +159,18 @@ int DecodePlan::launches() const {
   return n + 3;  // advance the position, lm_head, argmax
 }
 
-KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens) {
+KernelPlan plan_kernels(const GpuWeights& w, const DeviceProfile& device, int prefill_chunk_tokens) {
+  std::vector<std::string> gaps;
+  KernelPlan plan = plan_kernels_with_gaps(w, device, prefill_chunk_tokens, gaps);
+  if (!gaps.empty())
+    fail("device profile {}: no portable kernel yet for {}; lily runs on the CPU there (--backend cpu), or on the "
+         "Hopper path of an H100 / H200 (docs/gpus.md)",
+         device.describe(), fmt::join(gaps, " and "));
+  return plan;
+}
+
+KernelPlan plan_kernels_with_gaps(const GpuWeights& w, const DeviceProfile& device, int prefill_chunk_tokens,
+                                  std::vector<std::string>& gaps) {
   const ModelConfig& c = w.config();
   LILY_CHECK(
       prefill_chunk_tokens >= 64 && prefill_chunk_tokens <= kMaxPrefillChunkTokens && prefill_chunk_tokens % 64 == 0,
@@ -142,6 +178,7 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
   LILY_CHECK(w.layers.size() == c.layer_types.size(), "{} layers of weights for {} in the config", w.layers.size(),
              c.layer_types.size());
   KernelPlan plan;
+  plan.device = device;
   for (size_t i = 0; i < w.layers.size(); ++i)
     plan.decode.layers.push_back(
         with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
@@ -158,15 +195,18 @@ KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int pre
   });
   plan.prefill.moe_slots_limit = moe_slots ? kMoeSlotsMaxRows : 0;
   plan.prefill.logit_rows_up_to = gemv_rows_supports(w.lm_head, true) ? kGemvRowsMaxT : 0;
-  if (device.compute_capability == 90 && wgmma_takes(w)) {
+  if (device.hopper() && wgmma_takes(w)) {
     plan.prefill.wgmma_from = 256;  // measured: below, out_proj [2048, 4096] is slower than on gemm_q4's split K
     plan.prefill.wgmma_experts_from = 512;
   }
   AttentionParams attention;
   attention.num_heads = c.num_attention_heads, attention.num_kv_heads = c.num_key_value_heads;
-  plan.prefill.attention = attention_prefill_supports(AttentionPrefillKernel::flash, attention)
+  const bool flash_fits = flash_prefill_shared_bytes() <= size_t(device.shared_per_block);
+  plan.prefill.attention = flash_fits && attention_prefill_supports(AttentionPrefillKernel::flash, attention)
                                ? AttentionPrefillKernel::flash
                                : AttentionPrefillKernel::simple;
+  gaps.clear();
+  if (!device.hopper()) gaps = plan_portable(plan, device);
   return plan;
 }
 
@@ -234,7 +274,8 @@ std::string KernelPlan::describe() const {
     layers_of[text].push_back(i);
   }
   std::string out;
-  out = fmt::format("decode step ({} launches in one graph):\n  embed_tokens\n", decode.launches());
+  out = fmt::format("device profile {}\ndecode step ({} launches in one graph{}):\n  embed_tokens\n", device.describe(),
+                    decode.launches(), decode.pdl ? "" : ", no PDL");
   for (const std::string& text : kinds) {
     const size_t newline = text.find('\n');
     out += fmt::format("  {} layers {}:\n{}", text.substr(0, newline), fmt::join(layers_of[text], ","),

@@ -41,6 +41,16 @@
 //                    on wgmma from 512 tokens (their 64-token tiles match gemm_q4 at 512, 1.1-2x
 //                    at 4K); the router and the shared expert's gate (8-bit) stay on gemm_exact /
 //                    gemm_q4 (H200, docs/perf-log/2026-12.md, session 14)
+//   device profile  (device_profile.h) the Hopper path: all of the above. A portable profile
+//                    (compute capability other than 9.0, or a build without sm_90a): no PDL
+//                    (launches in order), decode GEMVs on mma (prefetch needs bulk copies),
+//                    gate/up on mma (staged needs bulk copies), prefill GEMMs on gemm_q4 (no
+//                    wgmma), the token loop in place of the chunked rule (188,928 bytes of shared
+//                    memory), the simple attention kernel where flash (173,056 bytes) does not fit,
+//                    no few-token DeltaNet rows (clusters) and no batch steps. Refused, naming
+//                    them, while a part has no portable kernel: today the decode step's attention
+//                    core (attention_split: 202,752 bytes of shared memory) and DeltaNet core
+//                    (deltanet_decode: clusters). docs/gpus.md has the inventory.
 //   prefill attention flash where the query heads per KV head divide 64, else the simple kernel;
 //                    passes of up to 32 tokens the split kernel (a token and KV head's keys over
 //                    S blocks, then a merge: flash had 4 of 64 query rows a block at 16 tokens,
@@ -58,6 +68,7 @@
 #include "backend/cuda/common/row_tables.h"
 #include "backend/cuda/deltanet/deltanet_decode.h"
 #include "backend/cuda/deltanet/deltanet_prefill.h"
+#include "backend/cuda/device_profile.h"
 #include "backend/cuda/gemv/gemv.h"
 #include "backend/cuda/gemv/gemv_rows.h"
 #include "backend/cuda/gpu_weights.h"
@@ -87,6 +98,7 @@ struct DecodePlan {
   // Steps chained on the GPU, each token chosen there (Backend::chain_tokens, decode_graph.h);
   // off until it has run on a GPU: generate() then steps with forward_candidates.
   bool chain = false;
+  bool pdl = true;       // the step graph's edges programmatic (Hopper only: griddepcontrol)
   int launches() const;  // kernels of one step, argmax included
 };
 
@@ -129,6 +141,7 @@ struct PrefillPlan {
 };
 
 struct KernelPlan {
+  DeviceProfile device;  // what it was decided for
   DecodePlan decode;
   PrefillPlan prefill;
   std::string describe() const;  // a table of part x kernel, for people
@@ -137,9 +150,17 @@ struct KernelPlan {
 // The largest prefill pass: its scratch grows ~0.2 MB per token.
 constexpr int kMaxPrefillChunkTokens = 16384;
 
-// Throws lily::Error when some part of the model has no kernel, naming the part and its format.
-// prefill_chunk_tokens: a multiple of 64 in [64, kMaxPrefillChunkTokens].
-KernelPlan plan_kernels(const GpuWeights& w, const DeviceLimits& device, int prefill_chunk_tokens);
+// Throws lily::Error when some part of the model has no kernel, naming the part and its format,
+// and when the device profile lacks what a part needs (device_profile.h: a card that is not
+// Hopper has no clusters, bulk copies, wgmma or PDL, and less shared memory a block), naming the
+// parts that have no portable kernel yet. prefill_chunk_tokens: a multiple of 64 in [64,
+// kMaxPrefillChunkTokens].
+KernelPlan plan_kernels(const GpuWeights& w, const DeviceProfile& device, int prefill_chunk_tokens);
+
+// Tests: the plan without the refusal, and in `gaps` the parts that have no kernel under the
+// profile (empty on the Hopper path): the choices a portable profile gets once they have one.
+KernelPlan plan_kernels_with_gaps(const GpuWeights& w, const DeviceProfile& device, int prefill_chunk_tokens,
+                                  std::vector<std::string>& gaps);
 
 // For measurement and tests (`lily bench --kernel-plan`, CudaBackendOptions::plan_edits): sets one
 // setting of the plan, "NAME=VALUE": chain (0 or 1) or a threshold of PrefillPlan

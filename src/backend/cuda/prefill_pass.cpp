@@ -45,29 +45,27 @@
 
 namespace lily::cuda {
 
-PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c_(w.config()), plan_(plan) {
-  const uint64_t T = uint64_t(plan.prefill.chunk_tokens), H = uint64_t(c_.hidden_size);
-  const uint64_t value_dim = uint64_t(c_.linear_value_dim());
-  const uint64_t wide = std::max<uint64_t>(c_.linear_conv_dim(), 2ull * c_.attention_q_width());
-  tokens_ = DeviceBuffer(T * 4);
-  h_ = DeviceBuffer(T * H * 4);
-  normed_ = DeviceBuffer(T * H * 4);
-  wide_ = DeviceBuffer(T * wide * 4);
-  z_ = DeviceBuffer(T * value_dim * 4);
-  b_ = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
-  a_ = DeviceBuffer(T * uint64_t(c_.linear_num_value_heads) * 4);
-  k_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
-  v_ = DeviceBuffer(T * uint64_t(c_.attention_kv_width()) * 4);
-  mixer_out_ = DeviceBuffer(T * std::max<uint64_t>(value_dim, c_.attention_q_width()) * 4);
+PrefillWorkspace prefill_workspace(const GpuWeights& w, const KernelPlan& plan) {
+  const ModelConfig& c = w.config();
+  const uint64_t T = uint64_t(plan.prefill.chunk_tokens), H = uint64_t(c.hidden_size);
+  const uint64_t value_dim = uint64_t(c.linear_value_dim());
+  const uint64_t wide = std::max<uint64_t>(c.linear_conv_dim(), 2ull * c.attention_q_width());
+  PrefillWorkspace s;
+  s.tokens = T * 4;
+  s.h = s.normed = T * H * 4;
+  s.wide = T * wide * 4;
+  s.z = T * value_dim * 4;
+  s.b = s.a = T * uint64_t(c.linear_num_value_heads) * 4;
+  s.k = s.v = T * uint64_t(c.attention_kv_width()) * 4;
+  s.mixer_out = T * std::max<uint64_t>(value_dim, c.attention_q_width()) * 4;
   if (plan.prefill.wgmma_from <= plan.prefill.chunk_tokens)
-    xp_ = DeviceBuffer(T * std::max({H, value_dim, uint64_t(c_.attention_q_width())}) * 2);
-  moe_scratch_ = DeviceBuffer(
-      std::max(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c_.num_experts_per_tok),
-               moe_slots_scratch_bytes(w.layers.at(0).moe, kMoeSlotsMaxRows, c_.num_experts_per_tok)));
+    s.xp = T * std::max({H, value_dim, uint64_t(c.attention_q_width())}) * 2;
+  s.moe = std::max(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c.num_experts_per_tok),
+                   moe_slots_scratch_bytes(w.layers.at(0).moe, kMoeSlotsMaxRows, c.num_experts_per_tok));
   for (const GpuLayer& layer : w.layers)  // the chunked form's is the larger
     if (layer.kind == LayerKind::linear_attention) {
-      deltanet_scratch_ = DeviceBuffer(
-          deltanet_prefill_scratch_bytes(DeltaRulePrefill::chunked, deltanet_params(c_, layer.deltanet, int(T))));
+      s.deltanet = deltanet_prefill_scratch_bytes(DeltaRulePrefill::chunked,
+                                                  deltanet_params(c, layer.deltanet, int(T)));
       break;
     }
   size_t attention_bytes = 0;  // the split attention's partials, the most any short pass needs
@@ -76,18 +74,42 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
       for (int n = 1; n <= std::min(plan.prefill.split_attention_up_to, plan.prefill.chunk_tokens); ++n)
         attention_bytes = std::max(
             attention_bytes, attention_prefill_scratch_bytes(AttentionPrefillKernel::split,
-                                                             attention_params(c_, layer.attention, n, 1, nullptr)));
+                                                             attention_params(c, layer.attention, n, 1, nullptr)));
       break;
     }
   for (const GpuLayer& layer : w.layers)  // a batch step's rows' partials
     if (layer.kind == LayerKind::full_attention) {
       attention_bytes = std::max(
           attention_bytes,
-          attention_decode_rows_scratch_bytes(attention_params(c_, layer.attention, 1, 1, nullptr), kMaxBatchRows));
+          attention_decode_rows_scratch_bytes(attention_params(c, layer.attention, 1, 1, nullptr), kMaxBatchRows));
       break;
     }
-  if (attention_bytes > 0) attention_scratch_ = DeviceBuffer(attention_bytes);
-  logits_ = DeviceBuffer(uint64_t(kLogitRows) * uint64_t(c_.vocab_size) * 4);
+  s.attention = attention_bytes;
+  s.logits = uint64_t(PrefillPass::kLogitRows) * uint64_t(c.vocab_size) * 4;
+  return s;
+}
+
+uint64_t PrefillWorkspace::total() const {
+  return tokens + h + normed + wide + z + b + a + k + v + mixer_out + xp + moe + deltanet + attention + logits;
+}
+
+PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c_(w.config()), plan_(plan) {
+  const PrefillWorkspace s = prefill_workspace(w, plan);
+  tokens_ = DeviceBuffer(s.tokens);
+  h_ = DeviceBuffer(s.h);
+  normed_ = DeviceBuffer(s.normed);
+  wide_ = DeviceBuffer(s.wide);
+  z_ = DeviceBuffer(s.z);
+  b_ = DeviceBuffer(s.b);
+  a_ = DeviceBuffer(s.a);
+  k_ = DeviceBuffer(s.k);
+  v_ = DeviceBuffer(s.v);
+  mixer_out_ = DeviceBuffer(s.mixer_out);
+  if (s.xp > 0) xp_ = DeviceBuffer(s.xp);
+  moe_scratch_ = DeviceBuffer(s.moe);
+  if (s.deltanet > 0) deltanet_scratch_ = DeviceBuffer(s.deltanet);
+  if (s.attention > 0) attention_scratch_ = DeviceBuffer(s.attention);
+  logits_ = DeviceBuffer(s.logits);
 }
 
 void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits,

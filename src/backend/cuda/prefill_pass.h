@@ -14,6 +14,15 @@
 
 namespace lily::cuda {
 
+// The device buffers of a PrefillPass, in bytes (a pass of plan.prefill.chunk_tokens tokens):
+// computed before anything is allocated (memory_plan.h), and what the constructor allocates.
+struct PrefillWorkspace {
+  uint64_t tokens = 0, h = 0, normed = 0, wide = 0, z = 0, b = 0, a = 0, k = 0, v = 0, mixer_out = 0, xp = 0;
+  uint64_t moe = 0, deltanet = 0, attention = 0, logits = 0;
+  uint64_t total() const;
+};
+PrefillWorkspace prefill_workspace(const GpuWeights& w, const KernelPlan& plan);
+
 class PrefillPass {
  public:
   PrefillPass(const GpuWeights& w, const KernelPlan& plan);

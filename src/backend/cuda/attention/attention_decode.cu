@@ -382,7 +382,7 @@ void configure_split_kernel() {
   static const bool configured = [] {  // once: the shared memory opt-in
     for (const void* kernel : {reinterpret_cast<const void*>(attention_split_kernel),
                                reinterpret_cast<const void*>(attention_split_rows_kernel)}) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kSplitSmem)));
+      allow_dynamic_shared(kernel, kSplitSmem, "attention_split");
     }
     return true;
   }();
@@ -440,5 +440,7 @@ void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& 
                                   size_t(S) * sizeof(float), stream>>>(args, tables, S, S);
   CUDA_CHECK_LAUNCH();
 }
+
+size_t attention_decode_shared_bytes() { return kSplitSmem; }
 
 }  // namespace lily::cuda

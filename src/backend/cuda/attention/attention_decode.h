@@ -14,6 +14,10 @@ namespace lily::cuda {
 // and every step.
 size_t attention_decode_scratch_bytes(const AttentionParams& p);
 
+// Dynamic shared memory a block of the split kernel asks for (kernel_plan.cpp checks it against the
+// device profile): 202,752 bytes, more than any card below sm_90 has.
+size_t attention_decode_shared_bytes();
+
 // qg: [nq * 2 * head_dim] raw q_proj output (per head: 256 query values, then 256 gate values);
 // k, v: [nkv * head_dim] raw k_proj / v_proj outputs; k_cache, v_cache: [capacity, nkv, head_dim]
 // bf16, row *p.position written (k after k_norm and RoPE; v as is); out: [nq * head_dim] =

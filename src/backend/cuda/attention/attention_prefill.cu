@@ -435,8 +435,7 @@ __global__ void __launch_bounds__(kFlashThreads, 1) flash_prefill_kernel(AttnArg
 
 void launch_flash_prefill(const AttnArgs& args, cudaStream_t stream) {
   static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
-    CUDA_CHECK(
-        cudaFuncSetAttribute(flash_prefill_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kFlashSmem)));
+    allow_dynamic_shared(flash_prefill_kernel, kFlashSmem, "flash_prefill");
     return true;
   }();
   (void)configured;
@@ -494,5 +493,7 @@ void gated_attention_prefill(AttentionPrefillKernel kernel, const AttentionParam
   launch_after_wait(attention_prefill_simple_kernel, dim3(unsigned(p.T), unsigned(p.num_kv_heads)), dim3(kThreads), 0,
                     stream, args);
 }
+
+size_t flash_prefill_shared_bytes() { return kFlashSmem; }
 
 }  // namespace lily::cuda

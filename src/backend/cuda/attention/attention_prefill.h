@@ -17,6 +17,8 @@ enum class AttentionPrefillKernel {
 
 const char* kernel_name(AttentionPrefillKernel kernel);
 bool attention_prefill_supports(AttentionPrefillKernel kernel, const AttentionParams& p);
+// Dynamic shared memory a block of the flash kernel asks for (173,056 bytes; the others use less than 48 KB).
+size_t flash_prefill_shared_bytes();
 
 // Device scratch of gated_attention_prefill for p.T tokens (the split form's partial states).
 size_t attention_prefill_scratch_bytes(AttentionPrefillKernel kernel, const AttentionParams& p);

@@ -2,7 +2,10 @@
 // device per process). Internal to backend/cuda.
 #pragma once
 
+#include <algorithm>
+
 #include "backend/cuda/common/cuda_check.h"
+#include "backend/cuda/device_profile.h"
 
 namespace lily::cuda {
 
@@ -14,28 +17,47 @@ inline int device_attribute(cudaDeviceAttr attribute) {
   return n;
 }
 
-// The current device's multiprocessor count: grids of one block per SM, split counts.
-inline int multiprocessor_count() {
-  static const int count = device_attribute(cudaDevAttrMultiProcessorCount);
-  return count;
+// The current device as queried: cudaGetDeviceProperties and the memory clock (device_info.cpp).
+DeviceProfile query_device_profile();
+
+// The profile the kernels run under (one device per process): the device as queried until a
+// backend sets its own (CudaBackendOptions::device_profile: a forced profile's SM count and
+// shared-memory limit then hold for every launcher). Host-only tests set one to size workspaces
+// without a device.
+const DeviceProfile& current_device_profile();
+void set_current_device_profile(const DeviceProfile& profile);
+
+// The multiprocessor count grids are sized by (one block per SM, split counts): the profile's (the
+// card's own unless forced; a forced one has at most as many).
+inline int multiprocessor_count() { return current_device_profile().multiprocessors; }
+
+// The most dynamic shared memory a block may ask for (opt-in): the profile's.
+inline int max_dynamic_shared_bytes() { return current_device_profile().shared_per_block; }
+
+// Refused (naming `what`) where a launch would ask for more dynamic shared memory than the
+// profile allows: no kernel asks for more than the profile's card has.
+inline void check_dynamic_shared(size_t bytes, const char* what) {
+  LILY_CHECK(bytes <= size_t(max_dynamic_shared_bytes()),
+             "{} needs {} bytes of shared memory a block; the device profile {} allows {}", what, bytes,
+             current_device_profile().name, max_dynamic_shared_bytes());
 }
 
-// The most dynamic shared memory a block of the current device may ask for (opt-in).
-inline int max_dynamic_shared_bytes() {
-  static const int bytes = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  return bytes;
+// cudaFuncSetAttribute(kernel, MaxDynamicSharedMemorySize, bytes), checked as above.
+template <typename Kernel>
+void allow_dynamic_shared(Kernel kernel, size_t bytes, const char* what) {
+  check_dynamic_shared(bytes, what);
+  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
 }
 
-// The device properties the kernel plan decides by (kernel_plan.h). Tests describe a device of
-// their own, so the plan can be checked without one.
-struct DeviceLimits {
-  int multiprocessors = 132;    // the H200's
-  int compute_capability = 90;  // major * 10 + minor: 90 has wgmma (the build targets sm_90a)
-};
-
-inline DeviceLimits current_device_limits() {
-  return DeviceLimits{multiprocessor_count(), 10 * device_attribute(cudaDevAttrComputeCapabilityMajor) +
-                                                  device_attribute(cudaDevAttrComputeCapabilityMinor)};
+// For launchers whose launches ask for up to `most` bytes (each launch then checked with
+// check_dynamic_shared): the attribute set to `most`, or to the profile's limit where it is lower.
+template <typename Kernel>
+void allow_dynamic_shared_up_to(Kernel kernel, size_t most, const char* what) {
+  allow_dynamic_shared(kernel, std::min(most, size_t(max_dynamic_shared_bytes())), what);
 }
+
+// The plan's older name for the profile (tests and bench/kernels describe devices with it).
+using DeviceLimits = DeviceProfile;
+inline DeviceLimits current_device_limits() { return current_device_profile(); }
 
 }  // namespace lily::cuda

@@ -22,14 +22,23 @@
 //   - pdl_launch_dependents() comes right after pdl_wait(), never before it (the rule above
 //     holds only then).
 // moe/moe_decode.h lists what the MoE's three launches read on which side of their wait.
+// Below sm_90 (no griddepcontrol) both are no-ops: the kernel plan launches nothing with a
+// programmatic edge there (device_profile.h), so every kernel starts after its predecessor ends.
 #pragma once
+
+#include "backend/cuda/common/arch.cuh"
 
 namespace lily::cuda {
 
+#if LILY_SM90_CODE
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;" ::: "memory"); }
 __device__ __forceinline__ void pdl_launch_dependents() {
   asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 }
+#else
+__device__ __forceinline__ void pdl_wait() {}
+__device__ __forceinline__ void pdl_launch_dependents() {}
+#endif
 
 // The 128-byte line at p into L2 (weights the kernel will stream; safe before pdl_wait).
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];" ::"l"(p)); }

@@ -33,6 +33,7 @@
 #include <cstdint>
 #include <cstdlib>
 
+#include "backend/cuda/common/arch.cuh"
 #include "backend/cuda/common/block_rms.cuh"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/quant_dot.cuh"
@@ -63,7 +64,11 @@ __device__ __forceinline__ void dequant_word(uint32_t w, uint32_t (&a)[4]) {
   for (int j = 0; j < 4; ++j) {
     uint32_t v;
     asm("lop3.b32 %0, %1, %2, %3, 0xEA;\n" : "=r"(v) : "r"(w >> (4 * j)), "n"(0x000F000Fu), "r"(kMagic));
+#if LILY_SM90_CODE
     asm("sub.rn.bf16x2 %0, %1, %2;\n" : "=r"(a[j]) : "r"(v), "r"(kMagic));
+#else  // sub.bf16x2 is sm_90's; v * 1 - 128, one rounding of an exact result, is the same value
+    asm("fma.rn.bf16x2 %0, %1, %2, %3;\n" : "=r"(a[j]) : "r"(v), "r"(0x3F803F80u), "r"(kMagic ^ 0x80008000u));
+#endif
   }
 }
 

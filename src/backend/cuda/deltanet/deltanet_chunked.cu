@@ -48,6 +48,7 @@
 // Tested:   tests/cuda/test_deltanet.cu (Chunked* vs the CPU recurrent rule, T = 1 .. 1000,
 //           carried states across calls, within tf32's bound).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
 
@@ -474,12 +475,9 @@ size_t delta_rule_chunked_scratch_bytes(int n, int num_value_heads) {
 void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
   if (a.n < 1) return;
   static const bool configured = [] {  // once: more than 48 KB of dynamic shared memory
-    CUDA_CHECK(
-        cudaFuncSetAttribute(deltanet_chunk_prep_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kPrepSmem)));
-    CUDA_CHECK(cudaFuncSetAttribute(deltanet_chunk_state_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kStateSmem)));
-    CUDA_CHECK(
-        cudaFuncSetAttribute(deltanet_chunk_output_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kOutSmem)));
+    allow_dynamic_shared(deltanet_chunk_prep_kernel, kPrepSmem, "deltanet_chunk_prep");
+    allow_dynamic_shared(deltanet_chunk_state_kernel, kStateSmem, "deltanet_chunk_state");
+    allow_dynamic_shared(deltanet_chunk_output_kernel, kOutSmem, "deltanet_chunk_output");
     return true;
   }();
   (void)configured;
@@ -509,5 +507,7 @@ void delta_rule_chunked(const DeltaRuleChunkedArgs& a, cudaStream_t stream) {
   launch_after_wait(deltanet_chunk_output_kernel, dim3(unsigned(kD / kOutCols), unsigned(NC), unsigned(Hv)),
                     dim3(kThreads), kOutSmem, stream, p);
 }
+
+size_t delta_rule_chunked_shared_bytes() { return std::max({kPrepSmem, kStateSmem, kOutSmem}); }
 
 }  // namespace lily::cuda

@@ -27,6 +27,7 @@
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm),
 //           decode steps alone and after prefills, passes of 1 .. 16 tokens through this kernel.
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
+#include "backend/cuda/common/arch.cuh"
 #include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/programmatic_launches.h"
@@ -56,6 +57,7 @@ __device__ __forceinline__ CoreArgs row_args(const CoreArgs& args, const DeltaNe
 // The core of p.T <= MAXT tokens of one sequence (the kernels below).
 template <int K, int MAXT>
 __device__ __forceinline__ void deltanet_decode(const CoreArgs& p) {
+#if LILY_SM90_CODE
   trace::BlockTrace trace(trace::kind_deltanet);
   cg::cluster_group cluster = cg::this_cluster();
   __shared__ __align__(16) float q_s[MAXT][kHeadDim], k_s[MAXT][kHeadDim];
@@ -189,6 +191,9 @@ __device__ __forceinline__ void deltanet_decode(const CoreArgs& p) {
     }
   }
   cluster.sync();  // keep this block's shared memory alive until the others have read it
+#else
+  __trap();
+#endif
 }
 
 // A decode step or a short pass of one sequence; a batch step, one token a row (grid y).

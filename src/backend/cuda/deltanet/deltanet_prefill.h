@@ -53,6 +53,8 @@ struct DeltaRuleChunkedArgs {
   void* scratch = nullptr;         // delta_rule_chunked_scratch_bytes(n, Hv) bytes
 };
 size_t delta_rule_chunked_scratch_bytes(int n, int num_value_heads);
+// The most dynamic shared memory a block of the chunked rule asks for (its state kernel: 188,928 bytes).
+size_t delta_rule_chunked_shared_bytes();
 void delta_rule_chunked(const DeltaRuleChunkedArgs& args, cudaStream_t stream);
 
 }  // namespace lily::cuda

@@ -19,6 +19,7 @@
 // Used by:  the prefill router (moe_grouped.cu): N = 256, K = 2048, 8 bits.
 // Tested:   tests/cuda/test_gemm_exact.cu against cpu::linear (bound 2e-5 of max |y|).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
@@ -216,8 +217,7 @@ void gemm_exact(const QMatrix& W, const float* x, float* y, int T, cudaStream_t 
   LILY_CHECK(T >= 0 && (int64_t(T) + kRows - 1) / kRows < 65536, "gemm_exact: T = {}", T);
   if (T == 0) return;
   static const bool configured = [] {
-    CUDA_CHECK(
-        cudaFuncSetAttribute(gemm_exact_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * sizeof(Stage))));
+    allow_dynamic_shared(gemm_exact_kernel, 2 * sizeof(Stage), "gemm_exact");
     return true;
   }();
   (void)configured;

@@ -48,6 +48,7 @@
 // Tested:   tests/cuda/test_gemm_q4.cu against cpu::linear; the grouped form through
 //           tests/cuda/test_moe_grouped.cu.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/pdl_launch.cuh"
@@ -378,7 +379,7 @@ void launch(const Params& p, unsigned grid_x, unsigned splits, const SplitK& spl
   constexpr int bytes = Smem<TL, BITS>::kBytes;
   auto kernel = gemm_q4_kernel<TL, BITS, EPI, SPLIT>;
   static const bool configured = [&] {  // once per instantiation: allow > 48 KB of shared memory
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+    allow_dynamic_shared(kernel, size_t(bytes), "gemm_q4");
     return true;
   }();
   (void)configured;

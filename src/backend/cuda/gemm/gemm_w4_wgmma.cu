@@ -28,6 +28,8 @@
 // Tested:   tests/cuda/test_gemm_w4_wgmma.cu against the host arithmetic (as test_gemm_q4.cu), the
 //           layout in tests/cuda/test_gemm_w4_wgmma_layout.cpp on the CPU.
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/arch.cuh"
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/mma.cuh"
 #include "backend/cuda/gemm/gemm_w4_wgmma.h"
 #include "backend/cuda/gemm/gemm_w4_wgmma_layout.h"
@@ -182,6 +184,7 @@ struct Smem {
 
 template <int NT, Epi EPI>
 __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params p) {
+#if LILY_SM90A_CODE
   using S = Smem<NT>;
   extern __shared__ uint8_t smem_raw[];
   uint8_t* smem = smem_raw + ((1024 - (smem_addr(smem_raw) & 1023)) & 1023);
@@ -382,6 +385,9 @@ __global__ void __launch_bounds__(kThreads, 1) gemm_w4_wgmma_kernel(const Params
       else if constexpr (EPI == Epi::accumulate) *dst += v;
       else *dst = v;
     }
+#else
+  __trap();
+#endif
 }
 
 // xp[t, 64 g + c] = bf16(x[t, 64 g + k_of_column(c)]): one thread per 8 outputs (16 bytes).
@@ -475,7 +481,7 @@ void launch(const Params& p, int grid_y, cudaStream_t stream) {
   constexpr int kOutRows = EPI == Epi::swiglu ? kRows / 2 : kRows;
   const int bytes = Smem<NT>::bytes(p.K / kGroup);
   auto kernel = gemm_w4_wgmma_kernel<NT, EPI>;
-  CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  allow_dynamic_shared(kernel, size_t(bytes), "gemm_w4_wgmma");
   kernel<<<dim3((p.rows + kOutRows - 1) / kOutRows, grid_y), kThreads, bytes, stream>>>(p);
   CUDA_CHECK_LAUNCH();
 }
@@ -528,9 +534,7 @@ void rms_norm_bf16_permuted(const float* h, const float* gain, float eps, int T,
              "rms_norm_bf16_permuted: h, gain, x and xp must be 16-byte aligned");
   if (T == 0) return;
   const size_t bytes = size_t(K) * 4;
-  if (bytes > 48 * 1024)
-    CUDA_CHECK(
-        cudaFuncSetAttribute(rms_norm_bf16_permuted_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+  if (bytes > 48 * 1024) allow_dynamic_shared(rms_norm_bf16_permuted_kernel, bytes, "rms_norm_bf16_permuted");
   rms_norm_bf16_permuted_kernel<<<unsigned(T), kNormThreads, bytes, stream>>>(h, gain, eps, K, x,
                                                                               reinterpret_cast<uint4*>(xp));
   CUDA_CHECK_LAUNCH();

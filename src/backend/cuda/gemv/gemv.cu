@@ -304,7 +304,8 @@ const char* kernel_name(GemvKernel kernel) {
 bool gemv_supports(GemvKernel kernel, const QMatrix& W, bool accumulate, const DeviceLimits& device) {
   const bool aligned = aligned16(W.codes) && aligned16(W.scales) && aligned16(W.biases);
   switch (kernel) {
-    case GemvKernel::prefetch: return !accumulate && prefetch_gemv_supports(W, device.multiprocessors);
+    case GemvKernel::prefetch:  // bulk copies on an mbarrier: Hopper
+      return device.hopper() && !accumulate && prefetch_gemv_supports(W, device.multiprocessors);
     case GemvKernel::mma: return W.bits == 4 && staged_shape(W) && aligned;
     case GemvKernel::fp32: return W.bits == 8 && staged_shape(W) && aligned;
   }

@@ -23,6 +23,7 @@
 // Tested:   tests/cuda/test_gemv.cu (block range edges, the model's shapes; against cpu::linear
 //           and cpu::rms_norm).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/arch.cuh"
 #include "backend/cuda/gemv/gemv_prefetch.h"
 
 #include <algorithm>
@@ -58,6 +59,7 @@ struct PrefetchGemvParams {
 constexpr int kThreads = 512;  // 16 warps: the units of a block over 16 warps, half the serial math of 8
 
 __global__ void __launch_bounds__(kThreads, 2) prefetch_rms_norm_gemv_kernel(PrefetchGemvParams p) {
+#if LILY_SM90_CODE
   trace::BlockTrace trace(trace::kind_prefetch_gemv);
   constexpr int kWarps = kThreads / 32;
   extern __shared__ __align__(128) uint4 weights_s[];  // codes | scales | biases of the block's rows
@@ -106,6 +108,9 @@ __global__ void __launch_bounds__(kThreads, 2) prefetch_rms_norm_gemv_kernel(Pre
   __syncthreads();
   trace.mark(4);
   write_row_sums(unit_sum, p.cols / kPairCols, nrows, p.y + r_begin);
+#else
+  __trap();
+#endif
 }
 
 // Shared-memory bytes of one tile of 16 rows: codes, then scales and biases (bf16).
@@ -146,8 +151,7 @@ void prefetch_rms_norm_gemv(const QMatrix& W, const float* x, const float* gain,
   LILY_CHECK(prefetch_gemv_supports(W, multiprocessor_count()) && aligned16(x) && aligned16(gain),
              "prefetch_rms_norm_gemv: [{}, {}] q{} is not supported", W.rows, W.cols, W.bits);
   static const bool configured = [] {  // once: allow more than 48 KB
-    CUDA_CHECK(cudaFuncSetAttribute(prefetch_rms_norm_gemv_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                    int(kMaxWeightBytes)));
+    allow_dynamic_shared(prefetch_rms_norm_gemv_kernel, kMaxWeightBytes, "prefetch_rms_norm_gemv");
     return true;
   }();
   (void)configured;

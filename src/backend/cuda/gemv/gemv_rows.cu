@@ -158,10 +158,11 @@ void launch(const Params& p, int max_tiles, cudaStream_t stream) {
   const size_t shared = size_t(NT) * 8 * size_t(p.chunks) * 64 + sums;
   static const bool attribute_set = [&] {
     const size_t most = size_t(NT) * 8 * (kMaxCols / 32) * 64 + sums;
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+    allow_dynamic_shared_up_to(kernel, most, "gemv_rows");
     return true;
   }();
   (void)attribute_set;
+  check_dynamic_shared(shared, "gemv_rows");
   constexpr int kOutTiles = FORM == Form::swiglu ? kWarps / KSPLIT / 2 : kWarps / KSPLIT;
   const int64_t tiles = (int64_t(p.rows) + 15) / 16, tasks = (tiles + kOutTiles - 1) / kOutTiles;
   if (p.tiles) {  // a block a task of a tile (blocks taking 4 tasks each measured slower)

@@ -183,7 +183,7 @@ void launch(const Params& p, cudaStream_t stream) {
   auto* kernel = gemv_rows_ring_kernel<NT, KSPLIT, FORM>;
   constexpr size_t bytes = shared_bytes<NT, KSPLIT>();
   static const bool attribute_set = [&] {
-    CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)));
+    allow_dynamic_shared(kernel, bytes, "gemv_rows_ring");
     return true;
   }();
   (void)attribute_set;

@@ -17,6 +17,7 @@
 // Tested:   tests/cuda/test_moe.cu (Down: edge shapes against cpu::linear with the CPU's top-k;
 //           WholeBlockMatchesCpu: the three launches against cpu::sparse_moe).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/kernel_trace.cuh"
 #include "backend/cuda/common/pdl.cuh"
 #include "backend/cuda/common/quant_mma.cuh"
@@ -183,7 +184,7 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
   static const bool configured = [] {  // once: allow more than 48 KB
     for (const void* kernel : {reinterpret_cast<const void*>(moe_down_mma_kernel),
                                reinterpret_cast<const void*>(moe_down_mma_rows_kernel)}) {
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(kDownMmaMaxSmem)));
+      allow_dynamic_shared_up_to(kernel, kDownMmaMaxSmem, "moe_down_mma");
     }
     return true;
   }();
@@ -192,6 +193,7 @@ void moe_down(const MoeDecodeArgs& a, cudaStream_t stream) {
   const DownParams p{view(D), view(w.shared_down), b.act, b.logits, b.shared_weight, D.batch, D.rows, D.cols, a.k, b.h};
   const dim3 grid(unsigned((D.rows + 15) / 16), unsigned(a.rows));
   const size_t smem = down_mma_smem(a.k + 1, D.cols);
+  check_dynamic_shared(smem, "moe_down_mma");
   if (a.rows == 1 && !a.shared_gate_logit) moe_down_mma_kernel<<<grid, 32 * (a.k + 1), smem, stream>>>(p);
   else moe_down_mma_rows_kernel<<<grid, 32 * (a.k + 1), smem, stream>>>(p, a.shared_gate_logit);
   CUDA_CHECK_LAUNCH();

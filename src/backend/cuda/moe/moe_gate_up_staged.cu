@@ -21,6 +21,8 @@
 // Tested:   tests/cuda/test_moe.cu (GateUp: both gate/up kernels by name at the model's shape and
 //           edges, against cpu::linear and the CPU's top-k).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/arch.cuh"
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/moe/moe_gate_up_staged.h"
 
 #include "backend/cuda/common/kernel_trace.cuh"
@@ -62,6 +64,7 @@ __host__ __device__ constexpr uint32_t matrix_bytes(int H) { return uint32_t(kRo
 
 // Slot blockIdx.y's rows blockIdx.x of one token (the kernels below).
 __device__ __forceinline__ void moe_gate_up_staged_block(StagedGateUpParams p) {
+#if LILY_SM90_CODE
   trace::BlockTrace trace(trace::kind_moe_gate_up);
   extern __shared__ __align__(128) uint4 weights_s[];
   __shared__ __align__(16) uint4 frag[fragment_uint4s(kMaxHidden)];
@@ -135,6 +138,9 @@ __device__ __forceinline__ void moe_gate_up_staged_block(StagedGateUpParams p) {
     for (int j = 0; j < pairs; ++j) g += unit_sum[0][j][threadIdx.x], up += unit_sum[1][j][threadIdx.x];
     p.act[int64_t(s) * p.I + row0 + threadIdx.x] = moe_detail::silu(g) * up;
   }
+#else
+  __trap();
+#endif
 }
 
 // One token (a decode step); a step of several, token blockIdx.z.
@@ -175,8 +181,7 @@ void moe_gate_up_staged(const QMatrix& gate, const QMatrix& up, const QMatrix& s
   static const bool configured = [] {  // once: allow more than 48 KB (72 KB at H = 4096)
     for (const void* kernel : {reinterpret_cast<const void*>(moe_gate_up_staged_kernel),
                                reinterpret_cast<const void*>(moe_gate_up_staged_rows_kernel)}) {
-      CUDA_CHECK(
-          cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(2 * matrix_bytes(kMaxHidden))));
+      allow_dynamic_shared(kernel, 2 * matrix_bytes(kMaxHidden), "moe_gate_up_staged");
     }
     return true;
   }();

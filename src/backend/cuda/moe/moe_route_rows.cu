@@ -19,6 +19,7 @@
 // Tested:   tests/cuda/test_moe_grouped.cu (RouteRows: x, logits and sg against cpu::rms_norm
 //           and cpu::linear; the whole block through WholeBlockMatchesCpu's short passes).
 #include "backend/cuda/common/cuda_check.h"  // first: it sets up fmt for nvcc
+#include "backend/cuda/common/device_info.h"
 #include "backend/cuda/moe/moe_route_rows.h"
 
 #include <algorithm>
@@ -168,10 +169,11 @@ void moe_route_rows(const GpuMoe& w, const float* h, int T, const float* gain, f
     const size_t shared = size_t(std::min(T, kBlockT)) * size_t(H / codes) * size_t(codes + 4) * 4;
     static const bool configured = [&] {  // once per kernel: 4 rows of 2048 (40 KB at 8 bits)
       const size_t most = size_t(kBlockT) * size_t(kMaxHidden / codes) * size_t(codes + 4) * 4;
-      CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(most)));
+      allow_dynamic_shared_up_to(kernel, most, "moe_route_rows");
       return true;
     }();
     (void)configured;
+    check_dynamic_shared(shared, "moe_route_rows");
     launch_after_wait(kernel, grid, dim3(kThreads), shared, stream, p);
   };
   if (w.router.bits == 8) go(moe_route_rows_kernel<8>, 16);
