@@ -2,8 +2,9 @@
 """Reference logits of the MTP head (multi-token prediction, spec §6) for a qwen3_5_moe checkpoint.
 
     python3 tools/mtp_reference.py --model DIR --out FILE.f32
-        [--ids FILE] [--mtp DIR] [--chain K] [--json FILE] [--device cpu|cuda]
-        [--dtype float32|bfloat16] [--loader auto|transformers|manual] [--no-self-check]
+        [--ids FILE] [--mtp DIR] [--chain K] [--json FILE]
+        [--hidden FILE | --lily BIN [--main-logits FILE]]
+        [--device cpu|cuda] [--dtype float32|bfloat16] [--loader auto|transformers|manual] [--no-self-check]
 
 transformers ignores mtp.*, so the head is written here from the spec, in plain torch:
 
@@ -14,10 +15,23 @@ transformers ignores mtp.*, so the head is written here from the spec, in plain 
     m  = RMSNorm_zc(u; mtp.norm)
     logits_{i+2} = m @ lm_head^T                                 the main model's lm_head
 
-The main model (its post-norm hidden rows h_i and logits) comes from transformers, loaded as
-tools/reference_logits.py loads it (DIR: an HF layout, fused or per-expert experts, or an mlx
-4-bit layout, dequantized). The mtp.* weights are read from --mtp DIR (default: --model), per
-expert as published or fused; the zero-centred norm gains are 1 + w (HF storage).
+The main model (its post-norm hidden rows h_i, embed_tokens and lm_head) comes from one of:
+
+  transformers (the default; needs it): loaded as tools/reference_logits.py loads it (DIR: an HF
+      layout, fused or per-expert experts, or an mlx 4-bit layout, dequantized), the rows hooked
+      on its final norm.
+  a file, without transformers: --hidden FILE, float32 [T, hidden], the rows lily writes with
+      `lily logits -m DIR --backend reference --ids IDS --out L.f32 --hidden-out FILE`, or --lily
+      BIN, which runs that command itself. embed_tokens and lm_head are read from DIR in plain
+      torch (mlx: dequantized, w = scale * q + bias). The rows are not taken on trust: h @ lm_head^T
+      must give transformers' COMMITTED logits for the same ids (--main-logits; default the
+      fixture's logits-hf.f32, or logits-mlx.f32 for an mlx DIR, by DIR/../reference.json) within
+      the golden bound of the C++ logits tests (max |diff| <= 1e-3 of the largest logit, every
+      argmax), else the run fails. lm_head [V, H] has full column rank (V > H), so the logits pin
+      the rows down: rows before the final norm, or of another model, fail.
+
+The mtp.* weights are read from --mtp DIR (default: --model), per expert as published or fused;
+the zero-centred norm gains are 1 + w (HF storage).
 
 For ids x_0 .. x_{T-1} (--ids; default: the "ids" of DIR/../reference.json, the fixture's), it
 writes float32 little-endian logits [T - 1 + K, vocab] to --out:
@@ -27,18 +41,23 @@ writes float32 little-endian logits [T - 1 + K, vocab] to --out:
                    at T-1, at position T-1; step k takes m of step k-1 and d_k = argmax of step
                    k-1's logits, at position T-1+k.
 and a JSON (--json; default: --out with .json for .f32) saying what it did: the ids, the shape,
-the chain's tokens, the positions, statistics, the self-checks and the versions.
+where the main rows came from ("main_rows") and what checked them, the chain's tokens, the
+positions, statistics, the self-checks and the versions.
 
-Self-checks (on unless --no-self-check; each fails the run): the hooked post-norm rows times
-lm_head give transformers' logits (so h is the row AFTER the final norm), and this file's
-decoder layer, run with the weights of the model's first full-attention layer on that layer's
-hooked input, gives transformers' output of that layer (so the attention, RoPE and MoE written
-here are transformers').
+Self-checks (on unless --no-self-check; each fails the run): with transformers, the hooked
+post-norm rows times lm_head give transformers' logits (so h is the row AFTER the final norm),
+and this file's decoder layer, run with the weights of the model's first full-attention layer
+on that layer's hooked input, gives transformers' output of that layer (so the attention, RoPE
+and MoE written here are transformers'). From a file, the first check against the committed
+logits as above; the second needs transformers and is not run.
 
-The fixture the C++ test tests/model/test_mtp.cpp compares lily against:
+The fixtures the C++ test tests/model/test_mtp.cpp compares lily against (committed; made from
+lily's rows, since this machine has no transformers):
 
-    python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused \\
+    python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --lily build/lily \\
         --out tests/fixtures/models/tiny-a/mtp-logits-hf.f32
+    python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/mlx-q4 --lily build/lily \\
+        --mtp tests/fixtures/models/tiny-a/hf-fused --out tests/fixtures/models/tiny-a/mtp-logits-mlx.f32
 """
 
 from __future__ import annotations
@@ -344,39 +363,138 @@ def default_ids(model_dir: str) -> tuple[list[int], str]:
     return rl.read_ids(path), path
 
 
-def main():
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", required=True, help="checkpoint directory of the main model")
-    ap.add_argument("--out", required=True, help="float32 LE logits [T-1+K, vocab]")
-    ap.add_argument("--ids", help="token ids (default: DIR/../reference.json, the fixture's)")
-    ap.add_argument("--mtp", help="directory holding mtp.* (default: --model)")
-    ap.add_argument("--chain", type=int, default=3, help="chained draft steps after the ids (default 3)")
-    ap.add_argument("--json", help="what was done (default: --out with .json)")
-    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
-    ap.add_argument("--device", default="cpu")
-    ap.add_argument("--loader", default="auto", choices=["auto", "transformers", "manual"])
-    ap.add_argument("--no-self-check", action="store_true", help="skip the checks against transformers")
-    a = ap.parse_args()
-    if a.chain < 0:
-        ap.error("--chain must be >= 0")
-    load_torch()
-    rl.set_determinism()
-    dtype = getattr(torch, a.dtype)
-    ids, ids_from = (rl.read_ids(a.ids), a.ids) if a.ids else default_ids(a.model)
-    if len(ids) < 2:
-        raise SystemExit("need at least 2 ids")
-    with open(os.path.join(a.model, "config.json")) as f:
-        g = Geometry(json.load(f))
-    mtp_dir = a.mtp or a.model
-    log(f"{len(ids)} ids from {ids_from}; main model {a.model}; mtp.* from {mtp_dir}")
+# ----------------------------------------------------------------------------------------
+# The main model's rows from a file (lily's), checked against the committed transformers logits
+# ----------------------------------------------------------------------------------------
 
+def fixture_reference(model_dir: str) -> tuple[dict, str] | tuple[None, None]:
+    path = os.path.join(os.path.dirname(os.path.abspath(model_dir.rstrip("/"))), "reference.json")
+    if not os.path.exists(path):
+        return None, None
+    with open(path) as f:
+        return json.load(f), path
+
+
+def main_embeddings(d: str, g: Geometry) -> tuple[torch.Tensor, torch.Tensor, str]:
+    """(embed_tokens [V, H], lm_head [V, H], how) of checkpoint ``d`` in float32, in plain torch:
+    read as stored (HF), or dequantized w = scale * q + bias (mlx affine, tools/mlx_format.py)."""
+    if rl.mlx_format.is_mlx_checkpoint(d):
+        tensors, cfg = rl.mlx_format.load_mlx_checkpoint(d)
+        hf = rl.mlx_format.mlx_to_dequantized_hf(tensors, cfg)
+        how = "mlx affine dequantized in float32 (tools/mlx_format.py mlx_to_dequantized_hf)"
+    else:
+        hf = read_tensors(d, "model.")
+        hf.update(read_tensors(d, "lm_head."))
+        how = "read as stored, upcast to float32"
+    embed = next((hf[k] for k in ("model.language_model.embed_tokens.weight", "model.embed_tokens.weight") if k in hf),
+                 None)
+    if embed is None:
+        raise SystemExit(f"{d}: no embed_tokens tensor")
+    lm_head = hf.get("lm_head.weight", embed)  # tied when the checkpoint has none
+    for name, t in (("embed_tokens", embed), ("lm_head", lm_head)):
+        if tuple(t.shape) != (g.vocab, g.H):
+            raise SystemExit(f"{d}: {name} is {list(t.shape)}, expected [{g.vocab}, {g.H}]")
+    return embed.float(), lm_head.float(), how
+
+
+def read_rows(path: str, cols: int, what: str) -> torch.Tensor:
+    """A float32 little-endian file [rows, cols] -> tensor; the size must be a whole number of rows."""
+    raw = bytearray(open(path, "rb").read())
+    if len(raw) % (4 * cols):
+        raise SystemExit(f"{path}: {len(raw)} bytes is not a whole number of {what} rows of {cols} float32")
+    return torch.frombuffer(raw, dtype=torch.float32).reshape(-1, cols).clone()
+
+
+def sha256_of(path: str) -> str:
+    import hashlib
+    return hashlib.sha256(open(path, "rb").read()).hexdigest()
+
+
+def run_lily(lily: str, model: str, ids: list[int], out_dir: str) -> tuple[str, list[str]]:
+    """`lily logits --backend reference --hidden-out` over ``ids``: (the hidden file, the command)."""
+    import subprocess
+    hidden = os.path.join(out_dir, "hidden.f32")
+    cmd = [lily, "logits", "-m", model, "--backend", "reference", "--ids", ",".join(map(str, ids)),
+           "--out", os.path.join(out_dir, "logits.f32"), "--hidden-out", hidden]
+    r = subprocess.run(cmd, capture_output=True, text=True)
+    if r.returncode:
+        raise SystemExit(f"{' '.join(cmd[:6])} ... failed ({r.returncode}):\n{r.stderr[-2000:]}")
+    return hidden, cmd
+
+
+def check_rows_give_logits(hidden: torch.Tensor, lm_head: torch.Tensor, want: torch.Tensor) -> dict:
+    """h @ lm_head^T against the transformers logits, within the golden bound of the C++ logits tests
+    (tests/model/test_golden.cpp): max |diff| <= 1e-3 * max |reference| and the argmax of every row.
+    Rows before the final norm, or of another model, fail it (lm_head [V, H] has full column rank,
+    so the logits pin the rows down). Returns what it measured; exits when it fails."""
+    got = hidden @ lm_head.T
+    diff, scale = float((got - want).abs().max()), float(want.abs().max())
+    mismatches = int((got.argmax(-1) != want.argmax(-1)).sum())
+    result = {"max_abs_diff": diff, "max_abs_reference": scale, "relative": diff / scale,
+              "bound": "max |h @ lm_head^T - logits| <= 1e-3 * max |logits| and every argmax equal",
+              "argmax_mismatches": mismatches, "rows": int(want.shape[0])}
+    if not (diff <= 1e-3 * scale) or mismatches:
+        raise SystemExit(f"self-check: the hidden rows @ lm_head differ from the transformers logits by {diff:.3g} "
+                         f"(relative {diff / scale:.3g}, bound 1e-3), {mismatches} argmax mismatches: these are not "
+                         "the post-norm rows of the model that made the logits")
+    return result
+
+
+def rows_from_file(a, g: Geometry, ids: list[int]) -> dict:
+    """The main model from lily's post-norm rows (--hidden or --lily) and the checkpoint's embed / lm_head,
+    checked against the committed transformers logits (--main-logits or the fixture's reference.json)."""
+    import tempfile
+    T = len(ids)
+    command = None
+    with tempfile.TemporaryDirectory() as tmp:
+        path = a.hidden
+        if a.lily:
+            path, command = run_lily(a.lily, a.model, ids, tmp)
+        hidden = read_rows(path, g.H, "hidden")
+        digest = sha256_of(path)
+    if hidden.shape[0] != T:
+        raise SystemExit(f"{a.hidden or 'lily'}: {hidden.shape[0]} hidden rows for {T} ids")
+    embed, lm_head, how = main_embeddings(a.model, g)
+    logits_path = a.main_logits
+    if not logits_path:
+        ref, ref_path = fixture_reference(a.model)
+        if ref is None or ref.get("ids") != ids:
+            raise SystemExit("pass --main-logits FILE (transformers' logits for these ids): the self-check needs them")
+        which = "mlx" if rl.mlx_format.is_mlx_checkpoint(a.model) else "hf"
+        logits_path = os.path.join(os.path.dirname(ref_path), ref["logits"][which])
+    main_logits = read_rows(logits_path, g.vocab, "logits")
+    if main_logits.shape[0] != T:
+        raise SystemExit(f"{logits_path}: {main_logits.shape[0]} logits rows for {T} ids")
+    checks = {}
+    if not a.no_self_check:
+        checks["post_norm_hidden_times_lm_head_vs_transformers_logits"] = {
+            "logits": os.path.relpath(logits_path), **check_rows_give_logits(hidden, lm_head, main_logits)}
+        checks["decoder_layer_vs_transformers"] = (
+            "not run (no transformers here): this file's decoder layer is the spec's, as written; with "
+            "transformers, the path without --hidden compares it with the model's first full-attention layer")
+    source = {
+        "from": "lily" if command else "file",
+        "file": os.path.abspath(a.hidden) if a.hidden else None,
+        "sha256": digest,
+        "command": " ".join(command[:6]) + " --ids <the ids> --out <tmp> --hidden-out <tmp>" if command else None,
+        "what": "the main model's hidden rows AFTER its final norm (model.norm), float32 [T, hidden], from "
+                "lily's CPU reference backend (Backend::forward_hidden); transformers did not run here",
+        "embed_tokens_and_lm_head": how,
+        "checked_by": (f"h @ lm_head^T against {os.path.basename(logits_path)}, transformers' fp32 logits of the same ids "
+                       "(committed with the fixture): within 1e-3 of the largest logit, every argmax equal (see "
+                       "self_checks)") if not a.no_self_check else "nothing (--no-self-check)",
+    }
+    return {"hidden": hidden, "main_logits": main_logits, "embed": embed, "lm_head": lm_head,
+            "kind": "lily" if command else "file", "checks": checks, "source": source}
+
+
+def rows_from_transformers(a, g: Geometry, ids: list[int], dtype) -> dict:
+    """The main model through transformers, its post-norm rows taken with a hook on the final norm."""
     t0 = time.time()
     model, kind = rl.load_model_from_dir(a.model, dtype=dtype, device=a.device, loader=a.loader)
     log(f"loaded {a.model} via {kind} in {time.time() - t0:.1f}s")
     embed = model.get_input_embeddings().weight.detach()
     lm_head = model.get_output_embeddings().weight.detach()
-    mtp = mtp_weights(mtp_dir, g, a.device, dtype)
-
     full = [i for i, k in enumerate(g.layer_types) if k == "full_attention"]
     check_layer = full[0] if full and not a.no_self_check and kind != "mlx" else None
     hidden, main_logits, layer_io = main_forward(model, ids, check_layer)
@@ -405,8 +523,16 @@ def main():
                                  f"{check_layer} by {d:.3g} (relative)")
         else:
             checks["decoder_layer_vs_transformers"] = "skipped (an mlx main model: no HF layer weights to compare)"
-        log("self-checks:", checks)
+    source = {"from": "transformers", "loader": kind,
+              "what": "the main model's hidden rows AFTER its final norm, hooked on transformers' model.norm"}
+    return {"hidden": hidden, "main_logits": main_logits, "embed": embed, "lm_head": lm_head,
+            "kind": kind, "checks": checks, "source": source}
 
+
+def run_head(main: dict, mtp: dict, ids: list[int], chain: int, g: Geometry):
+    """Teacher-forced rows 0..T-2, then ``chain`` chained steps: (logits [T-1+K, V], chain tokens, drafted)."""
+    hidden, main_logits, embed, lm_head = main["hidden"], main["main_logits"], main["embed"], main["lm_head"]
+    T = len(ids)
     with torch.no_grad():
         dev = hidden.device
         cache = {"k": None, "v": None}
@@ -418,7 +544,7 @@ def main():
         chain_tokens, drafted = [], []
         h = hidden[-1:]
         token = int(main_logits[-1].float().argmax())
-        for k in range(a.chain):
+        for k in range(chain):
             chain_tokens.append(token)
             step_logits, h = mtp_block(h, torch.tensor([token], device=dev), torch.tensor([T - 1 + k], device=dev),
                                        cache, mtp, embed, lm_head, g)
@@ -426,17 +552,71 @@ def main():
             token = int(step_logits[0].float().argmax())
             drafted.append(token)
         logits = torch.cat(rows).float().cpu()
-    assert logits.shape == (T - 1 + a.chain, g.vocab), logits.shape
+    assert logits.shape == (T - 1 + chain, g.vocab), logits.shape
     assert torch.isfinite(logits).all(), "non-finite logits"
-    assert cache["k"].shape[0] == T - 1 + a.chain, "the head's cache must hold every row"
-    logits.contiguous().numpy().astype("<f4").tofile(a.out)
+    assert cache["k"].shape[0] == T - 1 + chain, "the head's cache must hold every row"
+    return logits, chain_tokens, drafted
 
+
+def transformers_version() -> str:
+    try:
+        return __import__("transformers").__version__
+    except ImportError:
+        return "not installed (not used)"
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--model", required=True, help="checkpoint directory of the main model")
+    ap.add_argument("--out", required=True, help="float32 LE logits [T-1+K, vocab]")
+    ap.add_argument("--ids", help="token ids (default: DIR/../reference.json, the fixture's)")
+    ap.add_argument("--mtp", help="directory holding mtp.* (default: --model)")
+    ap.add_argument("--chain", type=int, default=3, help="chained draft steps after the ids (default 3)")
+    ap.add_argument("--json", help="what was done (default: --out with .json)")
+    ap.add_argument("--hidden", help="the main model's post-norm rows, float32 [T, hidden] (lily logits --hidden-out), "
+                                     "instead of transformers")
+    ap.add_argument("--lily", help="the lily binary: run `lily logits --backend reference --hidden-out` for the rows")
+    ap.add_argument("--main-logits", help="with --hidden / --lily: transformers' logits [T, vocab] for the ids, that "
+                                          "the rows must give (default: the fixture's, by reference.json)")
+    ap.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    ap.add_argument("--device", default="cpu")
+    ap.add_argument("--loader", default="auto", choices=["auto", "transformers", "manual"])
+    ap.add_argument("--no-self-check", action="store_true", help="skip the checks against transformers")
+    a = ap.parse_args()
+    if a.chain < 0:
+        ap.error("--chain must be >= 0")
+    if a.hidden and a.lily:
+        ap.error("--hidden and --lily both give the main rows: pass one")
+    from_file = bool(a.hidden or a.lily)
+    if from_file and (a.dtype != "float32" or a.device != "cpu"):
+        ap.error("--hidden / --lily compute in float32 on the CPU")
+    load_torch()
+    rl.set_determinism()
+    dtype = getattr(torch, a.dtype)
+    ids, ids_from = (rl.read_ids(a.ids), a.ids) if a.ids else default_ids(a.model)
+    if len(ids) < 2:
+        raise SystemExit("need at least 2 ids")
+    with open(os.path.join(a.model, "config.json")) as f:
+        g = Geometry(json.load(f))
+    mtp_dir = a.mtp or a.model
+    log(f"{len(ids)} ids from {ids_from}; main model {a.model} ({'lily rows' if from_file else 'transformers'}); "
+        f"mtp.* from {mtp_dir}")
+
+    main_rows = rows_from_file(a, g, ids) if from_file else rows_from_transformers(a, g, ids, dtype)
+    checks = main_rows["checks"]
+    if checks:
+        log("self-checks:", json.dumps(checks))
+    mtp = mtp_weights(mtp_dir, g, a.device, dtype)
+    logits, chain_tokens, drafted = run_head(main_rows, mtp, ids, a.chain, g)
+    logits.contiguous().numpy().astype("<f4").tofile(a.out)
+    T = len(ids)
     report = {
         "what": "MTP head reference logits (tools/mtp_reference.py, spec §6)",
         "model": a.model,
         "mtp_dir": mtp_dir,
-        "main_loader": kind,
-        "ids_from": ids_from,
+        "main_loader": main_rows["kind"],
+        "main_rows": main_rows["source"],
+        "ids_from": os.path.relpath(ids_from) if os.path.exists(ids_from) else ids_from,
         "ids": ids,
         "T": T,
         "vocab_size": g.vocab,
@@ -459,10 +639,10 @@ def main():
         "stats": {
             "logit_std": float(logits.std()),
             "teacher_forced_argmax_first_8": logits[: min(8, T - 1)].argmax(-1).tolist(),
-            "main_argmax_last": int(main_logits[-1].float().argmax()),
+            "main_argmax_last": int(main_rows["main_logits"][-1].float().argmax()),
         },
         "self_checks": checks or "skipped (--no-self-check)",
-        "versions": {"torch": torch.__version__, "transformers": __import__("transformers").__version__,
+        "versions": {"torch": torch.__version__, "transformers": transformers_version(),
                      "python": sys.version.split()[0]},
     }
     json_path = a.json or re.sub(r"\.f32$", "", a.out) + ".json"

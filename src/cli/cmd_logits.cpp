@@ -1,8 +1,10 @@
-// cmd_logits.cpp: `lily logits` writes the logits after every token of a sequence, and
+// cmd_logits.cpp: `lily logits` writes the logits after every token of a sequence (and, with
+// --hidden-out, the hidden rows after the final norm: the h_i the MTP head takes), and
 // `lily generate` prints greedy continuations; both are the engine's testing interface.
 #include <cstdio>
 #include <fstream>
 
+#include "backend/backend.h"
 #include "base/error.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
@@ -14,22 +16,40 @@ namespace {
 
 struct LogitsArgs {
   ModelOptions model;
-  std::string ids, out;
+  std::string ids, out, hidden_out;
 };
+
+// values [rows, cols] -> `path`, float32 little-endian, row-major.
+void write_f32(const std::string& path, const std::vector<float>& values, int64_t rows, int64_t cols,
+               const char* what) {
+  std::ofstream out(path, std::ios::binary);
+  if (!out) fail("cannot write {}", path);
+  out.write(reinterpret_cast<const char*>(values.data()), std::streamsize(values.size() * sizeof(float)));
+  if (!out) fail("writing {} failed", path);
+  std::fprintf(stderr, "wrote float32 %s [%lld, %lld] to %s\n", what, (long long)rows, (long long)cols, path.c_str());
+}
 
 int run_logits(const LogitsArgs& a) {
   std::vector<int32_t> ids = parse_id_list(a.ids);
   LILY_CHECK(!ids.empty(), "--ids is empty");
   auto engine = a.model.load_engine();
-  auto state = engine->backend().new_sequence(int64_t(ids.size()));
-  std::vector<float> logits;
-  engine->backend().forward(*state, ids, LogitsWanted::all, logits);
-  std::ofstream out(a.out, std::ios::binary);
-  if (!out) fail("cannot write {}", a.out);
-  out.write(reinterpret_cast<const char*>(logits.data()), std::streamsize(logits.size() * sizeof(float)));
-  if (!out) fail("writing {} failed", a.out);
-  std::fprintf(stderr, "wrote float32 logits [%zu, %d] to %s\n", ids.size(), engine->config().vocab_size,
-               a.out.c_str());
+  Backend& backend = engine->backend();
+  auto state = backend.new_sequence(int64_t(ids.size()));
+  const int64_t T = int64_t(ids.size()), V = engine->config().vocab_size, H = engine->config().hidden_size;
+  std::vector<float> logits, hidden;  // [T, V], [T, H]
+  if (a.hidden_out.empty()) {
+    backend.forward(*state, ids, LogitsWanted::all, logits);
+  } else {
+    try {
+      backend.forward_hidden(*state, ids, LogitsWanted::all, logits, LogitsWanted::all, hidden);
+    } catch (const Error& e) {
+      fail("--hidden-out: the {} backend cannot hand back the post-norm hidden rows ({}); --backend reference "
+           "can",
+           backend.name(), e.what());
+    }
+  }
+  write_f32(a.out, logits, T, V, "logits");
+  if (!a.hidden_out.empty()) write_f32(a.hidden_out, hidden, T, H, "post-norm hidden rows");
   return 0;
 }
 
@@ -40,6 +60,9 @@ CommandRegistration logits_command{
        a->model.add_to(sub);
        sub.add_option("--ids", a->ids, "Token ids, comma separated")->required();
        sub.add_option("--out", a->out, "Output file (float32 little-endian)")->required();
+       sub.add_option("--hidden-out", a->hidden_out,
+                      "Also write the hidden rows after the final norm (the MTP head's input), float32 [number of "
+                      "ids, hidden]");
        return [a] { return run_logits(*a); };
      },
      50}};

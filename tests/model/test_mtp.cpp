@@ -552,8 +552,7 @@ TEST_P(MtpReference, LogitsMatchThePyTorchReference) {
   const ReferenceCase rc = GetParam();
   const std::string json_path = kTiny + "/" + rc.reference;
   if (!std::filesystem::exists(json_path))
-    GTEST_SKIP() << json_path
-                 << " is missing; make it where torch and transformers are (the device machine): " << rc.command;
+    GTEST_SKIP() << json_path << " is missing; make it with torch and a built lily: " << rc.command;
   const nlohmann::json ref = test::read_json(json_path);
   LoadOptions options;
   if (*rc.mtp_dir) options.mtp_dir = kTiny + "/" + rc.mtp_dir;
@@ -596,14 +595,15 @@ INSTANTIATE_TEST_SUITE_P(
     Layouts, MtpReference,
     ::testing::Values(
         ReferenceCase{"hf-fused", "", "mtp-logits-hf.json",
-                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --out "
-                      "tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
+                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --lily build/lily "
+                      "--out tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
         ReferenceCase{"hf-per-expert", "", "mtp-logits-hf.json",
-                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --out "
-                      "tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
-        ReferenceCase{"mlx-q4", "hf-fused", "mtp-logits-mlx.json",
-                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/mlx-q4 --mtp "
-                      "tests/fixtures/models/tiny-a/hf-fused --out tests/fixtures/models/tiny-a/mtp-logits-mlx.f32"}),
+                      "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/hf-fused --lily build/lily "
+                      "--out tests/fixtures/models/tiny-a/mtp-logits-hf.f32"},
+        ReferenceCase{
+            "mlx-q4", "hf-fused", "mtp-logits-mlx.json",
+            "python3 tools/mtp_reference.py --model tests/fixtures/models/tiny-a/mlx-q4 --lily build/lily --mtp "
+            "tests/fixtures/models/tiny-a/hf-fused --out tests/fixtures/models/tiny-a/mtp-logits-mlx.f32"}),
     [](const auto& info) {
       std::string n = info.param.layout;
       std::replace(n.begin(), n.end(), '-', '_');
