@@ -112,6 +112,7 @@ void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in) {
 
 void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
   if (W.format == MatrixFormat::gguf) return gguf_gemv_rows(W, x, r0, r1, y);  // gemv_gguf.h
+  if (plain_gemv_supported(W)) return plain_gemv_rows(W, x.x, r0, r1, y);      // gemv_gguf.h
   if (gemv_supported(W) && x.group_size == W.group_size)
     gemv_rows_kernel(active_isa(), preferred_dot(W))(W, x, r0, r1, y);
   else detail::gemv_rows_dequantizing(W, x.x, r0, r1, y);

@@ -29,6 +29,11 @@ float gguf_dot(GgmlType type, const void* row, const float* x, int64_t n);
 // Rows [r0, r1) of y = W x, W a gguf Matrix the kernels take.
 void gguf_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
 
+// Rows [r0, r1) of y = W x for a plain f32 / bf16 / f16 Matrix (a GGUF's F32 routers): the
+// vector kernels of the same GGUF types, not a row dequantized and copied first.
+bool plain_gemv_supported(const Matrix& W);
+void plain_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
+
 // The integer kernels (gemv_gguf_avx512.cpp): Q4_K, Q6_K, Q8_0 and Q4_0 rows of 64 * k columns
 // times x quantized as quantized_input.h does for groups of 64 (x16 = round(x / unit[g]),
 // |x - unit x16| <= unit / 2), on AVX-512 VNNI when active_isa() is avx512. The codes times

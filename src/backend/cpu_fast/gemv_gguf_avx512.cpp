@@ -126,8 +126,7 @@ LILY_AVX512 float dot_q4_0(const uint8_t* row, const QuantizedInput& in, int64_t
 
 }  // namespace
 
-LILY_AVX512 void gguf_rows_avx512_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1,
-                                          float* y) {
+LILY_AVX512 void gguf_rows_avx512_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
   const int64_t row_bytes = ggml_row_bytes(W.gguf_type, W.cols);
   const int64_t blocks = W.cols / ggml_type_info(W.gguf_type).block_size;
   const auto* data = static_cast<const uint8_t*>(W.data);
