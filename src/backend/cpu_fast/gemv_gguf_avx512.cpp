@@ -8,8 +8,8 @@
 // to int16 and multiplied with x16 by vpdpwssd (two products into each int32 lane); the int32
 // sums of one group of 64 columns are converted once and scaled by d * unit[g] in one FMA.
 //   Q4_K  a group is 32 code bytes: low nibbles sub-block 2i (columns 0-31 of the group), high
-//         nibbles 2i + 1 (32-63); the codes times the 6-bit scale (<= 15 * 63), the mins as
-//         m * sum x16 by vpdpwssd with m broadcast, scaled by dmin * unit.
+//         nibbles 2i + 1 (32-63); the codes times the 6-bit scale (<= 15 * 63); the mins as
+//         dmin * m * unit * sum x16, the sums of x16 over each sub-block once a call.
 //   Q6_K  a group is k = 2j, 2j + 1 of one half of 128 (32 columns each): ql nibbles, qh bits,
 //         minus 32, times the int8 scale of each 16 (|.| <= 32 * 128).
 //   Q8_0  one block a half group: int8 codes widened; d * unit per block.
@@ -22,6 +22,7 @@
 #include <immintrin.h>
 
 #include <cstring>
+#include <vector>
 
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/gemv_gguf.h"
@@ -46,9 +47,19 @@ LILY_AVX512 inline __m512i widen32(const uint8_t* p) {  // 32 bytes -> 32 uint16
 }
 LILY_AVX512 inline float reduce(__m512 v) { return _mm512_reduce_add_ps(v); }
 
-LILY_AVX512 float dot_q4_k(const uint8_t* row, const QuantizedInput& in, int64_t blocks) {
+// xsum[s] = unit * sum of x16 over sub-block s of 32 columns: the same for every row.
+LILY_AVX512 void sub_block_sums(const QuantizedInput& in, float* xsum) {
+  for (int64_t s = 0; s < in.cols / 32; ++s) {
+    const __m512i ones = _mm512_set1_epi16(1);
+    xsum[s] = in.unit[size_t(s / 2)] *
+              float(_mm512_reduce_add_epi32(_mm512_madd_epi16(ones, load_x16(in.x16.data() + 32 * s))));
+  }
+}
+
+LILY_AVX512 float dot_q4_k(const uint8_t* row, const QuantizedInput& in, const float* xsum, int64_t blocks) {
   const __m512i nibble = _mm512_set1_epi16(0xF);
   __m512 acc = _mm512_setzero_ps();
+  float min_term = 0;
   for (int64_t b = 0; b < blocks; ++b, row += 144) {
     const float d = f16_at(row), dmin = f16_at(row + 2);
     const uint8_t* qs = row + 16;
@@ -62,13 +73,11 @@ LILY_AVX512 float dot_q4_k(const uint8_t* row, const QuantizedInput& in, int64_t
       const __m512i hi = _mm512_mullo_epi16(_mm512_srli_epi16(q, 4), _mm512_set1_epi16(sc1));
       const __m512i x0 = load_x16(in.x16.data() + 64 * g), x1 = load_x16(in.x16.data() + 64 * g + 32);
       const __m512i dot = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, x0), hi, x1);
-      const __m512i mins = _mm512_dpwssd_epi32(_mm512_madd_epi16(_mm512_set1_epi16(m0), x0), _mm512_set1_epi16(m1), x1);
-      const float unit = in.unit[size_t(g)];
-      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * unit), acc);
-      acc = _mm512_fnmadd_ps(_mm512_cvtepi32_ps(mins), _mm512_set1_ps(dmin * unit), acc);
+      acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * in.unit[size_t(g)]), acc);
+      min_term += dmin * (float(m0) * xsum[2 * g] + float(m1) * xsum[2 * g + 1]);
     }
   }
-  return reduce(acc);
+  return reduce(acc) - min_term;
 }
 
 LILY_AVX512 float dot_q6_k(const uint8_t* row, const QuantizedInput& in, int64_t blocks) {
@@ -130,10 +139,15 @@ LILY_AVX512 void gguf_rows_avx512_integer(const Matrix& W, const QuantizedInput&
   const int64_t row_bytes = ggml_row_bytes(W.gguf_type, W.cols);
   const int64_t blocks = W.cols / ggml_type_info(W.gguf_type).block_size;
   const auto* data = static_cast<const uint8_t*>(W.data);
+  thread_local std::vector<float> xsum;
+  if (W.gguf_type == GgmlType::Q4_K) {
+    xsum.resize(size_t(W.cols / 32));
+    sub_block_sums(x, xsum.data());
+  }
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = data + r * row_bytes;
     switch (W.gguf_type) {
-      case GgmlType::Q4_K: y[r] = dot_q4_k(row, x, blocks); break;
+      case GgmlType::Q4_K: y[r] = dot_q4_k(row, x, xsum.data(), blocks); break;
       case GgmlType::Q6_K: y[r] = dot_q6_k(row, x, blocks); break;
       case GgmlType::Q8_0: y[r] = dot_q8_0(row, x, blocks); break;
       case GgmlType::Q4_0: y[r] = dot_q4_0(row, x, blocks); break;
