@@ -2,7 +2,8 @@
 // decoder (src/model/gguf_dequant.h) times x in double, for F32, F16, BF16, Q8_0, Q4_0, Q4_K,
 // Q5_K, Q6_K and IQ4_XS: rows 1, 63, 64, 65, columns one block, 256, 512, 2048 (and odd lengths
 // for the plain types), x unaligned, outputs poisoned with NaN; random blocks one by one; and
-// the product through cpu_fast::gemv, which takes GGUF matrices.
+// the product through cpu_fast::gemv, which takes GGUF matrices; the integer kernels of
+// Q4_K, Q6_K, Q8_0 and Q4_0 (gemv_gguf_avx512.cpp) within gemv_gguf.h's bound.
 //
 // Error bar: the kernels widen the codes to float and accumulate in fp32, so
 //   |y - ref| <= 1e-5 M,   M = sum_c |w_c x_c|   (w the reference decoding)
@@ -143,7 +144,8 @@ TEST(GemvGguf, PlainRowsOfOddLengths) {
     }
 }
 
-// cpu_fast::gemv takes GGUF matrices (through the GGUF kernels, not row dequantization).
+// cpu_fast::gemv takes GGUF matrices (through the GGUF kernels, not row dequantization): the
+// integer ones where x is quantized for them, checked in IntegerKernels* below.
 TEST(GemvGguf, ThroughCpuFastGemv) {
   for (GgmlType type : test::kGgufTestTypes) {
     SCOPED_TRACE(to_string(type));
@@ -151,9 +153,76 @@ TEST(GemvGguf, ThroughCpuFastGemv) {
     const auto xs = random_x(512, 4);
     std::vector<float> y(65, NAN), direct(65, NAN);
     cpu_fast::gemv(t.m, xs.data() + 1, y.data());
-    cpu_fast::gguf_gemv_rows(t.m, xs.data() + 1, 0, 65, direct.data());
+    cpu_fast::QuantizedInput in;
+    cpu_fast::prepare_input(t.m, xs.data() + 1, in);
+    EXPECT_EQ(in.quantized, cpu_fast::gguf_integer_supported(t.m));
+    cpu_fast::gguf_gemv_rows(t.m, in, 0, 65, direct.data());
     EXPECT_EQ(y, direct);
-    expect_rows_match(t.m, xs.data() + 1, y, 0, 65);
+    if (!in.quantized) expect_rows_match(t.m, xs.data() + 1, y, 0, 65);
+  }
+}
+
+// The integer kernels (Q4_K, Q6_K, Q8_0, Q4_0 against x16) within gemv_gguf.h's bound:
+//   |y - ref| <= sum_g unit[g] / 2 * sum_{c in g} |w_c|  +  1e-6 M
+// x's groups of 64 span three decades (each group its own unit), outputs poisoned with NaN.
+constexpr GgmlType kIntegerTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0};
+
+std::vector<float> spread_x(int64_t n, uint32_t seed) {
+  auto x = random_x(n, seed);
+  for (int64_t c = 0; c < n; ++c) x[size_t(c + 1)] *= std::pow(10.0f, float((c / 64) % 3) - 1);
+  return x;
+}
+
+void expect_integer_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1) {
+  ASSERT_TRUE(cpu_fast::gguf_integer_supported(W)) << W.describe();
+  cpu_fast::QuantizedInput in;
+  cpu_fast::prepare_input(W, x, in);
+  ASSERT_TRUE(in.quantized);
+  std::vector<float> y(size_t(W.rows), NAN), w(size_t(W.cols));
+  cpu_fast::gguf_gemv_rows(W, in, r0, r1, y.data());
+  double worst = 0;
+  for (int64_t r = 0; r < W.rows; ++r) {
+    if (r < r0 || r >= r1) {
+      ASSERT_TRUE(std::isnan(y[size_t(r)])) << "row " << r << " outside [" << r0 << ", " << r1 << ") written";
+      continue;
+    }
+    W.dequantize_row(r, w.data());
+    double ref = 0, mag = 0, bound = 0;
+    for (int64_t c = 0; c < W.cols; ++c) {
+      ref += double(w[size_t(c)]) * x[c], mag += std::fabs(double(w[size_t(c)]) * x[c]);
+      bound += in.unit[size_t(c / 64)] / 2.0 * std::fabs(double(w[size_t(c)]));
+    }
+    const double err = std::fabs(double(y[size_t(r)]) - ref);
+    ASSERT_LE(err, bound + 1e-6 * mag + 1e-30) << W.describe() << " row " << r << ": " << y[size_t(r)] << " vs " << ref;
+    worst = std::max(worst, bound > 0 ? err / bound : 0.0);
+  }
+  ::testing::Test::RecordProperty("worst_error_over_bound", std::to_string(worst));
+}
+
+TEST(GemvGguf, IntegerKernelsAtEdgeSizes) {
+  if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  for (GgmlType type : kIntegerTypes)
+    for (int64_t cols : {int64_t(ggml_type_info(type).block_size == 256 ? 256 : 64), int64_t(512), int64_t(2048)})
+      for (int64_t rows : {1, 3, 17, 64, 65}) {
+        SCOPED_TRACE(fmt::format("{} [{}, {}]", to_string(type), rows, cols));
+        const auto t = quantized_matrix(type, rows, cols, uint32_t(rows * 31 + cols));
+        const auto xs = spread_x(cols, uint32_t(cols + 7));
+        expect_integer_rows(t.m, xs.data() + 1, 0, rows);
+        if (rows > 2) expect_integer_rows(t.m, xs.data() + 1, 1, rows - 1);
+      }
+}
+
+// Random bytes: every code, scale, min and high-bit pattern (Q6_K's scale -128 included).
+TEST(GemvGguf, IntegerKernelsOnRandomBlocks) {
+  if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  for (GgmlType type : kIntegerTypes) {
+    SCOPED_TRACE(to_string(type));
+    // Rows of 256 values: one K block, eight 32-value blocks.
+    const int64_t per_row = 256 / ggml_type_info(type).block_size;
+    auto t = random_blocks(type, 301 * per_row, uint32_t(type) + 11);
+    t.m.rows = 301, t.m.cols = 256;
+    const auto xs = spread_x(256, 13);
+    expect_integer_rows(t.m, xs.data() + 1, 0, 301);
   }
 }
 

@@ -2,6 +2,8 @@
 // gemv_scalar.cpp, gemv_avx2.cpp and gemv_avx512.cpp.
 #include "backend/cpu_fast/gemv.h"
 
+#include "backend/cpu_fast/gemv_gguf.h"
+
 #include <algorithm>
 #include <atomic>
 
@@ -79,6 +81,11 @@ bool gemv_supported(const Matrix& W) {
 Dot preferred_dot(const Matrix& W) { return W.group_size == kInputGroup ? Dot::integer : Dot::fp32; }
 
 void gemv(const Matrix& W, const float* x, float* y) {
+  if (W.format == MatrixFormat::gguf) {  // GGUF blocks: gemv_gguf.h
+    QuantizedInput in;
+    prepare_input(W, x, in);
+    return gguf_gemv_rows(W, in, 0, W.rows, y);
+  }
   if (!gemv_supported(W)) return detail::gemv_rows_dequantizing(W, x, 0, W.rows, y);
   gemv(W, x, y, active_isa(), preferred_dot(W));
 }
@@ -98,11 +105,14 @@ void prepare_input(const Matrix& W, const float* x, QuantizedInput& in) {
 }
 
 void reset_input_for(const Matrix& W, const float* x, QuantizedInput& in) {
+  if (gguf_integer_supported(W)) return reset_input(x, W.cols, kInputGroup, in);  // gemv_gguf.h
   if (gemv_supported(W)) return reset_input(x, W.cols, W.group_size, in);
   in.x = x, in.cols = W.cols, in.group_size = 0, in.quantized = false;
 }
 
 void gemv_rows(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
+  if (W.format == MatrixFormat::gguf) return gguf_gemv_rows(W, x, r0, r1, y);  // gemv_gguf.h
+  if (plain_gemv_supported(W)) return plain_gemv_rows(W, x.x, r0, r1, y);      // gemv_gguf.h
   if (gemv_supported(W) && x.group_size == W.group_size)
     gemv_rows_kernel(active_isa(), preferred_dot(W))(W, x, r0, r1, y);
   else detail::gemv_rows_dequantizing(W, x.x, r0, r1, y);

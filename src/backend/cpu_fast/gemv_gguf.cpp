@@ -261,4 +261,18 @@ void gguf_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, flo
   for (int64_t r = r0; r < r1; ++r) y[r] = gguf_dot(W.gguf_type, data + r * row_bytes, x, W.cols);
 }
 
+bool plain_gemv_supported(const Matrix& W) {
+  return W.format == MatrixFormat::f32 || W.format == MatrixFormat::bf16 || W.format == MatrixFormat::f16;
+}
+
+void plain_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y) {
+  LILY_CHECK(plain_gemv_supported(W), "plain_gemv_rows: {} is not a plain matrix", W.describe());
+  const GgmlType type = W.format == MatrixFormat::f32    ? GgmlType::F32
+                        : W.format == MatrixFormat::bf16 ? GgmlType::BF16
+                                                         : GgmlType::F16;
+  const int64_t row_bytes = ggml_row_bytes(type, W.cols);
+  const auto* data = static_cast<const uint8_t*>(W.data);
+  for (int64_t r = r0; r < r1; ++r) y[r] = gguf_dot(type, data + r * row_bytes, x, W.cols);
+}
+
 }  // namespace lily::cpu_fast
