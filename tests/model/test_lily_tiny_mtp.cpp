@@ -102,8 +102,7 @@ Acceptance run_prompts(Model& model, const std::vector<size_t>& which, int max_n
     all.add(a);
     if (print)
       std::printf("  [%zu] %s: %lld positions, accepted %.3f / %.3f / %.3f\n", i,
-                  tests[i]["kind"].get<std::string>().c_str(), (long long)a.positions, a.rate(0), a.rate(1),
-                  a.rate(2));
+                  tests[i]["kind"].get<std::string>().c_str(), (long long)a.positions, a.rate(0), a.rate(1), a.rate(2));
   }
   std::printf("lily-tiny MTP head, %zu held-out prompts, %lld positions: accepted with 1 / 2 / 3 drafts %.3f / %.3f "
               "/ %.3f (mean accepted drafts at 3: %.3f)\n",
