@@ -108,8 +108,11 @@ int run_serve(ServeArgs& a) {
     LoadTicker ticker(server);
     ticker.phase("loading the model weights");
     engine = a.model.load_engine();
-    ticker.phase("loading the tokenizer");
-    Tokenizer tokenizer = Tokenizer::load_from_model_dir(dir);
+    // The engine's tokenizer: tokenizer.json, or a GGUF's own vocabulary (engine.h find_tokenizer).
+    const Tokenizer* tokenizer = engine->tokenizer();
+    if (!tokenizer)
+      fail("{} has no tokenizer: no tokenizer.json, and no tokenizer.ggml.* metadata in a GGUF",
+           a.model.resolved_model_dir());
     ChatServiceOptions options;
     const int64_t model_max = engine->config().max_position_embeddings;
     options.context_size = a.ctx_size > 0 ? a.ctx_size : std::min<int64_t>(model_max, kDefaultContext);
@@ -122,7 +125,7 @@ int run_serve(ServeArgs& a) {
     options.prefill_chunk = a.prefill_chunk;
     options.speculate = a.speculate;
     ticker.phase("starting the chat service");
-    service.emplace(*engine, std::move(tokenizer), options);
+    service.emplace(*engine, *tokenizer, options);
   }
   return server.serve(*service);
 }
