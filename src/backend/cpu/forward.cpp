@@ -13,6 +13,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
+#include "backend/cpu/output_rows.h"
 #include "backend/cpu/sequence_state.h"
 #include "base/error.h"
 #include "model/weights.h"
@@ -27,27 +28,10 @@ using cpu::CpuSequenceState;
 constexpr const char* kBackend = "CPU";
 constexpr int64_t kChunkTokens = 256;
 
-// Where a chunk's rows of a per-token output go: rows [first_row, n) of the chunk into `out`
-// (null: none of them).
-struct ChunkRows {
-  float* out = nullptr;
-  int64_t first_row = 0;
-};
-
-// The rows `wanted` of chunk [t0, t0 + n) of T tokens, in `buffer` of `width` values a row.
-ChunkRows chunk_rows(LogitsWanted wanted, std::vector<float>& buffer, int64_t width, int64_t t0, int64_t n, int64_t T) {
-  if (wanted == LogitsWanted::all) return {buffer.data() + t0 * width, 0};
-  if (wanted == LogitsWanted::last && t0 + n == T) return {buffer.data(), n - 1};
-  return {};
-}
-
-int64_t rows_of(LogitsWanted wanted, int64_t T) {
-  return wanted == LogitsWanted::all ? T : wanted == LogitsWanted::last && T > 0 ? 1 : 0;
-}
-
-void check_tokens(std::span<const int32_t> tokens, int64_t V) {
-  for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-}
+using cpu::check_tokens;
+using cpu::output_rows;
+using cpu::OutputRows;
+using cpu::rows_of;
 
 class CpuBackend final : public Backend {
  public:
@@ -87,8 +71,8 @@ class CpuBackend final : public Backend {
     const int64_t kept = s.begin_forward(T);  // rows kept for a rewind: all in the last chunk
     for (int64_t t0 = 0, n = 0; t0 < T; t0 += n) {
       n = cpu::next_block(t0, T, kChunkTokens, kept);
-      forward_chunk(s, tokens.subspan(size_t(t0), size_t(n)), chunk_rows(wanted, logits, V, t0, n, T),
-                    chunk_rows(hidden_rows, hidden, H, t0, n, T), t0 + n == T ? kept : 0);
+      forward_chunk(s, tokens.subspan(size_t(t0), size_t(n)), output_rows(wanted, logits, V, t0, n, T),
+                    output_rows(hidden_rows, hidden, H, t0, n, T), t0 + n == T ? kept : 0);
     }
   }
 
@@ -112,9 +96,9 @@ class CpuBackend final : public Backend {
       std::vector<float> m(size_t(n * H));  // [n, H] the head's post-norm rows
       cpu::mtp_block(*w_->mtp, w_->embed_tokens, c, s.mtp().attention(), s.mtp_length(), hidden.data() + t0 * H,
                      tokens.data() + t0, n, m.data());
-      const ChunkRows m_rows = chunk_rows(wanted, mtp_hidden, H, t0, n, T);
+      const OutputRows m_rows = output_rows(wanted, mtp_hidden, H, t0, n, T);
       if (m_rows.out) std::copy(m.begin() + m_rows.first_row * H, m.end(), m_rows.out);
-      const ChunkRows logit_rows = chunk_rows(wanted, logits, V, t0, n, T);
+      const OutputRows logit_rows = output_rows(wanted, logits, V, t0, n, T);
       if (logit_rows.out)
         cpu::linear(w_->lm_head, m.data() + logit_rows.first_row * H, n - logit_rows.first_row, logit_rows.out);
     }
@@ -123,7 +107,7 @@ class CpuBackend final : public Backend {
  private:
   // One block of tokens through every layer; the logits and post-norm hidden rows each asks for.
   // The DeltaNet layers keep their states after the block's last `kept` rows (sequence_state.h).
-  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, ChunkRows logits, ChunkRows hidden,
+  void forward_chunk(CpuSequenceState& s, std::span<const int32_t> tokens, OutputRows logits, OutputRows hidden,
                      int64_t kept) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;

@@ -15,6 +15,7 @@
 #include <mutex>
 
 #include "backend/cpu/ops.h"
+#include "backend/cpu/output_rows.h"
 #include "backend/cpu/sequence_state.h"
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
@@ -34,27 +35,10 @@ using cpu::CpuSequenceState;
 constexpr const char* kBackend = "fast CPU";
 constexpr int64_t kChunkTokens = 256;
 
-// Where a block's rows of a per-token output go: rows [first_row, n) of the block into `out`
-// (null: none of them).
-struct BlockRows {
-  float* out = nullptr;
-  int64_t first_row = 0;
-};
-
-// The rows `wanted` of block [t0, t0 + n) of T tokens, in `buffer` of `width` values a row.
-BlockRows block_rows(LogitsWanted wanted, std::vector<float>& buffer, int64_t width, int64_t t0, int64_t n, int64_t T) {
-  if (wanted == LogitsWanted::all) return {buffer.data() + t0 * width, 0};
-  if (wanted == LogitsWanted::last && t0 + n == T) return {buffer.data(), n - 1};
-  return {};
-}
-
-int64_t rows_of(LogitsWanted wanted, int64_t T) {
-  return wanted == LogitsWanted::all ? T : wanted == LogitsWanted::last && T > 0 ? 1 : 0;
-}
-
-void check_tokens(std::span<const int32_t> tokens, int64_t V) {
-  for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
-}
+using cpu::check_tokens;
+using cpu::output_rows;
+using cpu::OutputRows;
+using cpu::rows_of;
 
 class FastCpuBackend final : public Backend {
  public:
@@ -103,7 +87,7 @@ class FastCpuBackend final : public Backend {
       n = cpu::next_block(t0, T, kChunkTokens, kept);
       const SequenceRows chunk{s, 0, n, t0 + n == T ? kept : 0};
       forward_block(std::span(&chunk, 1), tokens.subspan(size_t(t0), size_t(n)),
-                    block_rows(wanted, logits, V, t0, n, T), block_rows(hidden_rows, hidden, H, t0, n, T));
+                    output_rows(wanted, logits, V, t0, n, T), output_rows(hidden_rows, hidden, H, t0, n, T));
     }
   }
 
@@ -130,9 +114,9 @@ class FastCpuBackend final : public Backend {
       m.resize(size_t(n * H));  // [n, H] the head's post-norm rows
       cpu_fast::mtp_block(*w_->mtp, w_->embed_tokens, c, s.mtp().attention(), s.mtp_length(), hidden.data() + t0 * H,
                           tokens.data() + t0, n, m.data(), scratch_.mtp, scratch_.layers);
-      const BlockRows m_rows = block_rows(wanted, mtp_hidden, H, t0, n, T);
+      const OutputRows m_rows = output_rows(wanted, mtp_hidden, H, t0, n, T);
       if (m_rows.out) std::copy(m.begin() + m_rows.first_row * H, m.end(), m_rows.out);
-      const BlockRows logit_rows = block_rows(wanted, logits, V, t0, n, T);
+      const OutputRows logit_rows = output_rows(wanted, logits, V, t0, n, T);
       if (logit_rows.out) lm_head(m.data() + logit_rows.first_row * H, n - logit_rows.first_row, logit_rows.out);
     }
   }
@@ -203,8 +187,8 @@ class FastCpuBackend final : public Backend {
   // A block of tokens through the prefill layers (prefill.h): one sequence's (a prompt's chunk)
   // or several sequences' (a batch step), each its run of rows; the logits and post-norm rows
   // each output asks for.
-  void forward_block(std::span<const SequenceRows> sequences, std::span<const int32_t> tokens, BlockRows logits,
-                     BlockRows hidden) {
+  void forward_block(std::span<const SequenceRows> sequences, std::span<const int32_t> tokens, OutputRows logits,
+                     OutputRows hidden) {
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), H = c.hidden_size;
     std::vector<float>&h = scratch_.h, &normed = scratch_.normed, &mixed = scratch_.mixed;  // [T, H] each
