@@ -13,7 +13,9 @@
 #   SANITIZE_TIMEOUT; "kernels" times every kernel of two decode
 #   steps at DEPTH (default 4096) with ncu, one at a time (tools/ncu_summary.py); "timeline"
 #   traces 8 steps as they run in the graph with nsys (tools/nsys_timeline.py: in-graph
-#   durations and the gaps between kernels)
+#   durations and the gaps between kernels); "rows" times steps of ROWS (default "1 2 4 8") rows at
+#   DEPTH, verify and batch kinds, under the plan edits ROWS_PLAN (comma separated, e.g.
+#   "moe_slots_up_to=8,batch_rows_up_to=8"; default none): issue 36's T table
 # Sourcing it with PHASES="" only sets up the environment (LD_LIBRARY_PATH, /work/main).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -109,6 +111,21 @@ run_timeline() {
   python3 tools/nsys_timeline.py "$OUT/step_cuda_gpu_trace.csv" --steps 8 | tee "$OUT/timeline.txt" | head -24
 }
 
+run_rows() {
+  local plan=() e
+  local rp=${ROWS_PLAN:-}
+  for e in ${rp//,/ }; do plan+=(--kernel-plan "$e"); done
+  for T in ${ROWS:-1 2 4 8}; do
+    local kinds=("") ; [ "$T" -gt 1 ] && kinds=("--decode-rows $T" "--decode-rows $T --decode-batch")
+    for k in "${kinds[@]}"; do
+      echo "== rows $T ${k:-(one-row step)} plan ${ROWS_PLAN:-default}"
+      timeout ${BENCH_TIMEOUT:-120} .carry/lily bench --synthetic --prefill-lengths none \
+        --decode-depths "${DEPTH:-4096}" $k "${plan[@]}" 2>&1 | grep -E "^\||copy bandwidth|rror|ms/step"
+    done
+  done >> "$OUT/rows.txt" 2>&1
+  grep -E "^==|^\| (decode|verify|batch)|rror" "$OUT/rows.txt"
+}
+
 for phase in ${PHASES-tests bench sanitize}; do
   case $phase in
     tests) run_tests ;;
@@ -119,6 +136,7 @@ for phase in ${PHASES-tests bench sanitize}; do
     ab) run_ab ;;
     kernels) run_kernels ;;
     timeline) run_timeline ;;
+    rows) run_rows ;;
     *) echo "unknown phase $phase" ;;
   esac
 done

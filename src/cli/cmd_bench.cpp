@@ -492,7 +492,8 @@ int run_bench(BenchArgs a) {
   std::vector<int32_t> prefill_lengths, decode_depths;
   if (a.prefill_lengths != "none")  // none: decode only (under a profiler, say)
     for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
-  for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
+  if (a.decode_depths != "none")  // none: prefill only
+    for (int32_t x : parse_id_list(a.decode_depths)) decode_depths.push_back(x);
   LILY_CHECK(a.decode_tokens >= 1 && a.repeats >= 1, "--decode-tokens and --repeats must be at least 1");
   LILY_CHECK(a.decode_rows >= 1 && a.decode_rows <= kMaxDecodeRows, "--decode-rows {}: 1 to {}", a.decode_rows,
              kMaxDecodeRows);
@@ -663,7 +664,7 @@ CommandRegistration bench_command{
                       fmt::format("Prompt lengths, comma separated, or none (default: {} on a GPU, {} on the CPU)",
                                   kGpuLengths, kCpuLengths));
        sub.add_option("--decode-depths", a->decode_depths,
-                      "Context depths for decode, comma separated (default: as --prefill-lengths)");
+                      "Context depths for decode, comma separated, or none (default: as --prefill-lengths)");
        sub.add_option("--decode-tokens", a->decode_tokens,
                       fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU)",
                                   kGpuDecodeTokens, kCpuDecodeTokens));

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <string>
 
 #include "../grammar/json_reference.h"
 #include "../grammar/number_oracle.h"
@@ -217,7 +218,16 @@ TEST(StructuredOutput, ACutReplyIsThePrefixItGenerated) {
     EXPECT_EQ(cut.result.finish_reason, "length");
     ASSERT_EQ(cut.result.tokens.size(), size_t(budget));
     EXPECT_TRUE(std::equal(cut.result.tokens.begin(), cut.result.tokens.end(), all.begin()));
-    EXPECT_EQ(whole.result.content.substr(0, cut.result.content.size()), cut.result.content);
+    // A cut inside a character ends the text with U+FFFD in its place (the character's bytes are
+    // not all there): the text before it is the whole reply's, which has a character there.
+    std::string text = cut.result.content;
+    const std::string replacement = "\xEF\xBF\xBD";
+    if (text.ends_with(replacement) && whole.result.content.compare(text.size() - 3, 3, replacement) != 0) {
+      text.resize(text.size() - 3);
+      ASSERT_GT(whole.result.content.size(), text.size());
+      EXPECT_GE(static_cast<unsigned char>(whole.result.content[text.size()]), 0xC0u) << "not a character's start";
+    }
+    EXPECT_EQ(whole.result.content.substr(0, text.size()), text);
     EXPECT_EQ(cut.streamed.content, cut.result.content);
   }
 }
