@@ -71,9 +71,9 @@ void check_batch(CudaBackend& gpu, int N, uint32_t seed) {
     gpu.forward(*s.alone, std::span<const int32_t>(&s.next, 1), LogitsWanted::last, alone);
     const float* got = rows.data() + size_t(r) * size_t(V);
     const auto [diff, top] = row_diff(got, alone.data(), V);
-    EXPECT_LE(diff, 2e-2 * top) << "row " << r << " (length " << lengths[r % 8] << ", token " << s.next
-                                << ", seed " << seed << "): max |batch| " << row_diff(got, got, V).second
-                                << ", arg max " << argmax(got, V) << " against " << argmax(alone.data(), V);
+    EXPECT_LE(diff, 2e-2 * top) << "row " << r << " (length " << lengths[r % 8] << ", token " << s.next << ", seed "
+                                << seed << "): max |batch| " << row_diff(got, got, V).second << ", arg max "
+                                << argmax(got, V) << " against " << argmax(alone.data(), V);
     argmax_differs += argmax(got, V) != argmax(alone.data(), V);
     EXPECT_EQ(s.batch->length(), s.alone->length()) << "row " << r;
   }
