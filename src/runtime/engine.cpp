@@ -25,25 +25,33 @@ void check_tokenizer_fits(const Tokenizer& tokenizer, const ModelConfig& config,
          what, tokenizer.vocab_size(), tokenizer.vocab_size() - 1, config.vocab_size, config.vocab_size);
 }
 
-std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights) {
+std::optional<ModelTokenizer> find_model_tokenizer(const std::string& path) {
   namespace fs = std::filesystem;
-  const std::string& path = weights.model_dir;
   std::error_code ec;
+  if (!fs::exists(path, ec)) fail("{} does not exist (-m names a model directory or a GGUF file)", path);
   const fs::path dir = fs::is_directory(path, ec) ? fs::path(path) : fs::path(path).parent_path();
   const std::string json = (dir / "tokenizer.json").string();
-  if (fs::exists(json, ec)) {
-    Tokenizer tokenizer = Tokenizer::load(json);
-    check_tokenizer_fits(tokenizer, weights.config, json);
-    return tokenizer;
-  }
-  if (weights.layout != CheckpointLayout::gguf) return std::nullopt;
+  if (fs::exists(json, ec)) return ModelTokenizer{Tokenizer::load(json), json};
+  if (!is_gguf_model(path)) return std::nullopt;
   const GgufModel gguf(path);
   const std::string file = gguf.paths().front();
   std::optional<GgmlVocabulary> vocabulary = with_context(file, [&] { return gguf_vocabulary(gguf.metadata()); });
   if (!vocabulary) return std::nullopt;
-  Tokenizer tokenizer = Tokenizer::from_ggml(*vocabulary, file);
-  check_tokenizer_fits(tokenizer, weights.config, "the tokenizer of " + file);
-  return tokenizer;
+  return ModelTokenizer{Tokenizer::from_ggml(*vocabulary, file), "the tokenizer of " + file};
+}
+
+ModelTokenizer load_model_tokenizer(const std::string& path) {
+  std::optional<ModelTokenizer> found = find_model_tokenizer(path);
+  if (!found)
+    fail("{} has no tokenizer: no tokenizer.json in its directory, and no GGUF with tokenizer.ggml.* metadata", path);
+  return std::move(*found);
+}
+
+std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights) {
+  std::optional<ModelTokenizer> found = find_model_tokenizer(weights.model_dir);
+  if (!found) return std::nullopt;
+  check_tokenizer_fits(found->tokenizer, weights.config, found->source);
+  return std::move(found->tokenizer);
 }
 
 namespace {

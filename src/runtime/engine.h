@@ -45,9 +45,23 @@ class Engine {
   std::unique_ptr<Backend> backend_;
 };
 
-// The tokenizer of loaded weights: tokenizer.json in the model directory (or beside the GGUF
-// file), else a GGUF's own vocabulary (tokenizer.ggml.*); nullopt when there is neither.
-// Checked against the model's vocabulary (check_tokenizer_fits).
+// A model's tokenizer and where it was read from (a tokenizer.json, or the GGUF file).
+struct ModelTokenizer {
+  Tokenizer tokenizer;
+  std::string source;
+};
+
+// The tokenizer of the model at `path` (what -m names: a model directory, a GGUF file, a directory
+// holding one GGUF or the first shard of a split set), read without its weights: tokenizer.json
+// in the model directory (the GGUF file's directory) wins, else a GGUF's own vocabulary
+// (tokenizer.ggml.*); nullopt when there is neither. The one lookup every command uses.
+std::optional<ModelTokenizer> find_model_tokenizer(const std::string& path);
+
+// find_model_tokenizer(path), or a lily::Error naming `path` and the two places looked in.
+ModelTokenizer load_model_tokenizer(const std::string& path);
+
+// The tokenizer of loaded weights (find_model_tokenizer of weights.model_dir), checked against
+// the model's vocabulary (check_tokenizer_fits).
 std::optional<Tokenizer> find_tokenizer(const ModelWeights& weights);
 
 // Throws lily::Error, naming both numbers, when `tokenizer` defines ids the model has no rows

@@ -441,22 +441,6 @@ bool is_gguf_file(const std::filesystem::path& path) {
   return in.read(magic, 4) && std::memcmp(magic, "GGUF", 4) == 0;
 }
 
-// Whether `path` is a GGUF model: a GGUF file (llama.cpp's format, spec §5c) or a directory
-// holding .gguf files and no .safetensors.
-bool is_gguf_model(const std::string& path) {
-  namespace fs = std::filesystem;
-  std::error_code ec;
-  if (fs::is_regular_file(path, ec)) return is_gguf_file(path);
-  if (!fs::is_directory(path, ec)) return false;
-  bool gguf = false, safetensors = false;
-  for (const auto& entry : fs::directory_iterator(path, ec)) {
-    if (!entry.is_regular_file(ec)) continue;
-    if (entry.path().extension() == ".safetensors") safetensors = true;
-    else if (entry.path().extension() == ".gguf") gguf = true;
-  }
-  return gguf && !safetensors;
-}
-
 // What lily cannot load, said before anything else is read: any file that is not a GGUF.
 void refuse_unsupported_path(const std::string& path) {
   namespace fs = std::filesystem;
@@ -486,6 +470,20 @@ void apply_options(ModelWeights& w, const LoadOptions& options, bool mtp_loaded)
 }
 
 }  // namespace
+
+bool is_gguf_model(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::error_code ec;
+  if (fs::is_regular_file(path, ec)) return is_gguf_file(path);
+  if (!fs::is_directory(path, ec)) return false;
+  bool gguf = false, safetensors = false;
+  for (const auto& entry : fs::directory_iterator(path, ec)) {
+    if (!entry.is_regular_file(ec)) continue;
+    if (entry.path().extension() == ".safetensors") safetensors = true;
+    else if (entry.path().extension() == ".gguf") gguf = true;
+  }
+  return gguf && !safetensors;
+}
 
 std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const LoadOptions& options) {
   if (is_gguf_model(model_dir)) {

@@ -35,4 +35,8 @@ struct LoadOptions {
 
 std::shared_ptr<ModelWeights> load_model(const std::string& model_dir, const LoadOptions& options = {});
 
+// Whether load_model reads `path` as a GGUF model: a GGUF file (llama.cpp's format, spec §5c: by
+// its .gguf name or its magic) or a directory holding .gguf files and no .safetensors.
+bool is_gguf_model(const std::string& path);
+
 }  // namespace lily
