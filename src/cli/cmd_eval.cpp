@@ -1,9 +1,11 @@
 // cmd_eval.cpp: `lily eval`, teacher-forced consistency of a model on a text.
 //
-//   lily eval -m DIR --text FILE [--ref-logits FILE] [--tokenizer FILE] [--max-tokens N] [--json]
+//   lily eval -m DIR|FILE.gguf --text FILE [--ref-logits FILE] [--tokenizer FILE] [--max-tokens N] [--json]
 //
-// The text is tokenized with lily's tokenizer (DIR/tokenizer.json; nothing is added), and one
-// teacher-forced forward over all T tokens (chunked by the backend) gives logits [T, vocab].
+// The text is tokenized with the model's tokenizer as the engine finds it (engine.h
+// find_model_tokenizer: tokenizer.json in the model directory, else a GGUF's own vocabulary) or
+// with --tokenizer FILE; nothing is added. One teacher-forced forward over all T tokens (chunked
+// by the backend) gives logits [T, vocab].
 //   NLL        = mean over t = 0..T-2 of  logsumexp(logits[t]) - logits[t][id[t+1]]   (nats)
 //   perplexity = exp(NLL)
 // The softmax runs over the model's full logit row (config vocab_size, including ids the
@@ -27,6 +29,7 @@
 #include "base/error.h"
 #include "cli/command.h"
 #include "cli/model_options.h"
+#include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lily::cli {
@@ -100,17 +103,18 @@ std::vector<float> read_ref_logits(const std::string& path, int64_t T, int64_t v
 int run_eval(const EvalArgs& a) {
   LILY_CHECK(a.max_tokens >= 0, "--max-tokens must not be negative");
   const std::string model_dir = a.model.resolved_model_dir();
-  const std::string tokenizer_path = a.tokenizer_file.empty() ? model_dir + "/tokenizer.json" : a.tokenizer_file;
-  Tokenizer tokenizer = Tokenizer::load(tokenizer_path);
-  std::vector<int32_t> ids = tokenizer.encode(read_text_file(a.text_file));
+  // Tokenized before the weights are read, so a text too short fails at once.
+  const ModelTokenizer tokenizer = a.tokenizer_file.empty()
+                                       ? load_model_tokenizer(model_dir)
+                                       : ModelTokenizer{Tokenizer::load(a.tokenizer_file), a.tokenizer_file};
+  std::vector<int32_t> ids = tokenizer.tokenizer.encode(read_text_file(a.text_file));
   if (a.max_tokens > 0 && int64_t(ids.size()) > a.max_tokens) ids.resize(size_t(a.max_tokens));
   const int64_t T = int64_t(ids.size());
   LILY_CHECK(T >= 2, "--text {} has {} token(s); perplexity needs at least 2", a.text_file, T);
 
   auto engine = a.model.load_engine();
   const int64_t vocab = engine->config().vocab_size;
-  LILY_CHECK(tokenizer.vocab_size() <= vocab, "the tokenizer {} defines {} ids but the model's vocab_size is {}",
-             tokenizer_path, tokenizer.vocab_size(), vocab);
+  check_tokenizer_fits(tokenizer.tokenizer, engine->config(), tokenizer.source);
   LILY_CHECK(T <= engine->config().max_position_embeddings,
              "the text has {} tokens, more than the model's {} positions; pass --max-tokens", T,
              engine->config().max_position_embeddings);
@@ -190,7 +194,9 @@ CommandRegistration eval_command{
        sub.add_option("--ref-logits", a->ref_file,
                       "Reference float32 little-endian logits [T, vocab] of the same tokens "
                       "(tools/eval_reference.py)");
-       sub.add_option("--tokenizer", a->tokenizer_file, "tokenizer.json to use (default: the model directory's)");
+       sub.add_option("--tokenizer", a->tokenizer_file,
+                      "tokenizer.json to use (default: the model's: its directory's tokenizer.json, else a GGUF's "
+                      "own vocabulary)");
        sub.add_option("--max-tokens", a->max_tokens, "Evaluate only the first N tokens of the text (0: all)")
            ->capture_default_str();
        sub.add_flag("--json", a->json, "Print JSON instead of a table");

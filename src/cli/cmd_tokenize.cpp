@@ -1,10 +1,14 @@
 // cmd_tokenize.cpp: `lily tokenize` and `lily detokenize`, the tokenizer on stdin/stdout.
 //
 //   printf 'Hello<|im_end|>' | lily tokenize -m DIR     ->  "9707 248046\n"
+//   lily tokenize -m FILE.gguf 'Hello<|im_end|>'        ->  "9707 248046\n"
 //   echo "9707 248046" | lily detokenize -m DIR         ->  "Hello<|im_end|>"  (no newline added)
+//   lily detokenize -m FILE.gguf 9707,248046            ->  "Hello<|im_end|>"
 //
-// stdin is used exactly as read (a trailing newline is part of the text). DIR needs only
-// tokenizer.json. Special-token strings in the text become their tokens, as HF does.
+// The text (the ids) is the argument when given, else stdin exactly as read (a trailing newline
+// is part of the text). -m needs only the tokenizer, found as the engine finds it (engine.h
+// find_model_tokenizer): tokenizer.json in the model directory, else a GGUF's own vocabulary;
+// no weights are read. Special-token strings in the text become their tokens, as HF does.
 #include <cctype>
 #include <cstdio>
 #include <functional>
@@ -14,6 +18,7 @@
 
 #include "base/error.h"
 #include "cli/command.h"
+#include "runtime/engine.h"
 #include "tokenizer/tokenizer.h"
 
 namespace lily::cli {
@@ -47,14 +52,28 @@ std::vector<int32_t> parse_ids(const std::string& text) {
   return ids;
 }
 
+// -m and the optional positional input both commands take.
+struct TokenizerArgs {
+  std::string model = default_model_dir();
+  std::string argument;                // the input, when given on the command line
+  const CLI::Option* given = nullptr;  // its option: count() says whether it was given
+
+  void add_to(CLI::App& sub, const char* name, const char* help) {
+    sub.add_option("-m,--model", model,
+                   "Model directory or GGUF file (its tokenizer.json, else the GGUF's own vocabulary)");
+    given = sub.add_option(name, argument, help);
+  }
+  std::string input() const { return given->count() ? argument : read_stdin(); }
+};
+
 const CommandRegistration tokenize_command{
-    Command{"tokenize", "Print the token ids of the UTF-8 text on stdin",
+    Command{"tokenize", "Print the token ids of a UTF-8 text (the argument, or stdin)",
             [](CLI::App& sub) {
-              auto model_dir = std::make_shared<std::string>(default_model_dir());
-              sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
-              return std::function<int()>([model_dir] {
-                const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
-                const std::vector<int32_t> ids = tokenizer.encode(read_stdin());
+              auto a = std::make_shared<TokenizerArgs>();
+              a->add_to(sub, "text", "The text to tokenize (default: stdin, exactly as read)");
+              return std::function<int()>([a] {
+                const Tokenizer tokenizer = load_model_tokenizer(a->model).tokenizer;
+                const std::vector<int32_t> ids = tokenizer.encode(a->input());
                 std::string line;
                 for (size_t i = 0; i < ids.size(); ++i) {
                   if (i) line += ' ';
@@ -68,13 +87,13 @@ const CommandRegistration tokenize_command{
             20}};
 
 const CommandRegistration detokenize_command{
-    Command{"detokenize", "Print the text of the token ids on stdin (whitespace or comma separated)",
+    Command{"detokenize", "Print the text of token ids (the argument, or stdin; whitespace or comma separated)",
             [](CLI::App& sub) {
-              auto model_dir = std::make_shared<std::string>(default_model_dir());
-              sub.add_option("-m,--model", *model_dir, "Model directory (needs tokenizer.json)");
-              return std::function<int()>([model_dir] {
-                const Tokenizer tokenizer = Tokenizer::load_from_model_dir(*model_dir);
-                const std::string text = tokenizer.decode(parse_ids(read_stdin()));
+              auto a = std::make_shared<TokenizerArgs>();
+              a->add_to(sub, "ids", "The ids to decode, whitespace or comma separated (default: stdin)");
+              return std::function<int()>([a] {
+                const Tokenizer tokenizer = load_model_tokenizer(a->model).tokenizer;
+                const std::string text = tokenizer.decode(parse_ids(a->input()));
                 std::fwrite(text.data(), 1, text.size(), stdout);
                 return 0;
               });
