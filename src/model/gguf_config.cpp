@@ -5,6 +5,7 @@
 #include <numeric>
 
 #include "base/error.h"
+#include "model/gguf_vocabulary.h"
 
 namespace lily {
 
@@ -138,8 +139,7 @@ GgufModelConfig gguf_model_config(const GgufModel& m) {
     c.tie_word_embeddings = m.find("output.weight") == nullptr;
     check_supported(c);
     check_rope_sections(m, c);
-    if (m.find_metadata("tokenizer.ggml.eos_token_id"))
-      out.generation.eos_token_ids.push_back(int_key(m, "tokenizer.ggml.eos_token_id", 0, c.vocab_size - 1));
+    out.generation.eos_token_ids = gguf_stop_token_ids(m.metadata(), c.vocab_size);
     return out;
   });
 }

@@ -12,7 +12,8 @@
 //   expert_shared_feed_forward_length    the MoE sizes
 //   full_attention_interval (default 4)  layer i is full attention when (i + 1) % interval == 0
 //   token_embd.weight ne[1]              vocab_size; no output.weight: tied embeddings
-//   tokenizer.ggml.eos_token_id          the stop token
+//   tokenizer.ggml.eos_token_id          a stop token; <|im_end|> and <|endoftext|> of the
+//                                        vocabulary the others (gguf_vocabulary.h gguf_stop_token_ids)
 // A missing, mistyped or unsupported value is an error naming the key and the value found.
 #pragma once
 

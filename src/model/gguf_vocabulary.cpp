@@ -1,6 +1,8 @@
 // gguf_vocabulary.cpp: tokenizer.ggml.* out of a GGUF's metadata (gguf_vocabulary.h has the keys).
 #include "model/gguf_vocabulary.h"
 
+#include <algorithm>
+
 #include "base/error.h"
 
 namespace lily {
@@ -45,7 +47,41 @@ void check_special_ids(const Metadata& m, size_t n_tokens) {
   with_key(m, "tokenizer.chat_template", [](const GgufValue& v) { v.as_string(); });
 }
 
+// The id of the added token (CONTROL or USER_DEFINED) whose text is `text`, the one
+// Tokenizer::token_id finds; nullopt when there is none. No token_type: every token is NORMAL.
+std::optional<int64_t> added_token_id(const Metadata& m, const std::string& text) {
+  const GgufValue* tokens = find(m, "tokenizer.ggml.tokens");
+  const GgufValue* types = find(m, "tokenizer.ggml.token_type");
+  if (!tokens || !types) return std::nullopt;
+  const std::vector<std::string>* texts = nullptr;
+  with_key(m, "tokenizer.ggml.tokens", [&](const GgufValue& v) { texts = &v.string_array(); });
+  std::vector<int64_t> kinds;
+  with_key(m, "tokenizer.ggml.token_type", [&](const GgufValue& v) {
+    kinds = v.int_array();
+    if (kinds.size() != texts->size()) fail("has {} entries for {} tokens", kinds.size(), texts->size());
+  });
+  for (size_t id = 0; id < texts->size(); ++id) {
+    const bool added = kinds[id] == int64_t(GgmlTokenType::control) ||
+                       kinds[id] == int64_t(GgmlTokenType::user_defined);
+    if (added && (*texts)[id] == text) return int64_t(id);
+  }
+  return std::nullopt;
+}
+
 }  // namespace
+
+std::vector<int> gguf_stop_token_ids(const Metadata& m, int vocab_size) {
+  std::vector<int> ids;
+  auto add = [&](int64_t id) {
+    if (id < 0 || id >= vocab_size) fail("{} is not a token of the model (vocab_size {})", id, vocab_size);
+    if (std::find(ids.begin(), ids.end(), int(id)) == ids.end()) ids.push_back(int(id));
+  };
+  with_key(m, "tokenizer.ggml.eos_token_id", [&](const GgufValue& v) { add(v.as_int()); });
+  for (const char* text : {"<|im_end|>", "<|endoftext|>"})
+    if (std::optional<int64_t> id = added_token_id(m, text))
+      with_context(fmt::format("metadata 'tokenizer.ggml.tokens': {} (id {})", text, *id), [&] { add(*id); });
+  return ids;
+}
 
 std::optional<GgmlVocabulary> gguf_vocabulary(const Metadata& m) {
   if (!find(m, "tokenizer.ggml.model")) return std::nullopt;

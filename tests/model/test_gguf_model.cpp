@@ -75,7 +75,9 @@ TEST(GgufModel, ConfigFromTheMetadataEqualsConfigJson) {
   EXPECT_EQ(a.num_experts_per_tok, b.num_experts_per_tok);
   EXPECT_EQ(a.moe_intermediate_size, b.moe_intermediate_size);
   EXPECT_EQ(a.shared_expert_intermediate_size, b.shared_expert_intermediate_size);
-  EXPECT_EQ(g->generation.eos_token_ids, std::vector<int>{2});
+  // tokenizer.ggml.eos_token_id (2, tiny-a's generation_config.json's first id), then the
+  // vocabulary's <|im_end|> and <|endoftext|> (gguf_stop_token_ids; test_gguf_stop_tokens.cpp).
+  EXPECT_EQ(g->generation.eos_token_ids, (std::vector<int>{2, 353, 351}));
 }
 
 // Every weight the GGUF loader builds, against the HF load: the undone V-head reorder, A_log,
