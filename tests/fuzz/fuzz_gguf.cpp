@@ -8,7 +8,8 @@
 // The first row of each accepted tensor of a type lily decodes goes through the reference
 // decoder and the fast CPU dot product (any bytes are a valid block: no crash, no read past
 // the row). tokenizer.ggml.* metadata, when there is some, becomes a tokenizer
-// (model/gguf_vocabulary, Tokenizer::from_ggml) that encodes a fixed text and decodes it back.
+// (model/gguf_vocabulary, Tokenizer::from_ggml) that encodes a fixed text and decodes it back,
+// and gives its stop set (gguf_stop_token_ids).
 #include <cstddef>
 #include <cstdint>
 #include <cstdlib>
@@ -54,6 +55,15 @@ unsigned touch_tokenizer(const lily::GgufHeader& header) {
     return 0;
   }
 }
+
+// The stop set of the metadata (gguf_stop_token_ids), whatever its tokenizer keys hold.
+unsigned touch_stop_tokens(const lily::GgufHeader& header) {
+  try {
+    return unsigned(lily::gguf_stop_token_ids(header.metadata, 1 << 20).size());
+  } catch (const lily::Error&) {
+    return 0;
+  }
+}
 }  // namespace
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -66,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   }
   unsigned sum = 0;
   for (const auto& [key, value] : header.metadata) sum += touch(value);
-  sum += touch_tokenizer(header);
+  sum += touch_tokenizer(header) + touch_stop_tokens(header);
   if (header.data_offset > size || (header.data_offset % header.alignment != 0 && header.data_offset != size))
     std::abort();
   for (const lily::GgufTensor& t : header.tensors) {
