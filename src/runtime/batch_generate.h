@@ -90,6 +90,7 @@ class BatchGenerator {
   void prefill_round();
   int64_t prefill_piece(Request& r, int64_t budget);
   void decode_step();
+  void decode_alone(Request& r);
   void end(Request& r, FinishReason reason);
   void fail(Request& r, std::exception_ptr error);
   void retire_ended();

@@ -33,6 +33,11 @@ void advance(grammar::GrammarMatcher& grammar, int32_t token);
 GeneratedToken sample_row(Sampler& sampler, std::vector<float>& logits, const GenerateRequest& request, int32_t limit,
                           std::vector<uint64_t>& mask, GenerateResult& result);
 
+// The next token from the backend's best candidates (Backend::forward_candidates) where they
+// decide the draw: under a grammar those at -inf are left out (none left: no allowed token has a
+// usable logit) and the grammar is advanced by the token.
+GeneratedToken sample_candidates(Sampler& sampler, std::vector<TokenLogit>& candidates, const GenerateRequest& request);
+
 // Hands a generated token to the caller; false when the generation ends with it (a stop token,
 // the grammar's end, the caller's refusal), result.finish then set.
 bool deliver(const GeneratedToken& token, const GenerateRequest& request, const TokenCallback& on_token,

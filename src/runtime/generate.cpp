@@ -39,15 +39,6 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 using decode_token::advance;
 using decode_token::mask_logits;
 
-// The backend's candidates among the allowed tokens, those at -inf left out (the whole-row path
-// cannot tell them from the masked ones, and does not sample them). None left: no allowed token
-// has a usable logit, which the whole-row path reports through advance() too.
-void keep_usable(std::vector<TokenLogit>& candidates) {
-  std::erase_if(candidates, [](const TokenLogit& c) { return !(c.logit > -INFINITY); });
-  if (candidates.empty())
-    throw Error("constrained decoding: the model gave no usable logit for any token the grammar allows");
-}
-
 bool grammar_ended(const grammar::GrammarMatcher* grammar) {
   return grammar && (grammar->must_stop() || grammar->is_finished());
 }
@@ -130,9 +121,7 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
   for (int64_t i = 0; i < request.max_new_tokens; ++i) {
     GeneratedToken token;
     if (have_candidates) {
-      if (request.grammar) keep_usable(candidates);
-      token.id = sampler.sample_candidates(candidates);
-      if (request.grammar) advance(*request.grammar, token.id);
+      token = decode_token::sample_candidates(sampler, candidates, request);
     } else {
       token = decode_token::sample_row(sampler, logits, request, limit, mask, result);
     }
@@ -153,6 +142,28 @@ GenerateResult generate(Backend& backend, SequenceState& state, const GenerateRe
 }
 
 namespace decode_token {
+
+namespace {
+
+// The backend's candidates among the allowed tokens, those at -inf left out (the whole-row path
+// cannot tell them from the masked ones, and does not sample them). None left: no allowed token
+// has a usable logit, which the whole-row path reports through advance() too.
+void keep_usable(std::vector<TokenLogit>& candidates) {
+  std::erase_if(candidates, [](const TokenLogit& c) { return !(c.logit > -INFINITY); });
+  if (candidates.empty())
+    throw Error("constrained decoding: the model gave no usable logit for any token the grammar allows");
+}
+
+}  // namespace
+
+GeneratedToken sample_candidates(Sampler& sampler, std::vector<TokenLogit>& candidates,
+                                 const GenerateRequest& request) {
+  if (request.grammar) keep_usable(candidates);
+  GeneratedToken token;
+  token.id = sampler.sample_candidates(candidates);
+  if (request.grammar) advance(*request.grammar, token.id);
+  return token;
+}
 
 double mask_logits(grammar::GrammarMatcher& grammar, std::vector<uint64_t>& mask, std::span<float> logits) {
   const auto t0 = std::chrono::steady_clock::now();

@@ -14,6 +14,7 @@
 #include <string>
 #include <vector>
 
+#include "candidate_backends.h"
 #include "runtime/batch_generate.h"
 #include "runtime/engine.h"
 #include "runtime/generate.h"
@@ -45,7 +46,13 @@ class CountingBackend final : public Backend {
     widest = std::max(widest, states.size());
     inner_.forward_batch(states, tokens, logits);
   }
-  int batch_steps = 0;
+  bool forward_candidates(SequenceState& state, int32_t token, int count, int32_t vocab_limit,
+                          const AllowedTokens* allowed, std::vector<TokenLogit>& out) override {
+    const bool offered = inner_.forward_candidates(state, token, count, vocab_limit, allowed, out);
+    candidate_steps += offered;
+    return offered;
+  }
+  int batch_steps = 0, candidate_steps = 0;
   size_t widest = 0;
 
  private:
@@ -109,10 +116,11 @@ void expect_same(const GenerateResult& got, const std::vector<GeneratedToken>& g
 }
 
 // Every spec through the batch generator (max_running slots, chunks of `chunk`), against each
-// alone through generate().
-void check_against_alone(const std::vector<Spec>& specs, int max_running, int64_t chunk) {
+// alone through generate(), both on `plain` (default: the engine's backend). Returns the steps
+// a request decoding alone ran on the backend's candidates.
+int check_against_alone(const std::vector<Spec>& specs, int max_running, int64_t chunk,
+                        Backend& plain = engine().backend()) {
   SCOPED_TRACE(testing::Message() << specs.size() << " requests, " << max_running << " slots, chunks of " << chunk);
-  Backend& plain = engine().backend();
   CountingBackend counting(plain);
   BatchGenerator batch(counting, {max_running, chunk});
   std::vector<GenerateRequest> requests;
@@ -133,12 +141,14 @@ void check_against_alone(const std::vector<Spec>& specs, int max_running, int64_
           return true;
         });
     more = batch.step();
-    ASSERT_LT(round, 10000) << "the batch never ends";
+    EXPECT_LT(round, 10000) << "the batch never ends";
+    if (round >= 10000) return counting.candidate_steps;
   }
   for (size_t i = 0; i < specs.size(); ++i) {
     SCOPED_TRACE(testing::Message() << "request " << i);
     auto outcome = batch.take(ids[i]);
-    ASSERT_TRUE(outcome.has_value());
+    EXPECT_TRUE(outcome.has_value());
+    if (!outcome) continue;
     EXPECT_FALSE(outcome->error);
     auto alone_state = state_of(plain, requests[i], specs[i].cached);
     std::vector<GeneratedToken> alone_tokens;
@@ -153,6 +163,7 @@ void check_against_alone(const std::vector<Spec>& specs, int max_running, int64_
   if (max_running > 1 && specs.size() > 1) {
     EXPECT_GT(counting.widest, 1u) << "some steps must batch rows";
   }
+  return counting.candidate_steps;
 }
 
 SamplingParams greedy() {
@@ -192,6 +203,21 @@ TEST(BatchGenerate, SamplingLogprobsStopsAndTheLineMatchOneAtATime) {
   check_against_alone(specs, 3, 16);  // more requests than slots: a line
   check_against_alone(specs, 8, 512);
   check_against_alone(specs, 1, 7);  // one slot: one at a time
+}
+
+// A request decoding alone steps as generate() does: on the backend's best few candidates where
+// it offers them (the CUDA backend; here selected on the host from the row), no whole row handed
+// over, with the same tokens and logprobs; two requests decoding together take batch steps.
+TEST(BatchGenerate, ALoneStreamStepsOnCandidates) {
+  test::WrappedBackend candidates(engine().backend(), test::WrappedBackend::Mode::candidates);
+  std::vector<Spec> specs = {
+      {9, 0, 30, 0, qwen()},      // alone, then beside the next two
+      {40, 0, 12, 20, greedy()},  // arrives while the first decodes
+      {5, 0, 20, 26, qwen(), 2},  // logprobs: its steps take the row, alone or not
+      {70, 0, 25, 80, qwen()},    // alone again, after the others
+  };
+  EXPECT_GT(check_against_alone(specs, 4, 16, candidates), 10);
+  EXPECT_EQ(check_against_alone(specs, 4, 16), 0) << "the CPU backend offers no candidates";
 }
 
 // A 300-token prompt arriving while three requests decode: in every round it prefills one chunk
