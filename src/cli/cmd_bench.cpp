@@ -532,6 +532,9 @@ int run_bench(BenchArgs a) {
     options.plan_edits = a.kernel_plan;
     if (!a.model.device_profile.empty()) options.device_profile = a.model.device_profile;
     if (a.model.gpu_memory_gb > 0) options.gpu_memory_bytes = uint64_t(a.model.gpu_memory_gb * 1e9);
+    // Under a cap, room for the longest sequence the bench makes (its depth, then its steps).
+    for (int32_t n : prefill_lengths) options.planned_context = std::max<int64_t>(options.planned_context, n + 2048);
+    for (int32_t n : decode_depths) options.planned_context = std::max<int64_t>(options.planned_context, n + 2048);
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
       backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42), options);
@@ -686,9 +689,8 @@ CommandRegistration bench_command{
        sub.add_option("--decode-loop", a->decode_loop,
                       "graph: greedy steps chained on the device (the kernels' speed); generate: the request loop "
                       "of lily serve (sampling with Qwen's top-k 20 / top-p 0.95 / temperature 0.6; on the GPU the "
-                      "steps chained, each token drawn there, where the plan has chains: --kernel-plan chain=1 "
-                      "until they are on by default); stepwise: that loop with each step's candidates drawn on the "
-                      "host (no chain)")
+                      "steps chained, each token drawn there, as the plan has them: --kernel-plan chain=0 to "
+                      "step); stepwise: that loop with each step's candidates drawn on the host (no chain)")
            ->check(CLI::IsMember({"graph", "generate", "stepwise"}))
            ->capture_default_str();
        sub.add_option("--decode-skip", a->decode_skip,

@@ -78,7 +78,7 @@ struct Session {
 
 Session open_session(const ModelOptions& model, const SamplingArgs& sampling) {
   Session s;
-  s.engine = model.load_engine();
+  s.engine = model.load_engine(sampling.ctx_size);
   check_speculate(s.engine->backend(), sampling.speculate);
   const int64_t ctx_size = sampling.ctx_size;
   ChatServiceOptions options;

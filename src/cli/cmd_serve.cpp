@@ -107,7 +107,7 @@ int run_serve(ServeArgs& a) {
   {
     LoadTicker ticker(server);
     ticker.phase("loading the model weights");
-    engine = a.model.load_engine();
+    engine = a.model.load_engine(a.ctx_size > 0 ? a.ctx_size : kDefaultContext);
     // The engine's tokenizer: tokenizer.json, or a GGUF's own vocabulary (engine.h find_tokenizer).
     const Tokenizer* tokenizer = engine->tokenizer();
     if (!tokenizer)

@@ -41,7 +41,7 @@ LoadOptions ModelOptions::load_options() const {
 
 std::string ModelOptions::resolved_model_dir() const { return model_dir.empty() ? default_model_dir() : model_dir; }
 
-std::unique_ptr<Engine> ModelOptions::load_engine() const {
+std::unique_ptr<Engine> ModelOptions::load_engine(int64_t planned_context) const {
   EngineOptions options;
   options.model_dir = resolved_model_dir();
   options.backend = backend;
@@ -49,6 +49,7 @@ std::unique_ptr<Engine> ModelOptions::load_engine() const {
   options.mtp_dir = mtp_dir;
   options.device_profile = device_profile;
   options.gpu_memory_gb = gpu_memory_gb;
+  options.planned_context = planned_context;
   auto t0 = std::chrono::steady_clock::now();
   std::fprintf(stderr, "loading %s ...\n", options.model_dir.c_str());
   auto engine = Engine::load(options);

@@ -22,8 +22,10 @@ struct ModelOptions {
   double gpu_memory_gb = 0;    // --gpu-memory: CUDA (EngineOptions::gpu_memory_gb)
 
   void add_to(CLI::App& app);
-  std::unique_ptr<Engine> load_engine() const;  // prints progress on stderr
-  LoadOptions load_options() const;             // --quantize and --mtp, for load_model
+  // Prints progress on stderr. planned_context: the context the command will hold (--ctx-size;
+  // under --gpu-memory the prefill chunk leaves room for it).
+  std::unique_ptr<Engine> load_engine(int64_t planned_context = 0) const;
+  LoadOptions load_options() const;  // --quantize and --mtp, for load_model
   std::string resolved_model_dir() const;
 };
 

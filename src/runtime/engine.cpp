@@ -85,6 +85,7 @@ std::unique_ptr<Engine> Engine::load(const EngineOptions& options) {
     CudaBackendOptions cuda_options = CudaBackendOptions::from_environment();
     if (!options.device_profile.empty()) cuda_options.device_profile = options.device_profile;
     if (options.gpu_memory_gb > 0) cuda_options.gpu_memory_bytes = uint64_t(options.gpu_memory_gb * 1e9);
+    cuda_options.planned_context = options.planned_context;
     engine->backend_ = make_cuda_backend(engine->weights_, cuda_options);
     return engine;
   }

@@ -24,6 +24,7 @@ struct EngineOptions {
   std::string mtp_dir = {};         // the MTP head from this directory (--mtp; LoadOptions::mtp_dir)
   std::string device_profile = {};  // CUDA: CudaBackendOptions::device_profile (--device-profile)
   double gpu_memory_gb = 0;         // CUDA: a cap on the device memory, GB (--gpu-memory; 0: none)
+  int64_t planned_context = 0;      // CUDA: the context to be held (--ctx-size), for the cap's prefill chunk
 };
 
 class Engine {

@@ -39,17 +39,27 @@ std::pair<double, double> row_diff(const float* a, const float* b, int64_t V) {
   return {diff, top};
 }
 
-void check_batch(CudaBackend& gpu, int N, uint32_t seed) {
+// The CPU reference's logits after prompt + token (a fresh sequence).
+std::vector<float> cpu_logits(Backend& cpu, std::vector<int32_t> tokens, int32_t token) {
+  tokens.push_back(token);
+  std::vector<float> logits;
+  cpu.forward(*cpu.new_sequence(int64_t(tokens.size())), tokens, LogitsWanted::last, logits);
+  return logits;
+}
+
+void check_batch(CudaBackend& gpu, Backend& cpu, int N, uint32_t seed) {
   SCOPED_TRACE(testing::Message() << N << " sequences");
   const int64_t V = gpu.config().vocab_size;
   const int lengths[] = {0, 1, 5, 63, 64, 65, 148, 149};  // the last: capacity 150, full after the step
   std::vector<Sequence> seqs;
+  std::vector<std::vector<int32_t>> prompts;
   std::vector<float> logits;
   for (int r = 0; r < N; ++r) {
     const int length = lengths[r % 8];
     const int64_t capacity = r % 8 == 7 ? 150 : 256;
     std::vector<int32_t> prompt(static_cast<size_t>(length));
     for (int i = 0; i < length; ++i) prompt[size_t(i)] = int32_t((seed + uint32_t(r) * 131 + uint32_t(i) * 7) % V);
+    prompts.push_back(prompt);
     Sequence s{gpu.new_sequence(capacity), gpu.new_sequence(capacity), int32_t((seed + uint32_t(r) * 17) % V)};
     if (length > 0) {
       gpu.forward(*s.batch, prompt, LogitsWanted::none, logits);
@@ -71,9 +81,16 @@ void check_batch(CudaBackend& gpu, int N, uint32_t seed) {
     gpu.forward(*s.alone, std::span<const int32_t>(&s.next, 1), LogitsWanted::last, alone);
     const float* got = rows.data() + size_t(r) * size_t(V);
     const auto [diff, top] = row_diff(got, alone.data(), V);
+    // And both against the CPU reference (the bound of the GPU forward's tests), which says which
+    // one is off when they differ.
+    const std::vector<float> ref = cpu_logits(cpu, prompts[size_t(r)], s.next);
+    const auto [batch_off, ref_top] = row_diff(got, ref.data(), V);
+    const double alone_off = row_diff(alone.data(), ref.data(), V).first;
     EXPECT_LE(diff, 2e-2 * top) << "row " << r << " (length " << lengths[r % 8] << ", token " << s.next << ", seed "
                                 << seed << "): max |batch| " << row_diff(got, got, V).second << ", arg max "
-                                << argmax(got, V) << " against " << argmax(alone.data(), V);
+                                << argmax(got, V) << " against " << argmax(alone.data(), V)
+                                << "; against the CPU: batch " << batch_off << ", alone " << alone_off;
+    EXPECT_LE(batch_off, 2e-2 * ref_top) << "row " << r << ": the batch row against the CPU reference";
     argmax_differs += argmax(got, V) != argmax(alone.data(), V);
     EXPECT_EQ(s.batch->length(), s.alone->length()) << "row " << r;
   }
@@ -100,14 +117,16 @@ std::unique_ptr<CudaBackend> backend(const std::shared_ptr<const ModelWeights>& 
 TEST(CudaBatch, StepsMatchEachSequenceAlone) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  auto cpu = make_cpu_backend(weights);
   for (const auto& edits : {std::vector<std::string>{"batch_rows_up_to=16"},
                             std::vector<std::string>{"batch_rows_up_to=16", "moe_slots_up_to=16"}}) {
     SCOPED_TRACE(edits.back());
     auto gpu = backend(weights, edits);
-    check_batch(*gpu, 2, 1);
-    check_batch(*gpu, 8, 2);
-    check_batch(*gpu, 16, 3);
-    check_batch(*gpu, 8, 4);  // the graph of 8 rows again, for other sequences
+    check_batch(*gpu, *cpu, 2, 1);
+    check_batch(*gpu, *cpu, 8, 2);
+    check_batch(*gpu, *cpu, 16, 3);
+    check_batch(*gpu, *cpu, 8, 4);  // the graph of 8 rows again, for other sequences
+    check_batch(*gpu, *cpu, 2, 5);  // and of 2
   }
 }
 
@@ -116,7 +135,7 @@ TEST(CudaBatch, DefaultPlanRunsSequencesOneAfterAnother) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
   auto gpu = make_cuda_backend(weights);
-  check_batch(*gpu, 3, 5);
+  check_batch(*gpu, *make_cpu_backend(weights), 3, 5);
 }
 
 // A refused batch step changes no sequence (Backend::check_batch before anything runs).

@@ -293,7 +293,7 @@ TEST(CudaForwardLilyTiny, ChainsMatchStepwiseCandidates) {
   REQUIRE_GPU();
   auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
   CudaBackendOptions chained;
-  chained.plan_edits = {"chain=1"};  // off in the default plan until it has run on a GPU
+  chained.plan_edits = {"chain=1"};  // as the default plan has it (a test of the chain whatever the default)
   auto gpu = make_cuda_backend(weights, chained);
   const int32_t V = weights->config.vocab_size;
   const std::vector<int32_t> prompt = {11, 882, 198, 1532, 3, 220, 24, 19, 22, 10, 18, 22};
@@ -445,14 +445,15 @@ TEST(CudaForwardLilyTiny, TensorCorePrefillMatchesCpu) {
   EXPECT_LE(*std::max_element(dp.begin(), dp.end()), 2e-2 * max_cpu) << "passes of 64 tokens against one pass";
 
   // Passes of 2 to 16 tokens (the few-row kernels, programmatic launches), every row against the
-  // CPU's at the same bounds; again with the MoE of every pass on the decode kernels, the rows a
-  // grid dimension (the plan's moe_slots_up_to), and with the passes replayed as captured graphs
-  // (pass_graphs_up_to; each length comes back two or three times: replays of one graph).
+  // CPU's at the same bounds: as the plan has them (replayed as captured graphs, pass_graphs_up_to:
+  // each length comes back two or three times, replays of one graph; the MoE of passes of up to 4
+  // on the decode kernels, the rows a grid dimension, moe_slots_up_to), then with neither, and
+  // with the slots at every length, with and without the graphs.
   const std::pair<const char*, std::vector<std::string>> variants[] = {
-      {"passes of 2-16 tokens", {}},
-      {"passes of 2-16 tokens, MoE slots", {"moe_slots_up_to=16"}},
-      {"passes of 2-16 tokens, graphs", {"pass_graphs_up_to=16"}},
-      {"passes of 2-16 tokens, graphs and MoE slots", {"pass_graphs_up_to=16", "moe_slots_up_to=16"}},
+      {"passes of 2-16 tokens, graphs and MoE slots to 4 (the plan)", {}},
+      {"passes of 2-16 tokens", {"pass_graphs_up_to=0", "moe_slots_up_to=0"}},
+      {"passes of 2-16 tokens, MoE slots", {"pass_graphs_up_to=0", "moe_slots_up_to=16"}},
+      {"passes of 2-16 tokens, graphs and MoE slots", {"moe_slots_up_to=16"}},
   };
   for (const auto& [what, edits] : variants) {
     SCOPED_TRACE(what);

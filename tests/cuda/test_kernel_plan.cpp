@@ -128,17 +128,22 @@ TEST(KernelPlan, RefusesWhatNoKernelTakes) {
   for (int chunk : {0, 63, 100, 32768}) EXPECT_THROW(cuda::plan_kernels(*Weights(c).w, kH200, chunk), Error) << chunk;
 }
 
-// The thresholds tests and `lily bench --kernel-plan` may set: off by default (the MoE slots and
-// the pass graphs until they have run on a GPU), set within what the weights allow, anything
-// else refused with the names that can be set.
+// The thresholds tests and `lily bench --kernel-plan` may set: by default the MoE slots up to 4
+// rows, the pass graphs up to 16 and the chain on (measured, session 25), the batch steps off (not
+// yet right), set within what the weights allow, anything else refused with the names that can be
+// set.
 TEST(KernelPlan, EditsSetThresholdsWithinWhatTheWeightsAllow) {
   const Weights w(qwen36_35b_a3b_config());
   cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
-  EXPECT_EQ(plan.prefill.moe_slots_up_to, 0);
-  EXPECT_EQ(plan.prefill.pass_graphs_up_to, 0);
+  EXPECT_EQ(plan.prefill.moe_slots_up_to, 4);
+  EXPECT_EQ(plan.prefill.pass_graphs_up_to, 16);
   EXPECT_EQ(plan.prefill.batch_rows_up_to, 0);
+  EXPECT_TRUE(plan.decode.chain);
+  cuda::edit_plan(plan, "chain=0");
   EXPECT_FALSE(plan.decode.chain);
-  EXPECT_FALSE(plan.prefill.moe_slots(2));
+  EXPECT_TRUE(plan.prefill.moe_slots(2));
+  EXPECT_TRUE(plan.prefill.moe_slots(4));
+  EXPECT_FALSE(plan.prefill.moe_slots(5));
   cuda::edit_plan(plan, "chain=1");
   EXPECT_TRUE(plan.decode.chain);
   EXPECT_THROW(cuda::edit_plan(plan, "chain=2"), Error);

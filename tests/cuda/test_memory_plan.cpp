@@ -3,6 +3,7 @@
 // The goal of issue 39: the full model with a 32K context in at most 22 GB, 64K in at most 23 GB.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdio>
 
 #include "backend/cuda/common/device_info.h"
@@ -79,6 +80,34 @@ TEST(MemoryPlan, TheFullModelFitsTheGoal) {
   today.needs = m.needs(8192), today.context = 32768;
   EXPECT_GT(today.needs.prefill_workspace, 2 * (1ull << 30));
   EXPECT_GT(today.total(), 22 * kGB) << today.describe();
+}
+
+// Under a cap the prefill chunk shrinks until one sequence of the context fits: 32K in 22 GB takes
+// 2048 or more, never a chunk that does not fit, the largest that does; no cap keeps 8192.
+TEST(MemoryPlan, TheCapChoosesThePrefillChunk) {
+  const FullSize m;
+  auto needs_of = [&](int chunk) { return m.needs(chunk); };
+  EXPECT_EQ(cuda::prefill_chunk_for(needs_of, 32768, 0), 8192);
+  EXPECT_EQ(cuda::prefill_chunk_for(needs_of, 32768, 200 * kGB), 8192);
+  for (int64_t ctx : {0, 4096, 32768, 65536}) {
+    for (uint64_t budget : {22 * kGB, 23 * kGB, 24 * kGB}) {
+      SCOPED_TRACE(testing::Message() << ctx << " tokens in " << budget / kGB << " GB");
+      const int chunk = cuda::prefill_chunk_for(needs_of, ctx, budget);
+      auto total = [&](int c) {
+        cuda::MemoryPlan p;
+        p.needs = m.needs(c), p.context = std::max<int64_t>(ctx, 256);
+        return p.total();
+      };
+      if (total(chunk) > budget) {  // none fits: the smallest, and then the smallest does not
+        EXPECT_EQ(chunk, cuda::kPrefillChunkChoices.back());
+        continue;
+      }
+      for (int larger : cuda::kPrefillChunkChoices)
+        if (larger > chunk) EXPECT_GT(total(larger), budget) << "chunk " << larger << " fits too";
+    }
+  }
+  EXPECT_GE(cuda::prefill_chunk_for(needs_of, 32768, 22 * kGB), 2048);
+  EXPECT_EQ(cuda::prefill_chunk_for(needs_of, 32768, 10 * kGB), 512);  // nothing fits: the smallest
 }
 
 // No context given: the largest that fits the budget, in steps of 256 tokens, at most the model's.

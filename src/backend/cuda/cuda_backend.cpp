@@ -25,6 +25,7 @@
 #include "backend/cuda/pass_graph.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
+#include "base/log.h"
 #include "model/weights.h"
 
 namespace lily {
@@ -164,9 +165,19 @@ class CudaBackendImpl final : public CudaBackend {
                "LILY_DEVICE_PROFILE=device) to try them, --backend cpu to run on the CPU",
                profile.describe());
     set_current_device_profile(profile);  // the launchers' shared-memory limit
-    KernelPlan plan = plan_kernels(w, profile, options.prefill_chunk_tokens);
-    for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
-    return plan;
+    auto plan_with_chunk = [&](int chunk) {
+      KernelPlan plan = plan_kernels(w, profile, chunk);
+      for (const std::string& edit : options.plan_edits) edit_plan(plan, edit);
+      return plan;
+    };
+    if (options.prefill_chunk_tokens > 0) return plan_with_chunk(options.prefill_chunk_tokens);
+    const int chunk = prefill_chunk_for([&](int c) { return memory_needs(w, w.bytes(), plan_with_chunk(c)); },
+                                        options.planned_context, options.gpu_memory_bytes);
+    if (chunk != kPrefillChunkChoices.front())
+      LILY_LOG_INFO("prefill chunk {} tokens: the largest whose workspace leaves room for {} tokens of context in "
+                    "{:.1f} GB (--gpu-memory)",
+                    chunk, std::max<int64_t>(options.planned_context, 256), double(options.gpu_memory_bytes) / 1e9);
+    return plan_with_chunk(chunk);
   }
   // The cap, checked before the workspaces are allocated: the weights, workspaces and reserve, and
   // one slot of 256 tokens, must fit it.

@@ -35,9 +35,11 @@ class CudaBackend : public Backend {
 };
 
 struct CudaBackendOptions {
-  bool pdl = true;                  // the decode graph's kernel-to-kernel edges programmatic (PDL)
-  int prefill_chunk_tokens = 8192;  // tokens per prefill pass: a multiple of 64 up to 16384; the
-                                    // scratch grows ~0.2 MB per token (8192: ~1.6 GB)
+  bool pdl = true;               // the decode graph's kernel-to-kernel edges programmatic (PDL)
+  int prefill_chunk_tokens = 0;  // tokens per prefill pass: a multiple of 64 up to 16384 (the scratch
+                                 // grows ~0.2 MB per token: 8192, ~2 GiB); 0: 8192, or under a cap
+                                 // the largest that leaves room for planned_context (memory_plan.h)
+  int64_t planned_context = 0;   // the context the caller means to hold (--ctx-size), for that choice
   // Measurement and tests only: the kernel plan's settings changed after it is made, each
   // "NAME=VALUE" (kernel_plan.h's edit_plan; `lily bench --kernel-plan`).
   std::vector<std::string> plan_edits;

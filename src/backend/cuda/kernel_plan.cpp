@@ -194,6 +194,11 @@ KernelPlan plan_kernels_with_gaps(const GpuWeights& w, const DeviceProfile& devi
     return moe_route_rows_supports(layer.moe);  // gate/up and down: the decode step's, checked above
   });
   plan.prefill.moe_slots_limit = moe_slots ? kMoeSlotsMaxRows : 0;
+  // Measured on the H100 (docs/perf-log/2026-12.md, session 25): passes of 2 and 4 tokens at
+  // depth 4K 2.996 / 4.159 ms with both against 3.546 / 4.444 without; at 8 tokens the slots lose
+  // (6.77 against 6.55 ms on the graphs alone), so they stop at 4.
+  plan.prefill.moe_slots_up_to = std::min(kMoeSlotsDefaultRows, plan.prefill.moe_slots_limit);
+  plan.prefill.pass_graphs_up_to = kMaxPassGraphTokens;
   plan.prefill.logit_rows_up_to = gemv_rows_supports(w.lm_head, true) ? kGemvRowsMaxT : 0;
   if (device.hopper() && wgmma_takes(w)) {
     plan.prefill.wgmma_from = 256;  // measured: below, out_proj [2048, 4096] is slower than on gemm_q4's split K

@@ -22,14 +22,14 @@
 //   MoE rows         and the MoE block as moe_rows_accumulate (moe_grouped.h: the route in one
 //                    launch, top-k with the plan, the experts on gemv_rows) where every layer's
 //                    experts are 4-bit group 64, H <= 2048, router and shared gate alike
-//   pass graphs      passes of up to pass_graphs_up_to tokens replayed as CUDA graphs captured per
-//                    sequence (pass_graph.h); off (0) until it has run on a GPU
+//   pass graphs      passes of up to 16 tokens replayed as CUDA graphs captured per sequence
+//                    (pass_graph.h): -4% at 2 and 8 rows, -1% at 4 (H100, session 25)
 //   batch steps      one token of each of up to batch_rows_up_to sequences (forward_batch) as one
 //                    graph of the short pass with each row's attention and DeltaNet on its own
 //                    state (batch_rows.h); off (0: the sequences one after another) until run
-//   MoE slots        passes of up to moe_slots_up_to tokens: the block on the decode kernels, the
-//                    rows a grid dimension (moe_decode.h's moe_slots_accumulate: three launches,
-//                    no plan, no combine); off (0) until it has run on a GPU
+//   MoE slots        passes of up to 4 tokens: the block on the decode kernels, the rows a grid
+//                    dimension (moe_decode.h's moe_slots_accumulate: three launches, no plan, no
+//                    combine): -12% at 2 rows and -5% at 4 with the graphs, +3% at 8 (H100, s25)
 //   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
 //                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
 //   decode step      the chain of kernels below (one persistent kernel for the whole step measured
@@ -95,14 +95,16 @@ struct DecodeLayerPlan {
 struct DecodePlan {
   std::vector<DecodeLayerPlan> layers;
   PlannedGemv lm_head;  // logits = RMSNorm(h) @ lm_head^T (also the one row a prefill pass needs)
-  // Steps chained on the GPU, each token chosen there (Backend::chain_tokens, decode_graph.h);
-  // off until it has run on a GPU: generate() then steps with forward_candidates.
-  bool chain = false;
+  // Steps chained on the GPU, each token chosen there (Backend::chain_tokens, decode_graph.h):
+  // lily serve --parallel 1 streamed 568-569 tokens/s at 4K against 558-561 stepping with
+  // forward_candidates, the graph loop 584.9 (H200, session 25). Off, generate() steps.
+  bool chain = true;
   bool pdl = true;       // the step graph's edges programmatic (Hopper only: griddepcontrol)
   int launches() const;  // kernels of one step, argmax included
 };
 
 constexpr int kMaxPassGraphTokens = 16;  // the longest pass a graph may replay (its logits in pinned memory)
+constexpr int kMoeSlotsDefaultRows = 4;  // passes of up to this many tokens: the MoE on the decode kernels
 
 struct PrefillPlan {
   int decode_steps_below = 2;                     // forwards of fewer tokens run as decode steps

@@ -94,4 +94,15 @@ MemoryPlan plan_memory(const MemoryNeeds& needs, const MemoryRequest& request, i
   return plan;
 }
 
+int prefill_chunk_for(const std::function<MemoryNeeds(int)>& needs_of, int64_t context, uint64_t budget) {
+  if (budget == 0) return kPrefillChunkChoices.front();
+  for (int chunk : kPrefillChunkChoices) {
+    MemoryPlan plan;
+    plan.needs = needs_of(chunk);
+    plan.context = std::max<int64_t>(context, kContextStep);
+    if (plan.total() <= budget) return chunk;
+  }
+  return kPrefillChunkChoices.back();
+}
+
 }  // namespace lily::cuda

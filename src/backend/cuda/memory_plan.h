@@ -6,13 +6,15 @@
 //                      token for the full model); sized to the context asked for, not a larger capacity
 //   recurrent state    per slot: DeltaNet layers x (Hv x 128 x 128 fp32 + (K-1) x conv_dim fp32) (63 MiB)
 //   prefill workspace  prefill_pass.h's PrefillWorkspace for plan.prefill.chunk_tokens (8192: ~1.8 GB;
-//                      it scales with the chunk: LILY_PREFILL_CHUNK)
+//                      it scales with the chunk: LILY_PREFILL_CHUNK, or under a cap prefill_chunk_for)
 //   decode workspace   the decode step's and graph's buffers (a few MB) and the split attention's partials
 //   reserve            the CUDA context, graphs and the allocator's slack (kReserveBytes), never planned into
 // A budget is the free device memory, or less under a cap (`--gpu-memory GB`).
 #pragma once
 
+#include <array>
 #include <cstdint>
+#include <functional>
 #include <string>
 
 #include "model/config.h"
@@ -62,5 +64,15 @@ MemoryNeeds memory_needs(const GpuWeights& w, uint64_t weight_bytes, const Kerne
 // not fit, saying the longest context and the most slots that would), or the largest context that
 // fits (a multiple of 256 tokens, at most max_context; throws when not even 256 tokens fit).
 MemoryPlan plan_memory(const MemoryNeeds& needs, const MemoryRequest& request, int64_t max_context);
+
+// The prefill chunks a cap chooses among, largest first (8192: the default without one).
+constexpr std::array<int, 5> kPrefillChunkChoices = {8192, 4096, 2048, 1024, 512};
+
+// The prefill chunk under a cap (`budget`, 0: none): the largest of kPrefillChunkChoices for which
+// one sequence of `context` tokens (at least 256) fits beside the weights and workspaces,
+// needs_of(chunk) being the needs of the plan with that chunk; the smallest when none does (the
+// caller's check then says what does not fit). No cap: the first. As llama.cpp's fit lowers its
+// batch: the full model and 32K of context in 22 GB take 2048 (the workspace of 8192 is 2 GiB).
+int prefill_chunk_for(const std::function<MemoryNeeds(int)>& needs_of, int64_t context, uint64_t budget);
 
 }  // namespace lily::cuda
