@@ -7,6 +7,7 @@
 #include <iterator>
 #include <random>
 #include <sstream>
+#include <utility>
 
 #include <nlohmann/json.hpp>
 
@@ -77,33 +78,52 @@ struct Measured {
   std::vector<int32_t> tokens;   // the last round's
 };
 
-// Round r's request on `state` (the prompt and stop tokens; measure() sets the rest), which it
+// Round r's request on `state` (the prompt and stop tokens; Side::round sets the rest), which it
 // may create or replace: where each round of a measurement decodes from.
 using StartRound = std::function<GenerateRequest(Backend&, std::unique_ptr<SequenceState>&, int round)>;
 
-// Rounds of greedy generate() of up to o.tokens tokens (the first round a warm-up: caches, and,
-// with random context, where the head catches up with the fill).
-Measured measure(Backend& backend, int drafts, const SpeculativeBench& o, const StartRound& start) {
-  std::unique_ptr<SequenceState> state;
-  Measured m;
-  std::vector<double> times;
-  for (int r = 0; r <= o.repeats; ++r) {
-    GenerateRequest request = start(backend, state, r);
+// One side of the comparison, plain (drafts 0) or speculative: rounds of greedy generate() of
+// up to o.tokens tokens from `start`, the first a warm-up (caches, and, with random context,
+// where the head catches up with the fill).
+class Side {
+ public:
+  Side(Backend& backend, int drafts, StartRound start) : backend_(backend), drafts_(drafts), start_(std::move(start)) {}
+
+  void round(const SpeculativeBench& o, int r) {
+    GenerateRequest request = start_(backend_, state_, r);
     request.max_new_tokens = o.tokens;
     request.sampling.temperature = 0;
-    request.speculate = drafts;
-    const GenerateResult result = generate(backend, *state, request, [](const GeneratedToken&) { return true; });
+    request.speculate = drafts_;
+    const GenerateResult result = generate(backend_, *state_, request, [](const GeneratedToken&) { return true; });
     LILY_CHECK(result.tokens.size() >= 2,
                "--speculate: the reply ended after {} token(s), too few to time a decode; a longer one is needed",
                result.tokens.size());
-    if (r == 0) continue;
-    times.push_back(result.decode_seconds / double(result.tokens.size() - 1));
-    m.stats.add(result.speculation);
-    m.tokens = result.tokens;
+    if (r == 0) return;
+    times_.push_back(result.decode_seconds / double(result.tokens.size() - 1));
+    m_.stats.add(result.speculation);
+    m_.tokens = result.tokens;
   }
-  std::sort(times.begin(), times.end());
-  m.seconds_per_token = times[times.size() / 2];
-  return m;
+
+  Measured measured() {
+    std::sort(times_.begin(), times_.end());
+    m_.seconds_per_token = times_[times_.size() / 2];
+    return m_;
+  }
+
+ private:
+  Backend& backend_;
+  int drafts_;
+  StartRound start_;
+  std::unique_ptr<SequenceState> state_;
+  std::vector<double> times_;
+  Measured m_;
+};
+
+// Plain and speculative rounds in turns, so that a load that comes and goes on a shared machine
+// falls on both alike: {plain, speculative}.
+std::pair<Measured, Measured> measure(Side plain, Side spec, const SpeculativeBench& o) {
+  for (int r = 0; r <= o.repeats; ++r) plain.round(o, r), spec.round(o, r);
+  return {plain.measured(), spec.measured()};
 }
 
 // Random context: D tokens `fill`ed into one state, each round going on from where the last
@@ -253,8 +273,8 @@ void run_speculative_bench(Backend& backend, const std::vector<int32_t>& depths,
   Drafting drafting(backend, o);
   Report report(o, o.title + fmt::format("; random context, greedy decode, plain vs --speculate {}", o.drafts), json);
   for (int32_t D : depths) {
-    const Measured plain = measure(backend, 0, o, random_start(D, o, fill));
-    const Measured spec = measure(drafting.backend, o.drafts, o, random_start(D, o, fill));
+    const auto [plain, spec] = measure(Side(backend, 0, random_start(D, o, fill)),
+                                       Side(drafting.backend, o.drafts, random_start(D, o, fill)), o);
     report.add(D, plain, spec);
   }
   report.finish();
@@ -290,8 +310,8 @@ void run_speculative_bench(Backend& backend, const ChatContext& context, const S
   check_speculate(backend, o.drafts);
   LILY_CHECK(o.tokens >= 2, "--speculate needs --decode-tokens of at least 2");
   Drafting drafting(backend, o);
-  const Measured plain = measure(backend, 0, o, chat_start(context, o));
-  const Measured spec = measure(drafting.backend, o.drafts, o, chat_start(context, o));
+  const auto [plain, spec] = measure(Side(backend, 0, chat_start(context, o)),
+                                     Side(drafting.backend, o.drafts, chat_start(context, o)), o);
   const std::string shown = context.text.size() > 60 ? context.text.substr(0, 57) + "..." : context.text;
   Report report(o,
                 o.title + fmt::format("; chat prompt \"{}\" ({} tokens, thinking on), greedy reply of {} tokens "
