@@ -8,6 +8,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <functional>
+#include <optional>
 #include <random>
 #include <span>
 
@@ -40,7 +41,8 @@ constexpr double kBf16PeakTflops = 790.0;  // measured dense bf16 rate of the H2
 constexpr const char* kGpuLengths = "256,512,1024,2048,4096,8192,16384,32768,65536,131072";
 constexpr const char* kCpuLengths = "128";
 constexpr int kGpuDecodeTokens = 128, kCpuDecodeTokens = 32;
-constexpr int kMaxDecodeRows = 8;  // issue 16: steps of 1 .. 8 rows
+constexpr int kChatDecodeTokens = 256;  // --speculate with a chat prompt: the reply, up to its stop token
+constexpr int kMaxDecodeRows = 8;       // issue 16: steps of 1 .. 8 rows
 
 struct BenchArgs {
   ModelOptions model;
@@ -58,6 +60,8 @@ struct BenchArgs {
   std::string decode_trace;              // CSV of the traced kernels' blocks (LILY_KERNEL_TRACE builds)
   int speculate = 0;                     // > 0: plain vs speculative decode (bench_speculative.h)
   std::string assume_acceptance;         // with speculate: forced rates per draft position
+  bool chat = false;                     // with speculate: decode after a chat prompt, not random context
+  std::string prompt, prompt_file;       // with speculate: the chat prompt's user message (implies chat)
   std::vector<std::string> kernel_plan;  // --kernel-plan NAME=VALUE edits (CUDA)
   bool prefill_split = false;            // where each prefill length's pass spends its time (CUDA)
 };
@@ -472,6 +476,17 @@ SpeculativeBench speculative_options(const BenchArgs& a, const std::string& titl
   return o;
 }
 
+// --chat, --prompt, --prompt-file: the decode follows a real chat prompt.
+bool chat_context_wanted(const BenchArgs& a) { return a.chat || !a.prompt.empty() || !a.prompt_file.empty(); }
+
+// The chat prompt of --speculate through the engine's tokenizer and generation config.
+ChatContext bench_chat_context(const Engine& engine, const std::string& text, const std::string& model) {
+  const Tokenizer* tokenizer = engine.tokenizer();
+  LILY_CHECK(tokenizer, "--chat / --prompt: {} has no tokenizer (no tokenizer.json, no tokenizer.ggml.* in a GGUF)",
+             model);
+  return chat_context(*tokenizer, engine.generation_config().eos_token_ids, text);
+}
+
 #ifdef LILY_HAVE_CUDA
 std::function<void(SequenceState&, int32_t)> fake_fill_of(Backend&) {
   return [](SequenceState& s, int32_t D) { cuda::bench::fake_fill(s, D); };
@@ -486,9 +501,15 @@ int run_bench(BenchArgs a) {
 #else
   const bool on_gpu = false;
 #endif
+  const bool chat = chat_context_wanted(a);
+  LILY_CHECK(!chat || a.speculate > 0, "--chat, --prompt and --prompt-file go with --speculate K");
+  LILY_CHECK(a.prompt.empty() || a.prompt_file.empty(), "--prompt and --prompt-file: give one of them");
+  LILY_CHECK(!chat || a.decode_depths.empty(), "--decode-depths with a chat prompt: the prompt is the context");
+  LILY_CHECK(!chat || !a.synthetic, "--chat / --prompt: --synthetic has no tokenizer (random context only)");
+  const std::string chat_text = chat ? chat_prompt_text(a.prompt, a.prompt_file) : "";  // its errors before the load
   if (a.prefill_lengths.empty()) a.prefill_lengths = on_gpu ? kGpuLengths : kCpuLengths;
   if (a.decode_depths.empty()) a.decode_depths = on_gpu ? kGpuLengths : kCpuLengths;
-  if (a.decode_tokens == 0) a.decode_tokens = on_gpu ? kGpuDecodeTokens : kCpuDecodeTokens;
+  if (a.decode_tokens == 0) a.decode_tokens = chat ? kChatDecodeTokens : on_gpu ? kGpuDecodeTokens : kCpuDecodeTokens;
   std::vector<int32_t> prefill_lengths, decode_depths;
   if (a.prefill_lengths != "none")  // none: decode only (under a profiler, say)
     for (int32_t x : parse_id_list(a.prefill_lengths)) prefill_lengths.push_back(x);
@@ -528,6 +549,7 @@ int run_bench(BenchArgs a) {
                describe_device_profile(a.model.device_profile));
     peak = cuda::bench::measure_device_copy_bandwidth();
     std::unique_ptr<CudaBackend> backend;
+    std::optional<ChatContext> chat_request;  // --chat: the prompt, through the engine's tokenizer
     CudaBackendOptions options = CudaBackendOptions::from_environment();
     options.plan_edits = a.kernel_plan;
     if (!a.model.device_profile.empty()) options.device_profile = a.model.device_profile;
@@ -544,6 +566,7 @@ int run_bench(BenchArgs a) {
       backend = make_cuda_backend(std::shared_ptr<const ModelWeights>(&engine->weights(), [](const ModelWeights*) {}),
                                   options);
       title = a.model.resolved_model_dir();
+      if (chat) chat_request = bench_chat_context(*engine, chat_text, title);
     }
     title += fmt::format(" on {} (cuda), {:.2f} GB of weights; copy bandwidth measured {:.0f} GB/s",
                          cuda::bench::device_name(), double(backend->weight_bytes()) / 1e9, peak / 1e9);
@@ -553,6 +576,10 @@ int run_bench(BenchArgs a) {
       skip = cuda::bench::decode_skip(a.decode_skip);
       backend->observe_decode_step(skip.get());
       title += " (--decode-skip " + a.decode_skip + ": WRONG outputs, measurement only)";
+    }
+    if (a.speculate > 0 && chat_request) {
+      run_speculative_bench(*backend, *chat_request, speculative_options(a, title), a.json);
+      return 0;
     }
     if (a.speculate > 0) {
       run_speculative_bench(*backend, decode_depths, speculative_options(a, title), fake_fill_of(*backend), a.json);
@@ -595,6 +622,11 @@ int run_bench(BenchArgs a) {
           cpu_thread_count(), double(engine->weights().weight_bytes()) / 1e9, peak / 1e9, peak_flops / 1e9);
     }
     auto prefill_fill = [&](SequenceState& s, int32_t D) { prefill_random(b, s, D); };
+    if (a.speculate > 0 && chat) {
+      run_speculative_bench(b, bench_chat_context(*engine, chat_text, a.model.resolved_model_dir()),
+                            speculative_options(a, title), a.json);
+      return 0;
+    }
     if (a.speculate > 0) {
       run_speculative_bench(b, decode_depths, speculative_options(a, title), prefill_fill, a.json);
       return 0;
@@ -669,8 +701,9 @@ CommandRegistration bench_command{
        sub.add_option("--decode-depths", a->decode_depths,
                       "Context depths for decode, comma separated, or none (default: as --prefill-lengths)");
        sub.add_option("--decode-tokens", a->decode_tokens,
-                      fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU)",
-                                  kGpuDecodeTokens, kCpuDecodeTokens));
+                      fmt::format("Tokens decoded per measurement (default: {} on a GPU, {} on the CPU; with "
+                                  "--chat at most {}, the reply's stop token may end it first)",
+                                  kGpuDecodeTokens, kCpuDecodeTokens, kChatDecodeTokens));
        sub.add_option("--decode-rows", a->decode_rows,
                       "Tokens a decode step: 2 .. 8 time steps of that many consecutive tokens of one sequence with "
                       "every row's logits (a speculative draft's verification; the table's verifyN rows: ms a step, "
@@ -710,8 +743,21 @@ CommandRegistration bench_command{
        sub.add_option("--speculate", a->speculate,
                       "Decode greedy through generate() plain and with K drafts a step from the MTP head, in the "
                       "same run: effective tokens/s of each, tokens a step, acceptance per draft position (decode "
-                      "only: no prefill rows)")
+                      "only: no prefill rows). From random context at each --decode-depths (the acceptance is not "
+                      "the model's), or, with --chat / --prompt / --prompt-file, from a real chat prompt; the run "
+                      "fails if the speculative tokens differ from plain decoding's")
            ->capture_default_str();
+       sub.add_flag("--chat", a->chat,
+                    fmt::format("With --speculate: decode the model's greedy reply to a chat prompt (one user "
+                                "message through the chat template, thinking on, and the tokenizer) instead of "
+                                "random context: the acceptance is the model's own. The message is --prompt or "
+                                "--prompt-file, else \"{}\"; the reply runs to its stop token or --decode-tokens "
+                                "(default {} with --chat)",
+                                kDefaultBenchPrompt, kChatDecodeTokens));
+       sub.add_option("--prompt", a->prompt, "With --speculate: --chat with this user message");
+       sub.add_option("--prompt-file", a->prompt_file,
+                      "With --speculate: --chat with the user message read from this file")
+           ->type_name("FILE");
        sub.add_option("--assume-acceptance", a->assume_acceptance,
                       "With --speculate: keep draft k at the given rate, e.g. 0.85,0.67,0.51 (random weights accept "
                       "nothing): the pipeline's cost; the output says the rates were assumed, the tokens are not "

@@ -293,6 +293,7 @@ FinishReason ChatService::generate_reply(Completion& c) {
   c.timings.decode_seconds += r.decode_seconds;
   c.timings.grammar_seconds += r.grammar_seconds;
   c.timings.decoded_tokens += int64_t(r.tokens.size());
+  c.timings.speculative = c.timings.speculative || !r.speculation.drafted.empty();  // [speculate] when it drafted
   for (size_t k = 0; k < r.speculation.drafted.size(); ++k)
     c.timings.drafted_tokens += r.speculation.drafted[k], c.timings.accepted_tokens += r.speculation.accepted[k];
   return r.finish;
@@ -337,6 +338,9 @@ CompletionResult ChatService::finish(Completion& c, FinishReason reason) {
   r.usage = c.usage;
   r.usage.completion_tokens = int64_t(r.tokens.size());
   r.usage.reasoning_tokens = c.reply.reasoning_tokens();
+  if (c.timings.speculative)
+    r.usage.predictions = PredictionTokens{c.timings.accepted_tokens,
+                                           c.timings.drafted_tokens - c.timings.accepted_tokens};
   r.timings = c.timings;
 
   std::lock_guard cache_lock(cache_mutex_);

@@ -114,11 +114,20 @@ struct ChatDelta {
   }
 };
 
+// Speculative decoding's drafts (speculative.h): those the reply kept (each one of its tokens)
+// and those refused (computed, not used); accepted + rejected = the drafts made. OpenAI's
+// completion_tokens_details.accepted_prediction_tokens / rejected_prediction_tokens.
+struct PredictionTokens {
+  int64_t accepted = 0, rejected = 0;
+};
+
 struct Usage {
   int64_t prompt_tokens = 0, completion_tokens = 0, cached_tokens = 0;
   // Of completion_tokens: those generated while the reply was in its reasoning (its </think>
   // included; forced text not).
   int64_t reasoning_tokens = 0;
+  // The decode drafted with the MTP head (--speculate): what the drafts did; none without.
+  std::optional<PredictionTokens> predictions;
 };
 
 struct Timings {
@@ -128,6 +137,7 @@ struct Timings {
   double first_token_seconds = 0;                   // from the start of the completion to the first token
   double grammar_seconds = 0;                       // of decode_seconds: the grammar's masks (constrained decoding)
   int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding's MTP drafts
+  bool speculative = false;                         // the decode drafted (GenerateRequest::speculate > 0)
 };
 
 struct CompletionResult {

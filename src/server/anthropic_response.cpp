@@ -73,6 +73,8 @@ AnthropicEvents::AnthropicEvents(std::string id, std::string model, int64_t prom
 // The stream opens before the request's turn: the cache split of the prompt is not known yet,
 // so message_start counts the whole prompt as input; message_delta gives the final usage.
 std::vector<json> AnthropicEvents::opening() {
+  Usage opening;
+  opening.prompt_tokens = prompt_tokens_;
   json message{{"id", id_},
                {"type", "message"},
                {"role", "assistant"},
@@ -80,7 +82,7 @@ std::vector<json> AnthropicEvents::opening() {
                {"content", json::array()},
                {"stop_reason", nullptr},
                {"stop_sequence", nullptr},
-               {"usage", anthropic_usage_json(Usage{prompt_tokens_, 0, 0, 0})}};
+               {"usage", anthropic_usage_json(opening)}};
   return {json{{"type", "message_start"}, {"message", std::move(message)}}, json{{"type", "ping"}}};
 }
 

@@ -31,6 +31,8 @@ void Metrics::count_completion(const CompletionResult& r, double queue_seconds) 
   cached_tokens_ += r.usage.cached_tokens;
   generated_tokens_ += r.usage.completion_tokens;
   prefilled_tokens_ += r.timings.prefilled_tokens;
+  drafted_tokens_ += r.timings.drafted_tokens;
+  accepted_tokens_ += r.timings.accepted_tokens;
   prefill_seconds_ += r.timings.prefill_seconds;
   decode_seconds_ += r.timings.decode_seconds;
   ttft_seconds_ += r.timings.first_token_seconds;
@@ -60,6 +62,10 @@ std::string Metrics::prometheus(size_t queue_depth, const SlotStats& slots, cons
          cached_tokens_);
   metric("lily_prefill_tokens_total", "counter", "Prompt tokens computed.", prefilled_tokens_);
   metric("lily_generated_tokens_total", "counter", "Completion tokens generated.", generated_tokens_);
+  metric("lily_speculative_drafted_tokens_total", "counter",
+         "Tokens the MTP head drafted for speculative decoding (--speculate).", drafted_tokens_);
+  metric("lily_speculative_accepted_tokens_total", "counter",
+         "Drafted tokens the verify kept (each a completion token; the rest were refused).", accepted_tokens_);
   metric("lily_prefill_seconds_total", "counter", "Time spent computing prompts.", prefill_seconds_);
   metric("lily_decode_seconds_total", "counter", "Time spent generating tokens.", decode_seconds_);
   metric("lily_time_to_first_token_seconds_total", "counter", "Sum of the times to first token (queue wait excluded).",

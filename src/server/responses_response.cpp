@@ -37,7 +37,7 @@ json responses_usage_json(const Usage& u) {
   return json{{"input_tokens", u.prompt_tokens},
               {"input_tokens_details", json{{"cached_tokens", u.cached_tokens}}},
               {"output_tokens", u.completion_tokens},
-              {"output_tokens_details", json{{"reasoning_tokens", u.reasoning_tokens}}},
+              {"output_tokens_details", completion_tokens_details_json(u)},  // with the drafts, as chat's
               {"total_tokens", u.prompt_tokens + u.completion_tokens}};
 }
 

@@ -26,7 +26,8 @@
 // message {type: "message", id: "msg_...", role: "assistant", content: [{type: "output_text",
 // text, annotations: []}]}, function_call {type: "function_call", id: "fc_...", call_id, name,
 // arguments}], usage {input_tokens, input_tokens_details.cached_tokens, output_tokens,
-// output_tokens_details.reasoning_tokens, total_tokens}}, and the request's settings echoed.
+// output_tokens_details {reasoning_tokens, and with --speculate accepted_prediction_tokens,
+// rejected_prediction_tokens}, total_tokens}}, and the request's settings echoed.
 //
 // Stream (ResponsesEvents), each event with its sequence_number: response.created,
 // response.in_progress; per output item response.output_item.added, for reasoning and text

@@ -63,6 +63,7 @@ class Metrics {
   std::map<std::pair<std::string, int>, uint64_t> requests_;
   uint64_t completions_ = 0, cancelled_ = 0;
   int64_t prompt_tokens_ = 0, generated_tokens_ = 0, cached_tokens_ = 0, prefilled_tokens_ = 0;
+  int64_t drafted_tokens_ = 0, accepted_tokens_ = 0;  // --speculate: the MTP head's drafts
   double prefill_seconds_ = 0, decode_seconds_ = 0, ttft_seconds_ = 0, queue_seconds_ = 0;
   double last_prefill_tps_ = 0, last_decode_tps_ = 0, last_ttft_ = 0;
 };

@@ -245,12 +245,26 @@ std::string new_response_id(const std::string& prefix) {
   return id;
 }
 
+json completion_tokens_details_json(const Usage& u) {
+  json details{{"reasoning_tokens", u.reasoning_tokens}};
+  // accepted_prediction_tokens: "When using Predicted Outputs, the number of tokens in the
+  // prediction that appeared in the completion." rejected_prediction_tokens: "... the number of
+  // tokens in the prediction that did not appear in the completion. However, like reasoning
+  // tokens, these tokens are still counted in the total completion tokens for purposes of
+  // billing". Here the prediction is the MTP head's drafts (--speculate).
+  if (u.predictions) {
+    details["accepted_prediction_tokens"] = u.predictions->accepted;
+    details["rejected_prediction_tokens"] = u.predictions->rejected;
+  }
+  return details;
+}
+
 json usage_json(const Usage& u) {
   return json{{"prompt_tokens", u.prompt_tokens},
               {"completion_tokens", u.completion_tokens},
               {"total_tokens", u.prompt_tokens + u.completion_tokens},
               {"prompt_tokens_details", json{{"cached_tokens", u.cached_tokens}}},
-              {"completion_tokens_details", json{{"reasoning_tokens", u.reasoning_tokens}}}};
+              {"completion_tokens_details", completion_tokens_details_json(u)}};
 }
 
 json ResponseEnvelope::chunk(json choices) const {

@@ -75,8 +75,11 @@ std::string dump(const json& j);
 
 std::string new_response_id(const std::string& prefix);  // prefix + 24 hex digits
 // OpenAI's usage object: prompt / completion / total tokens, prompt_tokens_details.cached_tokens,
-// completion_tokens_details.reasoning_tokens.
+// completion_tokens_details (completion_tokens_details_json).
 json usage_json(const Usage& usage);
+// reasoning_tokens, and, when the decode speculated (Usage::predictions), the drafts kept and
+// refused as accepted_prediction_tokens / rejected_prediction_tokens (absent otherwise).
+json completion_tokens_details_json(const Usage& usage);
 
 // The fields every object of one response carries (id, object, created, model,
 // system_fingerprint) around its choices. usage_chunk: the client asked for a final usage chunk

@@ -2,6 +2,7 @@
 // with tiny-a's MTP head (the same geometry), reference backend, the drafts forced right so that
 // they are kept, a two-turn conversation streams exactly the content of the one without
 // speculation, the second turn reuses the session cache as much, and the timings count the drafts.
+// On lily-tiny (a trained head): the usage counts them too.
 #include <gtest/gtest.h>
 
 #include "runtime/chat_service.h"
@@ -112,6 +113,39 @@ TEST(SpeculativeChat, ConstrainedReplyWithLogprobsAsPlain) {
     EXPECT_GT(got.timings.accepted_tokens, 0);
     EXPECT_LT(got.timings.accepted_tokens, got.timings.drafted_tokens)
         << got.tokens.size() << " tokens: " << got.content << " / " << got.reasoning;
+  }
+}
+
+// Issue 37: a completion that speculated says in its usage what the drafts did (lily-tiny's
+// trained head, the fast CPU backend, greedy): kept + refused = the drafts made, every kept
+// draft one of the reply's tokens, and the reply plain decoding's; a plain completion's usage
+// has no such field.
+TEST(SpeculativeChat, UsageCountsTheDraftsOnLilyTiny) {
+  const std::string lily_tiny = std::string(LILY_SOURCE_DIR) + "/models/lily-tiny";
+  auto engine = Engine::load(EngineOptions{lily_tiny, "cpu", 0});
+  ChatRequest r;
+  r.messages = json::array({json{{"role", "user"}, {"content", "What is 487 + 356?"}}});
+  r.options.sampling.temperature = 0;
+  r.options.max_tokens = 64;
+  ChatService plain(*engine, Tokenizer::load_from_model_dir(lily_tiny));
+  const CompletionResult expected = plain.complete_chat(r, [](const ChatDelta&) { return true; });
+  EXPECT_FALSE(expected.usage.predictions) << "a plain completion's usage counts no drafts";
+  EXPECT_FALSE(expected.timings.speculative);
+
+  for (int drafts : {1, 3}) {
+    SCOPED_TRACE(testing::Message() << "--speculate " << drafts);
+    ChatServiceOptions options;
+    options.speculate = drafts;
+    ChatService spec(*engine, Tokenizer::load_from_model_dir(lily_tiny), options);
+    const CompletionResult got = spec.complete_chat(r, [](const ChatDelta&) { return true; });
+    EXPECT_EQ(got.tokens, expected.tokens);
+    ASSERT_TRUE(got.usage.predictions) << "a speculative completion's usage has the drafts";
+    const PredictionTokens& p = *got.usage.predictions;
+    EXPECT_EQ(p.accepted, got.timings.accepted_tokens);
+    EXPECT_EQ(p.accepted + p.rejected, got.timings.drafted_tokens);
+    EXPECT_GT(p.accepted, 0) << "lily-tiny's head keeps most of its drafts";
+    EXPECT_GE(p.rejected, 0);
+    EXPECT_LE(p.accepted, got.usage.completion_tokens - 1) << "the first token comes from the prefill, not a draft";
   }
 }
 

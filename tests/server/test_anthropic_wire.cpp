@@ -156,7 +156,7 @@ CompletionResult result(std::string finish) {
   r.content = "Hi.";
   r.tool_calls = {{"call_0123", "get_weather", R"({"city": "Oslo", "days": [1, 2]})"}};
   r.finish_reason = std::move(finish);
-  r.usage = Usage{100, 20, 60, 5};
+  r.usage.prompt_tokens = 100, r.usage.completion_tokens = 20, r.usage.cached_tokens = 60, r.usage.reasoning_tokens = 5;
   return r;
 }
 

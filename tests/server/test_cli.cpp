@@ -3,6 +3,7 @@
 
 #include <cstdio>
 #include <string>
+#include <tuple>
 #include <utility>
 
 #include <nlohmann/json.hpp>
@@ -83,6 +84,40 @@ TEST(Cli, BenchWithoutPrefillRunsDecodeOnly) {
   const auto [out, j] = bench_json("--prefill-lengths none --decode-depths 8,16 --decode-tokens 2");
   ASSERT_EQ(j["rows"].size(), 2u) << out;
   for (const auto& row : j["rows"]) EXPECT_EQ(row["kind"], "decode") << out;
+}
+
+// Issue 37: `lily bench --speculate K --chat` decodes lily-tiny's greedy reply to a real chat
+// prompt (its trained MTP head drafting): one row, the speculative tokens plain decoding's (the
+// run would fail otherwise), more than one token a step, the drafts counted per position.
+TEST(Cli, BenchSpeculatesOnARealChatPrompt) {
+  const auto [out, j] = bench_json("--speculate 2 --chat --decode-tokens 40");
+  ASSERT_EQ(j["rows"].size(), 1u) << out;
+  const auto& row = j["rows"][0];
+  EXPECT_EQ(row["same_tokens"], true) << out;
+  EXPECT_GT(row["depth"].get<int>(), 10) << "the rendered prompt's tokens: " << out;
+  EXPECT_GE(row["generated_tokens"].get<int>(), 2) << out;
+  EXPECT_LE(row["generated_tokens"].get<int>(), 40) << out;
+  EXPECT_GT(row["tokens_per_step"].get<double>(), 1.0) << "lily-tiny's head keeps drafts: " << out;
+  ASSERT_EQ(row["drafted"].size(), 2u) << out;
+  for (size_t k = 0; k < 2; ++k) {
+    EXPECT_GT(row["drafted"][k].get<int>(), 0) << out;
+    EXPECT_LE(row["accepted"][k].get<int>(), row["drafted"][k].get<int>()) << out;
+  }
+  EXPECT_GT(row["speculative_tokens_per_second"].get<double>(), 0) << out;
+}
+
+// The chat prompt's options: errors that name them, before the model loads.
+TEST(Cli, BenchChatPromptOptionsFailWithTheirNames) {
+  const std::string bench = std::string(LILY_BINARY) + " bench -m " + LILY_SOURCE_DIR + "/models/lily-tiny ";
+  auto [status, out] = run(bench + "--speculate 1 --prompt-file /nonexistent/prompt.txt 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--prompt-file /nonexistent/prompt.txt"), std::string::npos) << out;
+  std::tie(status, out) = run(bench + "--chat 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--speculate"), std::string::npos) << out;
+  std::tie(status, out) = run(bench + "--speculate 1 --prompt hi --decode-depths 8 2>&1");
+  EXPECT_NE(status, 0);
+  EXPECT_NE(out.find("--decode-depths"), std::string::npos) << out;
 }
 
 TEST(Cli, regression_serve_port_range_17) {

@@ -137,7 +137,7 @@ CompletionResult result(std::string finish) {
   r.content = "Hi.";
   r.tool_calls = {{"call_0123", "get_weather", R"({"city": "Oslo"})"}};
   r.finish_reason = std::move(finish);
-  r.usage = Usage{100, 20, 60, 5};
+  r.usage.prompt_tokens = 100, r.usage.completion_tokens = 20, r.usage.cached_tokens = 60, r.usage.reasoning_tokens = 5;
   return r;
 }
 
@@ -161,6 +161,11 @@ TEST(ResponsesWire, TheResponseObject) {
   EXPECT_EQ(o["usage"], json::parse(R"({"input_tokens": 100, "input_tokens_details": {"cached_tokens": 60},
       "output_tokens": 20, "output_tokens_details": {"reasoning_tokens": 5}, "total_tokens": 120})"));
   EXPECT_EQ(o["store"], false);
+  CompletionResult speculated = result("stop");  // issue 37: the drafts, as chat's usage has them
+  speculated.usage.predictions = PredictionTokens{12, 3};
+  EXPECT_EQ(
+      responses_usage_json(speculated.usage)["output_tokens_details"],
+      json::parse(R"({"reasoning_tokens": 5, "accepted_prediction_tokens": 12, "rejected_prediction_tokens": 3})"));
   EXPECT_EQ(response_status(result("length")), "incomplete");
   EXPECT_EQ(response_json(head, "incomplete", json::array(), nullptr)["incomplete_details"]["reason"],
             "max_output_tokens");

@@ -196,12 +196,35 @@ TEST(Wire, ErrorObjectShape) {
   EXPECT_EQ(error_json(401, "key")["error"]["type"], "authentication_error");
 }
 
+// 10 prompt tokens (7 cached), 5 generated (3 of them reasoning).
+Usage usage_10_5_7_3() {
+  Usage u;
+  u.prompt_tokens = 10, u.completion_tokens = 5, u.cached_tokens = 7, u.reasoning_tokens = 3;
+  return u;
+}
+
 TEST(Wire, UsageShape) {
-  json u = usage_json(Usage{10, 5, 7, 3});
+  json u = usage_json(usage_10_5_7_3());
   EXPECT_EQ(
       u.dump(),
       R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7},)"
       R"("completion_tokens_details":{"reasoning_tokens":3}})");
+}
+
+// Issue 37: a speculative decode's usage has the drafts kept and refused, under OpenAI's
+// Predicted Outputs names, zeros included; a plain one's is as above (UsageShape).
+TEST(Wire, UsageWithSpeculationCountsTheDrafts) {
+  Usage usage = usage_10_5_7_3();
+  usage.predictions = PredictionTokens{4, 2};
+  EXPECT_EQ(
+      usage_json(usage).dump(),
+      R"({"prompt_tokens":10,"completion_tokens":5,"total_tokens":15,"prompt_tokens_details":{"cached_tokens":7},)"
+      R"("completion_tokens_details":{"reasoning_tokens":3,"accepted_prediction_tokens":4,)"
+      R"("rejected_prediction_tokens":2}})");
+  usage.predictions = PredictionTokens{0, 0};  // speculated, nothing drafted (a one-token reply)
+  const json details = usage_json(usage)["completion_tokens_details"];
+  EXPECT_EQ(details["accepted_prediction_tokens"], 0);
+  EXPECT_EQ(details["rejected_prediction_tokens"], 0);
 }
 
 }  // namespace
