@@ -3,7 +3,9 @@
 // Q5_K, Q6_K and IQ4_XS: rows 1, 63, 64, 65, columns one block, 256, 512, 2048 (and odd lengths
 // for the plain types), x unaligned, outputs poisoned with NaN; random blocks one by one; and
 // the product through cpu_fast::gemv, which takes GGUF matrices; the integer kernels of
-// Q4_K, Q6_K, Q8_0 and Q4_0 (gemv_gguf_avx512.cpp) within gemv_gguf.h's bound.
+// Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 (gemv_gguf_avx512.cpp) within gemv_gguf.h's bound at 1, 63,
+// 64, 65, 255, 256 and 257 rows and blocks, and on random blocks one by one (Q5_K's also
+// against q5_k_by_definition below, a decoder written from the format's definition).
 //
 // Error bar: the kernels widen the codes to float and accumulate in fp32, so
 //   |y - ref| <= 1e-5 M,   M = sum_c |w_c x_c|   (w the reference decoding)
@@ -11,6 +13,8 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
+#include <functional>
 #include <random>
 
 #include "../model/gguf_quantize.h"
@@ -162,10 +166,39 @@ TEST(GemvGguf, ThroughCpuFastGemv) {
   }
 }
 
-// The integer kernels (Q4_K, Q6_K, Q8_0, Q4_0 against x16) within gemv_gguf.h's bound:
+// The integer kernels (Q4_K, Q5_K, Q6_K, Q8_0, Q4_0 against x16) within gemv_gguf.h's bound:
 //   |y - ref| <= sum_g unit[g] / 2 * sum_{c in g} |w_c|  +  1e-6 M
 // x's groups of 64 span three decades (each group its own unit), outputs poisoned with NaN.
-constexpr GgmlType kIntegerTypes[] = {GgmlType::Q4_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0};
+constexpr GgmlType kIntegerTypes[] = {GgmlType::Q4_K, GgmlType::Q5_K, GgmlType::Q6_K, GgmlType::Q8_0, GgmlType::Q4_0};
+
+float f16_value(const uint8_t* p) {
+  _Float16 h;
+  std::memcpy(&h, p, 2);
+  return float(h);
+}
+
+// ggml's block_q5_K from its definition, one value at a time (not gguf_dequant's loop):
+//   { f16 d; f16 dmin; u8 scales[12]; u8 qh[32]; u8 qs[128]; }, 256 values, sub-block s = j / 32,
+//   l = j % 32: q = nibble s % 2 of qs[32 (s / 2) + l] | bit s of qh[l] << 4, in 0..31;
+//   6-bit (sc, m) of s: s < 4 the low 6 bits of scales[s], scales[s + 4]; s >= 4 the nibbles
+//   of scales[s + 4] with the top 2 bits of scales[s - 4], scales[s] above them.
+//   value = d sc q - dmin m.
+void q5_k_by_definition(const uint8_t* block, float* out) {
+  const float d = f16_value(block), dmin = f16_value(block + 2);
+  const uint8_t* scales = block + 4;
+  const uint8_t* qh = block + 16;
+  const uint8_t* qs = block + 48;
+  for (int j = 0; j < 256; ++j) {
+    const int s = j / 32, l = j % 32;
+    const int sc = s < 4 ? scales[s] & 63 : (scales[s + 4] & 0xF) | (scales[s - 4] >> 6) << 4;
+    const int m = s < 4 ? scales[s + 4] & 63 : (scales[s + 4] >> 4) | (scales[s] >> 6) << 4;
+    const int q = ((qs[32 * (s / 2) + l] >> (4 * (s % 2))) & 0xF) | ((qh[l] >> s) & 1) << 4;
+    out[j] = d * float(sc) * float(q) - dmin * float(m);
+  }
+}
+
+// Row r of W decoded: by W.dequantize_row (gguf_dequant), or another decoder of the same row.
+using RowDecoder = std::function<void(int64_t r, float* w)>;
 
 std::vector<float> spread_x(int64_t n, uint32_t seed) {
   auto x = random_x(n, seed);
@@ -173,7 +206,7 @@ std::vector<float> spread_x(int64_t n, uint32_t seed) {
   return x;
 }
 
-void expect_integer_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1) {
+void expect_integer_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, const RowDecoder& decode = {}) {
   ASSERT_TRUE(cpu_fast::gguf_integer_supported(W)) << W.describe();
   cpu_fast::QuantizedInput in;
   cpu_fast::prepare_input(W, x, in);
@@ -186,7 +219,8 @@ void expect_integer_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1
       ASSERT_TRUE(std::isnan(y[size_t(r)])) << "row " << r << " outside [" << r0 << ", " << r1 << ") written";
       continue;
     }
-    W.dequantize_row(r, w.data());
+    if (decode) decode(r, w.data());
+    else W.dequantize_row(r, w.data());
     double ref = 0, mag = 0, bound = 0;
     for (int64_t c = 0; c < W.cols; ++c) {
       ref += double(w[size_t(c)]) * x[c], mag += std::fabs(double(w[size_t(c)]) * x[c]);
@@ -199,17 +233,34 @@ void expect_integer_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1
   ::testing::Test::RecordProperty("worst_error_over_bound", std::to_string(worst));
 }
 
+constexpr int64_t kEdgeSizes[] = {1, 63, 64, 65, 255, 256, 257};
+
 TEST(GemvGguf, IntegerKernelsAtEdgeSizes) {
   if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
   for (GgmlType type : kIntegerTypes)
     for (int64_t cols : {int64_t(ggml_type_info(type).block_size == 256 ? 256 : 64), int64_t(512), int64_t(2048)})
-      for (int64_t rows : {1, 3, 17, 64, 65}) {
+      for (int64_t rows : kEdgeSizes) {
         SCOPED_TRACE(fmt::format("{} [{}, {}]", to_string(type), rows, cols));
         const auto t = quantized_matrix(type, rows, cols, uint32_t(rows * 31 + cols));
         const auto xs = spread_x(cols, uint32_t(cols + 7));
         expect_integer_rows(t.m, xs.data() + 1, 0, rows);
         if (rows > 2) expect_integer_rows(t.m, xs.data() + 1, 1, rows - 1);
       }
+}
+
+// Rows of 1 .. 257 blocks of 256 values (K types) or 64 (Q8_0, Q4_0: pairs of blocks, x's
+// groups), so every loop's tail: 3 rows each, the middle one alone too.
+TEST(GemvGguf, IntegerKernelsAtEdgeBlockCounts) {
+  if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  for (GgmlType type : kIntegerTypes)
+    for (int64_t blocks : kEdgeSizes) {
+      const int64_t cols = blocks * std::max<int64_t>(ggml_type_info(type).block_size, int64_t(cpu_fast::kInputGroup));
+      SCOPED_TRACE(fmt::format("{} [3, {}]", to_string(type), cols));
+      const auto t = quantized_matrix(type, 3, cols, uint32_t(blocks * 17 + 5));
+      const auto xs = spread_x(cols, uint32_t(blocks + 3));
+      expect_integer_rows(t.m, xs.data() + 1, 0, 3);
+      expect_integer_rows(t.m, xs.data() + 1, 1, 2);
+    }
 }
 
 // Random bytes: every code, scale, min and high-bit pattern (Q6_K's scale -128 included).
@@ -223,6 +274,26 @@ TEST(GemvGguf, IntegerKernelsOnRandomBlocks) {
     t.m.rows = 301, t.m.cols = 256;
     const auto xs = spread_x(256, 13);
     expect_integer_rows(t.m, xs.data() + 1, 0, 301);
+  }
+}
+
+// Q5_K on random blocks against the decoder written from the definition (above), which must
+// also agree with gguf_dequant value for value: the kernel's reference is not only itself read
+// another way.
+TEST(GemvGguf, IntegerQ5KAgainstTheDefinition) {
+  if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "no AVX-512 VNNI";
+  const auto t = random_blocks(GgmlType::Q5_K, 257, 29);
+  const auto by_definition = [&](int64_t r, float* w) { q5_k_by_definition(t.bytes.data() + 176 * r, w); };
+  std::vector<float> def(256), lib(256);
+  for (int64_t r = 0; r < t.m.rows; ++r) {
+    by_definition(r, def.data());
+    t.m.dequantize_row(r, lib.data());
+    ASSERT_EQ(def, lib) << "block " << r;
+  }
+  for (uint32_t seed : {13u, 14u}) {
+    const auto xs = spread_x(256, seed);
+    expect_integer_rows(t.m, xs.data() + 1, 0, 257, by_definition);
+    expect_integer_rows(t.m, xs.data() + 1, 128, 129, by_definition);
   }
 }
 

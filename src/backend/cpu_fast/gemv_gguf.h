@@ -9,7 +9,8 @@
 // baseline, AVX2 and AVX-512 by LILY_CPU_CLONES), so the result is the reference dequantization
 // times x up to float rounding (no activation quantization). Types: F32, F16, BF16, Q4_0, Q8_0,
 // Q4_K, Q5_K, Q6_K, IQ4_XS; other types go through Matrix::dequantize_row. The integer kernels
-// (below, gemv_gguf_avx512.cpp) take Q4_K, Q6_K, Q8_0 and Q4_0 against x quantized to 16 bits.
+// (below, gemv_gguf_avx512.cpp) take Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 against x quantized to 16
+// bits.
 #pragma once
 
 #include <cstdint>
@@ -34,16 +35,16 @@ void gguf_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, flo
 bool plain_gemv_supported(const Matrix& W);
 void plain_gemv_rows(const Matrix& W, const float* x, int64_t r0, int64_t r1, float* y);
 
-// The integer kernels (gemv_gguf_avx512.cpp): Q4_K, Q6_K, Q8_0 and Q4_0 rows of 64 * k columns
-// times x quantized as quantized_input.h does for groups of 64 (x16 = round(x / unit[g]),
+// The integer kernels (gemv_gguf_avx512.cpp): Q4_K, Q5_K, Q6_K, Q8_0 and Q4_0 rows of 64 * k
+// columns times x quantized as quantized_input.h does for groups of 64 (x16 = round(x / unit[g]),
 // |x - unit x16| <= unit / 2), on AVX-512 VNNI when active_isa() is avx512. The codes times
 // the sub-block scales are exact integers, their sums with x16 exact in int32, so the error is
 // that of x16 alone:
 //
 //   |y[r] - sum_c w[r,c] x[c]|  <=  sum_g unit[g] / 2 * sum_{c in g} |w[r,c]|   (+ fp32 rounding)
 //
-// w the reference decoding (gguf_dequant), the Q4_K mins included (m * sum x16 in the same
-// integers). About 2^-16 of each group's largest |x| times sum |w|, as for the mlx kernels.
+// w the reference decoding (gguf_dequant), the Q4_K / Q5_K mins included (m * sum x16 in the
+// same integers). About 2^-16 of each group's largest |x| times sum |w|, as for the mlx kernels.
 bool gguf_integer_supported(const Matrix& W);
 // Rows [r0, r1) of y = W x: the integer kernels where x is quantized for groups of 64 and
 // gguf_integer_supported(W), else the fp32 ones on x.x.

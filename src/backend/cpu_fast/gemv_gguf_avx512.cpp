@@ -10,11 +10,17 @@
 //   Q4_K  a group is 32 code bytes: low nibbles sub-block 2i (columns 0-31 of the group), high
 //         nibbles 2i + 1 (32-63); the codes times the 6-bit scale (<= 15 * 63); the mins as
 //         dmin * m * unit * sum x16, the sums of x16 over each sub-block once a call.
+//   Q5_K  Q4_K's groups with the fifth bit of each code from qh (codes 0-31, times the scale
+//         <= 31 * 63).
 //   Q6_K  a group is k = 2j, 2j + 1 of one half of 128 (32 columns each): ql nibbles, qh bits,
 //         minus 32, times the int8 scale of each 16 (|.| <= 32 * 128).
 //   Q8_0  one block a half group: int8 codes widened; d * unit per block.
 //   Q4_0  one block a half group: low nibbles columns 0-15, high 16-31, minus 8.
 // int32 range: a lane sums 4 products per group of at most 4096 * 32258 (Q6_K): 5.3e8 < 2^31.
+// Tested (tests/cpu_fast/test_gemv_gguf.cpp, IntegerKernels*): each type against the reference
+// decoding times x within gemv_gguf.h's bound, quantized rows at 1-257 rows and 1-257 blocks,
+// random bytes block by block (Q5_K also against a decoder written in the test from the
+// format's definition), slices of the rows, outputs poisoned with NaN.
 #if defined(__GNUC__) && !defined(__clang__) && __GNUC__ < 13
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
 #pragma GCC diagnostic ignored "-Wuninitialized"
@@ -56,21 +62,33 @@ LILY_AVX512 void sub_block_sums(const QuantizedInput& in, float* xsum) {
   }
 }
 
-LILY_AVX512 float dot_q4_k(const uint8_t* row, const QuantizedInput& in, const float* xsum, int64_t blocks) {
-  const __m512i nibble = _mm512_set1_epi16(0xF);
+// Q4_K (144-byte blocks) and Q5_K (176: qh[32] before qs): group i of a block is qs[32i ..
+// 32i + 31], low nibbles sub-block 2i, high nibbles 2i + 1; Q5_K's fifth bits are bits 2i and
+// 2i + 1 of qh[l], read from qh widened once a block and shifted left by 4 (bit 0 -> bit 4).
+template <bool kFiveBits>
+LILY_AVX512 inline float dot_k(const uint8_t* row, const QuantizedInput& in, const float* xsum, int64_t blocks) {
+  constexpr int kBlockBytes = kFiveBits ? 176 : 144;
+  const __m512i nibble = _mm512_set1_epi16(0xF), bit4 = _mm512_set1_epi16(0x10);
   __m512 acc = _mm512_setzero_ps();
   float min_term = 0;
-  for (int64_t b = 0; b < blocks; ++b, row += 144) {
+  for (int64_t b = 0; b < blocks; ++b, row += kBlockBytes) {
     const float d = f16_at(row), dmin = f16_at(row + 2);
-    const uint8_t* qs = row + 16;
+    const uint8_t* qs = row + (kFiveBits ? 48 : 16);
+    [[maybe_unused]] __m512i high = _mm512_setzero_si512();
+    if constexpr (kFiveBits) high = _mm512_slli_epi16(widen32(row + 16), 4);
     for (int i = 0; i < 4; ++i) {
       const int64_t g = 4 * b + i;
       uint8_t sc0, m0, sc1, m1;
       gguf_scale_min_k4(2 * i, row + 4, &sc0, &m0);
       gguf_scale_min_k4(2 * i + 1, row + 4, &sc1, &m1);
       const __m512i q = widen32(qs + 32 * i);
-      const __m512i lo = _mm512_mullo_epi16(_mm512_and_si512(q, nibble), _mm512_set1_epi16(sc0));
-      const __m512i hi = _mm512_mullo_epi16(_mm512_srli_epi16(q, 4), _mm512_set1_epi16(sc1));
+      __m512i q0 = _mm512_and_si512(q, nibble), q1 = _mm512_srli_epi16(q, 4);
+      if constexpr (kFiveBits) {
+        q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_srli_epi16(high, unsigned(2 * i)), bit4));
+        q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_srli_epi16(high, unsigned(2 * i + 1)), bit4));
+      }
+      const __m512i lo = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc0));
+      const __m512i hi = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc1));
       const __m512i x0 = load_x16(in.x16.data() + 64 * g), x1 = load_x16(in.x16.data() + 64 * g + 32);
       const __m512i dot = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, x0), hi, x1);
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * in.unit[size_t(g)]), acc);
@@ -140,14 +158,15 @@ LILY_AVX512 void gguf_rows_avx512_integer(const Matrix& W, const QuantizedInput&
   const int64_t blocks = W.cols / ggml_type_info(W.gguf_type).block_size;
   const auto* data = static_cast<const uint8_t*>(W.data);
   thread_local std::vector<float> xsum;
-  if (W.gguf_type == GgmlType::Q4_K) {
+  if (W.gguf_type == GgmlType::Q4_K || W.gguf_type == GgmlType::Q5_K) {
     xsum.resize(size_t(W.cols / 32));
     sub_block_sums(x, xsum.data());
   }
   for (int64_t r = r0; r < r1; ++r) {
     const uint8_t* row = data + r * row_bytes;
     switch (W.gguf_type) {
-      case GgmlType::Q4_K: y[r] = dot_q4_k(row, x, xsum.data(), blocks); break;
+      case GgmlType::Q4_K: y[r] = dot_k<false>(row, x, xsum.data(), blocks); break;
+      case GgmlType::Q5_K: y[r] = dot_k<true>(row, x, xsum.data(), blocks); break;
       case GgmlType::Q6_K: y[r] = dot_q6_k(row, x, blocks); break;
       case GgmlType::Q8_0: y[r] = dot_q8_0(row, x, blocks); break;
       case GgmlType::Q4_0: y[r] = dot_q4_0(row, x, blocks); break;
@@ -164,6 +183,7 @@ bool gguf_integer_supported(const Matrix& W) {
   if (W.format != MatrixFormat::gguf || W.cols % kInputGroup != 0 || active_isa() != Isa::avx512) return false;
   switch (W.gguf_type) {
     case GgmlType::Q4_K:
+    case GgmlType::Q5_K:
     case GgmlType::Q6_K:
     case GgmlType::Q8_0:
     case GgmlType::Q4_0: return true;
