@@ -102,8 +102,11 @@ TEST(MemoryPlan, TheCapChoosesThePrefillChunk) {
         EXPECT_EQ(chunk, cuda::kPrefillChunkChoices.back());
         continue;
       }
-      for (int larger : cuda::kPrefillChunkChoices)
-        if (larger > chunk) EXPECT_GT(total(larger), budget) << "chunk " << larger << " fits too";
+      for (int larger : cuda::kPrefillChunkChoices) {
+        if (larger > chunk) {
+          EXPECT_GT(total(larger), budget) << "chunk " << larger << " fits too";
+        }
+      }
     }
   }
   EXPECT_GE(cuda::prefill_chunk_for(needs_of, 32768, 22 * kGB), 2048);

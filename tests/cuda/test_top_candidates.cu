@@ -273,7 +273,9 @@ TEST(CudaChooseToken, CountsAndPenalties) {
       const float want = want_counts[size_t(t)] > 0 ? penalized_logit(row[size_t(t)], want_counts[size_t(t)], p)
                                                     : row[size_t(t)];
       ASSERT_EQ(got[size_t(t)], want) << "token " << t;
-      if (want_counts[size_t(t)] > 0) ASSERT_EQ(got_raw[size_t(t)], row[size_t(t)]) << "the raw logit kept, " << t;
+      if (want_counts[size_t(t)] > 0) {
+        ASSERT_EQ(got_raw[size_t(t)], row[size_t(t)]) << "the raw logit kept, " << t;
+      }
     }
   }
 }

@@ -198,8 +198,9 @@ TEST(GgufBlocks, RoundTripsWithinTheFormatsBounds) {
         worst = std::max(worst, std::fabs(double(y[size_t(c)]) - x[size_t(c)]) / ref);
       }
       EXPECT_LE(worst, round_trip_bound(type)) << "n " << n;
-      if (type == GgmlType::F32) EXPECT_EQ(worst, 0.0);
-      else EXPECT_GT(worst, 0.0) << "n " << n << ": lossless, so the quantizer was not exercised";
+      if (type == GgmlType::F32) {
+        EXPECT_EQ(worst, 0.0);
+      } else EXPECT_GT(worst, 0.0) << "n " << n << ": lossless, so the quantizer was not exercised";
     }
   }
 }
