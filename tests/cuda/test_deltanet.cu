@@ -250,6 +250,73 @@ TEST(CudaDeltaNet, RowsForm) {
   check_blocks(3, 3, {4, 13, 1}, 97, Mode::rows);
 }
 
+// The rows form keeping the state after each of its last rows (DeltaNetKept: a speculative
+// verify's rewind): every kept conv and recurrent state against the host reference stepped one
+// token at a time from the same start, the first kept row at 0, the middle and the last; y and the
+// live states as without keeping. Poisoned kept buffers: every value must be written.
+void check_kept_rows(int Hk, int Hv, int T, int first, uint32_t seed) {
+  SCOPED_TRACE(testing::Message() << "Hk " << Hk << " Hv " << Hv << " T " << T << " kept from " << first);
+  Layer layer(Hk, Hv, seed);
+  const State start = random_state(layer, seed + 10);
+  Inputs in(layer, T, seed + 100);
+  const int C = layer.C(), width = Hv * kD;
+  const size_t conv_size = size_t(kK - 1) * C, ssm_size = size_t(Hv) * kD * kD, rows = size_t(T - first);
+  GpuLayer gpu(layer, start);
+  DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(T) * width);
+  DeviceArray<float> kept_conv(rows * conv_size), kept_ssm(rows * ssm_size);
+  kept_conv.poison(), kept_ssm.poison();
+  cuda::DeltaNetParams p = gpu.params(T);
+  p.kept.conv = kept_conv.get(), p.kept.ssm = kept_ssm.get(), p.kept.first = first;
+  cuda::gated_deltanet_prefill(Mode::rows, p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(),
+                               y.get(), nullptr, nullptr);
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  const std::vector<float> got_conv = kept_conv.download(), got_ssm = kept_ssm.download();
+  State host = start;
+  std::vector<float> want_y;
+  for (int t = 0; t < T; ++t) {
+    Inputs row(layer, 1, seed + 200);
+    row.mixed.assign(in.mixed.begin() + size_t(t) * C, in.mixed.begin() + size_t(t + 1) * C);
+    row.z.assign(in.z.begin() + size_t(t) * width, in.z.begin() + size_t(t + 1) * width);
+    row.b.assign(in.b.begin() + size_t(t) * Hv, in.b.begin() + size_t(t + 1) * Hv);
+    row.a.assign(in.a.begin() + size_t(t) * Hv, in.a.begin() + size_t(t + 1) * Hv);
+    const std::vector<float> yt = reference(layer, host, row, 1);
+    want_y.insert(want_y.end(), yt.begin(), yt.end());
+    if (t < first) continue;
+    const size_t r = size_t(t - first);
+    const std::vector<float> conv(got_conv.begin() + r * conv_size, got_conv.begin() + (r + 1) * conv_size);
+    const std::vector<float> ssm(got_ssm.begin() + r * ssm_size, got_ssm.begin() + (r + 1) * ssm_size);
+    EXPECT_LT(relative_error(conv, host.conv), kTolerance) << "kept conv state after row " << t;
+    EXPECT_LT(relative_error(ssm, host.ssm), kTolerance) << "kept ssm state after row " << t;
+  }
+  EXPECT_LT(relative_error(y.download(), want_y), kTolerance) << "y";
+  EXPECT_LT(relative_error(gpu.conv.download(), host.conv), kTolerance) << "live conv state";
+  EXPECT_LT(relative_error(gpu.ssm.download(), host.ssm), kTolerance) << "live ssm state";
+}
+
+TEST(CudaDeltaNet, RowsFormKeepsEachRowsState) {
+  REQUIRE_GPU();
+  for (int T : {2, 3, 4, 8, 9, 16})
+    for (int first : {0, T / 2, T - 1}) check_kept_rows(2, 4, T, first, 300 + uint32_t(T * 17 + first));
+  check_kept_rows(16, 32, 4, 0, 401);
+  check_kept_rows(16, 32, 9, 5, 402);
+  check_kept_rows(3, 3, 5, 1, 403);
+  // Refused where no kernel keeps them: one token, a first row past the pass, another form.
+  Layer layer(2, 4, 404);
+  GpuLayer gpu(layer, random_state(layer, 405));
+  Inputs in(layer, 2, 406);
+  DeviceArray<float> mixed(in.mixed), z(in.z), b(in.b), a(in.a), y(size_t(2) * 4 * kD), kept(1 << 20);
+  cuda::DeltaNetParams p = gpu.params(2);
+  p.kept.conv = kept.get(), p.kept.ssm = kept.get(), p.kept.first = 2;
+  EXPECT_THROW(cuda::gated_deltanet_decode(p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(), gpu.ssm.get(),
+                                           y.get(), nullptr),
+               Error);
+  p.kept.first = 0;
+  DeviceArray<char> scratch(cuda::deltanet_prefill_scratch_bytes(Mode::recurrent, p));
+  EXPECT_THROW(cuda::gated_deltanet_prefill(Mode::recurrent, p, mixed.get(), z.get(), b.get(), a.get(), gpu.conv.get(),
+                                            gpu.ssm.get(), y.get(), scratch.get(), nullptr),
+               Error);
+}
+
 TEST(CudaDeltaNet, PrefillThenDecode) {
   REQUIRE_GPU();
   check_blocks(2, 4, {65, 1, 1, 1, 2, 1}, 11);

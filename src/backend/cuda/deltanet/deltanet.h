@@ -7,6 +7,16 @@
 
 namespace lily::cuda {
 
+// Where a few-token core keeps the state after each of its last rows (a speculative verify's
+// rewind, SequenceState::keep_row_states): after token t >= first, the conv state to conv +
+// (t - first) * (K-1) * conv_dim and the recurrent state to ssm + (t - first) * Hv * 128 * 128, in
+// the live states' layouts. Only the decode kernel (deltanet_decode.h, the rows form) keeps them.
+struct DeltaNetKept {
+  float* conv = nullptr;  // null: none kept
+  float* ssm = nullptr;
+  int first = 0;
+};
+
 struct DeltaNetParams {
   int T = 1;                           // tokens in this block
   int num_key_heads = 16;              // Hk
@@ -18,6 +28,7 @@ struct DeltaNetParams {
   const float* A_log = nullptr;        // [Hv]
   const float* dt_bias = nullptr;      // [Hv]
   const float* norm_weight = nullptr;  // [128] gated RMSNorm weight
+  DeltaNetKept kept;                   // the rows' states kept (the decode kernel only)
   int conv_dim() const { return 2 * num_key_heads * head_dim + num_value_heads * head_dim; }
 };
 

@@ -38,6 +38,7 @@ struct CoreArgs {
   float* ssm_state;          // [Hv, 128, 128]
   float* y;                  // [T, Hv*128]
   float* u;                  // prefill scratch [chunk, C]
+  DeltaNetKept kept;         // the states after rows kept.first .. T-1 (deltanet.h)
 };
 
 inline CoreArgs core_args(const DeltaNetParams& p, const float* mixed, const float* z, const float* b, const float* a,
@@ -58,7 +59,8 @@ inline CoreArgs core_args(const DeltaNetParams& p, const float* mixed, const flo
                   conv_state,
                   ssm_state,
                   y,
-                  u};
+                  u,
+                  p.kept};
 }
 
 __device__ __forceinline__ float sigmoid(float x) { return 1.f / (1.f + expf(-x)); }

@@ -22,6 +22,8 @@
 //           barrier, which also orders the q/k conv-state write (by the cluster's rank 0) after
 //           every block of the cluster has read it; the v channels' conv state is written by the
 //           one block that owns them. Grid Hv * 4 blocks; reads and writes the 2 MB state once.
+//           With p.kept (a verify's rewind), the conv window and the registers' state after each
+//           kept token are also written out (deltanet.h's DeltaNetKept); passes of 2+ tokens only.
 //           deltanet_decode_rows_kernel<K>: one token of each of N sequences (grid y: the row), each
 //           row's conv and recurrent state from the tables (DeltaNetRows), the same code.
 // Tested:   tests/cuda/test_deltanet.cu vs backend/cpu (delta_rule_recurrent, gated_rms_norm),
@@ -122,11 +124,21 @@ __device__ __forceinline__ void deltanet_decode(const CoreArgs& p) {
   };
   // u = silu(conv) of every token, and its q / k sums of squares per warp.
   float uq[MAXT], uk[MAXT];
+  const bool keep = MAXT > 1 && p.kept.conv != nullptr;
+  const bool keep_qk = keep && h % ratio == 0 && slice == 0;  // one block of the key head writes its q/k rows
 #pragma unroll
   for (int t = 0; t < MAXT; ++t) {
     if (t >= T) break;
     uq[t] = conv(xq, wq, mq[t]), uk[t] = conv(xk, wk, mk[t]);
     if (warp == 0) v_s[t][lane] = conv(xv, wv, mv[t]);
+    if (keep && t >= p.kept.first) {  // the conv state after token t: the window's newest K-1 inputs
+      float* kept = p.kept.conv + size_t(t - p.kept.first) * (K - 1) * C;
+#pragma unroll
+      for (int i = 0; i < K - 1; ++i) {
+        if (keep_qk) kept[size_t(i) * C + cq] = xq[i + 1], kept[size_t(i) * C + ck] = xk[i + 1];
+        if (warp == 0) kept[size_t(i) * C + cv] = xv[i + 1];
+      }
+    }
     const float ssq = warp_sum(uq[t] * uq[t]), ssk = warp_sum(uk[t] * uk[t]);
     if (lane == 0) part[t][0][warp] = ssq, part[t][1][warp] = ssk;
   }
@@ -155,6 +167,11 @@ __device__ __forceinline__ void deltanet_decode(const CoreArgs& p) {
   for (int t = 0; t < T; ++t) {
     const float o = delta_step(s, q_s[t], k_s[t], v_s[t][lane], alpha_s[t], beta_s[t], red);
     if (warp == 0) o_s[t][lane] = o;
+    if (keep && t >= p.kept.first) {  // the recurrent state after token t, where S has it
+      float* kept = p.kept.ssm + size_t(t - p.kept.first) * p.Hv * kHeadDim * kHeadDim + (S - p.ssm_state);
+#pragma unroll
+      for (int i = 0; i < kRows; ++i) kept[size_t(i) * kHeadDim] = s[i];
+    }
   }
 #pragma unroll
   for (int i = 0; i < kRows; ++i) S[size_t(i) * kHeadDim] = s[i];
@@ -235,6 +252,9 @@ void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const fl
   check_deltanet_params(p);
   LILY_CHECK(p.T >= 1 && p.T <= kDeltaNetDecodeMaxT, "gated_deltanet_decode: {} tokens (1 .. {})", p.T,
              kDeltaNetDecodeMaxT);
+  LILY_CHECK(!p.kept.conv == !p.kept.ssm && (!p.kept.conv || (p.T > 1 && p.kept.first >= 0 && p.kept.first < p.T)),
+             "gated_deltanet_decode: rows' states kept from row {} of {} (a pass of 2 tokens or more)", p.kept.first,
+             p.T);
   auto* kernel = p.T == 1   ? deltanet_decode_kernel<kConvK, 1>
                  : p.T <= 8 ? deltanet_decode_kernel<kConvK, 8>
                             : deltanet_decode_kernel<kConvK, kDeltaNetDecodeMaxT>;
@@ -244,7 +264,7 @@ void gated_deltanet_decode(const DeltaNetParams& p, const float* mixed, const fl
 void gated_deltanet_decode_rows(const DeltaNetParams& p, const DeltaNetRows& rows, int N, const float* mixed,
                                 const float* z, const float* b, const float* a, float* y, cudaStream_t stream) {
   check_deltanet_params(p);
-  LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows && rows.conv && rows.ssm,
+  LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows && rows.conv && rows.ssm && !p.kept.conv,
              "gated_deltanet_decode_rows: {} rows of {} token(s) (1 token, 1 .. {} rows, with tables)", N, p.T,
              kMaxBatchRows);
   launch_decode(p, N, stream, deltanet_decode_rows_kernel<kConvK>,

@@ -224,6 +224,7 @@ void gated_deltanet_prefill(DeltaRulePrefill form, const DeltaNetParams& p, cons
     return;
   }
   check_deltanet_params(p);
+  LILY_CHECK(!p.kept.conv, "gated_deltanet_prefill: only the rows form keeps its rows' states");
   LILY_CHECK(scratch != nullptr, "gated_deltanet_prefill: a prefill of {} tokens needs scratch", p.T);
   // The conv and gated-norm kernels move float4s: every prefill buffer starts on 16 bytes (the
   // row lengths C, Hv*128 and the weights' 4 taps, 128 values are multiples of 4 floats).
