@@ -54,6 +54,19 @@ struct PlanTestWeights {
       w->layers.push_back(l);
     }
   }
+  // The MTP head as the upload lays it out: mtp.fc's two [H, H] halves and a full-attention layer
+  // like the model's first.
+  void add_mtp() {
+    const int H = w->config().hidden_size;
+    cuda::GpuMtp m;
+    m.fc_embedding = plan_test_matrix(1, H, H, 4), m.fc_hidden = plan_test_matrix(1, H, H, 4);
+    for (const cuda::GpuLayer& l : w->layers)
+      if (l.kind == LayerKind::full_attention) {
+        m.layer = l;
+        break;
+      }
+    w->mtp = m;
+  }
 };
 
 }  // namespace lily::test

@@ -167,5 +167,38 @@ TEST(KernelPlan, EditsSetThresholdsWithinWhatTheWeightsAllow) {
   }
 }
 
+// The MTP head: planned where the weights have one (its layer like the model's), off by default
+// until it has run on a GPU, "mtp=1" turning it on; refused where the weights have none.
+TEST(KernelPlan, TheMtpHeadIsOffUntilItHasRun) {
+  Weights w(qwen36_35b_a3b_config());
+  cuda::KernelPlan plain = cuda::plan_kernels(*w.w, kH200, 8192);
+  EXPECT_FALSE(plain.decode.mtp);
+  EXPECT_EQ(plain.decode.mtp_limit, 0);
+  EXPECT_THROW(cuda::edit_plan(plain, "mtp=1"), Error);
+  EXPECT_EQ(plain.describe().find("MTP head"), std::string::npos) << plain.describe();
+  w.add_mtp();
+  cuda::KernelPlan plan = cuda::plan_kernels(*w.w, kH200, 8192);
+  EXPECT_FALSE(plan.decode.mtp);
+  EXPECT_EQ(plan.decode.mtp_limit, 1);
+  EXPECT_EQ(plan.decode.mtp_layer.kind, LayerKind::full_attention);
+  EXPECT_EQ(plan.decode.mtp_layer.gate_up, plan.decode.layers[3].gate_up);  // layer 3: full attention
+  EXPECT_NE(plan.describe().find("MTP head: off"), std::string::npos) << plan.describe();
+  // The head's layer takes the same few-row and tensor-core kernels as the model's.
+  EXPECT_EQ(plan.prefill.dense_rows_up_to, plain.prefill.dense_rows_up_to);
+  EXPECT_EQ(plan.prefill.wgmma_from, plain.prefill.wgmma_from);
+  cuda::edit_plan(plan, "mtp=1");
+  EXPECT_TRUE(plan.decode.mtp);
+  EXPECT_NE(plan.describe().find("MTP head: prefill passes"), std::string::npos) << plan.describe();
+  EXPECT_THROW(cuda::edit_plan(plan, "mtp=2"), Error);
+  // A head whose experts no kernel takes is refused, naming it.
+  w.w->mtp->layer.moe.experts_gate.bits = 3;
+  try {
+    cuda::plan_kernels(*w.w, kH200, 8192);
+    ADD_FAILURE() << "3-bit MTP experts planned";
+  } catch (const Error& e) {
+    EXPECT_NE(std::string(e.what()).find("MTP head"), std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace lily::test

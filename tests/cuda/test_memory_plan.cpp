@@ -55,6 +55,20 @@ TEST(MemoryPlan, TheStateOfOneSlot) {
   EXPECT_EQ(cuda::recurrent_state_bytes(c), 30u * (2097152 + 98304));  // 30 x (32 x 128 x 128 + 3 x 8192) fp32
 }
 
+// The MTP head's cache (one attention layer's K and V) counts per token only when the plan runs it.
+TEST(MemoryPlan, TheMtpHeadsCacheCountsWhenItRuns) {
+  const ModelConfig c = qwen36_35b_a3b_config();
+  EXPECT_EQ(cuda::mtp_cache_bytes_per_token(c), 2u * 1024);
+  PlanTestWeights w(c);
+  w.add_mtp();
+  const cuda::DeviceLimits h200{132};
+  cuda::set_current_device_profile(h200);
+  cuda::KernelPlan plan = cuda::plan_kernels(*w.w, h200, 2048);
+  EXPECT_EQ(cuda::memory_needs(*w.w, 0, plan).kv_per_token, 20u * 1024);  // off: no cache
+  cuda::edit_plan(plan, "mtp=1");
+  EXPECT_EQ(cuda::memory_needs(*w.w, 0, plan).kv_per_token, 22u * 1024);
+}
+
 // Where the bytes go at 32K and 64K, and the prefill chunk that meets the goal.
 TEST(MemoryPlan, TheFullModelFitsTheGoal) {
   const FullSize m;

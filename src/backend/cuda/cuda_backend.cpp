@@ -8,7 +8,9 @@
 // forward() with one token replays the decode graph, and with a few (below the plan's
 // prefill.decode_steps_below) replays it token by token; up to the plan's pass_graphs_up_to,
 // replays the pass's graph; with more, runs prefill passes (the last row's logits, or all
-// rows', copied to the host as they are computed).
+// rows', copied to the host as they are computed). With the MTP head on in the plan,
+// forward_hidden runs prefill passes (one token: the decode graph, its residual normed after)
+// and forward_mtp the head's passes (mtp_pass.cpp); sequences then hold the head's cache.
 #include "backend/cuda/cuda_backend.h"
 
 #include <algorithm>
@@ -17,8 +19,10 @@
 
 #include "backend/cuda/common/cuda_check.h"
 #include "backend/cuda/common/device_info.h"
+#include "backend/cuda/common/norm.h"
 #include "backend/cuda/decode_graph.h"
 #include "backend/cuda/decode_step.h"
+#include "backend/cuda/deltanet/deltanet_decode.h"
 #include "backend/cuda/gpu_weights.h"
 #include "backend/cuda/kernel_plan.h"
 #include "backend/cuda/memory_plan.h"
@@ -46,7 +50,8 @@ class CudaBackendImpl final : public CudaBackend {
         memory_(memory_needs(*w_, w_->bytes(), plan_)),
         gpu_memory_(checked_cap(memory_, options.gpu_memory_bytes)),
         prefill_(*w_, plan_),
-        pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_) {}
+        pass_graph_(prefill_, c_, kMaxPassGraphTokens, stream_),
+        hidden_row_(uint64_t(c_.hidden_size) * 4) {}
   ~CudaBackendImpl() override { cudaStreamDestroy(stream_); }
 
   std::string name() const override { return "cuda"; }
@@ -63,7 +68,61 @@ class CudaBackendImpl final : public CudaBackend {
       request.context = capacity, request.budget = gpu_memory_;
       plan_memory(memory_, request, capacity);
     }
-    return std::make_unique<CudaSequenceState>(c_, capacity);
+    auto s = std::make_unique<CudaSequenceState>(c_, capacity, mtp_on());
+    // A verify's rewind (keep_row_states) with the head: the rows kept by the DeltaNet decode kernel.
+    if (mtp_on() && plan_.prefill.deltanet_rows_up_to >= 2)
+      s->allow_row_states(std::min(plan_.prefill.deltanet_rows_up_to, kDeltaNetDecodeMaxT));
+    return s;
+  }
+
+  std::string mtp_unavailable() const override {
+    if (!w_->mtp)
+      return "the model has no MTP head: it has no mtp.* tensors (mlx-community conversions drop them; --mtp DIR "
+             "reads them from the Hugging Face checkpoint)";
+    if (!plan_.decode.mtp)
+      return "the CUDA backend's MTP head has not yet run on a GPU and is off in the kernel plan "
+             "(LILY_KERNEL_PLAN=mtp=1 turns it on for testing); --backend cpu runs it";
+    return "";
+  }
+
+  // forward() with the post-norm hidden rows too (Backend::forward_hidden): prefill passes that
+  // hand the rows back; one token replays the decode graph and norms its residual after.
+  void forward_hidden(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
+                      std::vector<float>& logits, LogitsWanted hidden_rows, std::vector<float>& hidden) override {
+    LILY_CHECK(mtp_on(), "{}", mtp_unavailable());
+    auto& s = as_cuda(state);
+    const int64_t T = int64_t(tokens.size());
+    check_room(s, T);
+    for (int32_t id : tokens) check_token(id);
+    forward_passes(s, tokens, wanted, logits, hidden_rows, hidden, s.begin_forward(T));
+  }
+
+  // T rows of the MTP head (Backend::forward_mtp), in passes of the plan's chunk.
+  void forward_mtp(SequenceState& state, std::span<const float> hidden, std::span<const int32_t> tokens,
+                   LogitsWanted wanted, std::vector<float>& logits, std::vector<float>& mtp_hidden) override {
+    LILY_CHECK(mtp_on(), "{}", mtp_unavailable());
+    auto& s = as_cuda(state);
+    const int64_t T = int64_t(tokens.size()), V = c_.vocab_size, H = c_.hidden_size;
+    LILY_CHECK(int64_t(hidden.size()) == T * H,
+               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
+               hidden.size(), T, T, H);
+    LILY_CHECK(s.mtp_length() + T <= s.capacity(),
+               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
+               s.mtp_length(), T, s.capacity());
+    for (int32_t id : tokens) check_token(id);
+    logits.resize(size_t(rows_of(wanted, T) * V));
+    mtp_hidden.resize(size_t(rows_of(wanted, T) * H));
+    const int chunk = plan_.prefill.chunk_tokens;
+    for (int64_t t0 = 0; t0 < T; t0 += chunk) {
+      const int n = int(std::min<int64_t>(chunk, T - t0));
+      const Rows r = rows_in_pass(wanted, t0, n, T);
+      const bool out = r.first < n;
+      prefill_.run_mtp(s, hidden.data() + t0 * H, tokens.data() + t0, n, r.first,
+                       out ? logits.data() + r.out * V : nullptr, out ? mtp_hidden.data() + r.out * H : nullptr,
+                       stream_);
+      CUDA_CHECK(cudaStreamSynchronize(stream_));
+      s.advance_mtp_host(n);
+    }
   }
 
   void forward(SequenceState& state, std::span<const int32_t> tokens, LogitsWanted wanted,
@@ -72,6 +131,11 @@ class CudaBackendImpl final : public CudaBackend {
     const int64_t T = int64_t(tokens.size()), V = c_.vocab_size;
     check_room(s, T);
     for (int32_t id : tokens) check_token(id);
+    if (const int keep = s.begin_forward(T); keep > 0) {  // rows kept for a rewind: uncaptured passes
+      std::vector<float> no_hidden;
+      forward_passes(s, tokens, wanted, logits, LogitsWanted::none, no_hidden, keep);
+      return;
+    }
     // Sized, not cleared: every row asked for is overwritten below (a 1 MB memset per decode step
     // saved: 20-26 us of host time, bench_constrained_step).
     logits.resize(size_t(wanted == LogitsWanted::all ? T * V : wanted == LogitsWanted::last && T > 0 ? V : 0));
@@ -116,6 +180,7 @@ class CudaBackendImpl final : public CudaBackend {
     auto& s = as_cuda(state);
     check_room(s, 1);
     check_token(token);
+    s.begin_forward(1);  // no rows kept: a rewind after it is refused
     graph_.step_candidates(s, token, count, vocab_limit, allowed, out);
     return true;
   }
@@ -128,6 +193,7 @@ class CudaBackendImpl final : public CudaBackend {
     auto& s = as_cuda(state);
     check_room(s, steps);
     check_token(token);
+    s.begin_forward(steps);
     return graph_.chain(s, token, steps, choice);
   }
 
@@ -144,6 +210,7 @@ class CudaBackendImpl final : public CudaBackend {
     }
     std::vector<CudaSequenceState*> rows;
     for (SequenceState* s : states) rows.push_back(&as_cuda(*s));
+    for (CudaSequenceState* s : rows) s->begin_forward(1);
     logits.resize(N * size_t(c_.vocab_size));
     pass_graph_.run_batch(rows, tokens.data(), logits.data());
   }
@@ -153,6 +220,7 @@ class CudaBackendImpl final : public CudaBackend {
     LILY_CHECK(count >= 0, "decode of {} tokens", count);
     check_room(s, count);
     check_token(first_token);
+    s.begin_forward(count);
     return graph_.greedy(s, first_token, count);
   }
 
@@ -197,6 +265,66 @@ class CudaBackendImpl final : public CudaBackend {
     LILY_CHECK(s.length() + n <= s.capacity(), "sequence of {} tokens plus {} new ones exceeds its capacity of {}",
                s.length(), n, s.capacity());
   }
+  bool mtp_on() const { return w_->mtp && plan_.decode.mtp; }
+
+  // The forward of forward_hidden, and of forward() when rows are kept (keep > 0: its last `keep`
+  // rows' DeltaNet states written for a rewind): one token replays the decode graph (its residual
+  // normed after for the hidden row); more run uncaptured prefill passes, the kept rows in the
+  // last, which the DeltaNet decode kernel runs (the whole forward where it is short enough, else
+  // a tail of at least 2 tokens on its own).
+  void forward_passes(CudaSequenceState& s, std::span<const int32_t> tokens, LogitsWanted wanted,
+                      std::vector<float>& logits, LogitsWanted hidden_rows, std::vector<float>& hidden, int keep) {
+    const int64_t T = int64_t(tokens.size()), V = c_.vocab_size, H = c_.hidden_size;
+    logits.resize(size_t(rows_of(wanted, T) * V));
+    hidden.resize(size_t(rows_of(hidden_rows, T) * H));
+    if (T == 0) return;
+    if (T == 1) {
+      graph_.step(s, tokens[0], wanted == LogitsWanted::none ? nullptr : logits.data());
+      if (hidden_rows != LogitsWanted::none) {
+        rms_norm(step_.residual(), w_->final_norm, 1, int(H), c_.rms_norm_eps, hidden_row_.as<float>(), stream_);
+        CUDA_CHECK(cudaMemcpyAsync(hidden.data(), hidden_row_.get(), size_t(H) * 4, cudaMemcpyDeviceToHost, stream_));
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+      }
+      if (keep > 0) s.kept_done(s.length());
+      return;
+    }
+    const int chunk = plan_.prefill.chunk_tokens;
+    auto run_pass = [&](int64_t t0, int n, int kept_first) {
+      const Rows l = rows_in_pass(wanted, t0, n, T), h = rows_in_pass(hidden_rows, t0, n, T);
+      if (kept_first >= 0) s.arm_kept(kept_first);
+      try {
+        prefill_.run(s, tokens.data() + t0, n, l.first, l.first < n ? logits.data() + l.out * V : nullptr, stream_,
+                     HiddenRows{h.first, h.first < n ? hidden.data() + h.out * H : nullptr});
+        CUDA_CHECK(cudaStreamSynchronize(stream_));
+      } catch (...) {
+        s.disarm_kept();
+        throw;
+      }
+      s.disarm_kept();
+      s.advance_host(n);
+    };
+    int64_t tail = 0;  // the last pass's tokens, which keep the rows
+    if (keep > 0) tail = T <= std::min(chunk, plan_.prefill.deltanet_rows_up_to) ? T : std::max(keep, 2);
+    for (int64_t t0 = 0; t0 < T - tail; t0 += chunk) run_pass(t0, int(std::min<int64_t>(chunk, T - tail - t0)), -1);
+    if (tail > 0) {
+      run_pass(T - tail, int(tail), int(tail) - keep);
+      s.kept_done(s.length());
+    }
+  }
+  static int64_t rows_of(LogitsWanted wanted, int64_t T) {
+    return wanted == LogitsWanted::all ? T : wanted == LogitsWanted::last && T > 0 ? 1 : 0;
+  }
+  // The rows of a pass [t0, t0 + n) of a forward of T that `wanted` asks for: from row `first`
+  // of the pass (n: none), written from row `out` of the forward's output.
+  struct Rows {
+    int first;
+    int64_t out;
+  };
+  static Rows rows_in_pass(LogitsWanted wanted, int64_t t0, int n, int64_t T) {
+    if (wanted == LogitsWanted::all) return {0, t0};
+    if (wanted == LogitsWanted::last && t0 + n == T) return {n - 1, 0};
+    return {n, 0};
+  }
   void check_token(int32_t id) const {
     LILY_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
   }
@@ -211,6 +339,7 @@ class CudaBackendImpl final : public CudaBackend {
   const uint64_t gpu_memory_;  // the cap (0: none)
   PrefillPass prefill_;
   PassGraph pass_graph_;
+  DeviceBuffer hidden_row_;  // [H]: forward_hidden's one-token row
 };
 
 }  // namespace

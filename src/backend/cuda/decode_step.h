@@ -45,6 +45,9 @@ class DecodeStep {
 
   int32_t* token() const { return token_.as<int32_t>(); }  // device int32 [1]
   float* logits() const { return logits_.as<float>(); }    // device fp32 [vocab]
+  // device fp32 [H]: the residual stream after the last layer of the step last run (the input of
+  // the final norm; Backend::forward_hidden's row), until the next step
+  const float* residual() const { return h_.as<float>(); }
 
   void set_observer(DecodeStepObserver* observer) { observer_ = observer; }
   DecodeStepObserver* observer() const { return observer_; }

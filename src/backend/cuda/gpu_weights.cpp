@@ -75,6 +75,41 @@ class WeightUploader {
 
   QMatrix matrix(const Matrix& m, int plain_bits = 4) { return matrices({&m}, plain_bits); }
 
+  // Columns [c0, c0 + n) of m as a matrix of their own, 4-bit where m is plain. An affine
+  // matrix's codes, scales and biases are copied as they are (c0 and n whole groups), not
+  // quantized again.
+  QMatrix columns(const Matrix& m, int64_t c0, int64_t n) {
+    LILY_CHECK(c0 >= 0 && n > 0 && c0 + n <= m.cols, "columns [{}, {}) of a matrix of {}", c0, c0 + n, m.cols);
+    Matrix part;
+    part.rows = m.rows, part.cols = n;
+    std::vector<uint32_t> codes;
+    std::vector<bf16> scales, biases;
+    std::vector<float> values;
+    if (m.quantized()) {
+      LILY_CHECK(c0 % m.group_size == 0 && n % m.group_size == 0 && (c0 * m.bits) % 32 == 0,
+                 "columns [{}, {}) of a {}-bit group-{} matrix split a group", c0, c0 + n, m.bits, m.group_size);
+      const int64_t words = m.cols * m.bits / 32, w0 = c0 * m.bits / 32, wn = n * m.bits / 32;
+      const int64_t groups = m.cols / m.group_size, g0 = c0 / m.group_size, gn = n / m.group_size;
+      const auto* src = static_cast<const uint32_t*>(m.data);
+      for (int64_t r = 0; r < m.rows; ++r) {
+        codes.insert(codes.end(), src + r * words + w0, src + r * words + w0 + wn);
+        scales.insert(scales.end(), m.scales + r * groups + g0, m.scales + r * groups + g0 + gn);
+        biases.insert(biases.end(), m.biases + r * groups + g0, m.biases + r * groups + g0 + gn);
+      }
+      part.format = MatrixFormat::affine, part.bits = m.bits, part.group_size = m.group_size;
+      part.data = codes.data(), part.scales = scales.data(), part.biases = biases.data();
+    } else {
+      std::vector<float> row(size_t(m.cols));
+      values.resize(size_t(m.rows * n));
+      for (int64_t r = 0; r < m.rows; ++r) {
+        m.dequantize_row(r, row.data());
+        std::copy(row.begin() + c0, row.begin() + c0 + n, values.begin() + r * n);
+      }
+      part.format = MatrixFormat::f32, part.data = values.data();
+    }
+    return matrix(part);  // copied to the device before the host buffers go
+  }
+
   QMatrix stack(const std::vector<Matrix>& experts) {
     std::vector<const Matrix*> ms;
     for (const Matrix& m : experts) ms.push_back(&m);
@@ -139,6 +174,59 @@ class WeightUploader {
   GpuWeights& out_;
 };
 
+namespace {
+
+GpuLayer upload_layer(WeightUploader& up, const LayerWeights& l) {
+  GpuLayer gl;
+  gl.kind = l.kind;
+  gl.input_layernorm = up.vector(l.input_layernorm);
+  gl.post_attention_layernorm = up.vector(l.post_attention_layernorm);
+  if (l.kind == LayerKind::full_attention) {
+    const AttentionWeights& a = l.attention;
+    GpuAttention& ga = gl.attention;
+    ga.qkv_proj = up.concatenated({&a.q_proj, &a.k_proj, &a.v_proj}, 4, {&ga.q_proj, &ga.k_proj, &ga.v_proj});
+    ga.o_proj = up.matrix(a.o_proj);
+    ga.q_norm = up.vector(a.q_norm);
+    ga.k_norm = up.vector(a.k_norm);
+  } else {
+    const DeltaNetWeights& d = l.deltanet;
+    GpuDeltaNet& gd = gl.deltanet;
+    gd.in_proj_all = up.concatenated({&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a}, 4,
+                                     {&gd.in_proj_qkv, &gd.in_proj_z, &gd.in_proj_b, &gd.in_proj_a});
+    gd.out_proj = up.matrix(d.out_proj);
+    gd.conv1d = up.vector(d.conv1d);
+    gd.A_log = up.vector(d.A_log);
+    gd.dt_bias = up.vector(d.dt_bias);
+    gd.norm = up.vector(d.norm);
+  }
+  const MoeWeights& m = l.moe;
+  gl.moe.router = up.matrix(m.router, 8);
+  gl.moe.experts_gate = up.stack(m.experts.gate_proj);
+  gl.moe.experts_up = up.stack(m.experts.up_proj);
+  gl.moe.experts_down = up.stack(m.experts.down_proj);
+  gl.moe.shared_gate = up.matrix(m.shared_gate_proj);
+  gl.moe.shared_up = up.matrix(m.shared_up_proj);
+  gl.moe.shared_down = up.matrix(m.shared_down_proj);
+  gl.moe.shared_expert_gate = up.matrix(m.shared_expert_gate, 8);
+  return gl;
+}
+
+GpuMtp upload_mtp(WeightUploader& up, const MtpWeights& m, int64_t H) {
+  LILY_CHECK(m.fc.rows == H && m.fc.cols == 2 * H, "mtp.fc is [{}, {}]; the head needs [{}, {}]", m.fc.rows, m.fc.cols,
+             H, 2 * H);
+  LILY_CHECK(m.layer.kind == LayerKind::full_attention, "mtp.layers.0 must be a full-attention layer");
+  GpuMtp g;
+  g.fc_embedding = up.columns(m.fc, 0, H);
+  g.fc_hidden = up.columns(m.fc, H, H);
+  g.pre_fc_norm_embedding = up.vector(m.pre_fc_norm_embedding);
+  g.pre_fc_norm_hidden = up.vector(m.pre_fc_norm_hidden);
+  g.norm = up.vector(m.norm);
+  g.layer = upload_layer(up, m.layer);
+  return g;
+}
+
+}  // namespace
+
 std::unique_ptr<GpuWeights> GpuWeights::upload(const ModelWeights& w) {
   auto g = std::make_unique<GpuWeights>(w.config);
   WeightUploader up(*g);
@@ -146,41 +234,10 @@ std::unique_ptr<GpuWeights> GpuWeights::upload(const ModelWeights& w) {
   g->lm_head = w.lm_head.data == w.embed_tokens.data ? g->embed_tokens : up.matrix(w.lm_head);
   g->final_norm = up.vector(w.final_norm);
   for (size_t i = 0; i < w.layers.size(); ++i) {
-    const LayerWeights& l = w.layers[i];
-    GpuLayer gl;
-    gl.kind = l.kind;
-    gl.input_layernorm = up.vector(l.input_layernorm);
-    gl.post_attention_layernorm = up.vector(l.post_attention_layernorm);
-    if (l.kind == LayerKind::full_attention) {
-      const AttentionWeights& a = l.attention;
-      GpuAttention& ga = gl.attention;
-      ga.qkv_proj = up.concatenated({&a.q_proj, &a.k_proj, &a.v_proj}, 4, {&ga.q_proj, &ga.k_proj, &ga.v_proj});
-      ga.o_proj = up.matrix(a.o_proj);
-      ga.q_norm = up.vector(a.q_norm);
-      ga.k_norm = up.vector(a.k_norm);
-    } else {
-      const DeltaNetWeights& d = l.deltanet;
-      GpuDeltaNet& gd = gl.deltanet;
-      gd.in_proj_all = up.concatenated({&d.in_proj_qkv, &d.in_proj_z, &d.in_proj_b, &d.in_proj_a}, 4,
-                                       {&gd.in_proj_qkv, &gd.in_proj_z, &gd.in_proj_b, &gd.in_proj_a});
-      gd.out_proj = up.matrix(d.out_proj);
-      gd.conv1d = up.vector(d.conv1d);
-      gd.A_log = up.vector(d.A_log);
-      gd.dt_bias = up.vector(d.dt_bias);
-      gd.norm = up.vector(d.norm);
-    }
-    const MoeWeights& m = l.moe;
-    gl.moe.router = up.matrix(m.router, 8);
-    gl.moe.experts_gate = up.stack(m.experts.gate_proj);
-    gl.moe.experts_up = up.stack(m.experts.up_proj);
-    gl.moe.experts_down = up.stack(m.experts.down_proj);
-    gl.moe.shared_gate = up.matrix(m.shared_gate_proj);
-    gl.moe.shared_up = up.matrix(m.shared_up_proj);
-    gl.moe.shared_down = up.matrix(m.shared_down_proj);
-    gl.moe.shared_expert_gate = up.matrix(m.shared_expert_gate, 8);
-    g->layers.push_back(gl);
+    g->layers.push_back(upload_layer(up, w.layers[i]));
     std::fprintf(stderr, "\ruploading weights to the GPU: layer %zu/%zu", i + 1, w.layers.size());
   }
+  if (w.mtp) g->mtp = upload_mtp(up, *w.mtp, w.config.hidden_size);
   std::fprintf(stderr, "\n");
   return g;
 }

@@ -9,6 +9,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <vector>
 
 #include "backend/cuda/common/gpu_types.h"
@@ -48,6 +49,17 @@ struct GpuLayer {
   GpuMoe moe;
 };
 
+// The MTP head (spec §6): mtp.fc is held as its two column halves, so that u = e @ fc_embedding^T
+// + hh @ fc_hidden^T never builds the [T, 2H] concatenation; the layer is a full-attention MoE
+// layer like the model's, with its own KV cache (CudaSequenceState's MTP cache).
+struct GpuMtp {
+  QMatrix fc_embedding, fc_hidden;               // [H, H]: mtp.fc's columns [0, H) and [H, 2H)
+  const float* pre_fc_norm_embedding = nullptr;  // [H]
+  const float* pre_fc_norm_hidden = nullptr;     // [H]
+  const float* norm = nullptr;                   // [H] mtp.norm
+  GpuLayer layer;                                // mtp.layers.0, kind full_attention
+};
+
 class GpuWeights {
  public:
   // Uploads (and quantizes where needed) a loaded model. Prints progress on stderr.
@@ -64,6 +76,7 @@ class GpuWeights {
   QMatrix embed_tokens, lm_head;
   const float* final_norm = nullptr;
   std::vector<GpuLayer> layers;
+  std::optional<GpuMtp> mtp;  // when the loaded model has mtp.* (ModelWeights::mtp)
   uint64_t bytes() const { return bytes_; }
 
   // Device memory owned by this object, freed with it.

@@ -84,6 +84,14 @@ DecodeLayerPlan plan_layer(const ModelConfig& c, const GpuLayer& layer, const De
   return plan;
 }
 
+// The layers a prefill pass runs: the model's, and the MTP head's where there is one.
+std::vector<const GpuLayer*> pass_layers(const GpuWeights& w) {
+  std::vector<const GpuLayer*> layers;
+  for (const GpuLayer& layer : w.layers) layers.push_back(&layer);
+  if (w.mtp) layers.push_back(&w.mtp->layer);
+  return layers;
+}
+
 std::string layer_line(const DecodeLayerPlan& p) {
   std::string inputs;
   for (const PlannedGemv& g : p.input)
@@ -99,7 +107,10 @@ std::string layer_line(const DecodeLayerPlan& p) {
 // Whether every layer's attention / DeltaNet projections are ones gemv_rows takes: the fused
 // input matrix (RMSNorm form) and the output projection (accumulating form).
 bool dense_rows_take(const GpuWeights& w) {
-  for (const GpuLayer& layer : w.layers) {
+  if (w.mtp && !(gemv_rows_supports(w.mtp->fc_embedding, false) && gemv_rows_supports(w.mtp->fc_hidden, false)))
+    return false;
+  for (const GpuLayer* l : pass_layers(w)) {
+    const GpuLayer& layer = *l;
     const bool attention = layer.kind == LayerKind::full_attention;
     const QMatrix& input = attention ? layer.attention.qkv_proj : layer.deltanet.in_proj_all;
     const QMatrix& output = attention ? layer.attention.o_proj : layer.deltanet.out_proj;
@@ -111,7 +122,9 @@ bool dense_rows_take(const GpuWeights& w) {
 // Whether every projection a prefill pass runs on a GEMM (the attention and DeltaNet inputs and
 // outputs, the routed and shared experts) is one the wgmma GEMM takes.
 bool wgmma_takes(const GpuWeights& w) {
-  for (const GpuLayer& layer : w.layers) {
+  if (w.mtp && !(gemm_w4_wgmma_supports(w.mtp->fc_embedding) && gemm_w4_wgmma_supports(w.mtp->fc_hidden))) return false;
+  for (const GpuLayer* l : pass_layers(w)) {
+    const GpuLayer& layer = *l;
     std::vector<const QMatrix*> m;
     if (layer.kind == LayerKind::full_attention) {
       const GpuAttention& a = layer.attention;
@@ -184,14 +197,22 @@ KernelPlan plan_kernels_with_gaps(const GpuWeights& w, const DeviceProfile& devi
         with_context(fmt::format("layer {}", i), [&] { return plan_layer(c, w.layers[i], device); }));
   plan.decode.lm_head = plan_rms_norm_gemv(w.lm_head, device, "lm_head");
   check_prefill_projection(w.lm_head, "lm_head");
+  if (w.mtp) {
+    LILY_CHECK(w.mtp->layer.kind == LayerKind::full_attention, "the MTP head's layer must be a full-attention layer");
+    plan.decode.mtp_layer = with_context("the MTP head", [&] { return plan_layer(c, w.mtp->layer, device); });
+    check_prefill_projection(w.mtp->fc_embedding, "mtp.fc");
+    check_prefill_projection(w.mtp->fc_hidden, "mtp.fc");
+    plan.decode.mtp_limit = 1;
+  }
+  const std::vector<const GpuLayer*> layers = pass_layers(w);
   plan.prefill.chunk_tokens = prefill_chunk_tokens;
   plan.prefill.dense_rows_up_to = dense_rows_take(w) ? kGemvRowsMaxT : 0;
-  const bool moe_rows = std::all_of(w.layers.begin(), w.layers.end(), [](const GpuLayer& layer) {
-    return moe_rows_supports(layer.moe) && moe_route_rows_supports(layer.moe);
+  const bool moe_rows = std::all_of(layers.begin(), layers.end(), [](const GpuLayer* layer) {
+    return moe_rows_supports(layer->moe) && moe_route_rows_supports(layer->moe);
   });
   plan.prefill.moe_rows_up_to = moe_rows ? kGemvRowsMaxT : 0;
-  const bool moe_slots = std::all_of(w.layers.begin(), w.layers.end(), [&](const GpuLayer& layer) {
-    return moe_route_rows_supports(layer.moe);  // gate/up and down: the decode step's, checked above
+  const bool moe_slots = std::all_of(layers.begin(), layers.end(), [&](const GpuLayer* layer) {
+    return moe_route_rows_supports(layer->moe);  // gate/up and down: the decode step's, checked above
   });
   plan.prefill.moe_slots_limit = moe_slots ? kMoeSlotsMaxRows : 0;
   // Measured on the H100 (docs/perf-log/2026-12.md, session 25): passes of 2 and 4 tokens at
@@ -229,6 +250,8 @@ constexpr int kAny = PrefillPlan::kNever;
 
 constexpr PlanField kPlanFields[] = {
     {"chain", [](KernelPlan& p, int v) { p.decode.chain = v != 0; }, [](const KernelPlan&) { return 1; }},
+    {"mtp", [](KernelPlan& p, int v) { p.decode.mtp = v != 0; },
+     [](const KernelPlan& p) { return p.decode.mtp_limit; }},
     {"decode_steps_below", [](KernelPlan& p, int v) { p.prefill.decode_steps_below = v; },
      [](const KernelPlan&) { return kAny; }},
     {"programmatic_below", [](KernelPlan& p, int v) { p.prefill.programmatic_below = v; },
@@ -290,6 +313,9 @@ std::string KernelPlan::describe() const {
                      format_of(decode.lm_head.W));
   out += decode.chain ? "  chains: each step's token chosen on the GPU (top_candidates, choose_token)\n"
                       : "  chains: off (each step's candidates to the host)\n";
+  if (decode.mtp_limit > 0)
+    out += decode.mtp ? "MTP head: prefill passes over its layer (fc halves, then the pass's kernels)\n"
+                      : "MTP head: off (not yet run on a GPU; LILY_KERNEL_PLAN=mtp=1)\n";
   out += fmt::format("prefill pass ({} to {} tokens; fewer run as decode steps; PDL below {}; graphs up to {}): "
                      "rms_norm + {} projections "
                      "(gemv_rows up to {} tokens, experts up to {}); attention {} up to {} tokens, "

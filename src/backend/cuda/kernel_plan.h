@@ -30,6 +30,8 @@
 //   MoE slots        passes of up to 4 tokens: the block on the decode kernels, the rows a grid
 //                    dimension (moe_decode.h's moe_slots_accumulate: three launches, no plan, no
 //                    combine): -12% at 2 rows and -5% at 4 with the graphs, +3% at 8 (H100, s25)
+//   MTP head         the head's rows (spec §6) as a prefill pass over its one layer, its fc as two
+//                    column halves; off until it has run (DecodePlan::mtp)
 //   logit rows       up to 16 rows of logits (a draft's verification) on gemv_rows where it takes
 //                    lm_head: its 254 MB read once for the rows (gemm_q4 took 212 us for 4 rows)
 //   decode step      the chain of kernels below (one persistent kernel for the whole step measured
@@ -99,8 +101,13 @@ struct DecodePlan {
   // lily serve --parallel 1 streamed 568-569 tokens/s at 4K against 558-561 stepping with
   // forward_candidates, the graph loop 584.9 (H200, session 25). Off, generate() steps.
   bool chain = true;
-  bool pdl = true;       // the step graph's edges programmatic (Hopper only: griddepcontrol)
-  int launches() const;  // kernels of one step, argmax included
+  bool pdl = true;  // the step graph's edges programmatic (Hopper only: griddepcontrol)
+  // The MTP head (Backend::forward_mtp, forward_hidden: prefill passes over its layer, mtp_pass.cpp)
+  // where the weights have one (mtp_limit 1): off until its tests have passed on a GPU (issue 37).
+  bool mtp = false;
+  int mtp_limit = 0;
+  DecodeLayerPlan mtp_layer;  // the head's layer, planned as the model's are
+  int launches() const;       // kernels of one step, argmax included
 };
 
 constexpr int kMaxPassGraphTokens = 16;  // the longest pass a graph may replay (its logits in pinned memory)

@@ -27,6 +27,10 @@ uint64_t kv_cache_bytes_per_token(const ModelConfig& c) {
          uint64_t(c.head_dim) * 2;  // K and V, bf16
 }
 
+uint64_t mtp_cache_bytes_per_token(const ModelConfig& c) {
+  return 2 * uint64_t(c.num_key_value_heads) * uint64_t(c.head_dim) * 2;  // one layer's K and V, bf16
+}
+
 uint64_t recurrent_state_bytes(const ModelConfig& c) {
   const uint64_t conv = uint64_t(c.linear_conv_kernel_dim - 1) * uint64_t(c.linear_conv_dim()) * 4;
   const uint64_t ssm = uint64_t(c.linear_num_value_heads) * uint64_t(c.linear_key_head_dim) *
@@ -39,6 +43,7 @@ MemoryNeeds memory_needs(const GpuWeights& w, uint64_t weight_bytes, const Kerne
   MemoryNeeds n;
   n.weights = weight_bytes;
   n.kv_per_token = kv_cache_bytes_per_token(c);
+  if (w.mtp && plan.decode.mtp) n.kv_per_token += mtp_cache_bytes_per_token(c);
   n.recurrent_per_slot = recurrent_state_bytes(c);
   n.prefill_workspace = prefill_workspace(w, plan).total();
   n.decode_workspace = decode_step_workspace_bytes(c, plan.decode);

@@ -3,7 +3,8 @@
 //
 //   weights            GpuWeights::bytes() (the full model at 4 bits: ~19.5 GB)
 //   KV cache           per slot: context x (attention layers x 2 x nkv x head_dim x 2 bytes) (20 KiB a
-//                      token for the full model); sized to the context asked for, not a larger capacity
+//                      token for the full model, 22 with the MTP head's); sized to the context asked for,
+//                      not a larger capacity
 //   recurrent state    per slot: DeltaNet layers x (Hv x 128 x 128 fp32 + (K-1) x conv_dim fp32) (63 MiB)
 //   prefill workspace  prefill_pass.h's PrefillWorkspace for plan.prefill.chunk_tokens (8192: ~1.8 GB;
 //                      it scales with the chunk: LILY_PREFILL_CHUNK, or under a cap prefill_chunk_for)
@@ -55,6 +56,7 @@ struct MemoryPlan {
 // One slot's KV cache per token, and its recurrent state (the config's arithmetic; equal to what
 // CudaSequenceState allocates).
 uint64_t kv_cache_bytes_per_token(const ModelConfig& c);
+uint64_t mtp_cache_bytes_per_token(const ModelConfig& c);  // the MTP head's cache (2 KiB a token for the model)
 uint64_t recurrent_state_bytes(const ModelConfig& c);
 
 // The needs of weights `w` (weight_bytes: what the upload holds) under `plan`.

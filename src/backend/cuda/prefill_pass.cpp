@@ -54,10 +54,10 @@ PrefillWorkspace prefill_workspace(const GpuWeights& w, const KernelPlan& plan) 
   s.tokens = T * 4;
   s.h = s.normed = T * H * 4;
   s.wide = T * wide * 4;
-  s.z = T * value_dim * 4;
+  s.z = T * std::max(value_dim, H) * 4;  // also the MTP head's normed hidden rows [T, H]
   s.b = s.a = T * uint64_t(c.linear_num_value_heads) * 4;
   s.k = s.v = T * uint64_t(c.attention_kv_width()) * 4;
-  s.mixer_out = T * std::max<uint64_t>(value_dim, c.attention_q_width()) * 4;
+  s.mixer_out = T * std::max<uint64_t>({value_dim, uint64_t(c.attention_q_width()), H}) * 4;  // and its hidden rows in
   if (plan.prefill.wgmma_from <= plan.prefill.chunk_tokens)
     s.xp = T * std::max({H, value_dim, uint64_t(c.attention_q_width())}) * 2;
   s.moe = std::max(moe_grouped_scratch_bytes(w.layers.at(0).moe, int(T), c.num_experts_per_tok),
@@ -113,12 +113,14 @@ PrefillPass::PrefillPass(const GpuWeights& w, const KernelPlan& plan) : w_(w), c
 }
 
 void PrefillPass::run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits,
-                      cudaStream_t stream) {
-  LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T,
-             "prefill pass of {} tokens (at most {}), logits from row {}", T, plan_.prefill.chunk_tokens, first_row);
+                      cudaStream_t stream, HiddenRows hidden) {
+  LILY_CHECK(T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T && hidden.first_row >= 0 &&
+                 hidden.first_row <= T,
+             "prefill pass of {} tokens (at most {}), logits from row {}, hidden rows from {}", T,
+             plan_.prefill.chunk_tokens, first_row, hidden.first_row);
   phases::mark("embed", stream);
   CUDA_CHECK(cudaMemcpyAsync(tokens_.get(), tokens, size_t(T) * 4, cudaMemcpyHostToDevice, stream));
-  pass(s, T, first_row, host_logits, stream);
+  pass(s, T, first_row, host_logits, stream, hidden);
 }
 
 void PrefillPass::record(CudaSequenceState& s, int T, int first_row, cudaStream_t stream) {
@@ -126,17 +128,19 @@ void PrefillPass::record(CudaSequenceState& s, int T, int first_row, cudaStream_
       T >= 1 && T <= plan_.prefill.chunk_tokens && first_row >= 0 && first_row <= T && T - first_row <= kLogitRows,
       "a recorded pass of {} tokens (at most {}), logits from row {} (at most {} rows)", T, plan_.prefill.chunk_tokens,
       first_row, kLogitRows);
-  pass(s, T, first_row, nullptr, stream);
+  pass(s, T, first_row, nullptr, stream, HiddenRows{T, nullptr});
 }
 
-void PrefillPass::pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream) {
+void PrefillPass::pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream,
+                       HiddenRows hidden) {
   stream_ = stream;
   const ProgrammaticLaunches programmatic(T < plan_.prefill.programmatic_below);
   // h = embed[tokens]
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), T, h_.as<float>(), stream);
   layers(&s, T);
   advance_position(s.position(), T, stream);
-  if (first_row < T) logits(first_row, T, host_logits);
+  if (hidden.first_row < T && hidden.host) normed_rows(hidden.first_row, T, w_.final_norm, hidden.host);
+  if (first_row < T) logits(first_row, T, host_logits, w_.final_norm);
   phases::mark("end", stream);
 }
 
@@ -149,7 +153,7 @@ void PrefillPass::record_batch(const BatchRows& rows, int N, cudaStream_t stream
   embed_tokens(w_.embed_tokens, tokens_.as<int32_t>(), N, h_.as<float>(), stream);
   layers(nullptr, N);
   advance_positions(rows.positions(), N, stream);
-  logits(0, N, nullptr);
+  logits(0, N, nullptr, w_.final_norm);
   batch_ = nullptr;
 }
 
@@ -157,14 +161,18 @@ void PrefillPass::layers(CudaSequenceState* s, int T) {
   size_t attention_index = 0, deltanet_index = 0;
   for (size_t i = 0; i < w_.layers.size(); ++i) {
     const GpuLayer& layer = w_.layers[i];
-    if (layer.kind == LayerKind::full_attention) gated_attention(layer, s, attention_index++, T);
-    else gated_deltanet(layer, s, deltanet_index++, T);
+    if (layer.kind == LayerKind::full_attention) {
+      const KvCache cache = s ? s->attention_cache(attention_index) : KvCache{};
+      gated_attention(layer, s ? &cache : nullptr, attention_index++, T);
+    } else {
+      gated_deltanet(layer, s, deltanet_index++, T);
+    }
     sparse_moe(layer, plan_.decode.layers[i], T);
   }
 }
 
 // h += gated_attention(RMSNorm(h)): the q/k/v projections, the core, o_proj (cpu::gated_attention)
-void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T) {
+void PrefillPass::gated_attention(const GpuLayer& layer, const KvCache* cache, size_t index, int T) {
   const GpuAttention& a = layer.attention;
   if (plan_.prefill.dense_rows(T)) {
     // [q, gate], k, v = RMSNorm(h) @ [Wq; Wk; Wv]^T, one launch
@@ -191,10 +199,9 @@ void PrefillPass::gated_attention(const GpuLayer& layer, CudaSequenceState* s, s
                                 stream_);
   } else {
     // o = softmax_causal(q K^T / 16) V * sigmoid(gate), the T new k and v appended to the cache
-    const AttentionParams p = attention_params(c_, a, T, int(s->capacity()), s->position());
+    const AttentionParams p = attention_params(c_, a, T, int(cache->capacity), cache->position);
     gated_attention_prefill(plan_.prefill.attention_kernel(T), p, wide_.as<float>(), k_.as<float>(), v_.as<float>(),
-                            s->k_cache(index), s->v_cache(index), mixer_out_.as<float>(), stream_,
-                            attention_scratch_.get());
+                            cache->k, cache->v, mixer_out_.as<float>(), stream_, attention_scratch_.get());
   }
   // h += o @ o_proj^T
   phases::mark("attention.o_proj", stream_);
@@ -236,9 +243,10 @@ void PrefillPass::gated_deltanet(const GpuLayer& layer, CudaSequenceState* s, si
   const DeltaRulePrefill form = plan_.prefill.delta_rule(T);
   // y also in bf16 for a wgmma out_proj: written by the gated norm, no conversion after it
   bf16* y_bf16 = plan_.prefill.wgmma(T) && form != DeltaRulePrefill::rows ? xp_.as<bf16>() : nullptr;
-  gated_deltanet_prefill(form, deltanet_params(c_, d, T), wide_.as<float>(), z_.as<float>(), b_.as<float>(),
-                         a_.as<float>(), s->conv(index), s->ssm(index), mixer_out_.as<float>(), deltanet_scratch_.get(),
-                         stream_, y_bf16);
+  DeltaNetParams p = deltanet_params(c_, d, T);
+  p.kept = s->kept(index);  // a verify's rows' states (the rows form alone keeps them)
+  gated_deltanet_prefill(form, p, wide_.as<float>(), z_.as<float>(), b_.as<float>(), a_.as<float>(), s->conv(index),
+                         s->ssm(index), mixer_out_.as<float>(), deltanet_scratch_.get(), stream_, y_bf16);
   // h += y @ out_proj^T
   phases::mark("deltanet.out_proj", stream_);
   output_projection(d.out_proj, T, y_bf16);
@@ -338,9 +346,18 @@ void PrefillPass::sparse_moe(const GpuLayer& layer, const DecodeLayerPlan& plan,
   moe_grouped_accumulate(layer.moe, x, T, k, moe_scratch_.get(), h_.as<float>(), stream_, 0, split_.get(), kernels, xp);
 }
 
-// logits = RMSNorm(h) @ lm_head^T for rows [first_row, T), to the host (host_logits null: left in
-// logits_, at most kLogitRows rows).
-void PrefillPass::logits(int first_row, int T, float* host_logits) {
+// RMSNorm(h; gain) of rows [first_row, T) to the host ([T - first_row, H]; forward_hidden's rows),
+// through normed_.
+void PrefillPass::normed_rows(int first_row, int T, const float* gain, float* host) {
+  const int H = c_.hidden_size, rows = T - first_row;
+  float* x = normed_.as<float>();
+  rms_norm(h_.as<float>() + size_t(first_row) * H, gain, rows, H, c_.rms_norm_eps, x, stream_);
+  CUDA_CHECK(cudaMemcpyAsync(host, x, size_t(rows) * H * 4, cudaMemcpyDeviceToHost, stream_));
+}
+
+// logits = RMSNorm(h; gain) @ lm_head^T for rows [first_row, T), to the host (host_logits null:
+// left in logits_, at most kLogitRows rows); gain: the final norm's, or the MTP head's.
+void PrefillPass::logits(int first_row, int T, float* host_logits, const float* gain) {
   const int H = c_.hidden_size, rows = T - first_row;
   const size_t V = size_t(c_.vocab_size);
   phases::mark("logits", stream_);
@@ -348,18 +365,18 @@ void PrefillPass::logits(int first_row, int T, float* host_logits) {
   float* logits = logits_.as<float>();
   if (rows == 1) {  // the decode step's lm_head kernel
     const PlannedGemv& lm_head = plan_.decode.lm_head;
-    rms_norm_gemv(lm_head.kernel, lm_head.W, h, w_.final_norm, c_.rms_norm_eps, logits, stream_);
+    rms_norm_gemv(lm_head.kernel, lm_head.W, h, gain, c_.rms_norm_eps, logits, stream_);
     if (host_logits) CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, V * 4, cudaMemcpyDeviceToHost, stream_));
     return;
   }
   if (rows <= plan_.prefill.logit_rows_up_to) {  // the weights read once for the rows
-    rms_norm_gemv_rows(w_.lm_head, h, rows, w_.final_norm, c_.rms_norm_eps, RowsOutput::whole(logits, int(V)), stream_);
+    rms_norm_gemv_rows(w_.lm_head, h, rows, gain, c_.rms_norm_eps, RowsOutput::whole(logits, int(V)), stream_);
     if (host_logits)
       CUDA_CHECK(cudaMemcpyAsync(host_logits, logits, size_t(rows) * V * 4, cudaMemcpyDeviceToHost, stream_));
     return;
   }
   float* x = normed_.as<float>();
-  rms_norm(h, w_.final_norm, rows, H, c_.rms_norm_eps, x, stream_);
+  rms_norm(h, gain, rows, H, c_.rms_norm_eps, x, stream_);
   for (int r0 = 0; r0 < rows; r0 += kLogitRows) {
     const int n = std::min(kLogitRows, rows - r0);
     gemm_q4(w_.lm_head, x + size_t(r0) * H, logits, n, stream_, split_.get());

@@ -23,15 +23,30 @@ struct PrefillWorkspace {
 };
 PrefillWorkspace prefill_workspace(const GpuWeights& w, const KernelPlan& plan);
 
+// The hidden rows a pass hands back (Backend::forward_hidden): RMSNorm(h; final norm) of rows
+// [first_row, T) into host ([T - first_row, H]); first_row == T or host null: none.
+struct HiddenRows {
+  int first_row = 0;
+  float* host = nullptr;
+};
+
 class PrefillPass {
  public:
   PrefillPass(const GpuWeights& w, const KernelPlan& plan);
 
   // tokens [T] (host) through the model, appended to s (its device position advanced by T); the
   // logits of rows [first_row, T) go to host_logits ([T - first_row, V], asynchronous copies in
-  // stream order: the caller synchronizes before reading them or reusing `tokens`).
-  // first_row == T: no logits.
-  void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits, cudaStream_t stream);
+  // stream order: the caller synchronizes before reading them or reusing `tokens`), and the
+  // hidden rows asked for to theirs. first_row == T: no logits.
+  void run(CudaSequenceState& s, const int32_t* tokens, int T, int first_row, float* host_logits, cudaStream_t stream,
+           HiddenRows hidden = {});
+
+  // T rows of the MTP head (spec §6; mtp_pass.cpp) appended to s's MTP cache (its device position
+  // advanced by T): row t takes hidden[t] ([T, H] host, post-norm rows) and tokens[t]; the logits
+  // of rows [first_row, T) to host_logits ([T - first_row, V]) and the head's post-norm rows m to
+  // host_m ([T - first_row, H]). Asynchronous as run() is. The weights must have the head.
+  void run_mtp(CudaSequenceState& s, const float* hidden, const int32_t* tokens, int T, int first_row,
+               float* host_logits, float* host_m, cudaStream_t stream);
 
   // The same pass from tokens already in device_tokens(), its logits left in device_logits()
   // ([T - first_row, V], at most kLogitRows rows): no host memory touched, so a graph can
@@ -49,7 +64,8 @@ class PrefillPass {
 
  private:
   void layers(CudaSequenceState* s, int T);  // every layer; s null: a batch step (batch_)
-  void gated_attention(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T);
+  // cache null: a batch step (each row's own, batch_'s attention(index))
+  void gated_attention(const GpuLayer& layer, const KvCache* cache, size_t index, int T);
   void gated_deltanet(const GpuLayer& layer, CudaSequenceState* s, size_t index, int T);
   void output_projection(const QMatrix& W, int T, const bf16* xp = nullptr);
   // The pass's GEMMs on the plan's kernel: x [T, K] fp32 for gemm_q4, or converted once into
@@ -66,8 +82,12 @@ class PrefillPass {
   void gemm(const QMatrix& W, const GemmInput& in, float* y, int T);             // y = x @ W^T
   void gemm_accumulate(const QMatrix& W, const GemmInput& in, float* y, int T);  // y += x @ W^T
   void sparse_moe(const GpuLayer& layer, const DecodeLayerPlan& plan, int T);
-  void pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream);
-  void logits(int first_row, int T, float* host_logits);
+  void pass(CudaSequenceState& s, int T, int first_row, float* host_logits, cudaStream_t stream, HiddenRows hidden);
+  void logits(int first_row, int T, float* host_logits, const float* gain);
+  void normed_rows(int first_row, int T, const float* gain, float* host);
+  // y = x @ W^T (accumulate: y +=), x [T, W.cols] fp32: gemv_rows for the plan's dense rows, else
+  // the pass's GEMM (the MTP head's fc halves).
+  void project(const QMatrix& W, const float* x, float* y, int T, bool accumulate);
 
   const GpuWeights& w_;
   const ModelConfig& c_;
@@ -77,10 +97,10 @@ class PrefillPass {
   DeviceBuffer tokens_;               // int32 [T]
   DeviceBuffer h_, normed_;           // [T, H]
   DeviceBuffer wide_;                 // [T, max(conv_dim, 2 * nq * hd)]: qkv or q,gate
-  DeviceBuffer z_;                    // [T, Hv * 128]
+  DeviceBuffer z_;                    // [T, max(Hv * 128, H)]
   DeviceBuffer b_, a_;                // [T, Hv]
   DeviceBuffer k_, v_;                // [T, nkv * hd]
-  DeviceBuffer mixer_out_;            // [T, max(Hv * 128, nq * hd)]: input of out_proj / o_proj
+  DeviceBuffer mixer_out_;            // [T, max(Hv * 128, nq * hd, H)]: input of out_proj / o_proj
   DeviceBuffer xp_;                   // bf16 [T, max(H, Hv * 128, nq * hd)]: the wgmma GEMM's input
   DeviceBuffer moe_scratch_;          // routing, plan and intermediates of the grouped MoE
   DeviceBuffer deltanet_scratch_;     // conv outputs and the chunked rule's intermediates
