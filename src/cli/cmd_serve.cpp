@@ -164,7 +164,7 @@ CommandRegistration serve_command{
            ->check(CLI::Range(int64_t(1), int64_t(1) << 20));
        sub.add_option("--speculate", a->speculate,
                       "Speculative decoding: K drafts a step from the model's MTP head (1-8; 0: off), the same "
-                      "answers; with --parallel > 1 the batch steps do not speculate (yet)")
+                      "answers; with --parallel > 1 each speculating request runs its own steps beside the batch")
            ->capture_default_str();
        sub.add_option("--queue", a->server.max_waiting, "Requests that may wait while every slot is busy (beyond: 503)")
            ->capture_default_str();

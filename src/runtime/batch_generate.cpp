@@ -9,6 +9,7 @@
 #include "base/error.h"
 #include "grammar/matcher.h"
 #include "runtime/decode_token.h"
+#include "runtime/speculative.h"
 
 namespace lily {
 
@@ -55,6 +56,10 @@ struct BatchGenerator::Request {
   AllowedTokens allowed;               // the grammar's mask for forward_candidates (words 0: none)
   std::vector<TokenLogit> candidates;  // a lone step's best few
   int32_t pending = -1;                // the token the next batch step appends (-1: none)
+  // With request.speculate > 0: the request's own draft-verify-cut steps (speculative.h), one a
+  // round, outside the batch step; its prefill feeds the MTP head. speculating: past its start.
+  std::unique_ptr<SpeculativeDecoder> speculative;
+  bool speculating = false;
   bool ended = false;
   std::exception_ptr error;
   std::chrono::steady_clock::time_point decode_start;
@@ -96,8 +101,11 @@ BatchGenerator::~BatchGenerator() = default;
 uint64_t BatchGenerator::add(const GenerateRequest& request, SequenceState& state, TokenCallback on_token,
                              PrefillStop stop) {
   const int32_t limit = decode_token::check_request(backend_, state, request);
+  check_speculate(backend_, request.speculate);
   if (stop.length <= state.length() || stop.length > int64_t(request.prompt.size())) stop = {};  // nothing to stop at
   auto r = std::make_unique<Request>(next_id_++, request, state, std::move(on_token), limit, std::move(stop));
+  if (request.speculate > 0 && request.max_new_tokens > 0)
+    r->speculative = std::make_unique<SpeculativeDecoder>(backend_, state, r->request, r->on_token);
   r->result.prompt_tokens = int64_t(request.prompt.size());
   r->result.cached_tokens = state.length();
   const uint64_t id = r->id;
@@ -164,6 +172,7 @@ int64_t BatchGenerator::prefill_piece(Request& r, int64_t budget) {
     const int64_t until = r.stop.reached && done < r.stop.length ? r.stop.length : total;
     const int64_t n = std::min(budget, until - done);
     const bool last = done + n == total;
+    if (r.speculative) return prefill_speculative(r, n, last, t0);
     backend_.forward(*r.state, std::span<const int32_t>(r.request.prompt.data() + done, size_t(n)),
                      last ? LogitsWanted::last : LogitsWanted::none, r.logits);
     r.result.prefill_seconds += seconds_since(t0);
@@ -179,9 +188,41 @@ int64_t BatchGenerator::prefill_piece(Request& r, int64_t budget) {
   }
 }
 
-// One token of every request past its prefill, in one batch step; each draws its next token
-// from its row.
+// A speculative request's piece of prefill: n prompt tokens with the MTP head fed beside them
+// (prefill_with_head), the last through its decoder's start (the rest of the prompt, the first
+// token drawn and delivered).
+int64_t BatchGenerator::prefill_speculative(Request& r, int64_t n, bool last,
+                                            std::chrono::steady_clock::time_point t0) {
+  if (!last) {
+    prefill_with_head(backend_, *r.state, r.request.prompt, r.state->length() + n);
+    r.result.prefill_seconds += seconds_since(t0);
+    if (r.stop.reached && r.state->length() == r.stop.length) std::exchange(r.stop.reached, nullptr)();
+    return n;
+  }
+  const bool going = r.speculative->start();
+  r.result.prefill_seconds += seconds_since(t0);
+  r.decode_start = std::chrono::steady_clock::now();
+  r.speculating = true;
+  if (!going) end(r, r.speculative->result().finish);
+  return n;
+}
+
+// One round of every request past its prefill: one token of each plain request in one batch step
+// (each draws its next token from its row), then one speculative step of each speculative one.
 void BatchGenerator::decode_step() {
+  batch_step();
+  for (auto& r : running_) {
+    if (r->ended || !r->speculating) continue;
+    ++steps_;
+    try {
+      if (!r->speculative->step()) end(*r, r->speculative->result().finish);
+    } catch (...) {
+      fail(*r, std::current_exception());
+    }
+  }
+}
+
+void BatchGenerator::batch_step() {
   std::vector<Request*> rows;
   for (auto& r : running_)
     if (!r->ended && r->pending >= 0) rows.push_back(r.get());
@@ -224,7 +265,16 @@ void BatchGenerator::decode_alone(Request& r) {
 }
 
 // reason: what decode_token::deliver set (stop, cancelled), else length (GenerateResult's default).
+// A speculative request's tokens, drafts and grammar time are its decoder's; the prompt's counts
+// and the prefill time are this request's.
 void BatchGenerator::end(Request& r, FinishReason reason) {
+  if (r.speculative) {
+    GenerateResult result = std::move(r.speculative->result());
+    result.prompt_tokens = r.result.prompt_tokens, result.cached_tokens = r.result.cached_tokens;
+    result.prefill_seconds = r.result.prefill_seconds;
+    r.result = std::move(result);
+    r.speculative.reset();
+  }
   r.ended = true;
   r.pending = -1;
   r.result.finish = reason;

@@ -14,6 +14,12 @@
 //   take()   a finished request's outcome, once
 //   cancel() ends a request at once, waiting or running (its client gone while it prefills)
 //
+// A request with GenerateRequest::speculate > 0 (the backend running the MTP head: checked in add())
+// is speculative_generate()'s instead (speculative.h): its prefill feeds the head, and once past it
+// the request runs one draft-verify-cut step of its own each round, after the batch step of the
+// plain requests: the tokens of plain decoding (greedy), its distribution (sampling), 1 to K + 1
+// tokens a round.
+//
 // A request ends at its stop token, the grammar's end, max_new_tokens, or when its callback says
 // stop (a client gone: its slot is free before the next step). An exception in one request (its
 // grammar at a dead end, its callback throwing) ends that request alone, with the error kept in
@@ -24,6 +30,7 @@
 // it, between the steps.
 #pragma once
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <exception>
@@ -89,7 +96,9 @@ class BatchGenerator {
   void admit();
   void prefill_round();
   int64_t prefill_piece(Request& r, int64_t budget);
+  int64_t prefill_speculative(Request& r, int64_t n, bool last, std::chrono::steady_clock::time_point t0);
   void decode_step();
+  void batch_step();
   void decode_alone(Request& r);
   void end(Request& r, FinishReason reason);
   void fail(Request& r, std::exception_ptr error);

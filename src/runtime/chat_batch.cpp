@@ -134,10 +134,7 @@ class ChatService::BatchCompletion final : public BatchJob {
     LILY_CHECK(c_.has_value(), "internal: a parallel completion ended without starting");
     Completion& c = *c_;
     c.seq.finish_round(g);
-    c.timings.prefill_seconds += g.prefill_seconds;
-    c.timings.decode_seconds += g.decode_seconds;
-    c.timings.grammar_seconds += g.grammar_seconds;
-    c.timings.decoded_tokens += int64_t(g.tokens.size());
+    c.timings.add(g);
     // A cancelled generation is the caller's stop only when it asked (a stop string ends the
     // reply through the same refusal of a token).
     if (g.finish == FinishReason::cancelled && cancel_) c.cancelled = true;

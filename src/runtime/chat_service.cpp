@@ -64,9 +64,6 @@ ChatService::ChatService(Engine& engine, Tokenizer tokenizer, ChatServiceOptions
   LILY_CHECK(options.parallel >= 1, "parallel completions: {} (at least 1)", options.parallel);
   check_speculate(backend_, options.speculate);
   speculate_ = options.speculate;
-  if (speculate_ > 0 && options.parallel > 1)
-    LILY_LOG_WARN("--speculate {}: parallel completions (--parallel {}) decode in batch steps without drafts",
-                  speculate_, options.parallel);
   stats_ = cache_.stats();
   if (options.parallel > 1) {
     const uint64_t free_bytes = backend_.name() == "cpu" ? available_host_memory() : 0;
@@ -289,14 +286,18 @@ FinishReason ChatService::generate_reply(Completion& c) {
   if (c.remaining() <= 0) return FinishReason::length;
   GenerateResult r = c.seq.generate(backend_, reply_request(c),
                                     [&](const GeneratedToken& t) { return on_token(c, t); });
-  c.timings.prefill_seconds += r.prefill_seconds;
-  c.timings.decode_seconds += r.decode_seconds;
-  c.timings.grammar_seconds += r.grammar_seconds;
-  c.timings.decoded_tokens += int64_t(r.tokens.size());
-  c.timings.speculative = c.timings.speculative || !r.speculation.drafted.empty();  // [speculate] when it drafted
-  for (size_t k = 0; k < r.speculation.drafted.size(); ++k)
-    c.timings.drafted_tokens += r.speculation.drafted[k], c.timings.accepted_tokens += r.speculation.accepted[k];
+  c.timings.add(r);
   return r.finish;
+}
+
+void Timings::add(const GenerateResult& r) {
+  prefill_seconds += r.prefill_seconds;
+  decode_seconds += r.decode_seconds;
+  grammar_seconds += r.grammar_seconds;
+  decoded_tokens += int64_t(r.tokens.size());
+  speculative = speculative || !r.speculation.drafted.empty();  // [speculate] when it drafted
+  for (size_t k = 0; k < r.speculation.drafted.size(); ++k)
+    drafted_tokens += r.speculation.drafted[k], accepted_tokens += r.speculation.accepted[k];
 }
 
 // The generation of the reply (its prompt set by SequenceTokens).

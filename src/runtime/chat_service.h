@@ -56,7 +56,8 @@ struct CompletionOptions {
   bool use_cache = true;    // false: a cold run on a fresh state, not kept afterwards
   bool ignore_eos = false;  // true: the stop tokens do not end the reply (benchmarks, tests)
   // MTP drafts a step (speculative.h; the same answers): -1 the service's default
-  // (ChatServiceOptions::speculate), 0 off. Parallel completions (parallel > 1) do not speculate.
+  // (ChatServiceOptions::speculate), 0 off. Parallel completions (parallel > 1) too: each runs its
+  // own steps beside the batch (batch_generate.h).
   int speculate = -1;
 };
 
@@ -138,6 +139,7 @@ struct Timings {
   double grammar_seconds = 0;                       // of decode_seconds: the grammar's masks (constrained decoding)
   int64_t drafted_tokens = 0, accepted_tokens = 0;  // speculative decoding's MTP drafts
   bool speculative = false;                         // the decode drafted (GenerateRequest::speculate > 0)
+  void add(const GenerateResult& r);                // a generation's times, tokens and drafts
 };
 
 struct CompletionResult {
@@ -183,7 +185,7 @@ struct ChatServiceOptions {
   bool fewer_slots_if_short = false;         // slots beyond the memory: fewer (a warning), not refused
   int64_t prefill_chunk = 512;               // parallel: prompt tokens prefilled between two steps
   // MTP drafts a step for completions that do not say (CompletionOptions::speculate); checked
-  // against the backend when the service starts. The batch of parallel > 1 does not speculate.
+  // against the backend when the service starts.
   int speculate = 0;
 };
 

@@ -47,17 +47,26 @@ class Speculation {
   }
 
   GenerateResult run() {
-    result_.prompt_tokens = int64_t(request_.prompt.size());
-    result_.cached_tokens = state_.length();
-    result_.finish = FinishReason::length;
-    bool going = prefill();
+    bool going = start();
     const auto t1 = std::chrono::steady_clock::now();
-    while (going && int64_t(result_.tokens.size()) < request_.max_new_tokens) going = step();
+    while (going) going = next();
     result_.decode_seconds = seconds_since(t1);
     return std::move(result_);
   }
 
+  // SpeculativeDecoder's: the prefill and first token; then one step while the request goes on.
+  bool start() {
+    result_.prompt_tokens = int64_t(request_.prompt.size());
+    result_.cached_tokens = state_.length();
+    result_.finish = FinishReason::length;
+    return prefill() && going_on();
+  }
+  bool next() { return step() && going_on(); }
+  GenerateResult& result() { return result_; }
+
  private:
+  bool going_on() const { return int64_t(result_.tokens.size()) < request_.max_new_tokens; }
+
   // The fresh prompt through the main model (its hidden rows kept), the first token from its
   // logits, the head's rows up to the prompt's last (whose token is the first generated), then
   // the first token delivered. False when the generation ended with it.
@@ -254,6 +263,28 @@ GenerateResult speculative_generate(Backend& backend, SequenceState& state, cons
   const int32_t limit = decode_token::check_request(backend, state, request);
   return Speculation(backend, state, request, on_token, limit).run();
 }
+
+struct SpeculativeDecoder::Impl {
+  TokenCallback on_token;
+  GenerateRequest request;
+  Speculation speculation;
+  Impl(Backend& backend, SequenceState& state, const GenerateRequest& r, TokenCallback callback, int32_t limit)
+      : on_token(std::move(callback)), request(r), speculation(backend, state, request, on_token, limit) {}
+};
+
+SpeculativeDecoder::SpeculativeDecoder(Backend& backend, SequenceState& state, const GenerateRequest& request,
+                                       TokenCallback on_token) {
+  check_speculate(backend, request.speculate);
+  LILY_CHECK(request.speculate > 0, "internal: a speculative decoder without drafts");
+  const int32_t limit = decode_token::check_request(backend, state, request);
+  impl_ = std::make_unique<Impl>(backend, state, request, std::move(on_token), limit);
+}
+
+SpeculativeDecoder::~SpeculativeDecoder() = default;
+
+bool SpeculativeDecoder::start() { return impl_->speculation.start(); }
+bool SpeculativeDecoder::step() { return impl_->speculation.next(); }
+GenerateResult& SpeculativeDecoder::result() { return impl_->speculation.result(); }
 
 void prefill_with_head(Backend& backend, SequenceState& state, std::span<const int32_t> tokens, int64_t count) {
   const int64_t cached = state.length(), head = state.mtp_length();

@@ -23,6 +23,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <span>
 #include <vector>
 
@@ -37,6 +38,30 @@ namespace lily {
 // without the head is refused with Backend::mtp_unavailable() before anything runs.
 GenerateResult speculative_generate(Backend& backend, SequenceState& state, const GenerateRequest& request,
                                     const TokenCallback& on_token);
+
+// speculative_generate() a round at a time, for a caller that runs several requests (the batch
+// generator): start() appends the rest of the prompt (the state holds a prefix of it, the head
+// fed as prefill_with_head leaves it), draws and delivers the first token; step() runs one
+// draft-verify-cut step. Each returns false once the request has ended (a stop token, the
+// grammar's end, max_new_tokens, on_token saying stop); result() then holds what
+// speculative_generate() returns, less decode_seconds (the caller times its rounds). The request
+// is checked when constructed (as speculative_generate() checks it); the decoder keeps copies of
+// it and of on_token, and the state and the request's grammar must outlive it.
+class SpeculativeDecoder {
+ public:
+  SpeculativeDecoder(Backend& backend, SequenceState& state, const GenerateRequest& request, TokenCallback on_token);
+  ~SpeculativeDecoder();
+  SpeculativeDecoder(const SpeculativeDecoder&) = delete;
+  SpeculativeDecoder& operator=(const SpeculativeDecoder&) = delete;
+
+  bool start();
+  bool step();
+  GenerateResult& result();
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
 
 // Throws, naming --speculate, unless `drafts` is in [0, kMaxSpeculate] and, when it is not 0,
 // the backend runs the MTP head (its mtp_unavailable() sentence). For the commands, before they

@@ -130,6 +130,17 @@ TEST(CudaBatch, StepsMatchEachSequenceAlone) {
   }
 }
 
+// The case StepsMatchEachSequenceAlone fails on (sessions 25-26: the replayed 8-row graph after a
+// 16-row step, seed 4, row 0 0.707 off the CPU) on a fresh backend, the graph captured for it: if
+// this fails too, the fault follows the data (another row's inputs reaching row 0), not the replay.
+TEST(CudaBatch, TheFailingCaseOnAFreshBackend) {
+  REQUIRE_GPU();
+  auto weights = load_model(std::string(LILY_SOURCE_DIR) + "/models/lily-tiny");
+  auto cpu = make_cpu_backend(weights);
+  auto gpu = backend(weights, {"batch_rows_up_to=16"});
+  check_batch(*gpu, *cpu, 8, 4);
+}
+
 // The default plan runs a batch as the sequences one after another: the same contract.
 TEST(CudaBatch, DefaultPlanRunsSequencesOneAfterAnother) {
   REQUIRE_GPU();

@@ -3,7 +3,7 @@
 // as OpenAI's Predicted Outputs fields completion_tokens_details.accepted_prediction_tokens /
 // rejected_prediction_tokens (the Responses API: output_tokens_details), non-streamed and in the
 // final usage chunk, and /metrics sums them (lily_speculative_*_tokens_total). A plain server's
-// usage has no such field.
+// usage has no such field; the default --parallel 4 speculates too, each request its own steps.
 import { test, before, after } from 'node:test';
 import assert from 'node:assert/strict';
 import { client, metrics, startServer, userTurn } from './lib.mjs';
@@ -61,18 +61,35 @@ test('the Responses API counts the drafts in output_tokens_details', async () =>
     m1.lily_speculative_accepted_tokens_total - m0.lily_speculative_accepted_tokens_total);
 });
 
-// No --speculate; and --speculate with the default --parallel 4, whose batch steps do not draft.
-test('a plain server, or batch steps, count no drafts', async () => {
-  for (const args of [[], ['--speculate', '2']]) {
-    const plain = await startServer(args, { defaultModel: true });
-    try {
-      const r = await client(plain.url).chat.completions.create(QUESTION);
-      assert.deepEqual(Object.keys(r.usage.completion_tokens_details), ['reasoning_tokens'], args.join(' '));
-      const m = await metrics(plain.url);
-      assert.equal(m.lily_speculative_drafted_tokens_total, 0);
-      assert.equal(m.lily_speculative_accepted_tokens_total, 0);
-    } finally {
-      await plain.stop();
-    }
+// No --speculate: no drafts counted. And --speculate with the default --parallel 4: each
+// speculating request runs its own steps beside the batch, so the reply is the --parallel 1
+// server's, with its drafts, also when two requests run at once.
+test('a plain server counts no drafts; the default --parallel 4 speculates as --parallel 1 does', async () => {
+  const plain = await startServer([], { defaultModel: true });
+  let want = null;
+  try {
+    const r = await client(plain.url).chat.completions.create(QUESTION);
+    assert.deepEqual(Object.keys(r.usage.completion_tokens_details), ['reasoning_tokens']);
+    const m = await metrics(plain.url);
+    assert.equal(m.lily_speculative_drafted_tokens_total, 0);
+    assert.equal(m.lily_speculative_accepted_tokens_total, 0);
+    want = r.choices[0].message.content;
+  } finally {
+    await plain.stop();
+  }
+  const alone = await openai.chat.completions.create(QUESTION);  // --parallel 1, speculating
+  assert.equal(alone.choices[0].message.content, want, 'speculation changes no greedy answer');
+  const parallel = await startServer(['--speculate', '2'], { defaultModel: true });
+  try {
+    const c = client(parallel.url);
+    const other = { ...GREEDY, messages: userTurn('What is 12 + 30?'), max_tokens: 48 };
+    const [a, b] = await Promise.all([c.chat.completions.create(QUESTION), c.chat.completions.create(other)]);
+    assert.equal(a.choices[0].message.content, want);
+    assert.deepEqual(a.usage.completion_tokens_details, alone.usage.completion_tokens_details);
+    assert.ok(b.usage.completion_tokens_details.accepted_prediction_tokens > 0, JSON.stringify(b.usage));
+    const m = await metrics(parallel.url);
+    assert.ok(m.lily_speculative_drafted_tokens_total > 0);
+  } finally {
+    await parallel.stop();
   }
 });
