@@ -134,6 +134,12 @@ void gemm_rows(const Matrix& W, const TokenBatch& x, int64_t r0, int64_t r1, flo
   LILY_CHECK(W.cols == x.cols, "gemm_rows: {} against tokens of {} columns", W.describe(), x.cols);
   if (r0 >= r1 || x.n == 0) return;
   if (gemm_supported(W) && x.tiled) return detail::gemm_rows_avx512(W, x, r0, r1, y, y_stride, scratch, then);
+  if (gemm_supported(W) && !x.tokens.empty() && active_isa() == Isa::avx2) {
+    std::vector<const QuantizedInput*> tokens(size_t(x.n));
+    for (int64_t t = 0; t < x.n; ++t) tokens[size_t(t)] = &x.tokens[size_t(t)];
+    detail::gemv_tokens_avx2_integer(W, tokens.data(), int(x.n), r0, r1, y, y_stride);
+    return;
+  }
   if (gemm_supported(W) && !x.tokens.empty()) {
     const GemvRowsFn kernel = gemv_rows_kernel(active_isa(), Dot::integer);
     for (int64_t t = 0; t < x.n; ++t) kernel(W, x.tokens[size_t(t)], r0, r1, y + t * y_stride);

@@ -13,7 +13,9 @@
 //           of up to kTokenTile tokens by vpdpbusd with those 4 columns of the token broadcast;
 //           x16 = 256 a + b in two int8 halves (a, b in [-128, 127]), so a register costs 2
 //           vpdpbusd a token, and the group's int32 sums 256 A + B are scaled into fp32 sums.
-//   avx2, scalar  the GEMV kernels token by token (gemv.h), x as QuantizedInput per token.
+//   avx2    the integer GEMV kernel 4 tokens at a time (gemv_tokens_avx2_integer: each group's
+//           codes loaded and split into nibbles once for the 4), x as QuantizedInput per token.
+//   scalar  the GEMV kernel token by token (gemv.h).
 // Matrices of other formats or group sizes have each row dequantized once a call.
 #pragma once
 

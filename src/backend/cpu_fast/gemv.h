@@ -95,6 +95,10 @@ void gemv_rows_scalar_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0,
 void gemv_rows_scalar_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 void gemv_rows_avx2_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 void gemv_rows_avx2_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
+// y[t * y_stride + r] for tokens t < n, rows [r0, r1): gemv_rows_avx2_integer's sums for each of
+// n tokens, read from the codes once per tile of 4 tokens (4-bit; 8-bit: token by token).
+void gemv_tokens_avx2_integer(const Matrix& W, const QuantizedInput* const* x, int n, int64_t r0, int64_t r1, float* y,
+                              int64_t y_stride);
 void gemv_rows_avx512_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 void gemv_rows_avx512_integer(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y);
 // Rows [r0, r1) of any matrix: each row dequantized to fp32, then a dot product.

@@ -9,6 +9,8 @@
 // bias term are computed for 8 groups at a time.
 // fp32: one uint32 word (8 4-bit columns) is broadcast to the 8 lanes, shifted by 0, 4, .., 28,
 // masked and converted; 8-bit codes are widened by vpmovzxbd; one FMA per 8 columns.
+// gemv_tokens_avx2_integer: the integer kernel for up to 4 tokens at once (a prefill block, a
+// batch or verify step), each group's codes loaded and split once for all of them.
 // Every function carries the target attribute, so nothing here runs without the check of
 // isa_supported(Isa::avx2).
 #include <immintrin.h>
@@ -160,7 +162,67 @@ LILY_AVX2 void rows_integer(const Matrix& W, const QuantizedInput& in, int64_t r
                               W.biases + r * groups, groups, in);
 }
 
+// Row r of W against kTokens tokens at once (4-bit codes): each group's codes are loaded and
+// split into nibbles once for all of them, and each token's int32 sums scaled as row_integer's.
+template <int kTokens>
+LILY_AVX2 void row_integer_tokens(const uint8_t* codes, const bf16* scales, const bf16* biases, int64_t groups,
+                                  const QuantizedInput* const* in, float* y, int64_t y_stride) {
+  constexpr int64_t kGroupBytes = kInputGroup / 2;
+  const __m256i nibble = _mm256_set1_epi8(0x0F);
+  __m256 acc[kTokens], bias_acc[kTokens];
+  for (int t = 0; t < kTokens; ++t) acc[t] = _mm256_setzero_ps(), bias_acc[t] = _mm256_setzero_ps();
+  for (int64_t g0 = 0; g0 < groups; g0 += 8) {
+    const int64_t n = std::min<int64_t>(8, groups - g0);
+    const __m256 s = load_bf16x8(scales + g0, n), b = load_bf16x8(biases + g0, n);
+    __m256 d[kTokens];
+    for (int t = 0; t < kTokens; ++t) {
+      d[t] = _mm256_mul_ps(s, _mm256_loadu_ps(in[t]->unit.data() + g0));
+      bias_acc[t] = _mm256_fmadd_ps(b, _mm256_loadu_ps(in[t]->qsum.data() + g0), bias_acc[t]);
+    }
+    for (int64_t j = 0; j < n; ++j) {
+      const int64_t g = g0 + j;
+      if (g % 2 == 0) prefetch_ahead(codes + g * kGroupBytes);
+      const __m256i c = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(codes + g * kGroupBytes));
+      const __m256i lo = _mm256_and_si256(c, nibble), hi = _mm256_and_si256(_mm256_srli_epi16(c, 4), nibble);
+      const int64_t at = 128 * (g / 2) + 32 * (g % 2);  // the group's columns in nibble order
+      const __m256i jj = _mm256_set1_epi32(int(j));
+      for (int t = 0; t < kTokens; ++t) {
+        const __m256i dot = _mm256_add_epi32(
+            _mm256_madd_epi16(pair_sums(lo, hi, in[t]->a_nibbles.data() + at), _mm256_set1_epi16(254)),
+            _mm256_madd_epi16(pair_sums(lo, hi, in[t]->b_nibbles.data() + at), _mm256_set1_epi16(1)));
+        acc[t] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(dot), _mm256_permutevar8x32_ps(d[t], jj), acc[t]);
+      }
+    }
+  }
+  for (int t = 0; t < kTokens; ++t) y[t * y_stride] = sum_lanes(acc[t]) + sum_lanes(bias_acc[t]);
+}
+
+template <int kTokens>
+LILY_AVX2 void rows_integer_tokens(const Matrix& W, const QuantizedInput* const* in, int64_t r0, int64_t r1, float* y,
+                                   int64_t y_stride) {
+  const int64_t groups = W.cols / kInputGroup, row_bytes = W.cols / 2;
+  for (int64_t r = r0; r < r1; ++r)
+    row_integer_tokens<kTokens>(static_cast<const uint8_t*>(W.data) + r * row_bytes, W.scales + r * groups,
+                                W.biases + r * groups, groups, in, y + r, y_stride);
+}
+
 }  // namespace
+
+void gemv_tokens_avx2_integer(const Matrix& W, const QuantizedInput* const* x, int n, int64_t r0, int64_t r1, float* y,
+                              int64_t y_stride) {
+  if (W.bits != 4) {  // 8-bit codes: token by token
+    for (int t = 0; t < n; ++t) rows_integer<8>(W, *x[t], r0, r1, y + t * y_stride);
+    return;
+  }
+  int t = 0;
+  for (; t + 4 <= n; t += 4) rows_integer_tokens<4>(W, x + t, r0, r1, y + t * y_stride, y_stride);
+  switch (n - t) {
+    case 3: rows_integer_tokens<3>(W, x + t, r0, r1, y + t * y_stride, y_stride); break;
+    case 2: rows_integer_tokens<2>(W, x + t, r0, r1, y + t * y_stride, y_stride); break;
+    case 1: rows_integer<4>(W, *x[t], r0, r1, y + t * y_stride); break;
+    default: break;
+  }
+}
 
 void gemv_rows_avx2_fp32(const Matrix& W, const QuantizedInput& x, int64_t r0, int64_t r1, float* y) {
   if (W.bits == 4) rows_fp32<4>(W, x, r0, r1, y);
