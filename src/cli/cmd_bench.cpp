@@ -559,7 +559,8 @@ int run_bench(BenchArgs a) {
     for (int32_t n : decode_depths) options.planned_context = std::max<int64_t>(options.planned_context, n + 2048);
     if (a.synthetic) {
       std::fprintf(stderr, "building the Qwen3.6-35B-A3B geometry with random 4-bit weights on the GPU ...\n");
-      backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42), options);
+      backend = make_cuda_backend(cuda::bench::synthetic_weights(qwen36_35b_a3b_config(), 42, a.speculate > 0),
+                                  options);
       title = "Qwen3.6-35B-A3B geometry, random 4-bit weights (--synthetic)";
     } else {
       auto engine = a.model.load_engine();

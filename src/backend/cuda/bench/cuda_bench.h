@@ -14,8 +14,10 @@
 namespace lily::cuda::bench {
 
 // Random 4-bit weights of `config`'s geometry (8-bit router and shared-expert gate, as mlx),
-// generated on the GPU: uniform codes, small scales and biases, norm gains around 1.
-std::unique_ptr<GpuWeights> synthetic_weights(const ModelConfig& config, uint64_t seed);
+// generated on the GPU: uniform codes, small scales and biases, norm gains around 1. mtp: with a
+// random MTP head too (its fc halves and a full-attention layer: ~0.45 GB more), for `lily bench
+// --synthetic --speculate K`.
+std::unique_ptr<GpuWeights> synthetic_weights(const ModelConfig& config, uint64_t seed, bool mtp = false);
 
 // The KV cache of a CUDA sequence filled with random bf16 rows and its length set to `length`,
 // nothing computed (decode at a given context depth).

@@ -78,52 +78,68 @@ class SyntheticBuilder {
 
 }  // namespace
 
-std::unique_ptr<GpuWeights> synthetic_weights(const ModelConfig& c, uint64_t seed) {
+namespace {
+
+GpuLayer synthetic_layer(SyntheticBuilder& b, const ModelConfig& c, LayerKind kind) {
+  const int H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  GpuLayer gl;
+  gl.kind = kind;
+  gl.input_layernorm = b.vector(uint64_t(H), 1.f, 0.1f);
+  gl.post_attention_layernorm = b.vector(uint64_t(H), 1.f, 0.1f);
+  if (gl.kind == LayerKind::full_attention) {
+    const int nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
+    GpuAttention& ga = gl.attention;
+    ga.qkv_proj = b.matrix(1, 2 * nq * d + 2 * nkv * d, H);
+    ga.q_proj = ga.qkv_proj.row_range(0, 2 * nq * d);
+    ga.k_proj = ga.qkv_proj.row_range(2 * nq * d, nkv * d);
+    ga.v_proj = ga.qkv_proj.row_range(2 * nq * d + nkv * d, nkv * d);
+    ga.o_proj = b.matrix(1, H, nq * d);
+    ga.q_norm = b.vector(uint64_t(d), 1.f, 0.1f);
+    ga.k_norm = b.vector(uint64_t(d), 1.f, 0.1f);
+  } else {
+    const int Hv = c.linear_num_value_heads;
+    const int C = c.linear_conv_dim(), Vd = c.linear_value_dim();
+    GpuDeltaNet& gd = gl.deltanet;
+    gd.in_proj_all = b.matrix(1, C + Vd + 2 * Hv, H);
+    gd.in_proj_qkv = gd.in_proj_all.row_range(0, C);
+    gd.in_proj_z = gd.in_proj_all.row_range(C, Vd);
+    gd.in_proj_b = gd.in_proj_all.row_range(C + Vd, Hv);
+    gd.in_proj_a = gd.in_proj_all.row_range(C + Vd + Hv, Hv);
+    gd.out_proj = b.matrix(1, H, Vd);
+    gd.conv1d = b.vector(uint64_t(C) * c.linear_conv_kernel_dim, 0.f, 0.3f);
+    gd.A_log = b.vector(uint64_t(Hv), 1.f, 1.f);
+    gd.dt_bias = b.vector(uint64_t(Hv), 0.f, 0.5f);
+    gd.norm = b.vector(128, 1.f, 0.1f);
+  }
+  gl.moe.router = b.matrix(1, E, H, 8);
+  gl.moe.experts_gate = b.matrix(E, I, H);
+  gl.moe.experts_up = b.matrix(E, I, H);
+  gl.moe.experts_down = b.matrix(E, H, I);
+  gl.moe.shared_gate = b.matrix(1, Is, H);
+  gl.moe.shared_up = b.matrix(1, Is, H);
+  gl.moe.shared_down = b.matrix(1, H, Is);
+  gl.moe.shared_expert_gate = b.matrix(1, 1, H, 8);
+  return gl;
+}
+
+}  // namespace
+
+std::unique_ptr<GpuWeights> synthetic_weights(const ModelConfig& c, uint64_t seed, bool mtp) {
   auto g = std::make_unique<GpuWeights>(c);
   SyntheticBuilder b(*g, seed);
-  const int H = c.hidden_size, E = c.num_experts, I = c.moe_intermediate_size, Is = c.shared_expert_intermediate_size;
+  const int H = c.hidden_size;
   g->embed_tokens = b.matrix(1, c.vocab_size, H);
   g->lm_head = b.matrix(1, c.vocab_size, H);
   g->final_norm = b.vector(uint64_t(H), 1.f, 0.1f);
-  for (int i = 0; i < c.num_layers; ++i) {
-    GpuLayer gl;
-    gl.kind = c.layer_types[size_t(i)];
-    gl.input_layernorm = b.vector(uint64_t(H), 1.f, 0.1f);
-    gl.post_attention_layernorm = b.vector(uint64_t(H), 1.f, 0.1f);
-    if (gl.kind == LayerKind::full_attention) {
-      const int nq = c.num_attention_heads, nkv = c.num_key_value_heads, d = c.head_dim;
-      GpuAttention& ga = gl.attention;
-      ga.qkv_proj = b.matrix(1, 2 * nq * d + 2 * nkv * d, H);
-      ga.q_proj = ga.qkv_proj.row_range(0, 2 * nq * d);
-      ga.k_proj = ga.qkv_proj.row_range(2 * nq * d, nkv * d);
-      ga.v_proj = ga.qkv_proj.row_range(2 * nq * d + nkv * d, nkv * d);
-      ga.o_proj = b.matrix(1, H, nq * d);
-      ga.q_norm = b.vector(uint64_t(d), 1.f, 0.1f);
-      ga.k_norm = b.vector(uint64_t(d), 1.f, 0.1f);
-    } else {
-      const int Hv = c.linear_num_value_heads;
-      const int C = c.linear_conv_dim(), Vd = c.linear_value_dim();
-      GpuDeltaNet& gd = gl.deltanet;
-      gd.in_proj_all = b.matrix(1, C + Vd + 2 * Hv, H);
-      gd.in_proj_qkv = gd.in_proj_all.row_range(0, C);
-      gd.in_proj_z = gd.in_proj_all.row_range(C, Vd);
-      gd.in_proj_b = gd.in_proj_all.row_range(C + Vd, Hv);
-      gd.in_proj_a = gd.in_proj_all.row_range(C + Vd + Hv, Hv);
-      gd.out_proj = b.matrix(1, H, Vd);
-      gd.conv1d = b.vector(uint64_t(C) * c.linear_conv_kernel_dim, 0.f, 0.3f);
-      gd.A_log = b.vector(uint64_t(Hv), 1.f, 1.f);
-      gd.dt_bias = b.vector(uint64_t(Hv), 0.f, 0.5f);
-      gd.norm = b.vector(128, 1.f, 0.1f);
-    }
-    gl.moe.router = b.matrix(1, E, H, 8);
-    gl.moe.experts_gate = b.matrix(E, I, H);
-    gl.moe.experts_up = b.matrix(E, I, H);
-    gl.moe.experts_down = b.matrix(E, H, I);
-    gl.moe.shared_gate = b.matrix(1, Is, H);
-    gl.moe.shared_up = b.matrix(1, Is, H);
-    gl.moe.shared_down = b.matrix(1, H, Is);
-    gl.moe.shared_expert_gate = b.matrix(1, 1, H, 8);
-    g->layers.push_back(gl);
+  for (int i = 0; i < c.num_layers; ++i) g->layers.push_back(synthetic_layer(b, c, c.layer_types[size_t(i)]));
+  if (mtp) {
+    GpuMtp m;
+    m.fc_embedding = b.matrix(1, H, H), m.fc_hidden = b.matrix(1, H, H);
+    m.pre_fc_norm_embedding = b.vector(uint64_t(H), 1.f, 0.1f);
+    m.pre_fc_norm_hidden = b.vector(uint64_t(H), 1.f, 0.1f);
+    m.norm = b.vector(uint64_t(H), 1.f, 0.1f);
+    m.layer = synthetic_layer(b, c, LayerKind::full_attention);
+    g->mtp = m;
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   return g;
