@@ -240,6 +240,22 @@ class Backend {
   }
 
  protected:
+  // forward_mtp's arguments: a post-norm row of hidden_size values per token, room in the head's
+  // cache for the rows, every token in the vocabulary.
+  void check_mtp_rows(const SequenceState& state, std::span<const float> hidden,
+                      std::span<const int32_t> tokens) const {
+    const int64_t T = int64_t(tokens.size()), H = config().hidden_size;
+    LILY_CHECK(int64_t(hidden.size()) == T * H,
+               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
+               hidden.size(), T, T, H);
+    LILY_CHECK(state.mtp_length() + T <= state.capacity(),
+               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
+               state.mtp_length(), T, state.capacity());
+    for (int32_t id : tokens)
+      LILY_CHECK(id >= 0 && id < config().vocab_size, "token id {} is outside the vocabulary [0, {})", id,
+                 config().vocab_size);
+  }
+
   // forward_batch's arguments: a token per state, none null, none twice, each with room for one
   // more token, every token in the vocabulary.
   void check_batch(std::span<SequenceState* const> states, std::span<const int32_t> tokens) const {

@@ -13,8 +13,8 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/ops.h"
-#include "backend/cpu/output_rows.h"
 #include "backend/cpu/sequence_state.h"
+#include "backend/output_rows.h"
 #include "base/error.h"
 #include "model/weights.h"
 
@@ -27,11 +27,6 @@ using cpu::CpuSequenceState;
 // The reference backend's name in its states' errors.
 constexpr const char* kBackend = "CPU";
 constexpr int64_t kChunkTokens = 256;
-
-using cpu::check_tokens;
-using cpu::output_rows;
-using cpu::OutputRows;
-using cpu::rows_of;
 
 class CpuBackend final : public Backend {
  public:
@@ -82,13 +77,7 @@ class CpuBackend final : public Backend {
     CpuSequenceState& s = cpu::cpu_sequence(state, kBackend, "forward_mtp");
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
-    LILY_CHECK(int64_t(hidden.size()) == T * H,
-               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
-               hidden.size(), T, T, H);
-    LILY_CHECK(s.mtp_length() + T <= s.capacity(),
-               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
-               s.mtp_length(), T, s.capacity());
-    check_tokens(tokens, V);
+    check_mtp_rows(s, hidden, tokens);
     logits.assign(size_t(rows_of(wanted, T) * V), 0.f);
     mtp_hidden.assign(size_t(rows_of(wanted, T) * H), 0.f);
     for (int64_t t0 = 0; t0 < T; t0 += kChunkTokens) {

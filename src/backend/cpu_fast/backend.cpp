@@ -15,13 +15,13 @@
 #include <mutex>
 
 #include "backend/cpu/ops.h"
-#include "backend/cpu/output_rows.h"
 #include "backend/cpu/sequence_state.h"
 #include "backend/cpu_fast/cpu_fast.h"
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/layers.h"
 #include "backend/cpu_fast/mtp_fast.h"
 #include "backend/cpu_fast/prefill.h"
+#include "backend/output_rows.h"
 #include "base/error.h"
 #include "model/weights.h"
 
@@ -34,11 +34,6 @@ using cpu::CpuSequenceState;
 // The fast backend's name in its states' errors.
 constexpr const char* kBackend = "fast CPU";
 constexpr int64_t kChunkTokens = 256;
-
-using cpu::check_tokens;
-using cpu::output_rows;
-using cpu::OutputRows;
-using cpu::rows_of;
 
 class FastCpuBackend final : public Backend {
  public:
@@ -99,13 +94,7 @@ class FastCpuBackend final : public Backend {
     CpuSequenceState& s = cpu::cpu_sequence(state, kBackend, "forward_mtp");
     const ModelConfig& c = w_->config;
     const int64_t T = int64_t(tokens.size()), V = c.vocab_size, H = c.hidden_size;
-    LILY_CHECK(int64_t(hidden.size()) == T * H,
-               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
-               hidden.size(), T, T, H);
-    LILY_CHECK(s.mtp_length() + T <= s.capacity(),
-               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
-               s.mtp_length(), T, s.capacity());
-    check_tokens(tokens, V);
+    check_mtp_rows(s, hidden, tokens);
     logits.assign(size_t(rows_of(wanted, T) * V), 0.f);
     mtp_hidden.assign(size_t(rows_of(wanted, T) * H), 0.f);
     std::vector<float>& m = scratch_.mtp_rows;

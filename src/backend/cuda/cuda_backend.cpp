@@ -29,6 +29,7 @@
 #include "backend/cuda/pass_graph.h"
 #include "backend/cuda/prefill_pass.h"
 #include "backend/cuda/sequence_state.h"
+#include "backend/output_rows.h"
 #include "base/log.h"
 #include "model/weights.h"
 
@@ -103,23 +104,14 @@ class CudaBackendImpl final : public CudaBackend {
     LILY_CHECK(mtp_on(), "{}", mtp_unavailable());
     auto& s = as_cuda(state);
     const int64_t T = int64_t(tokens.size()), V = c_.vocab_size, H = c_.hidden_size;
-    LILY_CHECK(int64_t(hidden.size()) == T * H,
-               "forward_mtp: {} hidden values for {} tokens; expected [{}, {}] (a post-norm row per token)",
-               hidden.size(), T, T, H);
-    LILY_CHECK(s.mtp_length() + T <= s.capacity(),
-               "forward_mtp: the MTP cache of {} positions plus {} new ones exceeds the sequence's capacity of {}",
-               s.mtp_length(), T, s.capacity());
-    for (int32_t id : tokens) check_token(id);
+    check_mtp_rows(s, hidden, tokens);
     logits.resize(size_t(rows_of(wanted, T) * V));
     mtp_hidden.resize(size_t(rows_of(wanted, T) * H));
     const int chunk = plan_.prefill.chunk_tokens;
     for (int64_t t0 = 0; t0 < T; t0 += chunk) {
       const int n = int(std::min<int64_t>(chunk, T - t0));
-      const Rows r = rows_in_pass(wanted, t0, n, T);
-      const bool out = r.first < n;
-      prefill_.run_mtp(s, hidden.data() + t0 * H, tokens.data() + t0, n, r.first,
-                       out ? logits.data() + r.out * V : nullptr, out ? mtp_hidden.data() + r.out * H : nullptr,
-                       stream_);
+      const OutputRows l = output_rows(wanted, logits, V, t0, n, T), m = output_rows(wanted, mtp_hidden, H, t0, n, T);
+      prefill_.run_mtp(s, hidden.data() + t0 * H, tokens.data() + t0, n, first_row(l, n), l.out, m.out, stream_);
       CUDA_CHECK(cudaStreamSynchronize(stream_));
       s.advance_mtp_host(n);
     }
@@ -290,11 +282,10 @@ class CudaBackendImpl final : public CudaBackend {
     }
     const int chunk = plan_.prefill.chunk_tokens;
     auto run_pass = [&](int64_t t0, int n, int kept_first) {
-      const Rows l = rows_in_pass(wanted, t0, n, T), h = rows_in_pass(hidden_rows, t0, n, T);
+      const OutputRows l = output_rows(wanted, logits, V, t0, n, T), h = output_rows(hidden_rows, hidden, H, t0, n, T);
       if (kept_first >= 0) s.arm_kept(kept_first);
       try {
-        prefill_.run(s, tokens.data() + t0, n, l.first, l.first < n ? logits.data() + l.out * V : nullptr, stream_,
-                     HiddenRows{h.first, h.first < n ? hidden.data() + h.out * H : nullptr});
+        prefill_.run(s, tokens.data() + t0, n, first_row(l, n), l.out, stream_, HiddenRows{first_row(h, n), h.out});
         CUDA_CHECK(cudaStreamSynchronize(stream_));
       } catch (...) {
         s.disarm_kept();
@@ -311,20 +302,9 @@ class CudaBackendImpl final : public CudaBackend {
       s.kept_done(s.length());
     }
   }
-  static int64_t rows_of(LogitsWanted wanted, int64_t T) {
-    return wanted == LogitsWanted::all ? T : wanted == LogitsWanted::last && T > 0 ? 1 : 0;
-  }
-  // The rows of a pass [t0, t0 + n) of a forward of T that `wanted` asks for: from row `first`
-  // of the pass (n: none), written from row `out` of the forward's output.
-  struct Rows {
-    int first;
-    int64_t out;
-  };
-  static Rows rows_in_pass(LogitsWanted wanted, int64_t t0, int n, int64_t T) {
-    if (wanted == LogitsWanted::all) return {0, t0};
-    if (wanted == LogitsWanted::last && t0 + n == T) return {n - 1, 0};
-    return {n, 0};
-  }
+  // A pass of n tokens' first row of an output (output_rows.h), n where it wants none: the
+  // pass's convention.
+  static int first_row(const OutputRows& o, int n) { return o.out ? int(o.first_row) : n; }
   void check_token(int32_t id) const {
     LILY_CHECK(id >= 0 && id < c_.vocab_size, "token id {} is outside the vocabulary [0, {})", id, c_.vocab_size);
   }

@@ -16,6 +16,14 @@ __global__ void advance_position_kernel(int32_t* position, int n) {
   *position += n;
 }
 
+// A device position set to n between steps: no step in flight reads the old one.
+void write_position(const DeviceBuffer& position, int64_t n) {
+  const int32_t value = int32_t(n);
+  CUDA_CHECK(cudaDeviceSynchronize());
+  CUDA_CHECK(cudaMemcpy(position.get(), &value, sizeof(value), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaDeviceSynchronize());
+}
+
 void copy_buffers(const std::vector<DeviceBuffer>& src, std::vector<DeviceBuffer>& dst) {
   for (size_t i = 0; i < src.size(); ++i)
     CUDA_CHECK(cudaMemcpy(dst[i].get(), src[i].get(), src[i].bytes(), cudaMemcpyDeviceToDevice));
@@ -125,10 +133,7 @@ void CudaSequenceState::reset() {
 
 void CudaSequenceState::set_length(int64_t n) {
   length_ = n;
-  const int32_t position = int32_t(n);
-  CUDA_CHECK(cudaDeviceSynchronize());  // no step in flight reads the old position
-  CUDA_CHECK(cudaMemcpy(position_.get(), &position, sizeof(position), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  write_position(position_, n);
 }
 
 bool CudaSequenceState::keep_row_states(int rows) {
@@ -185,10 +190,7 @@ bool CudaSequenceState::rewind(int64_t length, int64_t mtp_length) {
 void CudaSequenceState::set_mtp_length(int64_t n) {
   LILY_CHECK(has_mtp_cache(), "internal: the MTP length of a sequence without the head's cache");
   mtp_length_ = n;
-  const int32_t position = int32_t(n);
-  CUDA_CHECK(cudaDeviceSynchronize());
-  CUDA_CHECK(cudaMemcpy(mtp_position_.get(), &position, sizeof(position), cudaMemcpyHostToDevice));
-  CUDA_CHECK(cudaDeviceSynchronize());
+  write_position(mtp_position_, n);
 }
 
 void CudaSequenceState::copy_recurrent_from(const std::vector<DeviceBuffer>& conv,

@@ -1,5 +1,5 @@
-// output_rows.h: where a forward's per-token outputs go, for both CPU backends (backend/cpu and
-// backend/cpu_fast run a call's tokens in blocks and write the rows the caller wants of each).
+// output_rows.h: where a forward's per-token outputs go, for every backend (each runs a call's
+// tokens in blocks or passes and writes the rows the caller wants of each).
 #pragma once
 
 #include <cstdint>
@@ -9,7 +9,7 @@
 #include "backend/backend.h"
 #include "base/error.h"
 
-namespace lily::cpu {
+namespace lily {
 
 // Where a block's rows of a per-token output go: rows [first_row, n) of the block into `out`
 // (null: none of them).
@@ -35,4 +35,4 @@ inline void check_tokens(std::span<const int32_t> tokens, int64_t V) {
   for (int32_t id : tokens) LILY_CHECK(id >= 0 && id < V, "token id {} is outside the vocabulary [0, {})", id, V);
 }
 
-}  // namespace lily::cpu
+}  // namespace lily
