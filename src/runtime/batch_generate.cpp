@@ -66,6 +66,11 @@ struct BatchGenerator::Request {
 
   bool prefilling() const { return !ended && state->length() < int64_t(request.prompt.size()); }
 
+  // Calls the PrefillStop once, when the state has reached it.
+  void reach_stop() {
+    if (stop.reached && state->length() == stop.length) std::exchange(stop.reached, nullptr)();
+  }
+
   // The next token from `logits`, handed over; true while the request goes on (its token then
   // pending for the next step).
   bool draw() { return hand_over(decode_token::sample_row(sampler, logits, request, limit, mask, result)); }
@@ -176,7 +181,7 @@ int64_t BatchGenerator::prefill_piece(Request& r, int64_t budget) {
     backend_.forward(*r.state, std::span<const int32_t>(r.request.prompt.data() + done, size_t(n)),
                      last ? LogitsWanted::last : LogitsWanted::none, r.logits);
     r.result.prefill_seconds += seconds_since(t0);
-    if (r.stop.reached && r.state->length() == r.stop.length) std::exchange(r.stop.reached, nullptr)();
+    r.reach_stop();
     if (last) {
       r.decode_start = std::chrono::steady_clock::now();
       if (r.request.max_new_tokens == 0 || !r.draw()) end(r, r.result.finish);
@@ -196,7 +201,7 @@ int64_t BatchGenerator::prefill_speculative(Request& r, int64_t n, bool last,
   if (!last) {
     prefill_with_head(backend_, *r.state, r.request.prompt, r.state->length() + n);
     r.result.prefill_seconds += seconds_since(t0);
-    if (r.stop.reached && r.state->length() == r.stop.length) std::exchange(r.stop.reached, nullptr)();
+    r.reach_stop();
     return n;
   }
   const bool going = r.speculative->start();
