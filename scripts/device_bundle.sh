@@ -13,7 +13,13 @@ launcher=()
 command -v ccache >/dev/null && launcher=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_CUDA_COMPILER_LAUNCHER=ccache)
 cmake -B $build -G Ninja -DCMAKE_BUILD_TYPE=Release -DLILY_CUDA=ON -DLILY_NATIVE=OFF -DLILY_BENCH=OFF \
   -DLILY_KERNEL_BENCHES=ON -DCMAKE_CUDA_ARCHITECTURES="${CUDA_ARCHS:-90a-real}" "${launcher[@]}" >/dev/null
-cmake --build $build -j "$(nproc)"
+# Only what travels: lily, the CUDA tests, the kernel benches, the runtime tests below (a cold
+# build of everything else, the CPU tests and benchmarks, would double the time on 2 cores).
+runtime_tests=(runtime_test_chat_service runtime_test_generate runtime_test_constrained_generate
+               runtime_test_structured_output e2e_test_lily_tiny)
+mapfile -t packed < <(ninja -C $build -t targets all | grep -oE '^(cuda_test_[a-z0-9_]+|bench_[a-z0-9_]+): phony' |
+                      cut -d: -f1)
+cmake --build $build -j "$(nproc)" --target lily "${runtime_tests[@]}" "${packed[@]}"
 stage=$(mktemp -d)
 mkdir -p "$stage/.carry/lib" "$stage/.carry/tests"
 cp $build/lily "$stage/.carry/"
@@ -23,9 +29,7 @@ mkdir -p "$stage/.carry/bench"
 find $build/bench/kernels -type f -executable -name 'bench_*' -exec cp {} "$stage/.carry/bench/" \;
 strip "$stage"/.carry/bench/*
 # Tests of the runtime that take LILY_TEST_BACKEND=cuda (session reuse, lily-tiny end to end).
-cp $build/tests/runtime/runtime_test_chat_service $build/tests/runtime/runtime_test_generate \
-  $build/tests/runtime/runtime_test_constrained_generate \
-  $build/tests/runtime/runtime_test_structured_output $build/tests/e2e/e2e_test_lily_tiny "$stage/.carry/tests/"
+for t in "${runtime_tests[@]}"; do cp $build/tests/*/$t "$stage/.carry/tests/"; done
 strip "$stage/.carry/lily" "$stage"/.carry/tests/*
 for lib in $(ldd $build/lily | awk '/=> \// {print $3}' |
              grep -E 'libfmt|libpcre2|libutf8proc'); do
