@@ -69,12 +69,13 @@ TEST(AttendHeads, MatchesAttendPerHead) {
 
 // The decode step's and a batch row's form, the keys read in place from the cache: every head of
 // the group in one pass against attend per head, 1 .. 8 heads, 1 .. 33 visible positions (the
-// blocks of 4 keys and their edges), head sizes 64 and 256, outputs poisoned.
+// blocks of 4 keys and their edges), head sizes 64, 128 and 256 (the widths of
+// the value passes: in_place), outputs poisoned.
 TEST(AttendHeads, InPlaceMatchesAttendPerHead) {
   if (!cpu_fast::isa_supported(cpu_fast::Isa::avx512)) GTEST_SKIP() << "this processor does not run AVX-512";
   std::mt19937 rng(4);
   int cases = 0;
-  for (int64_t d : {64, 256})
+  for (int64_t d : {64, 128, 256})
     for (int64_t heads : {1, 2, 3, 8})
       for (int64_t visible : {1, 3, 4, 5, 17, 33}) {
         const int64_t nkv = 2, g = 1;
@@ -113,7 +114,7 @@ TEST(AttendHeads, InPlaceMatchesAttendPerHead) {
         EXPECT_LE(worst, 1e-5 * scale) << "d " << d << " heads " << heads << " visible " << visible;
         ++cases;
       }
-  EXPECT_EQ(cases, 48);
+  EXPECT_EQ(cases, 72);
   std::vector<float> x(4096, 1.f), out(64, NAN), scores(1024);
   const cpu_fast::AttentionHeads odd{x.data(), 32, x.data(), 32, x.data(), 32, x.data(), 32, out.data(), 32, 1, 1, 32};
   EXPECT_FALSE(cpu_fast::detail::attend_in_place_avx512(odd, scores.data())) << "d not a multiple of 64";

@@ -15,8 +15,9 @@
 //   scores[h, j] = q_h . k_j / sqrt(d)         4 keys at a time, 4 sums per head along d (16
 //                                              lanes), each summed across its lanes
 //   p, o_h                                     as above; the values 16 x kVecs of d at a time for
-//                                              all heads, so each key and value row is read once
-//                                              for the group (attend: once per head)
+//                                              all heads (kHeads x kVecs sums: 16 zmm), so each
+//                                              key and value row is read once for the group
+//                                              (attend: once per head), in d / (16 kVecs) pieces
 // Tested against attend and the reference through the decode step (tests/cpu_fast/test_attention.cpp,
 // test_backend.cpp, test_batch.cpp).
 // g++ 12 reports the deliberately undefined registers inside its own AVX-512 intrinsics
@@ -116,15 +117,11 @@ LILY_AVX512_F void scores_in_place(const AttentionHeads& a, const float* keys, f
   }
 }
 
-template <int kHeads>
-LILY_AVX512_F void in_place(const AttentionHeads& a, float* scores) {
-  // zmm of d per head a pass over the values: at least 4 independent sums, at most 16 registers
-  constexpr int kVecs = kHeads == 1 ? 4 : (kHeads == 2 ? 2 : 1);
+// o_h = (sum_k p[h, k] v_k) * sigmoid(gate_h) for all heads, 16 x kVecs of d a pass over the
+// values: each value row read in d / (16 kVecs) pieces, one a pass.
+template <int kHeads, int kVecs>
+LILY_AVX512_F void weighted_values(const AttentionHeads& a, const float* scores) {
   const int64_t n = a.visible, d = a.d;
-  int64_t j = 0;
-  for (; j + 4 <= n; j += 4) scores_in_place<kHeads, 4>(a, a.keys_t + j * a.keys_stride, scores, j);
-  for (; j < n; ++j) scores_in_place<kHeads, 1>(a, a.keys_t + j * a.keys_stride, scores, j);
-  softmax_rows(scores, kHeads, n, n);
   for (int64_t c = 0; c < d; c += 16 * kVecs) {
     __m512 acc[kHeads][kVecs];
     for (int h = 0; h < kHeads; ++h)
@@ -145,6 +142,25 @@ LILY_AVX512_F void in_place(const AttentionHeads& a, float* scores) {
       for (int e = 0; e < 16 * kVecs; ++e) o[e] *= sigmoid_approx(gate[e]);
     }
   }
+}
+
+template <int kHeads>
+LILY_AVX512_F void in_place(const AttentionHeads& a, float* scores) {
+  const int64_t n = a.visible, d = a.d;
+  int64_t j = 0;
+  for (; j + 4 <= n; j += 4) scores_in_place<kHeads, 4>(a, a.keys_t + j * a.keys_stride, scores, j);
+  for (; j < n; ++j) scores_in_place<kHeads, 1>(a, a.keys_t + j * a.keys_stride, scores, j);
+  softmax_rows(scores, kHeads, n, n);
+  // The widest pass that holds 16 sums (kHeads x kVecs zmm) and divides d (a multiple of 64):
+  // a value row of d = 256 is read in one pass for 1 head, two for 2, eight for 8, where a
+  // narrower pass walks the cache at the row stride once per piece.
+  constexpr int kWidest = kHeads == 1 ? 16 : kHeads == 2 ? 8 : kHeads <= 4 ? 4 : 2;
+  if constexpr (kWidest >= 16)
+    if (d % 256 == 0) return weighted_values<kHeads, 16>(a, scores);
+  if constexpr (kWidest >= 8)
+    if (d % 128 == 0) return weighted_values<kHeads, 8>(a, scores);
+  if constexpr (kWidest >= 4) return weighted_values<kHeads, 4>(a, scores);
+  else return weighted_values<kHeads, kWidest>(a, scores);
 }
 
 }  // namespace

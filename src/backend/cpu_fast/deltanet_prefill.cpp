@@ -29,17 +29,21 @@ using cpu::l2_normalize;
 using cpu::sigmoid;
 using cpu::softplus;
 
-// Channels [c0, c1) of the causal depthwise conv over X = [state (K-1 rows) ; mixed (T rows)],
-// then SiLU: u[t, ch] = silu(sum_i w[ch, i] X[t + i, ch]); the state becomes X's last K-1 rows.
-// Token by token along the channels, which the compiler vectorizes (cloned per x86-64 level).
-// wt: [K, c1 - c0] scratch (the weights by tap). With kept.rows > 0, X's rows kept.first_row + 1 ..
-// into kept.conv (ops.h's DeltaNetKept), before the state moves.
-LILY_CPU_CLONES void conv_channels(const float* weight, int64_t C, int64_t K, float* state, const float* mixed,
-                                   int64_t T, int64_t c0, int64_t c1, float* u, float* wt,
-                                   const cpu::DeltaNetKept& kept) {
+// The conv weights of channels c0 .. c1 by tap, wt [K, c1 - c0]: once a layer, for every run.
+void taps_by_channel(const float* weight, int64_t K, int64_t c0, int64_t c1, float* wt) {
   const int64_t n = c1 - c0;
   for (int64_t i = 0; i < K; ++i)
     for (int64_t ch = 0; ch < n; ++ch) wt[i * n + ch] = weight[(c0 + ch) * K + i];
+}
+
+// Channels [c0, c1) of the causal depthwise conv over X = [state (K-1 rows) ; mixed (T rows)],
+// then SiLU: u[t, ch] = silu(sum_i w[ch, i] X[t + i, ch]); the state becomes X's last K-1 rows.
+// Token by token along the channels, which the compiler vectorizes (cloned per x86-64 level).
+// wt: [K, c1 - c0], the weights by tap (taps_by_channel). With kept.rows > 0, X's rows
+// kept.first_row + 1 .. into kept.conv (ops.h's DeltaNetKept), before the state moves.
+LILY_CPU_CLONES void conv_channels(const float* wt, int64_t C, int64_t K, float* state, const float* mixed, int64_t T,
+                                   int64_t c0, int64_t c1, float* u, const cpu::DeltaNetKept& kept) {
+  const int64_t n = c1 - c0;
   auto X = [&](int64_t row) { return row < K - 1 ? state + row * C + c0 : mixed + (row - (K - 1)) * C + c0; };
   for (int64_t t = 0; t < T; ++t) {
     float* ut = u + t * C + c0;
@@ -128,9 +132,11 @@ void deltanet_runs(const DeltaNetWeights& w, const ModelConfig& c, std::span<con
     const float q_scale = 1.f / std::sqrt(float(dk));
     const auto [c0, c1] = m.share(C, dk);  // whole key heads: q and k heads start at multiples of dk
     if (c0 < c1) {
+      float* wt = s.member[size_t(m.index())].data();
+      taps_by_channel(w.conv1d.data(), K, c0, c1, wt);
       for (const DeltaNetRun& run : runs)
-        conv_channels(w.conv1d.data(), C, K, run.cache->conv.data(), mixed.data() + run.row * C, run.rows, c0, c1,
-                      u.data() + run.row * C, s.member[size_t(m.index())].data(), run.kept);
+        conv_channels(wt, C, K, run.cache->conv.data(), mixed.data() + run.row * C, run.rows, c0, c1,
+                      u.data() + run.row * C, run.kept);
       for (int64_t t = 0; t < T; ++t)
         for (int64_t ch = c0; ch < std::min(c1, 2 * key_dim); ch += dk)
           l2_normalize(u.data() + t * C + ch, dk, ch < key_dim ? q_scale : 1.f);
