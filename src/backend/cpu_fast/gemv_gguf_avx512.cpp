@@ -32,19 +32,33 @@
 
 #include "backend/cpu_fast/gemv.h"
 #include "backend/cpu_fast/gemv_gguf.h"
-#include "base/bf16.h"
 #include "model/gguf_dequant.h"
 
-#define LILY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni")))
+#define LILY_AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,f16c,fma")))
 
 namespace lily::cpu_fast::detail {
 
 namespace {
 
-inline float f16_at(const uint8_t* p) {
+LILY_AVX512 inline float f16_at(const uint8_t* p) {  // vcvtph2ps (every AVX-512 processor has F16C)
   uint16_t h;
   std::memcpy(&h, p, 2);
-  return half_to_float(h);
+  return _cvtsh_ss(h);
+}
+
+// The 8 sub-blocks' 6-bit scales and mins of a Q4_K / Q5_K block (its 12 bytes at q), a byte
+// each, sub-block j in byte j: gguf_scale_min_k4 for all of them at once, on 32-bit words.
+//   j < 4:  scale = q[j] & 63,                              min = q[j + 4] & 63
+//   j >= 4: scale = (q[j + 4] & 15) | (q[j - 4] >> 6) << 4,  min = q[j + 4] >> 4 | (q[j] >> 6) << 4
+inline void k_scales_mins(const uint8_t* q, uint64_t* scales, uint64_t* mins) {
+  uint32_t a, b, c;  // q[0..3], q[4..7], q[8..11]
+  std::memcpy(&a, q, 4);
+  std::memcpy(&b, q + 4, 4);
+  std::memcpy(&c, q + 8, 4);
+  const uint32_t scale_hi = (c & 0x0F0F0F0Fu) | ((a >> 2) & 0x30303030u);
+  const uint32_t min_hi = ((c >> 4) & 0x0F0F0F0Fu) | ((b >> 2) & 0x30303030u);
+  *scales = uint64_t(a & 0x3F3F3F3Fu) | uint64_t(scale_hi) << 32;
+  *mins = uint64_t(b & 0x3F3F3F3Fu) | uint64_t(min_hi) << 32;
 }
 
 LILY_AVX512 inline __m512i load_x16(const int16_t* p) { return _mm512_loadu_si512(p); }
@@ -70,32 +84,34 @@ LILY_AVX512 inline float dot_k(const uint8_t* row, const QuantizedInput& in, con
   constexpr int kBlockBytes = kFiveBits ? 176 : 144;
   const __m512i nibble = _mm512_set1_epi16(0xF), bit4 = _mm512_set1_epi16(0x10);
   __m512 acc = _mm512_setzero_ps();
-  float min_term = 0;
+  __m256 min_acc = _mm256_setzero_ps();  // dmin * m[s] * xsum[s], lane s of each block
   for (int64_t b = 0; b < blocks; ++b, row += kBlockBytes) {
     const float d = f16_at(row), dmin = f16_at(row + 2);
+    uint64_t scales, mins;
+    k_scales_mins(row + 4, &scales, &mins);
+    const __m256 m = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_cvtsi64_si128(int64_t(mins))));
+    min_acc = _mm256_fmadd_ps(_mm256_mul_ps(m, _mm256_set1_ps(dmin)), _mm256_loadu_ps(xsum + 8 * b), min_acc);
     const uint8_t* qs = row + (kFiveBits ? 48 : 16);
     [[maybe_unused]] __m512i high = _mm512_setzero_si512();
     if constexpr (kFiveBits) high = _mm512_slli_epi16(widen32(row + 16), 4);
     for (int i = 0; i < 4; ++i) {
       const int64_t g = 4 * b + i;
-      uint8_t sc0, m0, sc1, m1;
-      gguf_scale_min_k4(2 * i, row + 4, &sc0, &m0);
-      gguf_scale_min_k4(2 * i + 1, row + 4, &sc1, &m1);
       const __m512i q = widen32(qs + 32 * i);
       __m512i q0 = _mm512_and_si512(q, nibble), q1 = _mm512_srli_epi16(q, 4);
       if constexpr (kFiveBits) {
         q0 = _mm512_or_si512(q0, _mm512_and_si512(_mm512_srli_epi16(high, unsigned(2 * i)), bit4));
         q1 = _mm512_or_si512(q1, _mm512_and_si512(_mm512_srli_epi16(high, unsigned(2 * i + 1)), bit4));
       }
-      const __m512i lo = _mm512_mullo_epi16(q0, _mm512_set1_epi16(sc0));
-      const __m512i hi = _mm512_mullo_epi16(q1, _mm512_set1_epi16(sc1));
+      const __m512i lo = _mm512_mullo_epi16(q0, _mm512_set1_epi16(short((scales >> (16 * i)) & 0xFF)));
+      const __m512i hi = _mm512_mullo_epi16(q1, _mm512_set1_epi16(short((scales >> (16 * i + 8)) & 0xFF)));
       const __m512i x0 = load_x16(in.x16.data() + 64 * g), x1 = load_x16(in.x16.data() + 64 * g + 32);
       const __m512i dot = _mm512_dpwssd_epi32(_mm512_dpwssd_epi32(_mm512_setzero_si512(), lo, x0), hi, x1);
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * in.unit[size_t(g)]), acc);
-      min_term += dmin * (float(m0) * xsum[2 * g] + float(m1) * xsum[2 * g + 1]);
     }
   }
-  return reduce(acc) - min_term;
+  const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(min_acc), _mm256_extractf128_ps(min_acc, 1));
+  const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
+  return reduce(acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
 }
 
 LILY_AVX512 float dot_q6_k(const uint8_t* row, const QuantizedInput& in, int64_t blocks) {
