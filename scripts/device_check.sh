@@ -15,7 +15,9 @@
 #   traces 8 steps as they run in the graph with nsys (tools/nsys_timeline.py: in-graph
 #   durations and the gaps between kernels); "rows" times steps of ROWS (default "1 2 4 8") rows at
 #   DEPTH, verify and batch kinds, under the plan edits ROWS_PLAN (comma separated, e.g.
-#   "moe_slots_up_to=8,batch_rows_up_to=8"; default none): issue 36's T table
+#   "moe_slots_up_to=8,batch_rows_up_to=8"; default none): issue 36's T table; "speculate" runs
+#   `lily bench --synthetic --speculate K` at DEPTH for K in SPEC_K (default "1 2 3") with the
+#   published acceptance forced (0.85, 0.67, 0.51) under the plan edit mtp=1: issue 37's 1.4x
 # Sourcing it with PHASES="" only sets up the environment (LD_LIBRARY_PATH, /work/main).
 set -uo pipefail
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT"
@@ -126,6 +128,18 @@ run_rows() {
   grep -E "^==|^\| (decode|verify|batch)|rror" "$OUT/rows.txt"
 }
 
+run_speculate() {
+  local rates=(0.85 0.67 0.51) K
+  for K in ${SPEC_K:-1 2 3}; do
+    local acc; acc=$(IFS=,; echo "${rates[*]:0:$K}")
+    echo "== speculate $K, acceptance $acc"
+    timeout ${BENCH_TIMEOUT:-120} .carry/lily bench --synthetic --prefill-lengths none --decode-depths "${DEPTH:-4096}" \
+      --speculate "$K" --assume-acceptance "$acc" --kernel-plan mtp=1 2>&1 | tail -n 25
+    echo "exit ${PIPESTATUS[0]}"
+  done > "$OUT/speculate.txt" 2>&1
+  cat "$OUT/speculate.txt"
+}
+
 for phase in ${PHASES-tests bench sanitize}; do
   case $phase in
     tests) run_tests ;;
@@ -137,6 +151,7 @@ for phase in ${PHASES-tests bench sanitize}; do
     kernels) run_kernels ;;
     timeline) run_timeline ;;
     rows) run_rows ;;
+    speculate) run_speculate ;;
     *) echo "unknown phase $phase" ;;
   esac
 done
