@@ -155,10 +155,10 @@ std::vector<std::string> plan_portable(KernelPlan& plan, const DeviceProfile& de
     prefill.chunked_delta_rule_from = PrefillPlan::kNever;  // the token loop at every length
   std::vector<std::string> missing;
   const size_t shared = size_t(device.shared_per_block);
-  if (attention_decode_shared_bytes() > shared)
+  if (attention_decode_shared_bytes(shared) > shared)
     missing.push_back(fmt::format("the decode attention core (attention_split asks for {} bytes of shared memory a "
                                   "block, the profile allows {})",
-                                  attention_decode_shared_bytes(), shared));
+                                  attention_decode_shared_bytes(shared), shared));
   missing.push_back("the decode DeltaNet core (deltanet_decode needs thread-block clusters, sm_90)");
   return missing;
 }

@@ -17,8 +17,11 @@
 //             appends K and V to the caches. The group's query heads are prepared in fp32 and
 //             kept in shared memory as bf16 hi + lo parts, read as mma A fragments (rows = the 8
 //             head slots, 8 rows of zero padding).
-//             K and V stream through a 3-stage cp.async pipeline of 64-key tiles (528-byte rows,
-//             ldmatrix without bank conflicts); warp w owns keys 16w .. 16w + 15 of every tile
+//             K and V stream through a cp.async pipeline of 64-key tiles (528-byte rows,
+//             ldmatrix without bank conflicts) of 3 stages where the device profile's shared
+//             memory holds them (Hopper), 2 (sm_80) or 1 (the 99 KB cards: a tile loaded, then
+//             used), chosen once a process at the first launch (split_kernels; the 3-stage
+//             kernels are the machine code of before); warp w owns keys 16w .. 16w + 15 of every tile
 //             and keeps its own online softmax (m, l per head) and O^T [256 dims x 8 heads]
 //             accumulators; the 4 warps are merged at the end in a fixed order.
 //               S^T = Q K^T: mma.sync m16n8k16, M = head slots, N = the warp's 16 keys, K = dims
@@ -36,7 +39,8 @@
 //             from its tables (AttnRowTables), its vectors and partials at its offset. The
 //             one-row kernels are the same code without the tables.
 // Tested:   tests/cuda/test_attention.cu (decode at lengths on both sides of the split size,
-//           many steps, small capacities, 69K keys, the caller's scratch).
+//           many steps, small capacities, 69K keys, the caller's scratch); the 1- and 2-stage
+//           forms by the same tests under LILY_DEVICE_PROFILE=sm86 / sm80 (not run yet on a GPU).
 #include "backend/cuda/common/cuda_check.h"  // first: it configures fmt for nvcc
 #include "backend/cuda/common/device_info.h"
 #include "backend/cuda/common/kernel_trace.cuh"
@@ -60,12 +64,15 @@ constexpr int kCombineWarps = 8;
 constexpr int kCombineDims = kHeadDim / 2;  // dims per combine block (a float4 per lane)
 
 constexpr int kSplitWarps = 4, kSplitThreads = 32 * kSplitWarps;
-constexpr int kSplitKeys = 16 * kSplitWarps;                                        // keys per tile, 16 per warp
-constexpr int kStages = 3;                                                          // tiles in the cp.async pipeline
-constexpr int kRowStride = kHeadDim + 8;                                            // bf16 per shared row (528 bytes)
-constexpr int kTileElems = kSplitKeys * kRowStride;                                 // bf16 per K (or V) tile
-constexpr size_t kSplitSmem = size_t(kStages) * 2 * kTileElems * sizeof(uint16_t);  // 202,752 bytes
-static_assert(size_t(kSplitWarps) * kGroup * kHeadDim * sizeof(float) <= kSplitSmem, "merge buffer");
+constexpr int kSplitKeys = 16 * kSplitWarps;         // keys per tile, 16 per warp
+constexpr int kRowStride = kHeadDim + 8;             // bf16 per shared row (528 bytes)
+constexpr int kTileElems = kSplitKeys * kRowStride;  // bf16 per K (or V) tile
+// Dynamic shared memory of kStages tiles in the cp.async pipeline (K and V): 3 stages 202,752
+// bytes (Hopper's 227 KB), 2 stages 135,168 (sm_80's 163 KB), 1 stage 67,584 (99 KB cards:
+// each tile loaded, then used, without overlap inside the block).
+constexpr size_t split_smem_bytes(int stages) { return size_t(stages) * 2 * kTileElems * sizeof(uint16_t); }
+constexpr int kMostStages = 3;
+static_assert(size_t(kSplitWarps) * kGroup * kHeadDim * sizeof(float) <= split_smem_bytes(1), "merge buffer");
 static_assert(kSplitMinRows % kSplitKeys == 0, "splits hold whole tiles");
 
 struct SplitRange {
@@ -83,6 +90,7 @@ __device__ __forceinline__ SplitRange split_range(int L, int split, int max_spli
 }
 
 // Split blockIdx.x of KV head blockIdx.y (the kernels below, after their PDL wait).
+template <int kStages>
 __device__ __forceinline__ void attention_split(const AttnArgs& p, int max_splits, trace::BlockTrace& trace) {
   extern __shared__ uint4 split_smem[];
   uint16_t* Ks = reinterpret_cast<uint16_t*>(split_smem);      // [kStages][64 keys][kRowStride]
@@ -128,6 +136,10 @@ __device__ __forceinline__ void attention_split(const AttnArgs& p, int max_split
     if (j < ntiles) issue_tile(j, j);
     cp_async_commit();  // possibly empty: keeps the group count uniform
   }
+  if constexpr (kStages == 1) {  // the first tile, its load overlapping the queries' preparation
+    issue_tile(0, 0);
+    cp_async_commit();
+  }
 
   // The group's query heads (slots past the group are zero) in fp32, then Q x log2(e)/16 as
   // hi and lo bf16 parts in shared memory (528-byte rows: the A-fragment reads of the 8 rows
@@ -158,10 +170,20 @@ __device__ __forceinline__ void attention_split(const AttnArgs& p, int max_split
   float m_run = -INFINITY, l_run = 0.f;
 
   for (int j = 0; j < ntiles; ++j) {
-    cp_async_wait<kStages - 2>();
-    __syncthreads();  // tile j visible to all warps; the stage of tile j - 1 is free again
-    if (j + kStages - 1 < ntiles) issue_tile(j + kStages - 1, (j + kStages - 1) % kStages);
-    cp_async_commit();
+    if constexpr (kStages == 1) {
+      if (j > 0) {
+        __syncthreads();  // every warp is done with tile j - 1: its stage takes tile j
+        issue_tile(j, 0);
+        cp_async_commit();
+      }
+      cp_async_wait<0>();
+      __syncthreads();  // tile j visible to all warps
+    } else {
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // tile j visible to all warps; the stage of tile j - 1 is free again
+      if (j + kStages - 1 < ntiles) issue_tile(j + kStages - 1, (j + kStages - 1) % kStages);
+      cp_async_commit();
+    }
 
     const int st = j % kStages;
     const uint16_t* Kw = Ks + st * kTileElems + warp * 16 * kRowStride;  // this warp's 16 keys
@@ -333,12 +355,13 @@ __device__ __forceinline__ void attention_combine(const AttnArgs& p, int S, int 
 // The one-row kernels (a decode step: grid (S, nkv) and (8, nkv, 2)) and the rows kernels of a
 // batch step (grid z: the row, its two halves of the dims for the combine), each row on its own
 // state and partials (row_args).
+template <int kStages>
 __global__ void __launch_bounds__(kSplitThreads, 1) attention_split_kernel(AttnArgs p, int max_splits) {
   trace::BlockTrace trace(trace::kind_attention_split);
   pdl_wait();
   pdl_launch_dependents();
   trace.mark(1);
-  attention_split(p, max_splits, trace);
+  attention_split<kStages>(p, max_splits, trace);
 }
 
 __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(AttnArgs p, int S, int max_splits) {
@@ -349,13 +372,14 @@ __global__ void __launch_bounds__(32 * kCombineWarps) attention_combine_kernel(A
   attention_combine(p, S, max_splits, blockIdx.z);
 }
 
+template <int kStages>
 __global__ void __launch_bounds__(kSplitThreads, 1)
     attention_split_rows_kernel(AttnArgs args, AttnRowTables rows, int max_splits) {
   trace::BlockTrace trace(trace::kind_attention_split);
   pdl_wait();
   pdl_launch_dependents();
   trace.mark(1);
-  attention_split(row_args(args, rows, blockIdx.z, gridDim.x), max_splits, trace);
+  attention_split<kStages>(row_args(args, rows, blockIdx.z, gridDim.x), max_splits, trace);
 }
 
 __global__ void __launch_bounds__(32 * kCombineWarps)
@@ -378,15 +402,48 @@ int max_active_splits(int S, int nkv) { return std::min(S, std::max(1, multiproc
 // (split_range: each holds at least L / max_splits keys), so its partials need no more.
 int row_splits(const AttentionParams& p) { return max_active_splits(kMaxSplits, p.num_kv_heads); }
 
-void configure_split_kernel() {
-  static const bool configured = [] {  // once: the shared memory opt-in
-    for (const void* kernel : {reinterpret_cast<const void*>(attention_split_kernel),
-                               reinterpret_cast<const void*>(attention_split_rows_kernel)}) {
-      allow_dynamic_shared(kernel, kSplitSmem, "attention_split");
+// A budget for the static shared memory of attention_split (queries, the new K row, the warps'
+// m and l: 17,920 bytes declared, 18,944 in the sm_90a cubin).
+constexpr size_t kSplitStaticSmem = 20 * 1024;
+static_assert(sizeof(float) * kGroup * kHeadDim + sizeof(float) * kHeadDim +
+                      2 * sizeof(uint16_t) * kGroup * kRowStride + sizeof(float) * kSplitWarps * kGroup * 2 + 1024 <=
+                  kSplitStaticSmem,
+              "the static shared memory budget");
+
+// The most pipeline stages whose shared memory the device profile allows a block (0: none fit).
+int split_stages(size_t shared_per_block) {
+  for (int stages = kMostStages; stages >= 1; --stages)
+    if (split_smem_bytes(stages) + kSplitStaticSmem <= shared_per_block) return stages;
+  return 0;
+}
+
+// The split kernels of the stages this device's profile takes, their shared memory opted in once.
+struct SplitKernels {
+  void (*one)(AttnArgs, int) = nullptr;
+  void (*rows)(AttnArgs, AttnRowTables, int) = nullptr;
+  size_t smem = 0;
+};
+
+template <int kStages>
+SplitKernels split_kernels_of() {
+  SplitKernels k{attention_split_kernel<kStages>, attention_split_rows_kernel<kStages>, split_smem_bytes(kStages)};
+  allow_dynamic_shared(k.one, k.smem, "attention_split");
+  allow_dynamic_shared(k.rows, k.smem, "attention_split_rows");
+  return k;
+}
+
+const SplitKernels& split_kernels() {
+  static const SplitKernels kernels = [] {
+    switch (split_stages(size_t(max_dynamic_shared_bytes()))) {
+      case 3: return split_kernels_of<3>();
+      case 2: return split_kernels_of<2>();
+      case 1: return split_kernels_of<1>();
+      default:
+        fail("attention_split: {} bytes of shared memory a block do not hold one stage of K and V tiles ({} bytes)",
+             max_dynamic_shared_bytes(), split_smem_bytes(1) + kSplitStaticSmem);
     }
-    return true;
   }();
-  (void)configured;
+  return kernels;
 }
 
 }  // namespace
@@ -400,14 +457,13 @@ void gated_attention_decode(const AttentionParams& p, const float* qg, const flo
   check_attention_params(p);
   LILY_CHECK(p.T == 1, "gated_attention_decode: one token, {} given", p.T);
   LILY_CHECK(scratch != nullptr, "gated_attention_decode: no scratch");
-  configure_split_kernel();
+  const SplitKernels& split = split_kernels();
   const int S = num_splits(p);
   AttnArgs args = attn_args(p, qg, k, v, k_cache, v_cache, out);
   args.part_acc = static_cast<float*>(scratch);
   args.part_ml = args.part_acc + size_t(p.num_kv_heads) * S * kGroup * kHeadDim;
   const int max_splits = max_active_splits(S, args.nkv);
-  attention_split_kernel<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, kSplitSmem, stream>>>(args,
-                                                                                                       max_splits);
+  split.one<<<dim3(unsigned(S), unsigned(args.nkv)), kSplitThreads, split.smem, stream>>>(args, max_splits);
   CUDA_CHECK_LAUNCH();
   attention_combine_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(kHeadDim / kCombineDims)),
                              32 * kCombineWarps, size_t(S) * sizeof(float), stream>>>(args, S, max_splits);
@@ -424,7 +480,7 @@ void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& 
   LILY_CHECK(p.T == 1 && N >= 1 && N <= kMaxBatchRows, "gated_attention_decode_rows: {} rows of {} token(s)", N, p.T);
   LILY_CHECK(scratch != nullptr && rows.position && rows.capacity && rows.k_cache && rows.v_cache,
              "gated_attention_decode_rows: no scratch or no tables");
-  configure_split_kernel();
+  const SplitKernels& split = split_kernels();
   const int S = row_splits(p);
   AttnArgs args = attn_args(p, qg, k, v, nullptr, nullptr, out);
   args.part_acc = static_cast<float*>(scratch);
@@ -433,14 +489,17 @@ void gated_attention_decode_rows(const AttentionParams& p, const AttentionRows& 
   // rows' accumulators, row by row.
   const AttnRowTables tables{rows.position, rows.capacity, reinterpret_cast<uint16_t* const*>(rows.k_cache),
                              reinterpret_cast<uint16_t* const*>(rows.v_cache)};
-  attention_split_rows_kernel<<<dim3(unsigned(S), unsigned(args.nkv), unsigned(N)), kSplitThreads, kSplitSmem,
-                                stream>>>(args, tables, S);
+  split.rows<<<dim3(unsigned(S), unsigned(args.nkv), unsigned(N)), kSplitThreads, split.smem, stream>>>(args, tables,
+                                                                                                        S);
   CUDA_CHECK_LAUNCH();
   attention_combine_rows_kernel<<<dim3(unsigned(kGroup), unsigned(args.nkv), unsigned(2 * N)), 32 * kCombineWarps,
                                   size_t(S) * sizeof(float), stream>>>(args, tables, S, S);
   CUDA_CHECK_LAUNCH();
 }
 
-size_t attention_decode_shared_bytes() { return kSplitSmem; }
+size_t attention_decode_shared_bytes(size_t shared_per_block) {
+  const int stages = split_stages(shared_per_block);
+  return split_smem_bytes(stages > 0 ? stages : 1) + kSplitStaticSmem;
+}
 
 }  // namespace lily::cuda

@@ -14,9 +14,11 @@ namespace lily::cuda {
 // and every step.
 size_t attention_decode_scratch_bytes(const AttentionParams& p);
 
-// Dynamic shared memory a block of the split kernel asks for (kernel_plan.cpp checks it against the
-// device profile): 202,752 bytes, more than any card below sm_90 has.
-size_t attention_decode_shared_bytes();
+// Shared memory a block of the split kernel takes on a device that allows `shared_per_block`
+// bytes a block (kernel_plan.cpp checks it against the device profile): its cp.async pipeline
+// holds as many stages of 64-key K and V tiles as fit, 3 to 1 (218 KB on Hopper, 152 KB on
+// sm_80, 86 KB on the 99 KB cards); more than shared_per_block where not even one fits.
+size_t attention_decode_shared_bytes(size_t shared_per_block);
 
 // qg: [nq * 2 * head_dim] raw q_proj output (per head: 256 query values, then 256 gate values);
 // k, v: [nkv * head_dim] raw k_proj / v_proj outputs; k_cache, v_cache: [capacity, nkv, head_dim]
