@@ -109,9 +109,7 @@ LILY_AVX512 inline float dot_k(const uint8_t* row, const QuantizedInput& in, con
       acc = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_set1_ps(d * in.unit[size_t(g)]), acc);
     }
   }
-  const __m128 m4 = _mm_add_ps(_mm256_castps256_ps128(min_acc), _mm256_extractf128_ps(min_acc, 1));
-  const __m128 m2 = _mm_add_ps(m4, _mm_movehl_ps(m4, m4));
-  return reduce(acc) - _mm_cvtss_f32(_mm_add_ss(m2, _mm_movehdup_ps(m2)));
+  return reduce(acc) - reduce(_mm512_zextps256_ps512(min_acc));
 }
 
 LILY_AVX512 float dot_q6_k(const uint8_t* row, const QuantizedInput& in, int64_t blocks) {
